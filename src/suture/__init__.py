@@ -1,0 +1,50 @@
+"""suture: model surgery for JAX checkpoints.
+
+Open checkpoints lazily, describe the result, and load it or stream it to disk while
+reading only the bytes it needs.
+
+Example:
+    >>> import numpy as np, suture
+    >>> ckpt = suture.open({"layer0": {"w": np.ones((2, 2))}, "layer1": {"w": np.zeros((2, 2))}})
+    >>> stacked = suture.stack([ckpt["layer0/w"], ckpt["layer1/w"]])
+    >>> stacked.shape
+    (2, 2, 2)
+"""
+
+from ._checkpoint import Checkpoint as Checkpoint
+from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
+from ._errors import CorruptCheckpointError as CorruptCheckpointError
+from ._errors import InvalidIndexError as InvalidIndexError
+from ._errors import MissingLeafError as MissingLeafError
+from ._errors import NotACheckpointError as NotACheckpointError
+from ._errors import ShapeMismatchError as ShapeMismatchError
+from ._errors import SurgeryError as SurgeryError
+from ._errors import UnfinishedCheckpointError as UnfinishedCheckpointError
+from ._lazy import LazyArray as LazyArray
+from ._lazy import concatenate as concatenate
+from ._lazy import map as map  # noqa: A004
+from ._lazy import stack as stack
+from ._open import open as open  # noqa: A004
+from ._paths import flatten as flatten
+from ._paths import unflatten as unflatten
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointNotFoundError",
+    "CorruptCheckpointError",
+    "InvalidIndexError",
+    "LazyArray",
+    "MissingLeafError",
+    "NotACheckpointError",
+    "ShapeMismatchError",
+    "SurgeryError",
+    "UnfinishedCheckpointError",
+    "concatenate",
+    "flatten",
+    "map",
+    "open",
+    "stack",
+    "unflatten",
+]

@@ -1,0 +1,50 @@
+"""dtype names <-> numpy dtypes, including the ml_dtypes family (bfloat16, float8, int4).
+
+Example:
+    >>> to_dtype("bfloat16").name
+    'bfloat16'
+    >>> to_dtype("<f4").name
+    'float32'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ._errors import SurgeryError
+
+
+def to_dtype(spec: Any) -> np.dtype:
+    """A numpy dtype from a dtype, a scalar type, or a name such as ``"bfloat16"`` or ``"<f4"``.
+
+    Raises:
+        SurgeryError: when the name is not a dtype numpy or ml_dtypes knows.
+    """
+    if isinstance(spec, np.dtype):
+        return spec
+    if isinstance(spec, str):
+        extended = getattr(ml_dtypes, spec, None)
+        if extended is not None and isinstance(extended, type):
+            return np.dtype(extended)
+    try:
+        return np.dtype(spec)
+    except TypeError as error:
+        raise SurgeryError(
+            f"Unknown dtype {spec!r}: expected a numpy or ml_dtypes name such as 'float32', "
+            f"'bfloat16' or 'int8'."
+        ) from error
+
+
+def from_zarr(name: str) -> np.dtype:
+    """The numpy dtype of a zarr v2 ``dtype`` (``"<f4"``, ``"bfloat16"``) or v3 ``data_type``."""
+    if name == "bool":
+        return np.dtype(bool)
+    return to_dtype(name.lstrip("<>|=") if name.lstrip("<>|=") in _EXTENDED_NAMES else name)
+
+
+_EXTENDED_NAMES = frozenset(
+    name for name in dir(ml_dtypes) if isinstance(getattr(ml_dtypes, name), type) and not name.startswith("_")
+)

@@ -1,0 +1,69 @@
+"""The errors suture raises on bad input.
+
+Every error caused by what a user passed in (a path, a file, a rule, a shape) is a
+`SurgeryError`, so that one ``except suture.SurgeryError`` catches them all and the CLI can
+print them without a traceback. Messages name the leaf or path, what was expected, what
+was found, and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class SurgeryError(Exception):
+    """Base class of every error suture raises on bad input.
+
+    Example:
+        >>> import suture
+        >>> try:
+        ...     suture.open("/no/such/checkpoint")
+        ... except suture.SurgeryError as error:
+        ...     print(type(error).__name__)
+        CheckpointNotFoundError
+    """
+
+
+class CheckpointNotFoundError(SurgeryError, FileNotFoundError):
+    """The path given as a checkpoint does not exist."""
+
+
+class NotACheckpointError(SurgeryError):
+    """The path exists but holds no checkpoint suture can read."""
+
+
+class UnfinishedCheckpointError(SurgeryError):
+    """The checkpoint's save never completed (a temporary Orbax folder)."""
+
+
+class CorruptCheckpointError(SurgeryError):
+    """A checkpoint's metadata or data could not be parsed."""
+
+
+class MissingLeafError(SurgeryError, KeyError):
+    """A leaf path that the tree does not hold."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message.
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidIndexError(SurgeryError, IndexError):
+    """An index or operation that does not fit a LazyArray's shape."""
+
+
+class ShapeMismatchError(SurgeryError, ValueError):
+    """Arrays whose shapes or dtypes cannot be combined as asked."""
+
+
+def did_you_mean(wanted: str, candidates: Iterable[str], limit: int = 3) -> str:
+    """Returns " Did you mean 'x'?" for the closest candidates, or "" when none is close.
+
+    Example:
+        >>> did_you_mean("params/layer_0", ["params/layer0", "opt_state"])
+        " Did you mean 'params/layer0'?"
+    """
+    matches = difflib.get_close_matches(wanted, list(candidates), n=limit, cutoff=0.6)
+    if not matches:
+        return ""
+    return " Did you mean " + " or ".join(repr(match) for match in matches) + "?"

@@ -1,0 +1,323 @@
+"""The computation graph behind LazyArray: sources and structural operations.
+
+Every node knows its shape and dtype without reading, and answers
+``read(selection) -> np.ndarray`` (see `_selection`) with an array of exactly the selected
+elements. Operations push the selection down to their inputs, so a view reads only the
+elements it shows: ``stack(xs)[3]`` reads ``xs[3]``; ``x.T[0]`` reads one column of ``x``;
+a TensorStore source reads only the chunks that the selection touches.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._errors import ShapeMismatchError, SurgeryError
+from ._selection import (
+    Selection,
+    as_range,
+    compose,
+    full,
+    is_full,
+    outer_index,
+    selection_shape,
+    to_slice,
+)
+
+
+class Node(ABC):
+    """One array in the graph: a source, or an operation on other nodes."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @abstractmethod
+    def read(self, selection: Selection) -> np.ndarray:
+        """The selected elements, as an array of shape ``selection_shape(selection)``."""
+
+    @abstractmethod
+    def inputs(self) -> tuple[Node, ...]:
+        """The nodes this node reads from (empty for sources)."""
+
+
+class SourceNode(Node):
+    """A stored array; `path` names it in its checkpoint and `origin` names the checkpoint."""
+
+    path: str | None
+    origin: str | None
+
+
+class TensorStoreSource(SourceNode):
+    """An array stored where TensorStore can open it (Orbax's zarr in OCDBT or plain files).
+
+    The store is opened on first read, once, from any thread.
+    """
+
+    def __init__(
+        self,
+        open_store: Callable[[], Any],
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        path: str | None = None,
+        origin: str | None = None,
+    ) -> None:
+        self._open_store = open_store
+        self._store: Any = None
+        self._lock = threading.Lock()
+        self.shape, self.dtype, self.path, self.origin = shape, dtype, path, origin
+
+    def store(self) -> Any:
+        with self._lock:
+            if self._store is None:
+                self._store = self._open_store()
+            return self._store
+
+    def read(self, selection: Selection) -> np.ndarray:
+        store = self.store()
+        if all(isinstance(axis, range) for axis in selection):
+            view = store[tuple(to_slice(axis) for axis in selection)]
+        else:
+            view = store.oindex[
+                tuple(to_slice(axis) if isinstance(axis, range) else axis for axis in selection)
+            ]
+        result = np.asarray(view.read().result())
+        return result.astype(self.dtype, copy=False)
+
+    def inputs(self) -> tuple[Node, ...]:
+        return ()
+
+
+class MemorySource(SourceNode):
+    """An array already in memory (numpy, jax, or anything ``np.asarray`` accepts)."""
+
+    def __init__(self, array: Any, path: str | None = None, origin: str | None = None) -> None:
+        self.array = array
+        self.shape = tuple(int(length) for length in array.shape)
+        self.dtype = np.dtype(array.dtype)
+        self.path, self.origin = path, origin
+
+    def read(self, selection: Selection) -> np.ndarray:
+        return np.array(outer_index(np.asarray(self.array), selection), copy=True)
+
+    def inputs(self) -> tuple[Node, ...]:
+        return ()
+
+
+class IndexNode(Node):
+    """``base[index]``: a selection of `base`, minus integer-indexed axes, plus new axes."""
+
+    def __init__(
+        self,
+        base: Node,
+        selection: Selection,
+        dropped_axes: tuple[int, ...],
+        new_axes: tuple[int, ...],
+        shape: tuple[int, ...],
+    ) -> None:
+        self.base, self.selection = base, selection
+        self.dropped_axes, self.new_axes = dropped_axes, new_axes
+        self.shape, self.dtype = shape, base.dtype
+        kept_axes = [axis for axis in range(len(base.shape)) if axis not in dropped_axes]
+        # For each result axis: the base axis it comes from, or None for a new axis.
+        self._origin_axes: list[int | None] = []
+        kept = iter(kept_axes)
+        for position in range(len(shape)):
+            self._origin_axes.append(None if position in new_axes else next(kept))
+
+    def read(self, selection: Selection) -> np.ndarray:
+        base_selection = list(self.selection)
+        for position, base_axis in enumerate(self._origin_axes):
+            if base_axis is not None:
+                base_selection[base_axis] = compose(self.selection[base_axis], selection[position])
+        values = self.base.read(tuple(base_selection))
+        kept_shape = [
+            len(base_selection[axis])
+            for axis in range(len(self.base.shape))
+            if axis not in self.dropped_axes
+        ]
+        values = values.reshape(kept_shape)
+        for position in self.new_axes:
+            values = np.expand_dims(values, position)
+            wanted = selection[position]
+            if not (isinstance(wanted, range) and wanted == range(1)):  # x[None][[0, 0]]
+                positions = np.asarray(_positions(wanted), dtype=np.int64)
+                values = np.take(values, positions, axis=position)
+        return values
+
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.base,)
+
+
+class CastNode(Node):
+    """`base` converted to `dtype` as it is read."""
+
+    def __init__(self, base: Node, dtype: np.dtype) -> None:
+        self.base, self.shape, self.dtype = base, base.shape, dtype
+
+    def read(self, selection: Selection) -> np.ndarray:
+        return self.base.read(selection).astype(self.dtype)
+
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.base,)
+
+
+class TransposeNode(Node):
+    """`base` with its axes permuted: result axis ``j`` is base axis ``axes[j]``."""
+
+    def __init__(self, base: Node, axes: tuple[int, ...]) -> None:
+        self.base, self.axes = base, axes
+        self.shape = tuple(base.shape[axis] for axis in axes)
+        self.dtype = base.dtype
+
+    def read(self, selection: Selection) -> np.ndarray:
+        base_selection: list[Any] = [None] * len(self.axes)
+        for position, base_axis in enumerate(self.axes):
+            base_selection[base_axis] = selection[position]
+        return self.base.read(tuple(base_selection)).transpose(self.axes)
+
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.base,)
+
+
+class ReshapeNode(Node):
+    """`base` reshaped (C order). Leading axes that the reshape keeps are read selectively."""
+
+    def __init__(self, base: Node, shape: tuple[int, ...]) -> None:
+        self.base, self.shape, self.dtype = base, shape, base.dtype
+        kept = 0
+        while (
+            kept < min(len(shape), len(base.shape)) - 1 and shape[kept] == base.shape[kept]
+        ):
+            kept += 1
+        self._kept_leading_axes = kept
+
+    def read(self, selection: Selection) -> np.ndarray:
+        kept = self._kept_leading_axes
+        base_selection = tuple(selection[:kept]) + full(self.base.shape[kept:])
+        values = self.base.read(base_selection)
+        values = values.reshape(selection_shape(selection[:kept]) + self.shape[kept:])
+        trailing = tuple(range(length) for length in selection_shape(selection[:kept]))
+        return outer_index(values, trailing + tuple(selection[kept:]))
+
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.base,)
+
+
+class StackNode(Node):
+    """`members` stacked along a new `axis`."""
+
+    def __init__(self, members: Sequence[Node], axis: int, dtype: np.dtype) -> None:
+        self.members, self.axis, self.dtype = tuple(members), axis, dtype
+        member_shape = members[0].shape
+        self.shape = member_shape[:axis] + (len(members),) + member_shape[axis:]
+
+    def read(self, selection: Selection) -> np.ndarray:
+        member_selection = selection[: self.axis] + selection[self.axis + 1 :]
+        result = np.empty(selection_shape(selection), self.dtype)
+        for position, member in enumerate(_positions(selection[self.axis])):
+            target = (slice(None),) * self.axis + (position,)
+            result[target] = self.members[member].read(member_selection)
+        return result
+
+    def inputs(self) -> tuple[Node, ...]:
+        return self.members
+
+
+class ConcatNode(Node):
+    """`members` joined along an existing `axis`."""
+
+    def __init__(self, members: Sequence[Node], axis: int, dtype: np.dtype) -> None:
+        self.members, self.axis, self.dtype = tuple(members), axis, dtype
+        lengths = [member.shape[axis] for member in members]
+        self._offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        first = members[0].shape
+        self.shape = first[:axis] + (int(self._offsets[-1]),) + first[axis + 1 :]
+
+    def read(self, selection: Selection) -> np.ndarray:
+        result = np.empty(selection_shape(selection), self.dtype)
+        wanted = np.asarray(_positions(selection[self.axis]), dtype=np.int64)
+        owners = np.searchsorted(self._offsets[1:], wanted, side="right")
+        start = 0
+        while start < len(wanted):  # one read per run of positions owned by one member
+            owner = owners[start]
+            stop = start + 1
+            while stop < len(wanted) and owners[stop] == owner:
+                stop += 1
+            local = as_range(wanted[start:stop] - self._offsets[owner])
+            member_selection = selection[: self.axis] + (local,) + selection[self.axis + 1 :]
+            target = (slice(None),) * self.axis + (slice(start, stop),)
+            result[target] = self.members[owner].read(member_selection)
+            start = stop
+        return result
+
+    def inputs(self) -> tuple[Node, ...]:
+        return self.members
+
+
+class MapNode(Node):
+    """``fn(*inputs)`` computed when read.
+
+    An `elementwise` function (output element ``i`` depends only on input elements ``i``,
+    all shapes equal) reads only the selected elements of its inputs; any other function
+    reads its inputs whole.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        inputs: Sequence[Node],
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        elementwise: bool,
+        name: str,
+    ) -> None:
+        self.fn, self.members = fn, tuple(inputs)
+        self.shape, self.dtype, self.elementwise, self.name = shape, dtype, elementwise, name
+
+    def read(self, selection: Selection) -> np.ndarray:
+        if self.elementwise:
+            values = self.fn(*(member.read(selection) for member in self.members))
+            return self._checked(values, selection_shape(selection))
+        values = self.fn(*(member.read(full(member.shape)) for member in self.members))
+        values = self._checked(values, self.shape)
+        return values if is_full(selection, self.shape) else outer_index(values, selection)
+
+    def _checked(self, values: Any, expected_shape: tuple[int, ...]) -> np.ndarray:
+        array = np.asarray(values)
+        if array.shape != expected_shape:
+            raise ShapeMismatchError(
+                f"suture.map({self.name}) returned shape {array.shape}, expected "
+                f"{expected_shape}. Pass the right shape= to suture.map, or fix the function."
+            )
+        if array.dtype != self.dtype:
+            if not np.can_cast(array.dtype, self.dtype, casting="same_kind"):
+                raise SurgeryError(
+                    f"suture.map({self.name}) returned dtype {array.dtype}, expected "
+                    f"{self.dtype}. Pass dtype={array.dtype.name!r} to suture.map, or cast "
+                    f"inside the function."
+                )
+            array = array.astype(self.dtype)
+        return array
+
+    def inputs(self) -> tuple[Node, ...]:
+        return self.members
+
+
+def _positions(axis_selection: Any) -> Sequence[int]:
+    return axis_selection if isinstance(axis_selection, range) else axis_selection.tolist()
+
+
+def source_nodes(node: Node) -> list[SourceNode]:
+    """The distinct source nodes that `node` reads from, in first-use order."""
+    found: dict[int, SourceNode] = {}
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, SourceNode):
+            found.setdefault(id(current), current)
+        pending.extend(reversed(current.inputs()))
+    return list(found.values())

@@ -1,0 +1,263 @@
+"""Key paths: nested trees <-> flat ``{"a/b/0": leaf}`` dicts, spelled the way Orbax spells them.
+
+A path is the keys from the root to a leaf joined by a separator: dict keys as ``str(key)``,
+list and tuple positions as ``"0"``, ``"1"``, NamedTuple and dataclass fields by name. This
+is the spelling of Orbax's flat keys and of ``jax.tree_util.keystr(..., simple=True)``.
+
+Containers understood natively: dicts and other mappings (``FrozenDict``, ``nnx.State``),
+lists, tuples, NamedTuples and dataclasses (for ``flax.struct`` dataclasses, the fields
+marked ``pytree_node=False`` are metadata, not children, as in jax). Any other pytree
+registered with jax (an ``nnx.Variable``, say) is opened one level at a time through
+``jax.tree_util``, so its keys are the ones jax and Orbax use. Empty containers are kept as
+leaves so that a round trip gives back the same tree.
+
+Example:
+    >>> flatten({"params": {"dense": {"kernel": 1, "bias": 2}}, "opt": [3, 4]})
+    {'params/dense/kernel': 1, 'params/dense/bias': 2, 'opt/0': 3, 'opt/1': 4}
+    >>> unflatten({"a/b": 1, "a/c": 2})
+    {'a': {'b': 1, 'c': 2}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from ._errors import MissingLeafError, SurgeryError, did_you_mean
+
+_SCALAR_TYPES = (str, bytes, int, float, complex, bool, type(None), type(Ellipsis))
+
+
+def _is_namedtuple(node: Any) -> bool:
+    return isinstance(node, tuple) and hasattr(type(node), "_fields")
+
+
+def _is_array_like(node: Any) -> bool:
+    """Arrays and array descriptions are leaves: they have a shape and a dtype."""
+    return hasattr(node, "shape") and hasattr(node, "dtype")
+
+
+def _dataclass_children(node: Any) -> list[tuple[str, Any]]:
+    children = []
+    for field in dataclasses.fields(node):
+        if field.metadata.get("pytree_node", True) is False:
+            continue  # flax.struct metadata field: static, not part of the tree.
+        children.append((field.name, getattr(node, field.name)))
+    return children
+
+
+def _jax_children(node: Any) -> list[tuple[str, Any]] | None:
+    """Children of a node registered with jax, keyed the way Orbax keys them."""
+    if "jax" not in sys.modules:
+        return None  # Nothing registered with jax can exist before jax is imported.
+    import jax
+
+    keyed_children, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
+    if len(keyed_children) == 1 and keyed_children[0][1] is node:
+        return None
+    return [(_jax_key_name(key_path[0]), child) for key_path, child in keyed_children]
+
+
+def _jax_key_name(key: Any) -> str:
+    for attribute in ("key", "name", "idx"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
+def children(node: Any) -> list[tuple[str, Any]] | None:
+    """The ``(key, child)`` pairs of a container, or None when `node` is a leaf.
+
+    Example:
+        >>> children({"a": 1, "b": [2]})
+        [('a', 1), ('b', [2])]
+        >>> children(3) is None
+        True
+    """
+    if isinstance(node, _SCALAR_TYPES) or _is_array_like(node):
+        return None
+    if isinstance(node, Mapping):
+        items = [(str(key), value) for key, value in node.items()]
+    elif _is_namedtuple(node):
+        items = list(zip(type(node)._fields, node, strict=True))
+    elif isinstance(node, (list, tuple)):
+        items = [(str(index), value) for index, value in enumerate(node)]
+    elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+        items = _dataclass_children(node)
+    else:
+        return _jax_children(node)
+    return items or None  # An empty container is kept as a leaf.
+
+
+def iter_leaves(tree: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Yields ``(key_tuple, leaf)`` for every leaf, depth first, in container order."""
+    items = children(tree)
+    if items is None:
+        yield prefix, tree
+        return
+    for key, child in items:
+        yield from iter_leaves(child, (*prefix, key))
+
+
+def flatten(tree: Any, sep: str = "/") -> dict[str, Any]:
+    """Flattens a nested tree into ``{path: leaf}`` with Orbax's key spelling.
+
+    Args:
+        tree: dicts, lists, tuples, NamedTuples, dataclasses, FrozenDicts, ``nnx.State``
+            or any jax pytree, nested in any way.
+        sep: the string that joins keys.
+
+    Returns:
+        A dict from joined key path to leaf, in the tree's order. A tree that is itself a
+        leaf flattens to ``{"": tree}``.
+
+    Raises:
+        SurgeryError: when two different key paths join to the same string, because a key
+            contains `sep`.
+
+    Example:
+        >>> flatten({"layers": [{"w": 1}, {"w": 2}]})
+        {'layers/0/w': 1, 'layers/1/w': 2}
+        >>> flatten({"a": {"b": 1}}, sep=".")
+        {'a.b': 1}
+    """
+    flat: dict[str, Any] = {}
+    for keys, leaf in iter_leaves(tree):
+        path = sep.join(keys)
+        if path in flat:
+            raise SurgeryError(
+                f"Two leaves flatten to the same path {path!r}: a key contains the separator "
+                f"{sep!r}. Flatten with another separator, e.g. sep='|'."
+            )
+        flat[path] = leaf
+    return flat
+
+
+def unflatten(flat: Mapping[str, Any], sep: str = "/", like: Any = None) -> Any:
+    """Builds a nested tree from ``{path: leaf}``; the inverse of `flatten`.
+
+    Args:
+        flat: a mapping from joined key path to leaf.
+        sep: the string that splits paths into keys.
+        like: optional template tree. Without it the result is nested dicts, as Orbax's
+            flat keys give. With it the result has the template's containers (lists,
+            tuples, NamedTuples, dataclasses, FrozenDict, nnx.State ...), filled from `flat`.
+
+    Raises:
+        SurgeryError: when a path is both a leaf and a subtree, when `like` has a leaf that
+            `flat` lacks, or when `flat` has paths that `like` does not.
+
+    Example:
+        >>> unflatten({"a/b": 1, "a/c": 2})
+        {'a': {'b': 1, 'c': 2}}
+        >>> unflatten({"0": 1, "1": 2}, like=(0, 0))
+        (1, 2)
+    """
+    if like is not None:
+        return _unflatten_like(flat, sep, like)
+    if list(flat) == [""]:
+        return flat[""]
+    root: dict[str, Any] = {}
+    for path, leaf in flat.items():
+        keys = path.split(sep)
+        node = root
+        for depth, key in enumerate(keys[:-1]):
+            child = node.setdefault(key, {})
+            if isinstance(child, _LeafBox):
+                raise SurgeryError(
+                    f"Path {path!r} goes through {sep.join(keys[: depth + 1])!r}, which is "
+                    f"also a leaf. A path cannot be both a leaf and a subtree; rename one."
+                )
+            node = child
+        if keys[-1] in node:
+            raise SurgeryError(
+                f"Path {path!r} is both a leaf and a subtree (or given twice); rename one."
+            )
+        node[keys[-1]] = _LeafBox(leaf)
+    return _unbox(root)
+
+
+class _LeafBox:
+    """Wraps leaves while unflattening, so a leaf that is a dict is not taken for a subtree."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _unbox(node: Any) -> Any:
+    if isinstance(node, _LeafBox):
+        return node.value
+    return {key: _unbox(child) for key, child in node.items()}
+
+
+def _unflatten_like(flat: Mapping[str, Any], sep: str, like: Any) -> Any:
+    used: set[str] = set()
+
+    def rebuild(template: Any, keys: tuple[str, ...]) -> Any:
+        items = children(template)
+        path = sep.join(keys)
+        if items is None:
+            if path not in flat:
+                raise MissingLeafError(
+                    f"unflatten: the template has a leaf at {path!r} but the flat dict does "
+                    f"not.{did_you_mean(path, flat)}"
+                )
+            used.add(path)
+            return flat[path]
+        values = [(key, rebuild(child, (*keys, key))) for key, child in items]
+        return rebuild_container(template, values)
+
+    result = rebuild(like, ())
+    extra = [path for path in flat if path not in used]
+    if extra:
+        raise SurgeryError(
+            f"unflatten: {len(extra)} path(s) are not in the template, e.g. {extra[0]!r}. "
+            f"Drop them from the flat dict or unflatten without like=."
+        )
+    return result
+
+
+def rebuild_container(template: Any, values: list[tuple[str, Any]]) -> Any:
+    """A container of the same kind as `template` holding `values` (pairs from `children`)."""
+    if isinstance(template, Mapping):
+        originals = {str(key): key for key in template}
+        rebuilt = {originals[key]: value for key, value in values}
+        return rebuilt if type(template) is dict else _mapping_like(template, rebuilt)
+    if _is_namedtuple(template):
+        return type(template)(*(value for _, value in values))
+    if isinstance(template, (list, tuple)):
+        return type(template)(value for _, value in values)
+    if dataclasses.is_dataclass(template):
+        return dataclasses.replace(template, **dict(values))
+    import jax
+
+    _, treedef = jax.tree_util.tree_flatten(template, is_leaf=lambda x: x is not template)
+    return jax.tree_util.tree_unflatten(treedef, [value for _, value in values])
+
+
+def _mapping_like(template: Mapping, items: dict) -> Mapping:
+    try:
+        return type(template)(items)
+    except TypeError:
+        return items
+
+
+def map_leaves_with_path(fn: Callable[[str, Any], Any], tree: Any, sep: str = "/") -> Any:
+    """Applies ``fn(path, leaf)`` to every leaf and keeps the tree's containers.
+
+    Example:
+        >>> map_leaves_with_path(lambda path, leaf: path, {"a": [0, 0]})
+        {'a': ['a/0', 'a/1']}
+    """
+
+    def visit(node: Any, keys: tuple[str, ...]) -> Any:
+        items = children(node)
+        if items is None:
+            return fn(sep.join(keys), node)
+        return rebuild_container(node, [(key, visit(child, (*keys, key))) for key, child in items])
+
+    return visit(tree, ())

@@ -1,0 +1,255 @@
+"""Orbax checkpoints as lazy trees, opened from metadata alone.
+
+The tree comes from ``_METADATA`` (keys, key kinds, value types); shapes and dtypes come
+from each array's zarr metadata (``.zarray`` or ``zarr.json``), read all at once: from
+the files when OCDBT is off, through TensorStore's OCDBT key-value store when it is on.
+No array data is read until a LazyArray is. Importing this module does not import jax.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._checkpoint import Checkpoint
+from .._dtypes import from_zarr
+from .._errors import CorruptCheckpointError, SurgeryError
+from .._lazy import LazyArray
+from .._nodes import TensorStoreSource
+from . import orbax_layout
+from .orbax_layout import PYTREE_METADATA, resolve
+
+ARRAY_VALUE_TYPES = {"jax.Array", "np.ndarray", "scalar"}
+EMPTY_VALUE_TYPES = {"None": None, "Dict": {}, "List": [], "Tuple": ()}
+_SEQUENCE_KEY = 1
+_ZARR_METADATA_FILES = (".zarray", "zarr.json")
+
+
+def open_orbax(path: str | Path, step: int | None = None) -> Checkpoint:
+    """Opens the Orbax checkpoint at `path` lazily (see `suture.open`)."""
+    location = Path(path)
+    layout = resolve(location, step)
+    trees = {name: _read_item(folder) for name, folder in layout.items.items()}
+    tree = trees[None] if list(trees) == [None] else trees
+    return Checkpoint(
+        tree,
+        location=str(path),
+        format="orbax",
+        step=layout.step,
+        metadata=layout.custom_metadata,
+    )
+
+
+is_orbax_folder = orbax_layout.is_orbax_folder
+
+
+class _ItemStore:
+    """One pytree item folder: its TensorStore context and how to open each array."""
+
+    def __init__(self, folder: Path, use_ocdbt: bool) -> None:
+        import tensorstore as ts
+
+        self.folder = folder.resolve()
+        self.use_ocdbt = use_ocdbt
+        self.context = ts.Context(
+            {
+                "cache_pool": {"total_bytes_limit": 0},
+                "cache_pool#ocdbt": {"total_bytes_limit": 64 * 1024 * 1024},
+                "file_io_concurrency": {"limit": 64},
+            }
+        )
+        self._kvstore: Any = None
+
+    def kvstore_spec(self, name: str = "") -> dict:
+        if self.use_ocdbt:
+            return {
+                "driver": "ocdbt",
+                "base": f"file://{self.folder}/",
+                "path": name,
+                "cache_pool": "cache_pool#ocdbt",
+            }
+        return {"driver": "file", "path": f"{self.folder}/{name}"}
+
+    def read_zarr_metadata(self, names: list[str]) -> dict[str, tuple[str, dict]]:
+        """``{name: (driver, zarr metadata)}`` for every array name, read concurrently."""
+        if self.use_ocdbt:
+            return self._read_from_ocdbt(names)
+        found = {}
+        for name in names:
+            for filename, driver in zip(_ZARR_METADATA_FILES, ("zarr", "zarr3"), strict=True):
+                candidate = self.folder / name / filename
+                if candidate.is_file():
+                    found[name] = (driver, _parse_json(candidate.read_bytes(), candidate))
+                    break
+        return found
+
+    def _read_from_ocdbt(self, names: list[str]) -> dict[str, tuple[str, dict]]:
+        import tensorstore as ts
+
+        try:
+            kvstore = ts.KvStore.open(self.kvstore_spec(), context=self.context).result()
+            keys = set(kvstore.list().result())
+        except ValueError as error:
+            raise CorruptCheckpointError(
+                f"Cannot open the OCDBT database of {str(self.folder)!r}: {error}. The checkpoint "
+                f"is damaged or incomplete; restore it from a copy."
+            ) from error
+        pending = {}
+        for name in names:
+            for filename, driver in zip(_ZARR_METADATA_FILES, ("zarr", "zarr3"), strict=True):
+                key = f"{name}/{filename}".encode()
+                if key in keys:
+                    pending[name] = (driver, key, kvstore.read(key))
+                    break
+        return {
+            name: (driver, _parse_json(future.result().value, f"{self.folder}:{key.decode()}"))
+            for name, (driver, key, future) in pending.items()
+        }
+
+    def opener(self, name: str, driver: str) -> Any:
+        spec = {"driver": driver, "kvstore": self.kvstore_spec(name), "recheck_cached_data": False}
+
+        def open_store() -> Any:
+            import tensorstore as ts
+
+            return ts.open(spec, read=True, context=self.context).result()
+
+        return open_store
+
+
+def _read_item(folder: Path) -> Any:
+    metadata = _parse_json((folder / PYTREE_METADATA).read_bytes(), folder / PYTREE_METADATA)
+    entries = metadata.get("tree_metadata") if isinstance(metadata, dict) else None
+    if not isinstance(entries, dict):
+        raise CorruptCheckpointError(
+            f"{str(folder / PYTREE_METADATA)!r} has no 'tree_metadata': it was not written by a "
+            f"supported orbax-checkpoint version (0.5 or newer), or it is damaged."
+        )
+    use_ocdbt = bool(metadata.get("use_ocdbt", (folder / "manifest.ocdbt").exists()))
+    store = _ItemStore(folder, use_ocdbt)
+    leaves = _parse_entries(entries, folder)
+    strings = _read_strings(folder) if any(kind == "string" for _, kind in leaves.values()) else {}
+    array_names = [
+        ".".join(keys) for keys, (_, value_type) in leaves.items() if value_type in ARRAY_VALUE_TYPES
+    ]
+    zarr_metadata = store.read_zarr_metadata(array_names)
+
+    nested: dict = {}
+    for keys, (key_kinds, value_type) in leaves.items():
+        path = "/".join(keys)
+        name = ".".join(keys)
+        if value_type in ARRAY_VALUE_TYPES:
+            if name not in zarr_metadata:
+                raise CorruptCheckpointError(
+                    f"Leaf {path!r}: _METADATA lists an array but {str(folder)!r} holds no array "
+                    f"data for it (looked for {name}/.zarray and {name}/zarr.json). The "
+                    f"checkpoint is incomplete; restore it from a copy."
+                )
+            driver, description = zarr_metadata[name]
+            shape, dtype = _shape_and_dtype(description, path, folder)
+            source = TensorStoreSource(store.opener(name, driver), shape, dtype, path, str(folder))
+            leaf: Any = LazyArray(source, path=path, stored_as=value_type)
+        elif value_type == "string":
+            leaf = strings.get(name, strings.get(path))
+        elif value_type in EMPTY_VALUE_TYPES:
+            leaf = EMPTY_VALUE_TYPES[value_type]
+        else:
+            leaf = UnsupportedLeaf(path, value_type)
+        _insert(nested, keys, key_kinds, leaf)
+    return _sequences_to_lists(nested)
+
+
+class UnsupportedLeaf:
+    """A leaf saved by an Orbax handler that suture does not read (kept so paths stay whole)."""
+
+    def __init__(self, path: str, value_type: str) -> None:
+        self.path, self.value_type = path, value_type
+
+    def __repr__(self) -> str:
+        return f"UnsupportedLeaf(path={self.path!r}, value_type={self.value_type!r})"
+
+
+def _parse_entries(entries: dict, folder: Path) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
+    leaves = {}
+    for entry in entries.values():
+        try:
+            keys = tuple(str(part["key"]) for part in entry["key_metadata"])
+            kinds = tuple(int(part.get("key_type", 2)) for part in entry["key_metadata"])
+            value_type = str(entry["value_metadata"]["value_type"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise CorruptCheckpointError(
+                f"{str(folder / PYTREE_METADATA)!r} has an entry without key_metadata or "
+                f"value_metadata ({entry!r:.200}). The checkpoint is damaged."
+            ) from error
+        leaves[keys] = (kinds, value_type)
+    return leaves
+
+
+def _read_strings(folder: Path) -> dict[str, str]:
+    strings_file = folder / "_strings.json"
+    if not strings_file.is_file():
+        return {}
+    parsed = _parse_json(strings_file.read_bytes(), strings_file)
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _shape_and_dtype(description: dict, path: str, folder: Path) -> tuple[tuple[int, ...], np.dtype]:
+    try:
+        shape = tuple(int(length) for length in description["shape"])
+        dtype_name = description.get("data_type", description.get("dtype"))
+        if not isinstance(dtype_name, str):
+            raise TypeError(f"dtype {dtype_name!r}")
+        return shape, from_zarr(dtype_name)
+    except (KeyError, TypeError, ValueError, SurgeryError) as error:
+        raise CorruptCheckpointError(
+            f"Leaf {path!r} in {str(folder)!r}: its zarr metadata has no readable shape and "
+            f"dtype ({error}). The checkpoint is damaged; restore it from a copy."
+        ) from error
+
+
+def _insert(nested: dict, keys: tuple[str, ...], kinds: tuple[int, ...], leaf: Any) -> None:
+    if not keys:
+        nested[_ROOT] = leaf
+        return
+    node = nested
+    for depth, key in enumerate(keys[:-1]):
+        node = node.setdefault(_Key(key, kinds[depth]), {})
+    node[_Key(keys[-1], kinds[-1])] = leaf
+
+
+_ROOT = "__root__"
+
+
+class _Key(str):
+    """A dict key that remembers whether Orbax saw it as a sequence index."""
+
+    is_sequence: bool
+
+    def __new__(cls, value: str, kind: int) -> _Key:
+        key = super().__new__(cls, value)
+        key.is_sequence = kind == _SEQUENCE_KEY
+        return key
+
+
+def _sequences_to_lists(node: Any) -> Any:
+    if not isinstance(node, dict):
+        return node
+    if _ROOT in node:
+        return node[_ROOT]
+    if node and all(getattr(key, "is_sequence", False) for key in node):
+        ordered = sorted(node.items(), key=lambda item: int(item[0]))
+        return [_sequences_to_lists(child) for _, child in ordered]
+    return {str(key): _sequences_to_lists(child) for key, child in node.items()}
+
+
+def _parse_json(raw: bytes, where: object) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError as error:
+        raise CorruptCheckpointError(
+            f"Cannot parse {str(where)!r} as JSON ({error}). The checkpoint is damaged; "
+            f"restore it from a copy."
+        ) from error

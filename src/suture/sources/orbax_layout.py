@@ -1,0 +1,190 @@
+"""Where the pytree items of an Orbax checkpoint are, for every layout Orbax writes.
+
+Layouts understood:
+
+- a pytree item folder, holding ``_METADATA`` (v0 ``StandardCheckpointer`` /
+  ``PyTreeCheckpointer`` save folders, and items inside steps);
+- a checkpoint folder holding item folders (v1 ``ocp.save`` puts the tree in ``state/``
+  or ``pytree/``; a CheckpointManager step holds ``default/`` or named items);
+- a CheckpointManager root holding step folders (``1/``, ``2/`` or ``prefix_3/``): the
+  newest finished step, or the one asked for.
+
+A folder whose name carries ``.orbax-checkpoint-tmp`` is a save that never finished, as
+is one whose ``_CHECKPOINT_METADATA`` has no commit time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .._errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    NotACheckpointError,
+    UnfinishedCheckpointError,
+)
+
+TMP_MARKER = ".orbax-checkpoint-tmp"
+PYTREE_METADATA = "_METADATA"
+CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
+_STEP_NAME = re.compile(r"^(?:(?P<prefix>.*)_)?(?P<step>\d+)$")
+
+
+@dataclass(frozen=True)
+class OrbaxLayout:
+    """The pytree items to read: ``{item name: folder}`` (name None for a lone item)."""
+
+    items: dict[str | None, Path]
+    step: int | None
+    custom_metadata: dict
+
+
+def is_orbax_folder(path: Path) -> bool:
+    """True when `path` looks like any Orbax layout (cheap: a few stat calls)."""
+    if not path.is_dir():
+        return False
+    if (path / PYTREE_METADATA).exists() or (path / CHECKPOINT_METADATA).exists():
+        return True
+    return any(_STEP_NAME.match(child.name) for child in path.iterdir() if child.is_dir())
+
+
+def resolve(path: Path, step: int | None = None) -> OrbaxLayout:
+    """Finds the pytree items under `path`.
+
+    Raises:
+        CheckpointNotFoundError: `path` does not exist.
+        UnfinishedCheckpointError: the save at `path` never completed.
+        NotACheckpointError: `path` is empty or holds no Orbax checkpoint.
+    """
+    if not path.exists():
+        raise CheckpointNotFoundError(f"No such file or folder: {str(path)!r}. Check the path.")
+    _refuse_unfinished(path)
+    if (path / PYTREE_METADATA).is_file():
+        if step is not None:
+            raise NotACheckpointError(
+                f"{str(path)!r} is a single checkpoint, not a CheckpointManager folder, so "
+                f"step={step} does not apply. Drop step=, or pass the folder that holds the steps."
+            )
+        return OrbaxLayout({None: path}, None, _custom_metadata(path))
+    items = _items_of(path)
+    if items:
+        if step is not None:
+            raise NotACheckpointError(
+                f"{str(path)!r} is one checkpoint step, so step={step} does not apply. Pass "
+                f"the CheckpointManager folder above it, or drop step=."
+            )
+        return OrbaxLayout(items, _step_of(path), _custom_metadata(path))
+    steps = _steps_of(path)
+    if steps:
+        return _resolve_step(path, steps, step)
+    _explain_not_a_checkpoint(path)
+    raise AssertionError("unreachable")
+
+
+def _refuse_unfinished(path: Path) -> None:
+    if TMP_MARKER in path.name:
+        raise UnfinishedCheckpointError(
+            f"{str(path)!r} is an unfinished Orbax save (its name carries {TMP_MARKER!r}): the "
+            f"process writing it stopped before the commit. Use a finished checkpoint; this "
+            f"folder can be deleted."
+        )
+    checkpoint_metadata = path / CHECKPOINT_METADATA
+    if checkpoint_metadata.is_file():
+        recorded = _read_json(checkpoint_metadata)
+        if isinstance(recorded, dict) and recorded.get("commit_timestamp_nsecs") is None and (
+            "init_timestamp_nsecs" in recorded
+        ):
+            raise UnfinishedCheckpointError(
+                f"{str(path)!r} is an unfinished Orbax save: {CHECKPOINT_METADATA} records a "
+                f"start but no commit. Use a finished checkpoint."
+            )
+
+
+def _items_of(path: Path) -> dict[str | None, Path]:
+    if not path.is_dir():
+        return {}
+    items: dict[str | None, Path] = {}
+    for child in sorted(path.iterdir()):
+        if child.is_dir() and (child / PYTREE_METADATA).is_file():
+            items[child.name] = child
+    if len(items) == 1:
+        return {None: next(iter(items.values()))}
+    return items
+
+
+def _steps_of(path: Path) -> dict[int, Path]:
+    steps: dict[int, Path] = {}
+    for child in path.iterdir():
+        match = _STEP_NAME.match(child.name)
+        if child.is_dir() and match:
+            steps[int(match.group("step"))] = child
+    return steps
+
+
+def _step_of(path: Path) -> int | None:
+    match = _STEP_NAME.match(path.name)
+    return int(match.group("step")) if match else None
+
+
+def _resolve_step(root: Path, steps: dict[int, Path], step: int | None) -> OrbaxLayout:
+    if step is None:
+        chosen = max(steps)
+    elif step in steps:
+        chosen = step
+    else:
+        raise NotACheckpointError(
+            f"{str(root)!r} has no step {step}. Steps found: {_list_steps(steps)}. Pass one "
+            f"of them as step=, or leave step= out for the newest."
+        )
+    layout = resolve(steps[chosen])
+    return OrbaxLayout(layout.items, chosen, layout.custom_metadata)
+
+
+def _list_steps(steps: dict[int, Path]) -> str:
+    ordered = sorted(steps)
+    shown = ", ".join(str(s) for s in ordered[:10])
+    return shown + (f" ... ({len(ordered)} in all)" if len(ordered) > 10 else "")
+
+
+def _explain_not_a_checkpoint(path: Path) -> None:
+    if not path.is_dir():
+        raise NotACheckpointError(
+            f"{str(path)!r} is a file that suture cannot read as a checkpoint. suture reads "
+            f"Orbax checkpoint folders."
+        )
+    entries = sorted(child.name for child in path.iterdir())
+    if not entries:
+        raise NotACheckpointError(f"{str(path)!r} is an empty folder, not a checkpoint.")
+    unfinished = [name for name in entries if TMP_MARKER in name]
+    if unfinished:
+        raise UnfinishedCheckpointError(
+            f"{str(path)!r} holds only unfinished Orbax saves ({', '.join(unfinished[:3])}): "
+            f"their writers stopped before the commit. Wait for the save, or use a finished one."
+        )
+    shown = ", ".join(entries[:8]) + (" ..." if len(entries) > 8 else "")
+    raise NotACheckpointError(
+        f"{str(path)!r} is not a checkpoint: found {shown}, but no Orbax {PYTREE_METADATA} "
+        f"file, item folder or step folder. Pass the checkpoint folder itself."
+    )
+
+
+def _custom_metadata(path: Path) -> dict:
+    for candidate in (path / CHECKPOINT_METADATA, path.parent / CHECKPOINT_METADATA):
+        if candidate.is_file():
+            recorded = _read_json(candidate)
+            if isinstance(recorded, dict) and isinstance(recorded.get("custom_metadata"), dict):
+                return recorded["custom_metadata"]
+    return {}
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError) as error:
+        raise CorruptCheckpointError(
+            f"Cannot read {str(path)!r} as JSON ({error}). The checkpoint is damaged; "
+            f"restore it from a copy."
+        ) from error
