@@ -113,6 +113,15 @@ class LazyArray:
         """Reads the array (only the bytes this view needs) into a numpy array."""
         return self._node.read(full(self.shape))
 
+    def item(self) -> Any:
+        """The value of a one-element array as a Python number (for saved step counters)."""
+        values = self.read()
+        if values.size != 1:
+            raise InvalidIndexError(
+                f"item() of {self.path!r} needs exactly one element; it has shape {self.shape}."
+            )
+        return values.item()
+
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         values = self.read()
         return values if dtype is None else values.astype(dtype, copy=False)
@@ -124,9 +133,13 @@ class LazyArray:
 
     def __getitem__(self, index: Any) -> LazyArray:
         parsed = parse_index(index, self.shape, self.path)
-        return self._derived(
+        view = self._derived(
             IndexNode(self._node, parsed.selection, parsed.dropped_axes, parsed.new_axes, parsed.shape)
         )
+        if parsed.array_axis_to_front is not None:
+            others = [axis for axis in range(view.ndim) if axis != parsed.array_axis_to_front]
+            view = view.transpose(parsed.array_axis_to_front, *others)
+        return view
 
     def astype(self, dtype: Any) -> LazyArray:
         """The array converted to `dtype` when read (``"bfloat16"``, ``np.int8`` ...)."""

@@ -25,6 +25,8 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
+
 from ._errors import MissingLeafError, SurgeryError, did_you_mean
 
 _SCALAR_TYPES = (str, bytes, int, float, complex, bool, type(None), type(Ellipsis))
@@ -34,9 +36,11 @@ def _is_namedtuple(node: Any) -> bool:
     return isinstance(node, tuple) and hasattr(type(node), "_fields")
 
 
-def _is_array_like(node: Any) -> bool:
-    """Arrays and array descriptions are leaves: they have a shape and a dtype."""
-    return hasattr(node, "shape") and hasattr(node, "dtype")
+def _is_known_array(node: Any) -> bool:
+    """numpy arrays and scalars, and array types that jax and suture never open as containers."""
+    if isinstance(node, (np.ndarray, np.generic)):
+        return True
+    return type(node).__name__ in ("LazyArray", "ShapeDtypeStruct", "ArrayImpl")
 
 
 def _dataclass_children(node: Any) -> list[tuple[str, Any]]:
@@ -76,7 +80,7 @@ def children(node: Any) -> list[tuple[str, Any]] | None:
         >>> children(3) is None
         True
     """
-    if isinstance(node, _SCALAR_TYPES) or _is_array_like(node):
+    if isinstance(node, _SCALAR_TYPES) or _is_known_array(node):
         return None
     if isinstance(node, Mapping):
         items = [(str(key), value) for key, value in node.items()]

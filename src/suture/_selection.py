@@ -94,13 +94,17 @@ class ParsedIndex:
         selection: one entry per axis of the indexed array.
         dropped_axes: axes of the indexed array that an integer removed.
         new_axes: positions in the result where ``None`` inserted an axis of length 1.
-        shape: the shape of the result.
+        shape: the shape of the result, before `array_axis_to_front`.
+        array_axis_to_front: the result axis that numpy moves to the front, or None. numpy
+            does so when an array and integers index non-adjacent axes
+            (``x[1, :, [0, 2]]`` has the array's axis first).
     """
 
     selection: Selection
     dropped_axes: tuple[int, ...]
     new_axes: tuple[int, ...]
     shape: tuple[int, ...]
+    array_axis_to_front: int | None = None
 
 
 def parse_index(index: Any, shape: tuple[int, ...], path: str | None = None) -> ParsedIndex:
@@ -132,8 +136,10 @@ def parse_index(index: Any, shape: tuple[int, ...], path: str | None = None) -> 
     new_axes: list[int] = []
     out_shape: list[int] = []
     arrays_seen = 0
+    array_axis = None
+    advanced_entries = []  # positions in `entries` of ints and arrays, for numpy's rule
     axis = 0
-    for entry in entries:
+    for position_in_index, entry in enumerate(entries):
         if entry is None:
             new_axes.append(len(out_shape))
             out_shape.append(1)
@@ -146,6 +152,7 @@ def parse_index(index: Any, shape: tuple[int, ...], path: str | None = None) -> 
             position = _checked_position(int(entry), length, axis, where)
             selection.append(range(position, position + 1))
             dropped.append(axis)
+            advanced_entries.append(position_in_index)
         else:
             arrays_seen += 1
             if arrays_seen > 1:
@@ -155,9 +162,19 @@ def parse_index(index: Any, shape: tuple[int, ...], path: str | None = None) -> 
                 )
             indices = _array_positions(entry, length, axis, where)
             selection.append(as_range(indices))
+            array_axis = len(out_shape)
             out_shape.append(len(indices))
+            advanced_entries.append(position_in_index)
         axis += 1
-    return ParsedIndex(tuple(selection), tuple(dropped), tuple(new_axes), tuple(out_shape))
+    adjacent = (
+        advanced_entries == list(range(advanced_entries[0], advanced_entries[-1] + 1))
+        if advanced_entries
+        else True
+    )
+    to_front = array_axis if array_axis is not None and not adjacent else None
+    return ParsedIndex(
+        tuple(selection), tuple(dropped), tuple(new_axes), tuple(out_shape), to_front
+    )
 
 
 def _is_integer(entry: Any) -> bool:
@@ -171,8 +188,7 @@ def _is_integer(entry: Any) -> bool:
 def _checked_position(position: int, length: int, axis: int, where: str) -> int:
     if not -length <= position < length:
         raise InvalidIndexError(
-            f"Index {position} is out of bounds for axis {axis}{where}, which has length "
-            f"{length}."
+            f"Index {position} is out of bounds for axis {axis}{where}, which has length {length}."
         )
     return position % length
 

@@ -48,7 +48,7 @@ def is_orbax_folder(path: Path) -> bool:
         return False
     if (path / PYTREE_METADATA).exists() or (path / CHECKPOINT_METADATA).exists():
         return True
-    return any(_STEP_NAME.match(child.name) for child in path.iterdir() if child.is_dir())
+    return bool(_steps_of(path))
 
 
 def resolve(path: Path, step: int | None = None) -> OrbaxLayout:
@@ -108,7 +108,7 @@ def _items_of(path: Path) -> dict[str | None, Path]:
         return {}
     items: dict[str | None, Path] = {}
     for child in sorted(path.iterdir()):
-        if child.is_dir() and (child / PYTREE_METADATA).is_file():
+        if child.is_dir() and TMP_MARKER not in child.name and (child / PYTREE_METADATA).is_file():
             items[child.name] = child
     if len(items) == 1:
         return {None: next(iter(items.values()))}
@@ -119,7 +119,7 @@ def _steps_of(path: Path) -> dict[int, Path]:
     steps: dict[int, Path] = {}
     for child in path.iterdir():
         match = _STEP_NAME.match(child.name)
-        if child.is_dir() and match:
+        if child.is_dir() and match and TMP_MARKER not in child.name:
             steps[int(match.group("step"))] = child
     return steps
 

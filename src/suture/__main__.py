@@ -1,0 +1,5 @@
+"""`python -m suture` runs the command line."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,104 @@
+"""The `suture` command line.
+
+Errors on bad input print ``Error: <message>`` on stderr and exit with status 2, without
+a traceback (``suture --debug ...`` shows it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from ._errors import SurgeryError
+
+app = typer.Typer(
+    name="suture",
+    help="Model surgery for JAX checkpoints: inspect, transform, load and stream them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_state = {"debug": False}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reports_errors(command: F) -> F:
+    """Turns a SurgeryError into ``Error: ...`` on stderr and exit status 2."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except SurgeryError as error:
+            if _state["debug"]:
+                raise
+            typer.echo(f"Error: {error}", err=True)
+            raise typer.Exit(code=2) from None
+
+    return run  # type: ignore[return-value]
+
+
+@app.callback()
+def root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+) -> None:
+    """Model surgery for JAX checkpoints."""
+    _state["debug"] = debug
+
+
+@app.command()
+@reports_errors
+def inspect(
+    path: Annotated[str, typer.Argument(help="Checkpoint folder or file.")],
+    flat: Annotated[bool, typer.Option("--flat", help="One line per leaf, full paths.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    filter: Annotated[  # noqa: A002 (the option's name)
+        str | None, typer.Option("--filter", help="Only leaves whose path matches this regex.")
+    ] = None,
+    depth: Annotated[
+        int | None, typer.Option("--depth", min=1, help="Fold subtrees below this depth.")
+    ] = None,
+    step: Annotated[
+        int | None, typer.Option("--step", help="CheckpointManager step (default: newest).")
+    ] = None,
+) -> None:
+    """Show a checkpoint's leaves with shape, dtype and size. Reads no array data."""
+    from ._inspect import describe, render_flat, render_tree
+    from ._open import open as open_checkpoint
+
+    ckpt = open_checkpoint(path, step=step)
+    description = describe(ckpt, filter)
+    if as_json:
+        typer.echo(json.dumps(description.to_json(), indent=1))
+        return
+    header = f"{ckpt.location}  ({ckpt.format}" + (
+        f", step {ckpt.step})" if ckpt.step is not None else ")"
+    )
+    typer.echo(header)
+    typer.echo(render_flat(description) if flat else render_tree(description, depth))
+
+
+@app.command()
+@reports_errors
+def demo(
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="Where to write the demo checkpoint (default: a temp dir)."),
+    ] = None,
+) -> None:
+    """Write a small real checkpoint, then open, inspect and read it lazily."""
+    from ._demo import run_demo
+
+    run_demo(workdir, echo=typer.echo)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `suture` script and of ``python -m suture``."""
+    app(args=argv if argv is not None else sys.argv[1:], prog_name="suture")
