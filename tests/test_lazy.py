@@ -76,7 +76,9 @@ def test_stack_and_concatenate_match_numpy() -> None:
         joined = suture.concatenate(lazies, axis=axis)
         np.testing.assert_array_equal(joined.read(), np.concatenate(parts, axis=axis))
     joined = suture.concatenate([lazy(BASE[0]), lazy(BASE[1][:1])], axis=0)
-    np.testing.assert_array_equal(joined[[3, 0, 3, 1]].read(), np.concatenate([BASE[0], BASE[1][:1]])[[3, 0, 3, 1]])
+    np.testing.assert_array_equal(
+        joined[[3, 0, 3, 1]].read(), np.concatenate([BASE[0], BASE[1][:1]])[[3, 0, 3, 1]]
+    )
     np.testing.assert_array_equal(joined[::-2].read(), np.concatenate([BASE[0], BASE[1][:1]])[::-2])
 
 
@@ -122,7 +124,9 @@ def test_views_of_stored_arrays_read_only_their_member(tmp_path: Path) -> None:
     layers = {f"layer{i}": rng.standard_normal((256, 256), dtype=np.float32) for i in range(4)}
     ocp.PyTreeCheckpointer().save(tmp_path / "ckpt", layers)
     ckpt = suture.open(tmp_path / "ckpt")
-    stacked = suture.stack([ckpt[f"layer{i}"] for i in range(4)]).astype("bfloat16").transpose(0, 2, 1)
+    stacked = (
+        suture.stack([ckpt[f"layer{i}"] for i in range(4)]).astype("bfloat16").transpose(0, 2, 1)
+    )
     stacked[0].read()  # first read also loads the checkpoint's index
     with count_bytes_read() as one_member:
         member = stacked[2].read()
@@ -165,7 +169,9 @@ def test_bad_indices_are_clear_errors(index, message) -> None:
 
 def test_bad_operations_are_clear_errors() -> None:
     x = lazy()
-    with pytest.raises(suture.ShapeMismatchError, match=r"Cannot reshape 'w' with 120 elements to \(7, 7\)"):
+    with pytest.raises(
+        suture.ShapeMismatchError, match=r"Cannot reshape 'w' with 120 elements to \(7, 7\)"
+    ):
         x.reshape(7, 7)
     with pytest.raises(suture.ShapeMismatchError, match=r"120 is not a multiple of 7"):
         x.reshape(7, -1)
@@ -183,7 +189,12 @@ def test_bad_operations_are_clear_errors() -> None:
 
 index_entry = st.one_of(
     st.integers(-3, 2),
-    st.builds(slice, st.none() | st.integers(-4, 4), st.none() | st.integers(-4, 4), st.sampled_from([None, 1, 2, -1, -2])),
+    st.builds(
+        slice,
+        st.none() | st.integers(-4, 4),
+        st.none() | st.integers(-4, 4),
+        st.sampled_from([None, 1, 2, -1, -2]),
+    ),
     st.just(None),
     st.lists(st.integers(-2, 1), min_size=0, max_size=3).map(np.array),
 )

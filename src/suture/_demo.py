@@ -31,7 +31,8 @@ def make_training_state(seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     params = {
         f"layer{i}": {
-            "kernel": rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) * np.float32(WIDTH**-0.5),
+            "kernel": rng.standard_normal((WIDTH, WIDTH), dtype=np.float32)
+            * np.float32(WIDTH**-0.5),
             "bias": np.zeros(WIDTH, np.float32),
         }
         for i in range(LAYERS)
@@ -39,8 +40,10 @@ def make_training_state(seed: int = 0) -> dict:
 
     def like_params(scale: float) -> dict:
         return {
-            name: {key: (rng.standard_normal(value.shape) * scale).astype(np.float32)
-                   for key, value in layer.items()}
+            name: {
+                key: (rng.standard_normal(value.shape) * scale).astype(np.float32)
+                for key, value in layer.items()
+            }
             for name, layer in params.items()
         }
 
@@ -56,8 +59,10 @@ def write_checkpoint(state: dict, path: Path) -> None:
     import orbax.checkpoint as ocp
 
     def save_args(leaf: np.ndarray) -> ocp.SaveArgs:
-        return ocp.SaveArgs(chunk_byte_size=max(leaf.nbytes // max(leaf.shape[:1] or (1,)), 1),
-                            shard_axes=(0,) if leaf.ndim else ())
+        return ocp.SaveArgs(
+            chunk_byte_size=max(leaf.nbytes // max(leaf.shape[:1] or (1,)), 1),
+            shard_axes=(0,) if leaf.ndim else (),
+        )
 
     import jax
 
@@ -83,40 +88,51 @@ def _run(root: Path, echo: Callable[[str], None]) -> None:
     state = make_training_state()
     started = time.perf_counter()
     write_checkpoint(state, path)
-    echo(f"1. Saved a {LAYERS}-layer MLP with Adam state using stock Orbax -> {path}"
-         f" ({time.perf_counter() - started:.1f} s)\n")
+    echo(
+        f"1. Saved a {LAYERS}-layer MLP with Adam state using stock Orbax -> {path}"
+        f" ({time.perf_counter() - started:.1f} s)\n"
+    )
 
     with count_bytes_read() as opening:
         ckpt = open_checkpoint(path)
-    echo(f"2. suture.open read {human_bytes(opening.bytes)} of metadata and no array data;"
-         f" the checkpoint holds {human_bytes(ckpt.nbytes)} of arrays:\n")
+    echo(
+        f"2. suture.open read {human_bytes(opening.bytes)} of metadata and no array data;"
+        f" the checkpoint holds {human_bytes(ckpt.nbytes)} of arrays:\n"
+    )
     echo(render_tree(describe(ckpt), depth=3))
 
     kernel = ckpt["params/layer2/kernel"]
     with count_bytes_read() as row_read:
         row = kernel[5].read()
     _check(np.array_equal(row, state["params"]["layer2"]["kernel"][5]), "row 5 of layer2")
-    echo(f"\n3. Read row 5 of params/layer2/kernel ({human_bytes(row.nbytes)}): read"
-         f" {human_bytes(row_read.bytes)} from disk (that row's chunk, plus the checkpoint's index,"
-         f" read once), not the whole {human_bytes(kernel.nbytes)} kernel.\n")
+    echo(
+        f"\n3. Read row 5 of params/layer2/kernel ({human_bytes(row.nbytes)}): read"
+        f" {human_bytes(row_read.bytes)} from disk (that row's chunk, plus the checkpoint's index,"
+        f" read once), not the whole {human_bytes(kernel.nbytes)} kernel.\n"
+    )
 
     kernels = [ckpt[f"params/layer{i}/kernel"] for i in range(LAYERS)]
     stacked = stack(kernels).astype("bfloat16")
-    echo(f"4. Stacked the {LAYERS} kernels for scan and cast to bfloat16, lazily:"
-         f" {stacked!r}")
+    echo(f"4. Stacked the {LAYERS} kernels for scan and cast to bfloat16, lazily: {stacked!r}")
     with count_bytes_read() as stacked_read:
         third = stacked[3].read()
     expected = state["params"]["layer3"]["kernel"].astype(third.dtype)
     _check(np.array_equal(third, expected), "stacked[3]")
-    echo(f"   stacked[3] equals layer3's kernel in bfloat16 and read"
-         f" {human_bytes(stacked_read.bytes)} (layer 3 only).")
+    echo(
+        f"   stacked[3] equals layer3's kernel in bfloat16 and read"
+        f" {human_bytes(stacked_read.bytes)} (layer 3 only)."
+    )
     everything = stacked.read()
     numpy_route = np.stack([state["params"][f"layer{i}"]["kernel"] for i in range(LAYERS)])
     _check(np.array_equal(everything, numpy_route.astype(everything.dtype)), "stacked")
-    echo(f"   The whole stack equals numpy's np.stack(...).astype(bfloat16):"
-         f" {everything.shape}, {everything.dtype}.\n")
-    echo("Done: the optimizer state was never read. Try `suture inspect PATH --flat` on a"
-         " checkpoint of your own.")
+    echo(
+        f"   The whole stack equals numpy's np.stack(...).astype(bfloat16):"
+        f" {everything.shape}, {everything.dtype}.\n"
+    )
+    echo(
+        "Done: the optimizer state was never read. Try `suture inspect PATH --flat` on a"
+        " checkpoint of your own."
+    )
 
 
 def _check(passed: bool, what: str) -> None:

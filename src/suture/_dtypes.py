@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import ml_dtypes
@@ -38,6 +39,7 @@ def to_dtype(spec: Any) -> np.dtype:
         ) from error
 
 
+@functools.lru_cache(maxsize=256)
 def from_zarr(name: str) -> np.dtype:
     """The numpy dtype of a zarr v2 ``dtype`` (``"<f4"``, ``"bfloat16"``) or v3 ``data_type``."""
     if name == "bool":
@@ -46,5 +48,7 @@ def from_zarr(name: str) -> np.dtype:
 
 
 _EXTENDED_NAMES = frozenset(
-    name for name in dir(ml_dtypes) if isinstance(getattr(ml_dtypes, name), type) and not name.startswith("_")
+    name
+    for name in dir(ml_dtypes)
+    if isinstance(getattr(ml_dtypes, name), type) and not name.startswith("_")
 )

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,17 @@ class Description:
         }
 
 
+    def to_json_text(self) -> str:
+        """`to_json` as text with one leaf per line: readable, and fast for 10^5 leaves."""
+        report = self.to_json()
+        leaves = report.pop("leaves")
+        head = json.dumps(report)[:-1]
+        if not leaves:
+            return head + ', "leaves": []}'
+        lines = ",\n  ".join(json.dumps(leaf) for leaf in leaves)
+        return f'{head}, "leaves": [\n  {lines}\n]}}'
+
+
 def _size(shape: tuple[int, ...]) -> int:
     size = 1
     for length in shape:
@@ -119,7 +131,9 @@ def _compile(pattern: str | None) -> re.Pattern[str] | None:
     try:
         return re.compile(pattern)
     except re.error as error:
-        raise SurgeryError(f"--filter {pattern!r} is not a valid regular expression: {error}.") from error
+        raise SurgeryError(
+            f"--filter {pattern!r} is not a valid regular expression: {error}."
+        ) from error
 
 
 def _value_text(value: Any, width: int = 60) -> str:
@@ -156,7 +170,9 @@ def summary_line(description: Description) -> str:
 def render_flat(description: Description) -> str:
     """One line per leaf: path, dtype, shape, size (or the value), then a total line."""
     rows = [
-        [leaf.path, *_array_columns(leaf)] if leaf.is_array else [leaf.path, _value_text(leaf.value)]
+        [leaf.path, *_array_columns(leaf)]
+        if leaf.is_array
+        else [leaf.path, _value_text(leaf.value)]
         for leaf in description.leaves
     ]
     return "\n".join([*_table(rows), summary_line(description)])

@@ -11,9 +11,8 @@ Example:
     >>> y = x.T[1:3].astype("float32")
     >>> y.shape, y.dtype.name
     ((2, 3), 'float32')
-    >>> y.read()
-    array([[1., 5., 9.],
-           [2., 6., 10.]], dtype=float32)
+    >>> y.read().tolist()
+    [[1.0, 5.0, 9.0], [2.0, 6.0, 10.0]]
 """
 
 from __future__ import annotations
@@ -134,7 +133,9 @@ class LazyArray:
     def __getitem__(self, index: Any) -> LazyArray:
         parsed = parse_index(index, self.shape, self.path)
         view = self._derived(
-            IndexNode(self._node, parsed.selection, parsed.dropped_axes, parsed.new_axes, parsed.shape)
+            IndexNode(
+                self._node, parsed.selection, parsed.dropped_axes, parsed.new_axes, parsed.shape
+            )
         )
         if parsed.array_axis_to_front is not None:
             others = [axis for axis in range(view.ndim) if axis != parsed.array_axis_to_front]
@@ -219,7 +220,11 @@ def _joined(arrays: Sequence[Any], axis: int, operation: str, new_axis: bool) ->
             array.shape == lazy[0].shape
             if new_axis
             else array.ndim == lazy[0].ndim
-            and all(a == b for i, (a, b) in enumerate(zip(array.shape, lazy[0].shape)) if i != axis)
+            and all(
+                a == b
+                for i, (a, b) in enumerate(zip(array.shape, lazy[0].shape, strict=True))
+                if i != axis
+            )
         )
         if not same:
             raise ShapeMismatchError(
@@ -309,5 +314,7 @@ def _infer_shape_dtype(fn: Callable, arrays: list[LazyArray], name: str) -> tupl
             f"({type(error).__name__}: {error}). Pass shape= and dtype= to suture.map."
         ) from error
     if not hasattr(result, "shape"):
-        raise SurgeryError(f"suture.map: {name} must return one array, got {type(result).__name__}.")
+        raise SurgeryError(
+            f"suture.map: {name} must return one array, got {type(result).__name__}."
+        )
     return tuple(result.shape), result.dtype

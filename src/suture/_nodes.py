@@ -189,9 +189,7 @@ class ReshapeNode(Node):
     def __init__(self, base: Node, shape: tuple[int, ...]) -> None:
         self.base, self.shape, self.dtype = base, shape, base.dtype
         kept = 0
-        while (
-            kept < min(len(shape), len(base.shape)) - 1 and shape[kept] == base.shape[kept]
-        ):
+        while kept < min(len(shape), len(base.shape)) - 1 and shape[kept] == base.shape[kept]:
             kept += 1
         self._kept_leading_axes = kept
 

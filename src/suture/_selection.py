@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
 from ._errors import InvalidIndexError
 
-AxisSelection = Union[range, np.ndarray]
+AxisSelection = range | np.ndarray
 Selection = tuple[AxisSelection, ...]
 
 

@@ -7,7 +7,6 @@ a traceback (``suture --debug ...`` shows it).
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -76,7 +75,7 @@ def inspect(
     ckpt = open_checkpoint(path, step=step)
     description = describe(ckpt, filter)
     if as_json:
-        typer.echo(json.dumps(description.to_json(), indent=1))
+        typer.echo(description.to_json_text())
         return
     header = f"{ckpt.location}  ({ckpt.format}" + (
         f", step {ckpt.step})" if ckpt.step is not None else ")"

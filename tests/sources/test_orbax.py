@@ -120,7 +120,9 @@ def test_manager_with_named_items_opens_each_item_as_a_subtree(tmp_path: Path) -
 
 def test_custom_metadata_is_available(tmp_path: Path) -> None:
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(tmp_path / "ckpt", {"w": np.ones(2)}, custom_metadata={"model": "mlp", "version": 3})
+    checkpointer.save(
+        tmp_path / "ckpt", {"w": np.ones(2)}, custom_metadata={"model": "mlp", "version": 3}
+    )
     checkpointer.wait_until_finished()
     assert suture.open(tmp_path / "ckpt").metadata == {"model": "mlp", "version": 3}
 
@@ -175,7 +177,10 @@ def test_abstract_gives_shape_dtype_structs(tmp_path: Path) -> None:
 def test_lookup_errors_suggest_close_paths(tmp_path: Path) -> None:
     save_standard(tmp_path / "ckpt", sample_arrays())
     ckpt = suture.open(tmp_path / "ckpt")
-    with pytest.raises(suture.SurgeryError, match=r"no leaf 'params/dense/kernal'.*Did you mean 'params/dense/kernel'"):
+    with pytest.raises(
+        suture.SurgeryError,
+        match=r"no leaf 'params/dense/kernal'.*Did you mean 'params/dense/kernel'",
+    ):
         ckpt["params/dense/kernal"]
     assert "params/dense" in ckpt and "params/nope" not in ckpt
     assert set(suture.flatten(ckpt["params/dense"])) == {"kernel", "bias"}
@@ -197,7 +202,9 @@ def test_folder_that_is_not_a_checkpoint_names_what_it_found(tmp_path: Path) -> 
     folder.mkdir()
     (folder / "readme.txt").write_text("hello")
     (folder / "data.csv").write_text("1,2")
-    with pytest.raises(suture.NotACheckpointError, match=r"is not a checkpoint: found data.csv, readme.txt"):
+    with pytest.raises(
+        suture.NotACheckpointError, match=r"is not a checkpoint: found data.csv, readme.txt"
+    ):
         suture.open(folder)
 
 
@@ -215,7 +222,9 @@ def test_manager_root_with_only_unfinished_steps_is_refused(tmp_path: Path) -> N
     root = tmp_path / "run"
     root.mkdir()
     shutil.copytree(tmp_path / "done", root / "3.orbax-checkpoint-tmp-17")
-    with pytest.raises(suture.UnfinishedCheckpointError, match=r"only unfinished Orbax saves \(3.orbax"):
+    with pytest.raises(
+        suture.UnfinishedCheckpointError, match=r"only unfinished Orbax saves \(3.orbax"
+    ):
         suture.open(root)
 
 
@@ -243,7 +252,9 @@ def test_damaged_metadata_is_a_surgery_error(tmp_path: Path) -> None:
 
 
 def test_array_listed_but_missing_is_a_surgery_error(tmp_path: Path) -> None:
-    pytree_writer(use_ocdbt=False, use_zarr3=False)(tmp_path / "ckpt", {"a": np.ones(2), "b": np.ones(3)})
+    pytree_writer(use_ocdbt=False, use_zarr3=False)(
+        tmp_path / "ckpt", {"a": np.ones(2), "b": np.ones(3)}
+    )
     shutil.rmtree(tmp_path / "ckpt" / "b")
     with pytest.raises(suture.CorruptCheckpointError, match=r"Leaf 'b': _METADATA lists an array"):
         suture.open(tmp_path / "ckpt")
@@ -251,7 +262,9 @@ def test_array_listed_but_missing_is_a_surgery_error(tmp_path: Path) -> None:
 
 def test_a_file_is_not_yet_a_readable_format(tmp_path: Path) -> None:
     (tmp_path / "weights.bin").write_bytes(b"\x00" * 16)
-    with pytest.raises(suture.NotACheckpointError, match="is a file in a format suture cannot read"):
+    with pytest.raises(
+        suture.NotACheckpointError, match="is a file in a format suture cannot read"
+    ):
         suture.open(tmp_path / "weights.bin")
 
 
@@ -265,6 +278,9 @@ def test_opening_does_not_import_jax_or_orbax(tmp_path: Path) -> None:
         "print(sorted(m for m in ('jax', 'orbax', 'flax') if m in sys.modules))"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "ckpt")], capture_output=True, text=True, check=True
+        [sys.executable, "-c", code, str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert result.stdout.strip() == "[]"

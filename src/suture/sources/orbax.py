@@ -73,41 +73,51 @@ class _ItemStore:
             }
         return {"driver": "file", "path": f"{self.folder}/{name}"}
 
-    def read_zarr_metadata(self, names: list[str]) -> dict[str, tuple[str, dict]]:
-        """``{name: (driver, zarr metadata)}`` for every array name, read concurrently."""
-        if self.use_ocdbt:
-            return self._read_from_ocdbt(names)
-        found = {}
-        for name in names:
-            for filename, driver in zip(_ZARR_METADATA_FILES, ("zarr", "zarr3"), strict=True):
-                candidate = self.folder / name / filename
-                if candidate.is_file():
-                    found[name] = (driver, _parse_json(candidate.read_bytes(), candidate))
-                    break
+    def read_zarr_metadata(self, names: list[str], zarr3_first: bool) -> dict[str, tuple[str, dict]]:
+        """``{name: (driver, zarr metadata)}`` for every array name, read concurrently.
+
+        Each array's metadata is read under the key `_METADATA`'s ``use_zarr3`` predicts,
+        and under the other spelling only where that is missing: no listing of the store,
+        whose size grows with the number of chunks.
+        """
+        spellings = list(zip(_ZARR_METADATA_FILES, ("zarr", "zarr3"), strict=True))
+        if zarr3_first:
+            spellings.reverse()
+        read = self._read_from_ocdbt if self.use_ocdbt else self._read_from_files
+        found: dict[str, tuple[str, dict]] = {}
+        remaining = names
+        for filename, driver in spellings:
+            for name, raw in read([f"{name}/{filename}" for name in remaining], remaining):
+                found[name] = (driver, _parse_json(raw, f"{self.folder}/{name}/{filename}"))
+            remaining = [name for name in remaining if name not in found]
         return found
 
-    def _read_from_ocdbt(self, names: list[str]) -> dict[str, tuple[str, dict]]:
+    def _read_from_files(self, keys: list[str], names: list[str]) -> list[tuple[str, bytes]]:
+        found = []
+        for key, name in zip(keys, names, strict=True):
+            candidate = self.folder / key
+            if candidate.is_file():
+                found.append((name, candidate.read_bytes()))
+        return found
+
+    def _read_from_ocdbt(self, keys: list[str], names: list[str]) -> list[tuple[str, bytes]]:
         import tensorstore as ts
 
         try:
-            kvstore = ts.KvStore.open(self.kvstore_spec(), context=self.context).result()
-            keys = set(kvstore.list().result())
+            if self._kvstore is None:
+                self._kvstore = ts.KvStore.open(self.kvstore_spec(), context=self.context).result()
+            futures = [self._kvstore.read(key.encode()) for key in keys]
+            results = [future.result() for future in futures]
         except ValueError as error:
             raise CorruptCheckpointError(
-                f"Cannot open the OCDBT database of {str(self.folder)!r}: {error}. The checkpoint "
+                f"Cannot read the OCDBT database of {str(self.folder)!r}: {error}. The checkpoint "
                 f"is damaged or incomplete; restore it from a copy."
             ) from error
-        pending = {}
-        for name in names:
-            for filename, driver in zip(_ZARR_METADATA_FILES, ("zarr", "zarr3"), strict=True):
-                key = f"{name}/{filename}".encode()
-                if key in keys:
-                    pending[name] = (driver, key, kvstore.read(key))
-                    break
-        return {
-            name: (driver, _parse_json(future.result().value, f"{self.folder}:{key.decode()}"))
-            for name, (driver, key, future) in pending.items()
-        }
+        return [
+            (name, bytes(result.value))
+            for name, result in zip(names, results, strict=True)
+            if result.state == "value"
+        ]
 
     def opener(self, name: str, driver: str) -> Any:
         spec = {"driver": driver, "kvstore": self.kvstore_spec(name), "recheck_cached_data": False}
@@ -133,9 +143,11 @@ def _read_item(folder: Path) -> Any:
     leaves = _parse_entries(entries, folder)
     strings = _read_strings(folder) if any(kind == "string" for _, kind in leaves.values()) else {}
     array_names = [
-        ".".join(keys) for keys, (_, value_type) in leaves.items() if value_type in ARRAY_VALUE_TYPES
+        ".".join(keys)
+        for keys, (_, value_type) in leaves.items()
+        if value_type in ARRAY_VALUE_TYPES
     ]
-    zarr_metadata = store.read_zarr_metadata(array_names)
+    zarr_metadata = store.read_zarr_metadata(array_names, bool(metadata.get("use_zarr3", False)))
 
     nested: dict = {}
     for keys, (key_kinds, value_type) in leaves.items():
@@ -172,7 +184,9 @@ class UnsupportedLeaf:
         return f"UnsupportedLeaf(path={self.path!r}, value_type={self.value_type!r})"
 
 
-def _parse_entries(entries: dict, folder: Path) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
+def _parse_entries(
+    entries: dict, folder: Path
+) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
     leaves = {}
     for entry in entries.values():
         try:
@@ -196,7 +210,9 @@ def _read_strings(folder: Path) -> dict[str, str]:
     return parsed if isinstance(parsed, dict) else {}
 
 
-def _shape_and_dtype(description: dict, path: str, folder: Path) -> tuple[tuple[int, ...], np.dtype]:
+def _shape_and_dtype(
+    description: dict, path: str, folder: Path
+) -> tuple[tuple[int, ...], np.dtype]:
     try:
         shape = tuple(int(length) for length in description["shape"])
         dtype_name = description.get("data_type", description.get("dtype"))

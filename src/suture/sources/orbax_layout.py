@@ -94,8 +94,10 @@ def _refuse_unfinished(path: Path) -> None:
     checkpoint_metadata = path / CHECKPOINT_METADATA
     if checkpoint_metadata.is_file():
         recorded = _read_json(checkpoint_metadata)
-        if isinstance(recorded, dict) and recorded.get("commit_timestamp_nsecs") is None and (
-            "init_timestamp_nsecs" in recorded
+        if (
+            isinstance(recorded, dict)
+            and recorded.get("commit_timestamp_nsecs") is None
+            and ("init_timestamp_nsecs" in recorded)
         ):
             raise UnfinishedCheckpointError(
                 f"{str(path)!r} is an unfinished Orbax save: {CHECKPOINT_METADATA} records a "

@@ -1,0 +1,59 @@
+"""Shared by the benchmarks: fresh-process measurements and RESULTS.md sections."""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+DATA_DIR = BENCH_DIR / "_data"
+RESULTS = BENCH_DIR / "RESULTS.md"
+
+# Runs a command in a child and reports its wall time and peak RSS (the child's own).
+_MEASURE = r"""
+import json, resource, subprocess, sys, time
+started = time.perf_counter()
+done = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+wall = time.perf_counter() - started
+if done.returncode:
+    sys.stderr.write(done.stderr.decode()[-2000:]); sys.exit(done.returncode)
+print(json.dumps({"wall_s": wall, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))
+"""
+
+
+def measure(command: list[str], repeats: int = 5) -> dict:
+    """Median wall time and peak RSS of `command`, each run in a fresh process."""
+    runs = []
+    for _ in range(repeats):
+        done = subprocess.run(
+            [sys.executable, "-c", _MEASURE, *command], capture_output=True, text=True
+        )
+        if done.returncode:
+            raise RuntimeError(f"{command} failed:\n{done.stderr}")
+        runs.append(json.loads(done.stdout))
+    return {
+        "wall_s": statistics.median(run["wall_s"] for run in runs),
+        "wall_s_min": min(run["wall_s"] for run in runs),
+        "peak_rss_bytes": max(run["peak_rss_bytes"] for run in runs),
+        "repeats": repeats,
+    }
+
+
+def machine() -> str:
+    cores = len(__import__("os").sched_getaffinity(0))
+    return f"{platform.machine()}, {cores} cores, Python {platform.python_version()}"
+
+
+def write_section(name: str, body: str) -> None:
+    """Replaces (or appends) the section of RESULTS.md between this benchmark's markers."""
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\nWritten by the scripts in `bench/`; each section is replaced when its script runs.\n"
+    section = f"{start}\n{body.strip()}\n{end}"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
+    RESULTS.write_text(text)
