@@ -16,6 +16,7 @@ demo: $(STAMP)
 	$(BIN)/suture demo
 
 test: $(STAMP)
+	$(BIN)/ruff check src tests bench
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -52,8 +52,16 @@ def machine() -> str:
 def write_section(name: str, body: str) -> None:
     """Replaces (or appends) the section of RESULTS.md between this benchmark's markers."""
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\nWritten by the scripts in `bench/`; each section is replaced when its script runs.\n"
+    text = (
+        RESULTS.read_text()
+        if RESULTS.exists()
+        else "# Benchmark results\n\nWritten by the scripts in `bench/`; each section is replaced when its script runs.\n"
+    )
     section = f"{start}\n{body.strip()}\n{end}"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
+    text = (
+        pattern.sub(lambda _: section, text)
+        if pattern.search(text)
+        else text.rstrip() + "\n\n" + section + "\n"
+    )
     RESULTS.write_text(text)

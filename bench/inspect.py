@@ -41,7 +41,9 @@ def write_checkpoint() -> None:
     shutil.rmtree(CHECKPOINT, ignore_errors=True)
     rng = np.random.default_rng(0)
     tree = {
-        f"block{b:03d}": {f"leaf{i:02d}": rng.standard_normal((8, 16), dtype=np.float32) for i in range(100)}
+        f"block{b:03d}": {
+            f"leaf{i:02d}": rng.standard_normal((8, 16), dtype=np.float32) for i in range(100)
+        }
         for b in range(LEAVES // 100)
     }
     started = time.perf_counter()
@@ -64,14 +66,14 @@ def main() -> None:
     )
     body = f"""## inspect: 10,000-leaf Orbax checkpoint (issue 2)
 
-`python bench/inspect.py` — whole processes, median of {ours['repeats']} runs, warm page cache; {machine()}.
+`python bench/inspect.py` — whole processes, median of {ours["repeats"]} runs, warm page cache; {machine()}.
 Checkpoint: {LEAVES} float32 leaves of shape (8, 16), PyTreeCheckpointer defaults (OCDBT, zarr).
 
 | route | median wall | best wall | peak RSS |
 | --- | --- | --- | --- |
 {rows}
 
-Time ratio suture / Orbax: **{ours['wall_s'] / peer['wall_s']:.2f}x** (goal: at most 1.0x, ideally well under 1 s).
+Time ratio suture / Orbax: **{ours["wall_s"] / peer["wall_s"]:.2f}x** (goal: at most 1.0x, ideally well under 1 s).
 """
     write_section("inspect", body)
     print(body)

@@ -79,7 +79,6 @@ class Description:
             "leaves": [leaf.to_json() for leaf in self.leaves],
         }
 
-
     def to_json_text(self) -> str:
         """`to_json` as text with one leaf per line: readable, and fast for 10^5 leaves."""
         report = self.to_json()

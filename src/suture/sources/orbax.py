@@ -73,7 +73,9 @@ class _ItemStore:
             }
         return {"driver": "file", "path": f"{self.folder}/{name}"}
 
-    def read_zarr_metadata(self, names: list[str], zarr3_first: bool) -> dict[str, tuple[str, dict]]:
+    def read_zarr_metadata(
+        self, names: list[str], zarr3_first: bool
+    ) -> dict[str, tuple[str, dict]]:
         """``{name: (driver, zarr metadata)}`` for every array name, read concurrently.
 
         Each array's metadata is read under the key `_METADATA`'s ``use_zarr3`` predicts,
