@@ -23,8 +23,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/ruff format --check src tests bench examples
 
+# Benchmarks run as modules from the root: bench/inspect.py must not shadow the stdlib.
 bench: $(STAMP)
-	$(BIN)/python bench/inspect.py
+	$(BIN)/python -m bench.inspect
+	$(BIN)/python -m bench.partial_load
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
 DATA_DIR = BENCH_DIR / "_data"
 RESULTS = BENCH_DIR / "RESULTS.md"
 

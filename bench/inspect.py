@@ -4,24 +4,19 @@ Both sides are whole processes (start-up and imports included), as a user meets 
 the command line against a Python process that imports orbax and reads the metadata.
 Goal (issue 2): suture no slower than Orbax, ideally well under 1 s.
 
-Run: `make bench-inspect` (or `.venv/bin/python bench/inspect.py`).
+Run from the repository root: `.venv/bin/python -m bench.inspect` (or `make bench`).
 """
 
 from __future__ import annotations
 
-import os
+import shutil
 import sys
+import time
+from pathlib import Path
 
-# This file is named like the stdlib's `inspect`; let the stdlib win for everyone else.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path = [entry for entry in sys.path if os.path.abspath(entry or ".") != _HERE] + [_HERE]
+import numpy as np
 
-import shutil  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
-from _common import DATA_DIR, machine, measure, write_section  # noqa: E402
+from bench._common import DATA_DIR, machine, measure, write_section
 
 LEAVES = 10_000
 CHECKPOINT = DATA_DIR / "inspect_10k"
@@ -66,7 +61,7 @@ def main() -> None:
     )
     body = f"""## inspect: 10,000-leaf Orbax checkpoint (issue 2)
 
-`python bench/inspect.py` — whole processes, median of {ours["repeats"]} runs, warm page cache; {machine()}.
+`python -m bench.inspect` — whole processes, median of {ours["repeats"]} runs, warm page cache; {machine()}.
 Checkpoint: {LEAVES} float32 leaves of shape (8, 16), PyTreeCheckpointer defaults (OCDBT, zarr).
 
 | route | median wall | best wall | peak RSS |

@@ -24,9 +24,12 @@ from ._lazy import LazyArray as LazyArray
 from ._lazy import concatenate as concatenate
 from ._lazy import map as map  # noqa: A004
 from ._lazy import stack as stack
+from ._load import load as load
 from ._open import open as open  # noqa: A004
 from ._paths import flatten as flatten
 from ._paths import unflatten as unflatten
+from ._targets import PLACEHOLDER as PLACEHOLDER
+from ._targets import placeholders as placeholders
 
 __version__ = "0.1.0"
 
@@ -36,6 +39,7 @@ __all__ = [
     "CorruptCheckpointError",
     "InvalidIndexError",
     "LazyArray",
+    "PLACEHOLDER",
     "MissingLeafError",
     "NotACheckpointError",
     "ShapeMismatchError",
@@ -43,8 +47,10 @@ __all__ = [
     "UnfinishedCheckpointError",
     "concatenate",
     "flatten",
+    "load",
     "map",
     "open",
+    "placeholders",
     "stack",
     "unflatten",
 ]

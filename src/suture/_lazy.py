@@ -32,6 +32,7 @@ from ._nodes import (
     MapNode,
     MemorySource,
     Node,
+    PadNode,
     ReshapeNode,
     SourceNode,
     StackNode,
@@ -171,6 +172,32 @@ class LazyArray:
     @property
     def T(self) -> LazyArray:  # noqa: N802 (numpy's name)
         return self.transpose()
+
+
+def fit_shape(array: LazyArray, shape: tuple[int, ...]) -> LazyArray:
+    """`array` truncated or zero-padded at the end of each axis to `shape`, lazily.
+
+    Truncation reads only the kept part; padding reads the whole (smaller) source.
+
+    Example:
+        >>> x = LazyArray.from_array(np.arange(6).reshape(2, 3))
+        >>> fit_shape(x, (3, 2)).read().tolist()
+        [[0, 1], [3, 4], [0, 0]]
+    """
+    if len(shape) != array.ndim:
+        raise ShapeMismatchError(
+            f"Leaf {array.path!r} has shape {array.shape} and cannot be padded or truncated to "
+            f"{shape}: the number of axes differs. Reshape it with a rule first."
+        )
+    kept = tuple(slice(0, min(have, want)) for have, want in zip(array.shape, shape, strict=True))
+    truncated = (
+        array[kept]
+        if any(want < have for have, want in zip(array.shape, shape, strict=True))
+        else array
+    )
+    if truncated.shape == shape:
+        return truncated
+    return truncated._derived(PadNode(truncated._node, shape))
 
 
 def _resolve_shape(shape: tuple[int, ...], size: int, path: str | None) -> tuple[int, ...]:

@@ -127,7 +127,7 @@ class _ItemStore:
         def open_store() -> Any:
             import tensorstore as ts
 
-            return ts.open(spec, read=True, context=self.context).result()
+            return ts.open(spec, read=True, context=self.context)
 
         return open_store
 
