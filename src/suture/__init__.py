@@ -12,6 +12,8 @@ Example:
 """
 
 from ._checkpoint import Checkpoint as Checkpoint
+from ._combine import concatenate as concatenate
+from ._combine import stack as stack
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from ._errors import CorruptCheckpointError as CorruptCheckpointError
 from ._errors import InvalidIndexError as InvalidIndexError
@@ -21,9 +23,7 @@ from ._errors import ShapeMismatchError as ShapeMismatchError
 from ._errors import SurgeryError as SurgeryError
 from ._errors import UnfinishedCheckpointError as UnfinishedCheckpointError
 from ._lazy import LazyArray as LazyArray
-from ._lazy import concatenate as concatenate
 from ._lazy import map as map  # noqa: A004
-from ._lazy import stack as stack
 from ._load import load as load
 from ._open import open as open  # noqa: A004
 from ._paths import flatten as flatten

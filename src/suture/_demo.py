@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ._combine import stack
 from ._format import human_bytes
 from ._inspect import describe, render_tree
 from ._iostats import count_bytes_read
-from ._lazy import stack
 from ._open import open as open_checkpoint
 
 LAYERS = 4
@@ -107,7 +107,7 @@ def _run(root: Path, echo: Callable[[str], None]) -> None:
     _check(np.array_equal(row, state["params"]["layer2"]["kernel"][5]), "row 5 of layer2")
     echo(
         f"\n3. Read row 5 of params/layer2/kernel ({human_bytes(row.nbytes)}): read"
-        f" {human_bytes(row_read.bytes)} from disk (that row's chunk, plus the checkpoint's index,"
+        f" {human_bytes(row_read.bytes)} from disk (that row's chunk),"
         f" read once), not the whole {human_bytes(kernel.nbytes)} kernel.\n"
     )
 

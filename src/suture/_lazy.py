@@ -17,8 +17,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from collections.abc import Callable, Sequence
+import operator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,15 +31,12 @@ from ._dtypes import to_dtype
 from ._errors import InvalidIndexError, ShapeMismatchError, SurgeryError
 from ._nodes import (
     CastNode,
-    ConcatNode,
     IndexNode,
     MapNode,
     MemorySource,
     Node,
-    PadNode,
     ReshapeNode,
     SourceNode,
-    StackNode,
     TransposeNode,
     source_nodes,
 )
@@ -123,6 +124,8 @@ class LazyArray:
         return values.item()
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if getattr(_guard, "active", False):
+            raise ImplicitReadError(self.path)
         values = self.read()
         return values if dtype is None else values.astype(dtype, copy=False)
 
@@ -173,31 +176,117 @@ class LazyArray:
     def T(self) -> LazyArray:  # noqa: N802 (numpy's name)
         return self.transpose()
 
+    # Arithmetic (lazy, numpy's broadcasting and dtype rules) ------------------------------
 
-def fit_shape(array: LazyArray, shape: tuple[int, ...]) -> LazyArray:
-    """`array` truncated or zero-padded at the end of each axis to `shape`, lazily.
+    def __add__(self, other: Any) -> LazyArray:
+        return _arithmetic(operator.add, self, other)
 
-    Truncation reads only the kept part; padding reads the whole (smaller) source.
+    def __radd__(self, other: Any) -> LazyArray:
+        return _arithmetic(operator.add, other, self)
 
-    Example:
-        >>> x = LazyArray.from_array(np.arange(6).reshape(2, 3))
-        >>> fit_shape(x, (3, 2)).read().tolist()
-        [[0, 1], [3, 4], [0, 0]]
+    def __sub__(self, other: Any) -> LazyArray:
+        return _arithmetic(operator.sub, self, other)
+
+    def __rsub__(self, other: Any) -> LazyArray:
+        return _arithmetic(operator.sub, other, self)
+
+    def __mul__(self, other: Any) -> LazyArray:
+        return _arithmetic(operator.mul, self, other)
+
+    def __rmul__(self, other: Any) -> LazyArray:
+        return _arithmetic(operator.mul, other, self)
+
+    def __truediv__(self, other: Any) -> LazyArray:
+        return _arithmetic(operator.truediv, self, other)
+
+    def __rtruediv__(self, other: Any) -> LazyArray:
+        return _arithmetic(operator.truediv, other, self)
+
+    def __pow__(self, other: Any) -> LazyArray:
+        return _arithmetic(operator.pow, self, other)
+
+    def __neg__(self) -> LazyArray:
+        return _arithmetic(operator.mul, self, -1)
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """numpy ufuncs (``np.sqrt(x)``, ``np.maximum(x, 0)``) stay lazy."""
+        if method != "__call__" or "out" in kwargs or ufunc.nout != 1:
+            return NotImplemented
+        return elementwise(functools.partial(ufunc, **kwargs), *inputs, name=ufunc.__name__)
+
+
+_NUMBER = (int, float, complex, np.generic)
+
+
+def elementwise(op: Callable[..., Any], *operands: Any, name: str | None = None) -> LazyArray:
+    """``op(*operands)`` as a LazyArray, with numpy's broadcasting and dtype rules.
+
+    Numbers stay constants; arrays become inputs. When every array has the result's shape,
+    reading part of the result reads only that part of the inputs.
     """
-    if len(shape) != array.ndim:
+    lazy = [as_lazy(value) for value in operands if not isinstance(value, _NUMBER)]
+    samples = [
+        value if isinstance(value, _NUMBER) else np.empty((0,), as_lazy(value).dtype)
+        for value in operands
+    ]
+    dtype = np.asarray(op(*samples)).dtype  # numpy's own promotion, NEP 50 included
+    label = name or getattr(op, "__name__", "op")
+    try:
+        shape = np.broadcast_shapes(*(array.shape for array in lazy))
+    except ValueError as error:
         raise ShapeMismatchError(
-            f"Leaf {array.path!r} has shape {array.shape} and cannot be padded or truncated to "
-            f"{shape}: the number of axes differs. Reshape it with a rule first."
-        )
-    kept = tuple(slice(0, min(have, want)) for have, want in zip(array.shape, shape, strict=True))
-    truncated = (
-        array[kept]
-        if any(want < have for have, want in zip(array.shape, shape, strict=True))
-        else array
-    )
-    if truncated.shape == shape:
-        return truncated
-    return truncated._derived(PadNode(truncated._node, shape))
+            f"Cannot combine shapes {[array.shape for array in lazy]} with {label}: they do "
+            f"not broadcast. Slice, reshape or pad them first."
+        ) from error
+
+    def compute(*values: np.ndarray) -> np.ndarray:
+        remaining = iter(values)
+        filled = [value if isinstance(value, _NUMBER) else next(remaining) for value in operands]
+        return np.asarray(op(*filled)).astype(dtype, copy=False)
+
+    compute.__name__ = label
+    same_shape = all(array.shape == shape for array in lazy)
+    return map(compute, *lazy, shape=shape, dtype=dtype, elementwise=same_shape)
+
+
+def _arithmetic(op: Callable[[Any, Any], Any], left: Any, right: Any) -> LazyArray:
+    return elementwise(op, left, right)
+
+
+class ImplicitReadError(Exception):
+    """Raised by ``np.asarray(lazy)`` inside `no_implicit_reads` (internal signal)."""
+
+
+_guard = threading.local()
+
+
+@contextlib.contextmanager
+def no_implicit_reads() -> Iterator[None]:
+    """Inside this block ``np.asarray(lazy_array)`` raises `ImplicitReadError`.
+
+    suture calls user functions on lazy trees inside it, so that a function that would
+    quietly read an array (``jnp.mean(x)``) is noticed and traced lazily instead.
+    """
+    previous = getattr(_guard, "active", False)
+    _guard.active = True
+    try:
+        yield
+    finally:
+        _guard.active = previous
+
+
+def call_lazily(fn: Callable[..., Any], *arrays: LazyArray) -> Any:
+    """``fn(*arrays)`` without reading: directly when `fn` handles LazyArrays, else traced.
+
+    Functions built from LazyArray operations (arithmetic, numpy ufuncs, indexing,
+    ``astype``) run directly. A function that needs concrete arrays (``jnp.mean``) is
+    traced with ``jax.eval_shape`` and becomes a lazy `map`.
+    """
+    try:
+        with no_implicit_reads():
+            return fn(*arrays)
+    except (ImplicitReadError, TypeError):  # jax rejects unknown array types with TypeError
+        return map(fn, *arrays)
 
 
 def _resolve_shape(shape: tuple[int, ...], size: int, path: str | None) -> tuple[int, ...]:
@@ -229,69 +318,9 @@ def as_lazy(value: Any, path: str | None = None) -> LazyArray:
     return LazyArray.from_array(value, path=path)
 
 
-def _common_path(arrays: Sequence[LazyArray]) -> str | None:
+def common_path(arrays: Sequence[LazyArray]) -> str | None:
     paths = {array.path for array in arrays}
     return paths.pop() if len(paths) == 1 else None
-
-
-def _joined(arrays: Sequence[Any], axis: int, operation: str, new_axis: bool) -> tuple:
-    if not arrays:
-        raise ShapeMismatchError(f"suture.{operation} needs at least one array.")
-    lazy = [as_lazy(array) for array in arrays]
-    ndim = lazy[0].ndim + (1 if new_axis else 0)
-    if not -ndim <= axis < ndim:
-        raise InvalidIndexError(f"suture.{operation}: axis {axis} is out of range for {ndim} axes.")
-    axis %= ndim
-    for array in lazy[1:]:
-        same = (
-            array.shape == lazy[0].shape
-            if new_axis
-            else array.ndim == lazy[0].ndim
-            and all(
-                a == b
-                for i, (a, b) in enumerate(zip(array.shape, lazy[0].shape, strict=True))
-                if i != axis
-            )
-        )
-        if not same:
-            raise ShapeMismatchError(
-                f"suture.{operation}: {array.path or 'an array'} has shape {array.shape}, which "
-                f"does not fit {lazy[0].path or 'the first array'} with shape {lazy[0].shape}"
-                + ("" if new_axis else f" along axis {axis}")
-                + ". Slice or pad them to matching shapes first."
-            )
-    dtype = np.result_type(*(array.dtype for array in lazy))
-    return lazy, axis, dtype
-
-
-def stack(arrays: Sequence[Any], axis: int = 0) -> LazyArray:
-    """Stacks equally shaped arrays along a new axis, lazily.
-
-    Reading one index of the stacked axis reads only that member.
-
-    Example:
-        >>> import numpy as np, suture
-        >>> layers = [suture.LazyArray.from_array(np.full((2,), i)) for i in range(3)]
-        >>> suture.stack(layers).shape
-        (3, 2)
-        >>> suture.stack(layers)[2].read()
-        array([2, 2])
-    """
-    lazy, axis, dtype = _joined(arrays, axis, "stack", new_axis=True)
-    return LazyArray(StackNode([array._node for array in lazy], axis, dtype), _common_path(lazy))
-
-
-def concatenate(arrays: Sequence[Any], axis: int = 0) -> LazyArray:
-    """Joins arrays along an existing axis, lazily.
-
-    Example:
-        >>> import numpy as np, suture
-        >>> q, k = (suture.LazyArray.from_array(np.full((2, 2), i)) for i in (1, 2))
-        >>> suture.concatenate([q, k], axis=1)[0].read()
-        array([1, 1, 2, 2])
-    """
-    lazy, axis, dtype = _joined(arrays, axis, "concatenate", new_axis=False)
-    return LazyArray(ConcatNode([array._node for array in lazy], axis, dtype), _common_path(lazy))
 
 
 def map(  # noqa: A001 (the public name is suture.map)
@@ -326,7 +355,7 @@ def map(  # noqa: A001 (the public name is suture.map)
             f"suture.map({name}, elementwise=True) needs inputs of the output shape {node.shape}; "
             f"got {[array.shape for array in lazy]}. Drop elementwise=True for broadcasting."
         )
-    return LazyArray(node, _common_path(lazy))
+    return LazyArray(node, common_path(lazy))
 
 
 def _infer_shape_dtype(fn: Callable, arrays: list[LazyArray], name: str) -> tuple:

@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 
 from ._checkpoint import Checkpoint
+from ._combine import fit_shape
 from ._errors import ShapeMismatchError, SurgeryError
 from ._init import initialize
-from ._lazy import LazyArray, fit_shape
+from ._lazy import LazyArray
 from ._nodes import open_all
 from ._paths import flatten, map_leaves_with_path
 from ._targets import AS_STORED, PLACEHOLDER, LeafTarget, classify
