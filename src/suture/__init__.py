@@ -30,10 +30,14 @@ from ._paths import flatten as flatten
 from ._paths import unflatten as unflatten
 from ._targets import PLACEHOLDER as PLACEHOLDER
 from ._targets import placeholders as placeholders
+from ._transform import Transform as Transform
+from ._transform import TransformError as TransformError
+from ._transform import apply_transformations as apply_transformations
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "apply_transformations",
     "Checkpoint",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
@@ -44,6 +48,8 @@ __all__ = [
     "NotACheckpointError",
     "ShapeMismatchError",
     "SurgeryError",
+    "Transform",
+    "TransformError",
     "UnfinishedCheckpointError",
     "concatenate",
     "flatten",

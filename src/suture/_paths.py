@@ -95,23 +95,28 @@ def children(node: Any) -> list[tuple[str, Any]] | None:
     return items or None  # An empty container is kept as a leaf.
 
 
-def iter_leaves(tree: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+def iter_leaves(
+    tree: Any, prefix: tuple[str, ...] = (), is_leaf: Callable[[Any], bool] | None = None
+) -> Iterator[tuple[tuple[str, ...], Any]]:
     """Yields ``(key_tuple, leaf)`` for every leaf, depth first, in container order."""
-    items = children(tree)
+    items = None if is_leaf is not None and is_leaf(tree) else children(tree)
     if items is None:
         yield prefix, tree
         return
     for key, child in items:
-        yield from iter_leaves(child, (*prefix, key))
+        yield from iter_leaves(child, (*prefix, key), is_leaf)
 
 
-def flatten(tree: Any, sep: str = "/") -> dict[str, Any]:
+def flatten(
+    tree: Any, sep: str = "/", is_leaf: Callable[[Any], bool] | None = None
+) -> dict[str, Any]:
     """Flattens a nested tree into ``{path: leaf}`` with Orbax's key spelling.
 
     Args:
         tree: dicts, lists, tuples, NamedTuples, dataclasses, FrozenDicts, ``nnx.State``
             or any jax pytree, nested in any way.
         sep: the string that joins keys.
+        is_leaf: optional predicate; nodes for which it is true are leaves.
 
     Returns:
         A dict from joined key path to leaf, in the tree's order. A tree that is itself a
@@ -128,7 +133,7 @@ def flatten(tree: Any, sep: str = "/") -> dict[str, Any]:
         {'a.b': 1}
     """
     flat: dict[str, Any] = {}
-    for keys, leaf in iter_leaves(tree):
+    for keys, leaf in iter_leaves(tree, is_leaf=is_leaf):
         path = sep.join(keys)
         if path in flat:
             raise SurgeryError(
