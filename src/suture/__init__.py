@@ -11,6 +11,7 @@ Example:
     (2, 2, 2)
 """
 
+from . import rules as rules
 from ._checkpoint import Checkpoint as Checkpoint
 from ._combine import concatenate as concatenate
 from ._combine import stack as stack
@@ -28,6 +29,10 @@ from ._load import load as load
 from ._open import open as open  # noqa: A004
 from ._paths import flatten as flatten
 from ._paths import unflatten as unflatten
+from ._plan import Plan as Plan
+from ._plan import plan as plan
+from ._surgery import load_and_transform as load_and_transform
+from ._surgery import transform as transform
 from ._targets import PLACEHOLDER as PLACEHOLDER
 from ._targets import placeholders as placeholders
 from ._transform import Transform as Transform
@@ -44,6 +49,7 @@ __all__ = [
     "InvalidIndexError",
     "LazyArray",
     "PLACEHOLDER",
+    "Plan",
     "MissingLeafError",
     "NotACheckpointError",
     "ShapeMismatchError",
@@ -54,9 +60,13 @@ __all__ = [
     "concatenate",
     "flatten",
     "load",
+    "load_and_transform",
     "map",
     "open",
+    "plan",
     "placeholders",
+    "rules",
     "stack",
+    "transform",
     "unflatten",
 ]

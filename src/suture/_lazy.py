@@ -208,6 +208,14 @@ class LazyArray:
     def __neg__(self) -> LazyArray:
         return _arithmetic(operator.mul, self, -1)
 
+    def __jax_array__(self) -> Any:
+        """Lets jax functions take a LazyArray (``jnp.stack([...])``); this reads it."""
+        if getattr(_guard, "active", False):
+            raise ImplicitReadError(self.path)
+        import jax.numpy as jnp
+
+        return jnp.asarray(self.read())
+
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         """numpy ufuncs (``np.sqrt(x)``, ``np.maximum(x, 0)``) stay lazy."""
         if method != "__call__" or "out" in kwargs or ufunc.nout != 1:

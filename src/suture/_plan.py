@@ -1,0 +1,251 @@
+"""`suture.plan`: what a surgery will do, computed without reading any array.
+
+For every output leaf: where it comes from, the operations on the way, its shape and dtype,
+and the bytes it reads. Then the source leaves nothing uses (never read), the leaves
+created by `init`, and every problem found.
+
+Example:
+    >>> import numpy as np, suture
+    >>> from suture import rules
+    >>> source = {"params": {"w": np.ones((4, 4), np.float32)}, "opt": {"mu": np.ones(4)}}
+    >>> plan = suture.plan([rules.drop("opt"), rules.cast("params", "bfloat16")], source)
+    >>> plan.outputs[0].path, plan.outputs[0].operations, plan.bytes_to_read
+    ('params/w', ['cast bfloat16'], 64)
+    >>> plan.dropped
+    ['opt/mu']
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._format import human_bytes
+from ._lazy import LazyArray
+from ._nodes import (
+    CastNode,
+    ConcatNode,
+    IndexNode,
+    MapNode,
+    Node,
+    PadNode,
+    ReshapeNode,
+    SourceNode,
+    StackNode,
+    TransposeNode,
+)
+from ._paths import flatten
+from ._selection import Selection, compose, full, selection_shape
+from ._surgery import build
+
+
+@dataclass
+class OutputLeaf:
+    """One leaf of the result."""
+
+    path: str
+    shape: list[int] | None
+    dtype: str | None
+    sources: list[str]
+    operations: list[str]
+    bytes_to_read: int
+    initialized: bool = False
+    value: str | None = None
+
+
+@dataclass
+class Plan:
+    """What a surgery does; printable (`str(plan)`) and serializable (`to_json`)."""
+
+    outputs: list[OutputLeaf] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    initialized: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def bytes_to_read(self) -> int:
+        return sum(output.bytes_to_read for output in self.outputs)
+
+    @property
+    def bytes_to_write(self) -> int:
+        return sum(
+            math.prod(output.shape) * np.dtype(output.dtype).itemsize
+            for output in self.outputs
+            if output.shape is not None and output.dtype is not None
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        report = asdict(self)
+        report.update(
+            ok=self.ok, bytes_to_read=self.bytes_to_read, bytes_to_write=self.bytes_to_write
+        )
+        return report
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def __str__(self) -> str:
+        rows = [["output", "shape", "dtype", "from", "operations", "reads"]]
+        for output in self.outputs:
+            origin = (
+                "init" if output.initialized else ", ".join(output.sources) or (output.value or "")
+            )
+            rows.append(
+                [
+                    output.path,
+                    "" if output.shape is None else str(tuple(output.shape)),
+                    output.dtype or "",
+                    _shorten(origin, 48),
+                    " <- ".join(output.operations),
+                    human_bytes(output.bytes_to_read) if output.bytes_to_read else "",
+                ]
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines = [
+            "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+        ]
+        lines.insert(1, "  ".join("-" * width for width in widths))
+        lines.append(
+            f"\n{len(self.outputs)} outputs; reads {human_bytes(self.bytes_to_read)}, "
+            f"writes {human_bytes(self.bytes_to_write)}."
+        )
+        if self.dropped:
+            lines.append(
+                f"Dropped (never read): {len(self.dropped)} leaves: {_listed(self.dropped)}"
+            )
+        if self.initialized:
+            lines.append(f"Created by init: {_listed(self.initialized)}")
+        lines.extend(f"Note: {note}" for note in self.notes)
+        if self.problems:
+            lines.append(f"{len(self.problems)} problem(s):")
+            lines.extend(f"  {i}. {problem}" for i, problem in enumerate(self.problems, 1))
+        else:
+            lines.append("No problems.")
+        return "\n".join(lines)
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _listed(paths: Sequence[str], limit: int = 6) -> str:
+    shown = ", ".join(paths[:limit])
+    return shown + (f" ... ({len(paths) - limit} more)" if len(paths) > limit else "")
+
+
+def plan(
+    transform: Any, *sources: Any, target: Any = None, init: Any = None, partial: bool = False
+) -> Plan:
+    """What `suture.transform` (and `load_and_transform`) would do, without reading arrays.
+
+    Arguments as in `suture.transform`. Problems do not raise: they are listed in the plan.
+    """
+    built = build(transform, sources, target, init, partial)
+    result = Plan(
+        initialized=list(built.initialized), problems=list(built.problems), notes=list(built.notes)
+    )
+    used: set[int] = set()
+    if built.tree is not None:
+        for path, leaf in flatten(built.tree).items():
+            result.outputs.append(_describe_leaf(path, leaf, path in built.initialized, used))
+    for ckpt in built.sources:
+        for path, leaf in ckpt.arrays().items():
+            if not any(id(source) in used for source in leaf.sources()):
+                result.dropped.append(
+                    path if len(built.sources) == 1 else f"{ckpt.location}:{path}"
+                )
+    return result
+
+
+def _describe_leaf(path: str, leaf: Any, initialized: bool, used: set[int]) -> OutputLeaf:
+    if not isinstance(leaf, LazyArray):
+        return OutputLeaf(path, None, None, [], [], 0, initialized, value=_shorten(repr(leaf), 40))
+    reads: dict[int, tuple[SourceNode, int]] = {}
+    _estimate_reads(leaf._node, full(leaf.shape), reads)
+    used.update(reads)
+    sources = [f"{source.path}" for source, _ in reads.values() if source.path]
+    return OutputLeaf(
+        path,
+        list(leaf.shape),
+        leaf.dtype.name,
+        [] if initialized else sources,
+        _operations(leaf._node),
+        0 if initialized else sum(count for _, count in reads.values()),
+        initialized,
+    )
+
+
+def _operations(node: Node) -> list[str]:
+    """The operations from the output down to its sources, outermost first."""
+    described: list[str] = []
+    while not isinstance(node, SourceNode):
+        described.append(_operation_name(node))
+        inputs = node.inputs()
+        if len(inputs) != 1:
+            break
+        node = inputs[0]
+    return described
+
+
+def _operation_name(node: Node) -> str:
+    if isinstance(node, CastNode):
+        return f"cast {node.dtype.name}"
+    if isinstance(node, StackNode):
+        return f"stack {len(node.members)} on axis {node.axis}"
+    if isinstance(node, ConcatNode):
+        return f"concat {len(node.members)} on axis {node.axis}"
+    if isinstance(node, MapNode):
+        return f"map {node.name}"
+    names = {IndexNode: "slice", TransposeNode: "transpose", ReshapeNode: "reshape", PadNode: "pad"}
+    return names.get(type(node), type(node).__name__)
+
+
+def _estimate_reads(
+    node: Node, selection: Selection, reads: dict[int, tuple[SourceNode, int]]
+) -> None:
+    """Adds to `reads` the bytes each source gives when `node` reads `selection`.
+
+    Mirrors each node's `read`, counting selected elements instead of reading them.
+    """
+    if isinstance(node, SourceNode):
+        count = math.prod(selection_shape(selection)) * node.dtype.itemsize
+        previous = reads.get(id(node), (node, 0))[1]
+        reads[id(node)] = (node, max(previous, count) if previous else count)
+        return
+    if isinstance(node, IndexNode):
+        base = list(node.selection)
+        for position, base_axis in enumerate(node._origin_axes):
+            if base_axis is not None:
+                base[base_axis] = compose(node.selection[base_axis], selection[position])
+        _estimate_reads(node.base, tuple(base), reads)
+    elif isinstance(node, CastNode):
+        _estimate_reads(node.base, selection, reads)
+    elif isinstance(node, TransposeNode):
+        base = [None] * len(node.axes)
+        for position, base_axis in enumerate(node.axes):
+            base[base_axis] = selection[position]
+        _estimate_reads(node.base, tuple(base), reads)
+    elif isinstance(node, StackNode):
+        member_selection = selection[: node.axis] + selection[node.axis + 1 :]
+        for member in sorted(set(_positions(selection[node.axis]))):
+            _estimate_reads(node.members[member], member_selection, reads)
+    elif isinstance(node, MapNode) and node.elementwise:
+        for member in node.members:
+            _estimate_reads(member, selection, reads)
+    else:  # concat, reshape, pad and general maps: count their inputs whole (an upper bound)
+        for member in node.inputs():
+            _estimate_reads(member, full(member.shape), reads)
+
+
+def _positions(axis_selection: Any) -> list[int]:
+    return list(axis_selection) if isinstance(axis_selection, range) else axis_selection.tolist()

@@ -1,0 +1,244 @@
+"""`suture.transform` and `suture.load_and_transform`: the result tree of a surgery, lazily.
+
+A surgery is a `transform` applied to one or more sources:
+
+- a list of rules (`suture.rules`), for one source;
+- an Orbax-style transformations tree of `suture.Transform`, for one source, with `target`
+  as the new tree's structure;
+- a plain function ``fn(*trees) -> tree``, one lazy tree per source (merging models);
+- None: the source as it is.
+
+The result may hold LazyArrays, arrays, values, and ``jax.ShapeDtypeStruct`` leaves meaning
+"create this"; `init` creates those and any `target` leaf the result lacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._checkpoint import Checkpoint
+from ._errors import ShapeMismatchError, SurgeryError
+from ._init import initialize
+from ._lazy import ImplicitReadError, LazyArray, no_implicit_reads
+from ._load import load
+from ._paths import flatten, map_leaves_with_path
+from ._targets import LeafTarget, classify
+from .rules import Rule, apply_rules
+from .sources import open_source
+
+
+@dataclass
+class Built:
+    """What `build` made: the result tree and what a plan reports about it."""
+
+    tree: Any
+    sources: list[Checkpoint]
+    initialized: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def build(
+    transform: Any,
+    sources: Sequence[Any],
+    target: Any = None,
+    init: Any = None,
+    partial: bool = False,
+) -> Built:
+    """The lazy result of a surgery, with every problem found (see `transform`)."""
+    checkpoints = [open_source(source) for source in sources]
+    built = Built(tree=None, sources=checkpoints)
+    trees = [ckpt.tree for ckpt in checkpoints]
+    try:
+        result = _apply(transform, trees, target, built)
+    except SurgeryError as error:
+        built.problems.append(str(error))
+        return built
+    if target is not None:
+        result = _shaped_by_target(result, target, partial, built)
+    built.tree = _initialized(result, init, built)
+    return built
+
+
+def _apply(transform: Any, trees: list[Any], target: Any, built: Built) -> Any:
+    if transform is None:
+        return _only_tree(trees, "transform=None")
+    if isinstance(transform, Rule):
+        transform = [transform]
+    if isinstance(transform, (list, tuple)):
+        return apply_rules(transform, _only_tree(trees, "A rule list"), built.problems)
+    if isinstance(transform, dict):
+        from ._transform import apply_transformations
+
+        if target is None:
+            raise SurgeryError(
+                "An Orbax-style transformations tree needs target= as the result's structure "
+                "(Orbax's new_tree). Pass target=, or use rules or a function instead."
+            )
+        return apply_transformations(_only_tree(trees, "A transformations tree"), transform, target)
+    if callable(transform):
+        return _call_function(transform, trees, built)
+    raise SurgeryError(
+        f"transform must be a list of rules, a transformations dict, a function or None; "
+        f"got {type(transform).__name__}."
+    )
+
+
+def _only_tree(trees: list[Any], what: str) -> Any:
+    if len(trees) != 1:
+        raise SurgeryError(
+            f"{what} applies to one source, but {len(trees)} were given. To combine several "
+            f"checkpoints, pass a function fn(*trees) -> tree."
+        )
+    return trees[0]
+
+
+def _call_function(fn: Callable[..., Any], trees: list[Any], built: Built) -> Any:
+    try:
+        with no_implicit_reads():
+            return fn(*trees)
+    except (ImplicitReadError, TypeError):
+        pass  # it needs concrete arrays: call it again, letting it read what it touches
+    name = getattr(fn, "__name__", "the transform function")
+    built.notes.append(
+        f"{name} reads the arrays it touches when it is called (it uses jax or numpy functions "
+        f"on them). Use suture.stack, suture.concatenate, suture.map and LazyArray arithmetic "
+        f"to keep it lazy."
+    )
+    return fn(*trees)
+
+
+def _shaped_by_target(result: Any, target: Any, partial: bool, built: Built) -> Any:
+    flat_result = flatten(result)
+    flat_target = flatten(target)
+    extra = [path for path in flat_result if path not in flat_target]
+    if extra and not partial:
+        shown = ", ".join(repr(path) for path in extra[:5])
+        built.problems.append(
+            f"The result has {len(extra)} leaf path(s) that the target leaves out: {shown}"
+            f"{' ...' if len(extra) > 5 else ''}. Pass partial=True to drop them, or add them "
+            f"to the target."
+        )
+
+    def fitted(path: str, target_leaf: Any) -> Any:
+        wanted = classify(target_leaf)
+        if wanted.kind == "skip":
+            return target_leaf
+        if path not in flat_result:
+            return _Create(wanted, target_leaf)
+        value = flat_result[path]
+        if (
+            isinstance(value, LazyArray)
+            and wanted.shape is not None
+            and wanted.shape != value.shape
+        ):
+            built.problems.append(
+                str(
+                    ShapeMismatchError(
+                        f"Leaf {path!r}: the target wants shape {wanted.shape}, the result has "
+                        f"{value.shape}. Reshape it with a rule, or fix the target."
+                    )
+                )
+            )
+        elif isinstance(value, LazyArray) and wanted.dtype is not None:
+            value = value.astype(wanted.dtype)
+        return value
+
+    return map_leaves_with_path(fitted, target)
+
+
+class _Create:
+    """A leaf to be created by init (a target leaf that the result lacks)."""
+
+    def __init__(self, wanted: LeafTarget, target_leaf: Any) -> None:
+        self.wanted, self.target_leaf = wanted, target_leaf
+
+
+def _initialized(result: Any, init: Any, built: Built) -> Any:
+    flat = flatten(result)
+    missing: dict[str, LeafTarget] = {}
+    for path, leaf in flat.items():
+        if isinstance(leaf, _Create):
+            missing[path] = leaf.wanted
+        elif type(leaf).__name__ == "ShapeDtypeStruct":
+            missing[path] = classify(leaf)
+    if not missing:
+        return result
+    available = [path for path, leaf in flat.items() if path not in missing]
+    try:
+        values = initialize(init, missing, available)
+    except SurgeryError as error:
+        built.problems.append(str(error))
+        return result
+    built.initialized.extend(missing)
+    return map_leaves_with_path(lambda path, leaf: values.get(path, leaf), result)
+
+
+def _checked_tree(
+    transform: Any, sources: Sequence[Any], target: Any, init: Any, partial: bool
+) -> Any:
+    """The built tree, or a SurgeryError that lists every problem."""
+    built = build(transform, sources, target, init, partial)
+    if len(built.problems) == 1:
+        raise SurgeryError(built.problems[0])
+    if built.problems:
+        listed = "\n".join(f"  {i}. {problem}" for i, problem in enumerate(built.problems, 1))
+        raise SurgeryError(f"The surgery has {len(built.problems)} problems:\n{listed}")
+    return built.tree
+
+
+def transform(
+    transform: Any, *sources: Any, target: Any = None, init: Any = None, partial: bool = False
+) -> Any:
+    """The result of a surgery as a lazy tree; reads no array data.
+
+    Args:
+        transform: a list of `suture.rules`, an Orbax-style tree of `suture.Transform`, a
+            function ``fn(*trees) -> tree`` (one lazy tree per source), or None.
+        *sources: checkpoint paths, opened checkpoints, or in-memory trees.
+        target: optional tree giving the result's structure, dtypes and shapes (as in
+            `suture.load`); leaves it has and the result lacks are created by `init`.
+        init: creates leaves that no source provides (see `suture.load`).
+        partial: drop result leaves that `target` leaves out, instead of failing.
+
+    Returns:
+        A tree of LazyArrays and values: load it with `suture.load`, or stream it to disk.
+
+    Raises:
+        SurgeryError: listing every problem found (unmatched rules, duplicate outputs,
+            missing leaves, shape mismatches).
+
+    Example:
+        >>> import numpy as np, suture
+        >>> from suture import rules
+        >>> source = {"layer0": {"w": np.ones(2)}, "layer1": {"w": np.zeros(2)}}
+        >>> lazy = suture.transform([rules.stack(r"layer(\\d+)", into="layers")], source)
+        >>> lazy["layers"]["w"]
+        LazyArray(path=None, shape=(2, 2), dtype=float64)
+    """
+    return _checked_tree(transform, sources, target, init, partial)
+
+
+def load_and_transform(
+    transform: Any,
+    *sources: Any,
+    target: Any = None,
+    init: Any = None,
+    partial: bool = False,
+    as_jax: bool = False,
+) -> Any:
+    """`suture.load` of `suture.transform`: the surgery's result in memory.
+
+    Only the source leaves that the result uses are read. Arguments as in `transform`;
+    `target` also chooses numpy or jax arrays, dtypes and shardings, as in `suture.load`.
+
+    Example:
+        >>> import numpy as np, suture
+        >>> from suture import rules
+        >>> suture.load_and_transform([rules.rename("old", "new")], {"old": np.arange(3)})
+        {'new': array([0, 1, 2])}
+    """
+    result = _checked_tree(transform, sources, target, init, partial)
+    return load(result, target, partial=partial, as_jax=as_jax)
