@@ -293,7 +293,7 @@ def call_lazily(fn: Callable[..., Any], *arrays: LazyArray) -> Any:
     try:
         with no_implicit_reads():
             return fn(*arrays)
-    except (ImplicitReadError, TypeError):  # jax rejects unknown array types with TypeError
+    except (ImplicitReadError, TypeError, ValueError):  # how jax refuses non-jax arrays
         return map(fn, *arrays)
 
 

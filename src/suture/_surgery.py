@@ -99,7 +99,7 @@ def _call_function(fn: Callable[..., Any], trees: list[Any], built: Built) -> An
     try:
         with no_implicit_reads():
             return fn(*trees)
-    except (ImplicitReadError, TypeError):
+    except (ImplicitReadError, TypeError, ValueError):
         pass  # it needs concrete arrays: call it again, letting it read what it touches
     name = getattr(fn, "__name__", "the transform function")
     built.notes.append(
