@@ -24,7 +24,7 @@ from ._init import initialize
 from ._lazy import ImplicitReadError, LazyArray, no_implicit_reads
 from ._load import load
 from ._paths import flatten, map_leaves_with_path
-from ._targets import LeafTarget, classify
+from ._targets import LeafTarget, classify, placeholders_as_stored
 from .rules import Rule, apply_rules
 from .sources import open_source
 
@@ -48,6 +48,8 @@ def build(
     partial: bool = False,
 ) -> Built:
     """The lazy result of a surgery, with every problem found (see `transform`)."""
+    if isinstance(transform, dict) and target is not None:
+        target = placeholders_as_stored(target)  # Orbax's new_tree: `...` is "any value"
     checkpoints = [open_source(source) for source in sources]
     built = Built(tree=None, sources=checkpoints)
     trees = [ckpt.tree for ckpt in checkpoints]
@@ -241,4 +243,6 @@ def load_and_transform(
         {'new': array([0, 1, 2])}
     """
     result = _checked_tree(transform, sources, target, init, partial)
+    if isinstance(transform, dict) and target is not None:
+        target = placeholders_as_stored(target)
     return load(result, target, partial=partial, as_jax=as_jax)

@@ -50,6 +50,23 @@ class LeafTarget:
 AS_STORED = LeafTarget("stored")
 
 
+class _AsStoredMarker:
+    """A target leaf meaning "whatever the result holds, as stored" (internal)."""
+
+    def __repr__(self) -> str:
+        return "AS_STORED"
+
+
+AS_STORED_MARKER = _AsStoredMarker()
+
+
+def placeholders_as_stored(target: Any) -> Any:
+    """`target` with ``...`` read as Orbax's new_tree reads it: "the value comes from the transforms"."""
+    return map_leaves_with_path(
+        lambda _, leaf: AS_STORED_MARKER if leaf is PLACEHOLDER else leaf, target
+    )
+
+
 def _jax_array_type() -> type | None:
     jax = sys.modules.get("jax")
     return jax.Array if jax is not None else None
