@@ -31,6 +31,9 @@ from ._paths import flatten as flatten
 from ._paths import unflatten as unflatten
 from ._plan import Plan as Plan
 from ._plan import plan as plan
+from ._save import SaveHandle as SaveHandle
+from ._save import SaveResult as SaveResult
+from ._save import save as save
 from ._surgery import load_and_transform as load_and_transform
 from ._surgery import transform as transform
 from ._targets import PLACEHOLDER as PLACEHOLDER
@@ -53,6 +56,8 @@ __all__ = [
     "MissingLeafError",
     "NotACheckpointError",
     "ShapeMismatchError",
+    "SaveHandle",
+    "SaveResult",
     "SurgeryError",
     "Transform",
     "TransformError",
@@ -66,6 +71,7 @@ __all__ = [
     "plan",
     "placeholders",
     "rules",
+    "save",
     "stack",
     "transform",
     "unflatten",

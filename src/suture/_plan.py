@@ -40,7 +40,8 @@ from ._nodes import (
     TransposeNode,
 )
 from ._paths import flatten
-from ._selection import Selection, compose, full, selection_shape
+from ._reads import estimate_reads
+from ._selection import full
 from ._surgery import build
 
 
@@ -170,8 +171,7 @@ def plan(
 def _describe_leaf(path: str, leaf: Any, initialized: bool, used: set[int]) -> OutputLeaf:
     if not isinstance(leaf, LazyArray):
         return OutputLeaf(path, None, None, [], [], 0, initialized, value=_shorten(repr(leaf), 40))
-    reads: dict[int, tuple[SourceNode, int]] = {}
-    _estimate_reads(leaf._node, full(leaf.shape), reads)
+    reads = estimate_reads(leaf._node, full(leaf.shape))
     used.update(reads)
     sources = [f"{source.path}" for source, _ in reads.values() if source.path]
     return OutputLeaf(
@@ -208,44 +208,3 @@ def _operation_name(node: Node) -> str:
         return f"map {node.name}"
     names = {IndexNode: "slice", TransposeNode: "transpose", ReshapeNode: "reshape", PadNode: "pad"}
     return names.get(type(node), type(node).__name__)
-
-
-def _estimate_reads(
-    node: Node, selection: Selection, reads: dict[int, tuple[SourceNode, int]]
-) -> None:
-    """Adds to `reads` the bytes each source gives when `node` reads `selection`.
-
-    Mirrors each node's `read`, counting selected elements instead of reading them.
-    """
-    if isinstance(node, SourceNode):
-        count = math.prod(selection_shape(selection)) * node.dtype.itemsize
-        previous = reads.get(id(node), (node, 0))[1]
-        reads[id(node)] = (node, max(previous, count) if previous else count)
-        return
-    if isinstance(node, IndexNode):
-        base = list(node.selection)
-        for position, base_axis in enumerate(node._origin_axes):
-            if base_axis is not None:
-                base[base_axis] = compose(node.selection[base_axis], selection[position])
-        _estimate_reads(node.base, tuple(base), reads)
-    elif isinstance(node, CastNode):
-        _estimate_reads(node.base, selection, reads)
-    elif isinstance(node, TransposeNode):
-        base = [None] * len(node.axes)
-        for position, base_axis in enumerate(node.axes):
-            base[base_axis] = selection[position]
-        _estimate_reads(node.base, tuple(base), reads)
-    elif isinstance(node, StackNode):
-        member_selection = selection[: node.axis] + selection[node.axis + 1 :]
-        for member in sorted(set(_positions(selection[node.axis]))):
-            _estimate_reads(node.members[member], member_selection, reads)
-    elif isinstance(node, MapNode) and node.elementwise:
-        for member in node.members:
-            _estimate_reads(member, selection, reads)
-    else:  # concat, reshape, pad and general maps: count their inputs whole (an upper bound)
-        for member in node.inputs():
-            _estimate_reads(member, full(member.shape), reads)
-
-
-def _positions(axis_selection: Any) -> list[int]:
-    return list(axis_selection) if isinstance(axis_selection, range) else axis_selection.tolist()

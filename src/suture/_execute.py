@@ -1,0 +1,172 @@
+"""Streaming execution: read, compute and write leaves block by block under a memory budget.
+
+Each array leaf is cut into blocks along its first axis, each a whole number of the sink's
+chunks (so no chunk is written twice). Blocks are read (only the source bytes they need),
+computed and handed to the sink on a few threads. A block's cost is the bytes it reads
+plus the bytes it produces; the blocks in flight never cost more than `max_memory`. A block
+larger than the budget is not refused: it waits until nothing else is in flight and runs
+alone (with the default block size this only happens for a single chunk larger than the
+budget).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from ._lazy import LazyArray
+from ._reads import bytes_read
+from ._selection import Selection
+
+DEFAULT_MAX_MEMORY = 1 << 30
+WRITE_THREADS = 4
+
+
+class LeafWriter(Protocol):
+    """What a sink offers the executor for one array leaf."""
+
+    def block_rows(self) -> int:
+        """The first-axis rows in one chunk: blocks are whole multiples of it."""
+
+    def write(self, rows: slice, values: np.ndarray) -> None:
+        """Writes `values` as rows `rows` (along the first axis) of the leaf."""
+
+
+@dataclass(frozen=True)
+class Block:
+    path: str
+    array: LazyArray
+    writer: LeafWriter
+    rows: slice
+    cost: int  # bytes read + bytes produced
+
+    @property
+    def nbytes(self) -> int:
+        return self.array[self.rows].nbytes if self.array.ndim else self.array.nbytes
+
+
+def plan_blocks(
+    path: str, array: LazyArray, writer: LeafWriter, block_budget: int
+) -> Iterator[Block]:
+    """The blocks of one leaf, each at most `block_budget` bytes of output when possible."""
+    if array.ndim == 0 or array.shape[0] == 0:
+        yield Block(path, array, writer, slice(None), _cost(array, slice(None)))
+        return
+    rows_per_chunk = max(1, writer.block_rows())
+    row_bytes = max(1, array.nbytes // array.shape[0])
+    chunks_per_block = max(1, block_budget // (row_bytes * rows_per_chunk))
+    step = rows_per_chunk * chunks_per_block
+    for start in range(0, array.shape[0], step):
+        rows = slice(start, min(start + step, array.shape[0]))
+        yield Block(path, array, writer, rows, _cost(array, rows))
+
+
+def _cost(array: LazyArray, rows: slice) -> int:
+    view = array[rows] if array.ndim else array
+    selection: Selection = tuple(range(length) for length in view.shape)
+    return bytes_read(view._node, selection) + view.nbytes
+
+
+class _Budget:
+    """Admits blocks while the bytes in flight stay under a limit (one oversized at a time)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.in_flight = limit, 0
+        self._condition = threading.Condition()
+
+    def acquire(self, cost: int) -> None:
+        with self._condition:
+            self._condition.wait_for(
+                lambda: self.in_flight == 0 or self.in_flight + cost <= self.limit
+            )
+            self.in_flight += cost
+
+    def release(self, cost: int) -> None:
+        with self._condition:
+            self.in_flight -= cost
+            self._condition.notify_all()
+
+
+@dataclass
+class Progress:
+    """Counts for a progress display: bytes and leaves written so far."""
+
+    total_bytes: int
+    total_leaves: int
+    written_bytes: int = 0
+    written_leaves: int = 0
+    started: float = 0.0
+
+    @property
+    def throughput(self) -> float:
+        elapsed = time.perf_counter() - self.started
+        return self.written_bytes / elapsed if elapsed > 0 else 0.0
+
+
+def run_blocks(
+    blocks: list[Block],
+    max_memory: int,
+    on_progress: Callable[[Progress], None] | None = None,
+    threads: int = WRITE_THREADS,
+) -> Progress:
+    """Reads, computes and writes every block; returns the final counts.
+
+    Raises whatever the first failing block raised, after the others have stopped.
+    """
+    budget = _Budget(max_memory)
+    blocks_left: dict[str, int] = {}
+    for block in blocks:
+        blocks_left[block.path] = blocks_left.get(block.path, 0) + 1
+    progress = Progress(
+        total_bytes=sum(block.nbytes for block in blocks),
+        total_leaves=len(blocks_left),
+        started=time.perf_counter(),
+    )
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def run(block: Block) -> None:
+        budget.acquire(block.cost)
+        try:
+            if failed.is_set():
+                return
+            view = block.array[block.rows] if block.array.ndim else block.array
+            block.writer.write(block.rows, view.read())
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            budget.release(block.cost)
+        with lock:
+            progress.written_bytes += block.nbytes
+            blocks_left[block.path] -= 1
+            if blocks_left[block.path] == 0:
+                progress.written_leaves += 1
+            if on_progress is not None:
+                on_progress(progress)
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        futures = [pool.submit(run, block) for block in blocks]
+        for future in futures:  # after a failure the remaining blocks return at once
+            future.result()
+    return progress
+
+
+def block_budget(max_memory: int, threads: int = WRITE_THREADS) -> int:
+    """Output bytes per block: room for `threads` blocks, each reading and producing data."""
+    return max(1, max_memory // (3 * threads))
+
+
+def chunk_rows(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> int:
+    """Rows of the first axis per chunk so that a chunk holds at most `chunk_bytes`."""
+    if not shape:
+        return 1
+    row_bytes = itemsize * math.prod(shape[1:])
+    return int(max(1, min(shape[0], chunk_bytes // max(1, row_bytes)))) if shape[0] else 1

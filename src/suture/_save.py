@@ -1,0 +1,363 @@
+"""`suture.save`: stream a tree (lazy or in memory) to an Orbax checkpoint or safetensors.
+
+The result is written into a temporary sibling of `path` and renamed into place only when
+complete, so `path` never holds a half-written result: a crash leaves at most the
+temporary sibling (named with Orbax's ``.orbax-checkpoint-tmp`` marker, so every
+Orbax-aware tool, suture included, sees it as unfinished). A lock file keeps two writers
+off one destination. Sources are only ever opened for reading.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._checkpoint import Checkpoint
+from ._errors import SurgeryError
+from ._execute import DEFAULT_MAX_MEMORY, Block, block_budget, plan_blocks, run_blocks
+from ._format import parse_bytes
+from ._lazy import LazyArray, as_lazy
+from ._paths import flatten
+from ._progress import progress_bar, wants_progress
+from .sinks.orbax import DEFAULT_CHUNK_BYTES, OrbaxSink, keys_and_kinds
+from .sinks.safetensors import SafetensorsSink
+
+FORMATS = ("orbax", "safetensors")
+TMP_MARKER = ".orbax-checkpoint-tmp-suture-"
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """What a save wrote."""
+
+    path: Path
+    format: str
+    bytes_written: int
+    leaves: int
+    seconds: float
+
+
+class SaveHandle:
+    """A save running in the background; `wait()` returns its `SaveResult` or raises its error."""
+
+    def __init__(self, job: Any) -> None:
+        self._result: SaveResult | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(job,), name="suture-save", daemon=False
+        )
+        self._thread.start()
+
+    def _run(self, job: Any) -> None:
+        try:
+            self._result = job()
+        except BaseException as error:  # handed to wait()
+            self._error = error
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> SaveResult:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"The save is still running after {timeout} s.")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+def save(
+    tree: Any,
+    path: str | os.PathLike,
+    *,
+    format: str = "orbax",  # noqa: A002 (the public word for it)
+    overwrite: bool = False,
+    max_memory: int | str | None = None,
+    progress: bool | None = None,
+    asynchronous: bool = False,
+    chunk_bytes: int | str | None = None,
+    max_shard_size: int | str | None = None,
+    separator: str = ".",
+    metadata: dict[str, Any] | None = None,
+) -> SaveResult | SaveHandle:
+    """Writes `tree` to `path`, streaming lazy leaves under a memory budget.
+
+    Args:
+        tree: an in-memory tree, a lazy tree (``suture.transform(...)``), an opened
+            `Checkpoint`, or a checkpoint path (a copy, perhaps in another format).
+        path: the destination: a checkpoint folder for Orbax; a ``.safetensors`` file, or a
+            folder of shards when `max_shard_size` is given.
+        format: ``"orbax"`` or ``"safetensors"``.
+        overwrite: replace an existing `path` (atomically: the old one is removed only
+            after the new one is in place).
+        max_memory: bytes of array data in flight at once (``"4GiB"`` works); default 1 GiB.
+            A leaf larger than the budget is written a block of chunks at a time.
+        progress: a progress bar on stderr; None shows it when stderr is a terminal.
+        asynchronous: return a `SaveHandle` at once and write in the background; arrays
+            of an in-memory tree must not be modified until ``handle.wait()`` returns.
+        chunk_bytes: Orbax only: the largest chunk (default 64 MiB); stacked arrays get one
+            member per chunk.
+        max_shard_size: safetensors only: write Hugging Face style shards of at most this
+            size, with ``model.safetensors.index.json``.
+        separator: safetensors only: joins the tree's keys into tensor names.
+        metadata: Orbax custom metadata, or safetensors ``__metadata__`` (strings only).
+
+    Returns:
+        A `SaveResult` (or a `SaveHandle` when `asynchronous`).
+
+    Raises:
+        SurgeryError: `path` exists without ``overwrite=True``, `path` is a source being
+            read, another process is writing `path`, a leaf the format cannot hold.
+
+    Example:
+        >>> import numpy as np, suture, tempfile, os
+        >>> folder = tempfile.mkdtemp()
+        >>> result = suture.save({"w": np.ones((2, 2))}, os.path.join(folder, "ckpt"), progress=False)
+        >>> float(suture.open(result.path)["w"].read().sum())
+        4.0
+    """
+    destination = Path(path)
+    if format not in FORMATS:
+        raise SurgeryError(f"Unknown output format {format!r}: use one of {', '.join(FORMATS)}.")
+    tree = _tree_of(tree)
+    _check_destination(destination, overwrite, tree)
+    options = {
+        "max_memory": parse_bytes(max_memory) if max_memory is not None else DEFAULT_MAX_MEMORY,
+        "chunk_bytes": parse_bytes(chunk_bytes) if chunk_bytes is not None else DEFAULT_CHUNK_BYTES,
+        "max_shard_size": parse_bytes(max_shard_size) if max_shard_size is not None else None,
+        "show_progress": wants_progress(progress),
+    }
+
+    def job() -> SaveResult:
+        return _write(tree, destination, format, overwrite, separator, metadata, **options)
+
+    return SaveHandle(job) if asynchronous else job()
+
+
+def _tree_of(tree: Any) -> Any:
+    if isinstance(tree, Checkpoint):
+        return tree.tree
+    if isinstance(tree, (str, os.PathLike)):
+        from ._open import open as open_checkpoint
+
+        return open_checkpoint(tree).tree
+    return tree
+
+
+def _check_destination(destination: Path, overwrite: bool, tree: Any) -> None:
+    if destination.exists() and not overwrite:
+        raise SurgeryError(
+            f"{str(destination)!r} already exists. Pass overwrite=True to replace it (the old "
+            f"one is removed only once the new one is complete), or choose another path."
+        )
+    target = destination.resolve()
+    for leaf in flatten(tree).values():
+        if not isinstance(leaf, LazyArray):
+            continue
+        for source in leaf.sources():
+            origin = Path(source.origin).resolve() if source.origin else None
+            if origin is not None and (origin == target or target in origin.parents):
+                raise SurgeryError(
+                    f"{str(destination)!r} holds {source.path!r}, a source this save reads. Write "
+                    f"to another path, then move it into place."
+                )
+
+
+def _write(
+    tree: Any,
+    destination: Path,
+    format: str,  # noqa: A002
+    overwrite: bool,
+    separator: str,
+    metadata: dict[str, Any] | None,
+    max_memory: int,
+    chunk_bytes: int,
+    max_shard_size: int | None,
+    show_progress: bool,
+) -> SaveResult:
+    started = time.perf_counter()
+    with _exclusive(destination):
+        temporary = destination.with_name(f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
+        try:
+            if format == "orbax":
+                blocks, finish = _orbax_blocks(tree, temporary, chunk_bytes, max_memory, metadata)
+            else:
+                blocks, finish = _safetensors_blocks(
+                    tree, temporary, separator, max_shard_size, max_memory, metadata
+                )
+            total = sum(block.nbytes for block in blocks)
+            with progress_bar(f"Writing {destination.name}", total, show_progress) as on_progress:
+                try:
+                    progress = run_blocks(blocks, max_memory, on_progress)
+                finally:
+                    finish_error = _call(finish)
+            if finish_error is not None:
+                raise finish_error
+            _commit(temporary, destination, overwrite)
+        except OSError as error:
+            _remove(temporary)
+            raise _as_surgery_error(error, destination) from error
+        except BaseException:
+            _remove(temporary)
+            raise
+    return SaveResult(
+        destination,
+        format,
+        progress.written_bytes,
+        progress.total_leaves,
+        time.perf_counter() - started,
+    )
+
+
+def _call(finish: Any) -> BaseException | None:
+    try:
+        finish()
+    except BaseException as error:  # reported after the blocks' own error, if any
+        return error
+    return None
+
+
+def _orbax_blocks(
+    tree: Any, folder: Path, chunk_bytes: int, max_memory: int, metadata: Any
+) -> tuple[list[Block], Any]:
+    folder.mkdir()
+    sink = OrbaxSink(folder, chunk_bytes)
+    blocks: list[Block] = []
+    leaves = keys_and_kinds(tree)
+    if len(leaves) == 1 and leaves[0][0] == ():
+        raise SurgeryError("An Orbax checkpoint needs a tree; wrap the array: {'array': x}.")
+    for keys, kinds, leaf in leaves:
+        path = "/".join(keys)
+        if isinstance(leaf, LazyArray) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            array: LazyArray | None = as_lazy(leaf, path=path)
+        else:
+            array = sink.add_value(keys, kinds, leaf)
+        if array is not None:
+            writer = sink.add_array(keys, kinds, array)
+            blocks.extend(plan_blocks(path, array, writer, block_budget(max_memory)))
+    return blocks, lambda: sink.finish(metadata)
+
+
+def _safetensors_blocks(
+    tree: Any,
+    destination: Path,
+    separator: str,
+    max_shard_size: int | None,
+    max_memory: int,
+    metadata: Any,
+) -> tuple[list[Block], Any]:
+    tensors: dict[str, LazyArray] = {}
+    others = []
+    for path, leaf in flatten(tree).items():
+        if isinstance(leaf, LazyArray) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            name = path.replace("/", separator)
+            if name in tensors:
+                raise SurgeryError(
+                    f"Two leaves get the tensor name {name!r}; choose another separator."
+                )
+            tensors[name] = as_lazy(leaf, path=path)
+        else:
+            others.append(path)
+    if others:
+        raise SurgeryError(
+            f"safetensors holds only arrays, but {len(others)} leaves are not: "
+            f"{', '.join(repr(p) for p in others[:5])}. Drop them (rules.drop) or save as Orbax."
+        )
+    sink = SafetensorsSink(tensors, max_shard_size, metadata)
+    if sink.sharded:
+        destination.mkdir()
+    writers = sink.open_writers(destination)
+    blocks = [
+        block
+        for name, array in tensors.items()
+        for block in plan_blocks(name, array, writers[name], block_budget(max_memory))
+    ]
+    return blocks, sink.close
+
+
+def _commit(temporary: Path, destination: Path, overwrite: bool) -> None:
+    """Moves the finished result into place; an old one is removed only afterwards."""
+    old = None
+    if destination.exists():
+        if not overwrite:
+            raise SurgeryError(
+                f"{str(destination)!r} appeared while writing; the new result was discarded."
+            )
+        old = destination.with_name(f"{destination.name}.suture-old-{uuid.uuid4().hex[:12]}")
+        os.rename(destination, old)
+    os.rename(temporary, destination)
+    if old is not None:
+        _remove(old)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+@contextlib.contextmanager
+def _exclusive(destination: Path) -> Iterator[None]:
+    """A lock file beside `destination`; a stale one (its process is gone) is taken over."""
+    lock = destination.with_name(f".{destination.name}.suture-lock")
+    for _ in range(2):
+        try:
+            descriptor = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            break
+        except FileExistsError:
+            owner = _lock_owner(lock)
+            if owner is not None and _alive(owner):
+                raise SurgeryError(
+                    f"Another process (pid {owner}) is writing {str(destination)!r}. Wait for it "
+                    f"to finish, or write elsewhere."
+                ) from None
+            _remove(lock)  # stale: its writer died
+    else:
+        raise SurgeryError(
+            f"Could not lock {str(destination)!r} for writing; remove {str(lock)!r}."
+        )
+    try:
+        os.write(descriptor, str(os.getpid()).encode())
+        os.close(descriptor)
+        yield
+    finally:
+        _remove(lock)
+
+
+def _lock_owner(lock: Path) -> int | None:
+    try:
+        return int(lock.read_text().strip() or "0") or None
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _as_surgery_error(error: OSError, destination: Path) -> SurgeryError:
+    import errno
+
+    if error.errno == errno.ENOSPC:
+        return SurgeryError(
+            f"No space left on the device while writing {str(destination)!r}; nothing was left "
+            f"behind. Free space or write elsewhere."
+        )
+    return SurgeryError(f"Writing {str(destination)!r} failed: {error}.")

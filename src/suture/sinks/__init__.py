@@ -1,0 +1,1 @@
+"""Writing results to disk: one module per format (orbax.py, safetensors.py)."""

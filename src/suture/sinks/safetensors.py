@@ -1,0 +1,184 @@
+"""Writing safetensors files tensor by tensor, block by block, as the safetensors library reads them.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header (each tensor's
+dtype, shape and byte range; ``__metadata__``), padded with spaces to 8 bytes, then the
+tensors' bytes back to back. All shapes and dtypes are known before any data is read, so the
+header is written first and each block of rows goes straight to its place in the file
+(positional writes: several blocks can be written at once). Nothing is held beyond the
+blocks in flight.
+
+Sharded output follows Hugging Face: ``model-00001-of-00003.safetensors`` ... and
+``model.safetensors.index.json`` with ``metadata.total_size`` and ``weight_map``; a tree that
+fits one shard is written as ``model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._errors import SurgeryError
+from .._lazy import LazyArray
+
+SAFETENSORS_DTYPES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint64": "U64",
+    "uint32": "U32",
+    "uint16": "U16",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e8m0fnu": "F8_E8M0",
+    "complex64": "C64",
+}
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+class SafetensorsTensorWriter:
+    """One tensor's byte range in an open file, written in blocks of rows."""
+
+    def __init__(self, descriptor: int, offset: int, array: LazyArray) -> None:
+        self._descriptor, self._offset = descriptor, offset
+        self._row_bytes = (
+            array.nbytes // array.shape[0] if array.ndim and array.shape[0] else array.nbytes
+        )
+
+    def block_rows(self) -> int:
+        return 1
+
+    def write(self, rows: slice, values: np.ndarray) -> None:
+        start = rows.start or 0
+        data = np.ascontiguousarray(values)
+        if data.dtype.byteorder == ">":
+            data = data.astype(data.dtype.newbyteorder("<"))
+        raw = memoryview(data.reshape(-1).view(np.uint8))  # bytes, whatever the dtype
+        write_fully(self._descriptor, raw, self._offset + start * self._row_bytes)
+
+
+def write_fully(descriptor: int, data: memoryview, offset: int) -> None:
+    """`os.pwrite` until every byte is written; a write of nothing means the disk is full."""
+    while len(data):
+        written = os.pwrite(descriptor, data, offset)
+        if written == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        data, offset = data[written:], offset + written
+
+
+@dataclass
+class _Shard:
+    filename: str
+    names: list[str]
+    arrays: list[LazyArray]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(array.nbytes for array in self.arrays)
+
+
+class SafetensorsSink:
+    """Lays tensors out in one file or in shards; `open_writers` creates the files."""
+
+    def __init__(
+        self,
+        tensors: dict[str, LazyArray],
+        max_shard_size: int | None,
+        metadata: dict[str, str] | None,
+    ) -> None:
+        for name, array in tensors.items():
+            if array.dtype.name not in SAFETENSORS_DTYPES:
+                raise SurgeryError(
+                    f"Tensor {name!r} has dtype {array.dtype.name}, which safetensors cannot store. "
+                    f"Cast it (rules.cast) to one of: {', '.join(sorted(SAFETENSORS_DTYPES))}."
+                )
+        if metadata is not None and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+        ):
+            raise SurgeryError("safetensors metadata must map strings to strings.")
+        self.metadata = metadata
+        self.shards = _assign_shards(tensors, max_shard_size)
+        self.sharded = max_shard_size is not None
+        self._descriptors: list[int] = []
+
+    def open_writers(self, destination: Path) -> dict[str, SafetensorsTensorWriter]:
+        """Creates the file(s) under `destination` (a file, or a folder when sharded)."""
+        writers = {}
+        for shard in self.shards:
+            file_path = destination / shard.filename if self.sharded else destination
+            header = _header(shard, self.metadata)
+            descriptor = os.open(file_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._descriptors.append(descriptor)
+            write_fully(descriptor, memoryview(len(header).to_bytes(8, "little") + header), 0)
+            os.ftruncate(descriptor, 8 + len(header) + shard.nbytes)
+            offset = 8 + len(header)
+            for name, array in zip(shard.names, shard.arrays, strict=True):
+                writers[name] = SafetensorsTensorWriter(descriptor, offset, array)
+                offset += array.nbytes
+        if self.sharded and len(self.shards) > 1:
+            index = {
+                "metadata": {"total_size": sum(shard.nbytes for shard in self.shards)},
+                "weight_map": {
+                    name: shard.filename for shard in self.shards for name in shard.names
+                },
+            }
+            (destination / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+        return writers
+
+    def close(self, sync: bool = True) -> None:
+        for descriptor in self._descriptors:
+            if sync:
+                os.fsync(descriptor)
+            os.close(descriptor)
+        self._descriptors.clear()
+
+
+def _assign_shards(tensors: dict[str, LazyArray], max_shard_size: int | None) -> list[_Shard]:
+    groups: list[list[tuple[str, LazyArray]]] = [[]]
+    size = 0
+    for name, array in tensors.items():
+        if max_shard_size is not None and groups[-1] and size + array.nbytes > max_shard_size:
+            groups.append([])
+            size = 0
+        groups[-1].append((name, array))
+        size += array.nbytes
+    if len(groups) == 1:
+        return [_Shard(SINGLE_NAME, [n for n, _ in groups[0]], [a for _, a in groups[0]])]
+    count = len(groups)
+    return [
+        _Shard(
+            f"model-{i:05d}-of-{count:05d}.safetensors",
+            [n for n, _ in group],
+            [a for _, a in group],
+        )
+        for i, group in enumerate(groups, 1)
+    ]
+
+
+def _header(shard: _Shard, metadata: dict[str, str] | None) -> bytes:
+    entries: dict[str, Any] = {}
+    if metadata:
+        entries["__metadata__"] = metadata
+    offset = 0
+    for name, array in zip(shard.names, shard.arrays, strict=True):
+        entries[name] = {
+            "dtype": SAFETENSORS_DTYPES[array.dtype.name],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
+        offset += array.nbytes
+    header = json.dumps(entries, separators=(",", ":")).encode()
+    return header + b" " * (-len(header) % 8)
