@@ -66,3 +66,41 @@ def write_section(name: str, body: str) -> None:
         else text.rstrip() + "\n\n" + section + "\n"
     )
     RESULTS.write_text(text)
+
+
+def disk_bytes_read() -> int:
+    """Bytes this process has read from storage (page-cache hits excluded)."""
+    with open("/proc/self/io") as io:
+        return int(next(line for line in io if line.startswith("read_bytes:")).split()[1])
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak RSS. (ru_maxrss would carry over the parent's peak across fork+exec.)"""
+    with open("/proc/self/status") as status:
+        return int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) * 1024
+
+
+def drop_caches() -> bool:
+    """Empties the page cache (root only); False where that is not permitted."""
+    try:
+        subprocess.run(["sync"], check=True)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def run_cold_worker(module: str, route: str, *arguments: str) -> dict:
+    """Drops the page cache, runs ``python -m MODULE --worker ROUTE ...`` fresh, returns its JSON."""
+    cold = drop_caches()
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--worker", route, *arguments],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    if done.returncode:
+        raise RuntimeError(f"{module} {route} failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["cold"] = cold
+    return result

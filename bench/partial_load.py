@@ -16,12 +16,18 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench._common import DATA_DIR, REPO_ROOT, machine, write_section
+from bench._common import (
+    DATA_DIR,
+    disk_bytes_read,
+    machine,
+    peak_rss_bytes,
+    run_cold_worker,
+    write_section,
+)
 
 LAYERS = 9
 WIDTH = 4096
@@ -69,17 +75,6 @@ def disk_usage(folder: Path) -> int:
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
 
 
-def disk_bytes_read() -> int:
-    with open("/proc/self/io") as io:
-        return int(next(line for line in io if line.startswith("read_bytes:")).split()[1])
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak RSS. (ru_maxrss would carry over the parent's peak across fork+exec.)"""
-    with open("/proc/self/status") as status:
-        return int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) * 1024
-
-
 def worker(route: str) -> None:
     started_process = time.perf_counter()
     if route == "suture":
@@ -121,28 +116,8 @@ def worker(route: str) -> None:
     )
 
 
-def drop_caches() -> bool:
-    try:
-        subprocess.run(["sync"], check=True)
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
-
-
 def run(route: str) -> dict:
-    cold = drop_caches()
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.partial_load", "--worker", route],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-    )
-    if done.returncode:
-        raise RuntimeError(done.stderr[-3000:])
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    result["cold"] = cold
-    return result
+    return run_cold_worker("bench.partial_load", route)
 
 
 def main() -> None:

@@ -274,7 +274,9 @@ def test_plan_reads_nothing_and_reports_everything(layered_path) -> None:
     assert plan.ok and plan.problems == []
     layers = next(output for output in plan.outputs if output.path == "params/layers/kernel")
     assert layers.shape == [4, 64, 64] and layers.dtype == "bfloat16"
-    assert layers.operations == ["cast bfloat16", "stack 4 on axis 0"]
+    assert layers.operations == [
+        "stack 4 on axis 0 as bfloat16"
+    ]  # the cast is folded into the stack
     assert layers.sources == [f"params/layer{i}/kernel" for i in range(4)]
     assert layers.bytes_to_read == 4 * 64 * 64 * 4
     assert plan.dropped == ["step"]

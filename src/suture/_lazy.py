@@ -31,12 +31,14 @@ from ._dtypes import to_dtype
 from ._errors import InvalidIndexError, ShapeMismatchError, SurgeryError
 from ._nodes import (
     CastNode,
+    ConcatNode,
     IndexNode,
     MapNode,
     MemorySource,
     Node,
     ReshapeNode,
     SourceNode,
+    StackNode,
     TransposeNode,
     source_nodes,
 )
@@ -149,7 +151,13 @@ class LazyArray:
     def astype(self, dtype: Any) -> LazyArray:
         """The array converted to `dtype` when read (``"bfloat16"``, ``np.int8`` ...)."""
         target = to_dtype(dtype)
-        return self if target == self.dtype else self._derived(CastNode(self._node, target))
+        if target == self.dtype:
+            return self
+        if isinstance(self._node, (StackNode, ConcatNode)):
+            # Members are converted as they are copied into the result: one pass, no
+            # full-precision copy of the whole block.
+            return self._derived(type(self._node)(self._node.members, self._node.axis, target))
+        return self._derived(CastNode(self._node, target))
 
     def reshape(self, *shape: Any) -> LazyArray:
         """The array with a new shape (C order); one entry may be -1."""

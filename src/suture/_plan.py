@@ -200,10 +200,12 @@ def _operations(node: Node) -> list[str]:
 def _operation_name(node: Node) -> str:
     if isinstance(node, CastNode):
         return f"cast {node.dtype.name}"
-    if isinstance(node, StackNode):
-        return f"stack {len(node.members)} on axis {node.axis}"
-    if isinstance(node, ConcatNode):
-        return f"concat {len(node.members)} on axis {node.axis}"
+    if isinstance(node, (StackNode, ConcatNode)):
+        verb = "stack" if isinstance(node, StackNode) else "concat"
+        as_dtype = (
+            "" if all(m.dtype == node.dtype for m in node.members) else f" as {node.dtype.name}"
+        )
+        return f"{verb} {len(node.members)} on axis {node.axis}{as_dtype}"
     if isinstance(node, MapNode):
         return f"map {node.name}"
     names = {IndexNode: "slice", TransposeNode: "transpose", ReshapeNode: "reshape", PadNode: "pad"}
