@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from bench._common import (
     DATA_DIR,
