@@ -46,6 +46,7 @@ def every_dtype_tree() -> dict:
         for dtype in DTYPES
     }
     tree["zero_d"] = np.asarray(2.5, np.float32)
+    tree["zeros"] = np.zeros((4, 8), np.float32)  # chunks equal to the fill value are still written
     tree["empty"] = np.zeros((0, 4), np.float32)
     tree["nested"] = {"list": [np.arange(3, dtype=np.int32), np.ones(2, np.float32)]}
     return tree

@@ -90,6 +90,8 @@ class OrbaxSink:
                 "fill_value": False if array.dtype.kind == "b" else 0,
             },
             "create": True,
+            # Orbax readers expect every chunk, zeros included (its _METADATA says so below).
+            "store_data_equal_to_fill_value": True,
         }
         store = ts.open(spec, context=self._context).result()
         return OrbaxArrayWriter(store, chunk[0] if chunk else 1)
