@@ -22,6 +22,8 @@ class Checkpoint:
         step: the CheckpointManager step that was opened, if any.
         metadata: format-specific metadata (Orbax's custom metadata, safetensors'
             ``__metadata__``), or an empty dict.
+        layout: how the source was laid out on disk, where a writer can reproduce it (the
+            ``weight_map`` of a sharded safetensors folder), or an empty dict.
 
     Example:
         >>> import numpy as np, suture
@@ -40,12 +42,14 @@ class Checkpoint:
         format: str,  # noqa: A002 (the public word for it)
         step: int | None = None,
         metadata: dict[str, Any] | None = None,
+        layout: dict[str, Any] | None = None,
     ) -> None:
         self.tree = tree
         self.location = location
         self.format = format
         self.step = step
         self.metadata = metadata or {}
+        self.layout = layout or {}
 
     @cached_property
     def _flat(self) -> dict[str, Any]:

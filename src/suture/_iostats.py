@@ -1,8 +1,9 @@
-"""How many bytes suture read from files, as TensorStore counts them.
+"""How many bytes suture read from files: TensorStore's count plus suture's own reads.
 
-Every array read goes through TensorStore's file key-value store, which keeps a running
-count of bytes read in this process. Tests and benchmarks use it to prove that a view
-reads only its chunks and that opening a checkpoint reads no array data.
+Orbax arrays are read through TensorStore's file key-value store, which keeps a running
+count of bytes read in this process; arrays in other formats (safetensors, npz) are read
+by suture itself, which counts them here. Tests and benchmarks use the total to prove that
+a view reads only its chunks and that opening a checkpoint reads no array data.
 
 Example:
     >>> with count_bytes_read() as counter:
@@ -13,21 +14,31 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 _METRIC = "/tensorstore/kvstore/file/bytes_read"
+_own_reads = {"bytes": 0}
+_lock = threading.Lock()
+
+
+def record_read(count: int) -> None:
+    """Counts bytes that suture read from a file itself (not through TensorStore)."""
+    with _lock:
+        _own_reads["bytes"] += count
 
 
 def bytes_read() -> int:
-    """Bytes TensorStore has read from files in this process so far."""
+    """Bytes read from files in this process so far, by TensorStore and by suture."""
     import tensorstore as ts
 
+    total = _own_reads["bytes"]
     for metric in ts.experimental_collect_matching_metrics(_METRIC):
         if metric.get("name") == _METRIC:
-            return int(sum(value.get("value", 0) for value in metric.get("values", [])))
-    return 0
+            total += int(sum(value.get("value", 0) for value in metric.get("values", [])))
+    return total
 
 
 @dataclass

@@ -8,15 +8,28 @@ from ._checkpoint import Checkpoint
 from .sources import open_source
 
 
-def open(source: Any, *, step: int | None = None, format: str | None = None) -> Checkpoint:  # noqa: A001,A002
+def open(  # noqa: A001
+    source: Any,
+    *,
+    step: int | None = None,
+    format: str | None = None,  # noqa: A002
+    separator: str = ".",
+    allow_pickle: bool = False,
+) -> Checkpoint:
     """Opens a checkpoint lazily: reads metadata only, never array data.
 
     Args:
-        source: a path to an Orbax checkpoint (a v0 ``StandardCheckpointer`` or
-            ``PyTreeCheckpointer`` folder, a v1 ``ocp.save`` folder, a CheckpointManager
-            root or one of its steps), an in-memory pytree, or an opened `Checkpoint`.
+        source: a path, an in-memory pytree, or an opened `Checkpoint`. Paths may be an
+            Orbax checkpoint (v0 ``StandardCheckpointer`` or ``PyTreeCheckpointer``, v1
+            ``ocp.save``, a CheckpointManager root or step), a ``.safetensors`` file, a
+            Hugging Face folder or ``*.safetensors.index.json`` of shards, a Flax msgpack
+            file, an ``.npz`` archive, or (with `allow_pickle`) a PyTorch file. The format
+            is detected from the content.
         step: for a CheckpointManager root, which step to open (default: the newest).
-        format: force a format instead of detecting it (``"orbax"``, ``"memory"``).
+        format: force a format: ``"orbax"``, ``"safetensors"``, ``"msgpack"``, ``"npz"``,
+            ``"torch"``.
+        separator: safetensors and PyTorch: splits tensor names into tree paths.
+        allow_pickle: open PyTorch files, which are pickles (unpickling can run code).
 
     Returns:
         A `Checkpoint` whose ``.tree`` holds `LazyArray` leaves.
@@ -31,4 +44,6 @@ def open(source: Any, *, step: int | None = None, format: str | None = None) -> 
         >>> ckpt["params/kernel"].shape
         (2, 2)
     """
-    return open_source(source, step=step, format=format)
+    return open_source(
+        source, step=step, format=format, separator=separator, allow_pickle=allow_pickle
+    )

@@ -14,6 +14,11 @@ def open_memory(tree: Any) -> Checkpoint:
 
     The arrays are not copied; reading a LazyArray of the result reads the original array.
     """
+    return Checkpoint(wrap_arrays(tree), location="<memory>", format="memory")
+
+
+def wrap_arrays(tree: Any) -> Any:
+    """`tree` with every in-memory array wrapped as a LazyArray (not copied)."""
 
     def wrap(path: str, leaf: Any) -> Any:
         if isinstance(leaf, LazyArray):
@@ -22,4 +27,4 @@ def open_memory(tree: Any) -> Checkpoint:
             return LazyArray.from_array(leaf, path=path)
         return leaf
 
-    return Checkpoint(map_leaves_with_path(wrap, tree), location="<memory>", format="memory")
+    return map_leaves_with_path(wrap, tree)

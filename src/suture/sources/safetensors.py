@@ -1,0 +1,247 @@
+"""safetensors files, and Hugging Face folders of shards, as lazy trees.
+
+A tensor name is split into a tree path on a separator (``.`` by default), so
+``model.layers.0.mlp.up_proj.weight`` becomes ``model/layers/0/mlp/up_proj/weight``. Only
+the header is read when opening; every tensor is read with positional reads of just the
+rows a view needs. The header is checked before use: a malformed file is a
+`CorruptCheckpointError`, never a crash.
+
+Example:
+    >>> import numpy as np, suture, tempfile, os
+    >>> from safetensors.numpy import save_file
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> save_file({"model.embed.weight": np.ones((4, 2), np.float32)}, path)
+    >>> suture.open(path)["model/embed/weight"].shape
+    (4, 2)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._checkpoint import Checkpoint
+from .._dtypes import to_dtype
+from .._errors import CorruptCheckpointError, NotACheckpointError, SurgeryError
+from .._filesource import FileRangeSource
+from .._lazy import LazyArray
+from .._paths import unflatten
+
+DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+    "C64": "complex64",
+}
+INDEX_SUFFIX = ".index.json"
+MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
+
+
+def open_safetensors(path: Path, separator: str = ".") -> Checkpoint:
+    """Opens a ``.safetensors`` file, an ``*.index.json``, or a folder of shards."""
+    files, index = _files_of(path)
+    tensors: dict[str, LazyArray] = {}
+    weight_map: dict[str, str] = {}
+    metadata: dict[str, str] = {}
+    for file in files:
+        header, data_start = read_header(file)
+        metadata = metadata or header.get("__metadata__") or {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            if name in tensors:
+                raise CorruptCheckpointError(
+                    f"Tensor {name!r} appears in two shards of {str(path)!r}."
+                )
+            shape, dtype, begin = _entry(name, entry, file)
+            tensors[name] = LazyArray(
+                FileRangeSource(file, data_start + begin, shape, dtype, path=name), path=name
+            )
+            weight_map[name] = file.name
+    layout: dict[str, Any] = {}
+    if index is not None:
+        _check_index(index, tensors, path)
+        layout = {"weight_map": weight_map, "index_metadata": index.get("metadata", {})}
+    tree = _tree(tensors, separator, path)
+    return Checkpoint(
+        tree, location=str(path), format="safetensors", metadata=metadata, layout=layout
+    )
+
+
+def _files_of(path: Path) -> tuple[list[Path], dict | None]:
+    if path.is_dir():
+        indexes = sorted(path.glob(f"*.safetensors{INDEX_SUFFIX}"))
+        if indexes:
+            return _files_of(indexes[0])
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise NotACheckpointError(f"{str(path)!r} holds no .safetensors file and no index.")
+        return files, None
+    if path.name.endswith(INDEX_SUFFIX):
+        index = _read_index(path)
+        names = sorted(set(index["weight_map"].values()))
+        missing = [name for name in names if not (path.parent / name).is_file()]
+        if missing:
+            raise CorruptCheckpointError(
+                f"{str(path)!r} lists shard {missing[0]!r}, which is not in {str(path.parent)!r}. "
+                f"Download the missing shards."
+            )
+        return [path.parent / name for name in names], index
+    return [path], None
+
+
+def _read_index(path: Path) -> dict:
+    try:
+        index = json.loads(path.read_bytes())
+    except (OSError, ValueError) as error:
+        raise CorruptCheckpointError(f"Cannot read {str(path)!r} as JSON: {error}.") from error
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CorruptCheckpointError(
+            f"{str(path)!r} has no 'weight_map' of tensor names to shard files."
+        )
+    if any("/" in shard or shard.startswith("..") for shard in weight_map.values()):
+        raise CorruptCheckpointError(
+            f"{str(path)!r} names a shard outside its folder; refusing to read it."
+        )
+    return index
+
+
+def _check_index(index: dict, tensors: dict[str, LazyArray], path: Path) -> None:
+    listed = set(index["weight_map"])
+    absent = sorted(listed - set(tensors))
+    if absent:
+        raise CorruptCheckpointError(
+            f"{str(path)!r} lists tensor {absent[0]!r}, which no shard holds."
+        )
+
+
+def read_header(file: Path) -> tuple[dict[str, Any], int]:
+    """The parsed JSON header of a safetensors file and the offset of its data."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as stream:
+            prefix = stream.read(8)
+            if len(prefix) < 8:
+                raise CorruptCheckpointError(
+                    f"{str(file)!r} is {size} bytes, too short for a safetensors header."
+                )
+            length = int.from_bytes(prefix, "little")
+            if length > min(size - 8, MAX_HEADER_BYTES):
+                raise CorruptCheckpointError(
+                    f"{str(file)!r} claims a {length}-byte header, but the file has {size - 8} bytes "
+                    f"after the length. The file is truncated or not safetensors."
+                )
+            raw = stream.read(length)
+    except OSError as error:
+        raise CorruptCheckpointError(f"Cannot read {str(file)!r}: {error}.") from error
+    try:
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CorruptCheckpointError(
+            f"The header of {str(file)!r} is not valid JSON: {error}."
+        ) from error
+    if not isinstance(header, dict):
+        raise CorruptCheckpointError(f"The header of {str(file)!r} is not a JSON object.")
+    metadata = header.get("__metadata__")
+    if metadata is not None and not (
+        isinstance(metadata, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    ):
+        raise CorruptCheckpointError(
+            f"The __metadata__ of {str(file)!r} must map strings to strings."
+        )
+    data_start = 8 + length
+    _check_layout(header, size - data_start, file)
+    return header, data_start
+
+
+def _entry(name: str, entry: Any, file: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    if not isinstance(entry, dict):
+        raise CorruptCheckpointError(
+            f"Tensor {name!r} in {str(file)!r}: its header entry is not an object."
+        )
+    dtype_name = entry.get("dtype")
+    if dtype_name not in DTYPES:
+        raise CorruptCheckpointError(
+            f"Tensor {name!r} in {str(file)!r} has dtype {dtype_name!r}; suture reads "
+            f"{', '.join(DTYPES)}."
+        )
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
+    ):
+        raise CorruptCheckpointError(
+            f"Tensor {name!r} in {str(file)!r} has shape {shape!r}; expected a list of sizes."
+        )
+    offsets = entry.get("data_offsets")
+    dtype = to_dtype(DTYPES[dtype_name])
+    return tuple(shape), dtype, offsets[0]
+
+
+def _check_layout(header: dict, data_size: int, file: Path) -> None:
+    spans = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        shape, dtype, _ = _entry(name, entry, file)
+        offsets = entry.get("data_offsets")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= data_size
+        ):
+            raise CorruptCheckpointError(
+                f"Tensor {name!r} in {str(file)!r} has data_offsets {offsets!r}; expected [begin, end] "
+                f"within the {data_size} data bytes."
+            )
+        expected = math.prod(shape) * dtype.itemsize
+        if offsets[1] - offsets[0] != expected:
+            raise CorruptCheckpointError(
+                f"Tensor {name!r} in {str(file)!r} spans {offsets[1] - offsets[0]} bytes, but shape "
+                f"{tuple(shape)} of {DTYPES[entry['dtype']]} needs {expected}."
+            )
+        spans.append((offsets[0], offsets[1], name))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:], strict=False):
+        if begin < end:
+            raise CorruptCheckpointError(
+                f"Tensors {first!r} and {second!r} overlap in {str(file)!r}."
+            )
+
+
+def _tree(tensors: dict[str, LazyArray], separator: str, path: Path) -> Any:
+    flat = {}
+    for name, array in tensors.items():
+        keys = name.split(separator) if separator else [name]
+        if any(key == "" for key in keys):
+            keys = [name]  # "a..b" or ".x": keep the name whole rather than invent empty keys
+        tree_path = "/".join(keys)
+        array.path = tree_path
+        array._node.path = tree_path
+        flat[tree_path] = array
+    try:
+        return unflatten(flat)
+    except SurgeryError as error:
+        raise SurgeryError(
+            f"The tensor names of {str(path)!r} do not form a tree with separator {separator!r} "
+            f"({error}). Open it with another separator, e.g. separator='/' to keep names whole."
+        ) from error
