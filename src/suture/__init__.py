@@ -15,6 +15,7 @@ from . import rules as rules
 from ._checkpoint import Checkpoint as Checkpoint
 from ._combine import concatenate as concatenate
 from ._combine import stack as stack
+from ._convert import convert as convert
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from ._errors import CorruptCheckpointError as CorruptCheckpointError
 from ._errors import InvalidIndexError as InvalidIndexError
@@ -63,6 +64,7 @@ __all__ = [
     "TransformError",
     "UnfinishedCheckpointError",
     "concatenate",
+    "convert",
     "flatten",
     "load",
     "load_and_transform",

@@ -88,6 +88,8 @@ def save(
     max_shard_size: int | str | None = None,
     separator: str = ".",
     metadata: dict[str, Any] | None = None,
+    shard_map: dict[str, str] | None = None,
+    extra_files: dict[str, str | os.PathLike] | None = None,
 ) -> SaveResult | SaveHandle:
     """Writes `tree` to `path`, streaming lazy leaves under a memory budget.
 
@@ -110,6 +112,9 @@ def save(
             size, with ``model.safetensors.index.json``.
         separator: safetensors only: joins the tree's keys into tensor names.
         metadata: Orbax custom metadata, or safetensors ``__metadata__`` (strings only).
+        shard_map: safetensors only: ``{tensor name: shard file}`` to reproduce a layout
+            (e.g. ``ckpt.layout["weight_map"]``), instead of `max_shard_size`.
+        extra_files: ``{name: source file}`` copied into a folder output (``config.json``).
 
     Returns:
         A `SaveResult` (or a `SaveHandle` when `asynchronous`).
@@ -135,6 +140,8 @@ def save(
         "chunk_bytes": parse_bytes(chunk_bytes) if chunk_bytes is not None else DEFAULT_CHUNK_BYTES,
         "max_shard_size": parse_bytes(max_shard_size) if max_shard_size is not None else None,
         "show_progress": wants_progress(progress),
+        "shard_map": shard_map,
+        "extra_files": {name: Path(file) for name, file in (extra_files or {}).items()},
     }
 
     def job() -> SaveResult:
@@ -156,7 +163,7 @@ def _tree_of(tree: Any) -> Any:
 def _check_destination(destination: Path, overwrite: bool, tree: Any) -> None:
     if destination.exists() and not overwrite:
         raise SurgeryError(
-            f"{str(destination)!r} already exists. Pass overwrite=True to replace it (the old "
+            f"{str(destination)!r} already exists. Pass overwrite=True (--overwrite) to replace it (the old "
             f"one is removed only once the new one is complete), or choose another path."
         )
     target = destination.resolve()
@@ -183,6 +190,8 @@ def _write(
     chunk_bytes: int,
     max_shard_size: int | None,
     show_progress: bool,
+    shard_map: dict[str, str] | None,
+    extra_files: dict[str, Path],
 ) -> SaveResult:
     started = time.perf_counter()
     with _exclusive(destination):
@@ -192,7 +201,7 @@ def _write(
                 blocks, finish = _orbax_blocks(tree, temporary, chunk_bytes, max_memory, metadata)
             else:
                 blocks, finish = _safetensors_blocks(
-                    tree, temporary, separator, max_shard_size, max_memory, metadata
+                    tree, temporary, separator, max_shard_size, max_memory, metadata, shard_map
                 )
             total = sum(block.nbytes for block in blocks)
             with progress_bar(f"Writing {destination.name}", total, show_progress) as on_progress:
@@ -202,6 +211,7 @@ def _write(
                     finish_error = _call(finish)
             if finish_error is not None:
                 raise finish_error
+            _copy_extra_files(extra_files, temporary)
             _commit(temporary, destination, overwrite)
         except OSError as error:
             _remove(temporary)
@@ -247,6 +257,17 @@ def _orbax_blocks(
     return blocks, lambda: sink.finish(metadata)
 
 
+def _copy_extra_files(extra_files: dict[str, Path], folder: Path) -> None:
+    if not extra_files:
+        return
+    if not folder.is_dir():
+        raise SurgeryError("extra_files= needs a folder output (Orbax, or sharded safetensors).")
+    for name, source in extra_files.items():
+        if "/" in name or name.startswith("."):
+            raise SurgeryError(f"extra file name {name!r} must be a plain file name.")
+        shutil.copyfile(source, folder / name)
+
+
 def _safetensors_blocks(
     tree: Any,
     destination: Path,
@@ -254,6 +275,7 @@ def _safetensors_blocks(
     max_shard_size: int | None,
     max_memory: int,
     metadata: Any,
+    shard_map: dict[str, str] | None,
 ) -> tuple[list[Block], Any]:
     tensors: dict[str, LazyArray] = {}
     others = []
@@ -272,7 +294,7 @@ def _safetensors_blocks(
             f"safetensors holds only arrays, but {len(others)} leaves are not: "
             f"{', '.join(repr(p) for p in others[:5])}. Drop them (rules.drop) or save as Orbax."
         )
-    sink = SafetensorsSink(tensors, max_shard_size, metadata)
+    sink = SafetensorsSink(tensors, max_shard_size, metadata, shard_map)
     if sink.sharded:
         destination.mkdir()
     writers = sink.open_writers(destination)

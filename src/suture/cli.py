@@ -86,6 +86,61 @@ def inspect(
 
 @app.command()
 @reports_errors
+def convert(
+    source: Annotated[str, typer.Argument(help="Checkpoint to read (any format suture opens).")],
+    destination: Annotated[str, typer.Argument(help="Where to write it.")],
+    format: Annotated[  # noqa: A002
+        str | None,
+        typer.Option("--format", help="orbax or safetensors (default: from DESTINATION)."),
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="Cast floating-point leaves, e.g. bfloat16.")
+    ] = None,
+    recipe: Annotated[
+        str | None, typer.Option("--rules", help="A recipe file (.py, .yaml, .toml).")
+    ] = None,
+    max_memory: Annotated[
+        str | None, typer.Option("--max-memory", help="Bytes in flight, e.g. 4GiB.")
+    ] = None,
+    max_shard_size: Annotated[
+        str | None, typer.Option("--max-shard-size", help="safetensors: shard size, e.g. 5GB.")
+    ] = None,
+    separator: Annotated[
+        str, typer.Option("--separator", help="Joins keys into tensor names.")
+    ] = ".",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace DESTINATION.")] = False,
+    allow_pickle: Annotated[
+        bool, typer.Option("--allow-pickle", help="Open PyTorch pickles (they can run code).")
+    ] = False,
+    progress: Annotated[
+        bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")
+    ] = None,
+) -> None:
+    """Convert a checkpoint to Orbax or safetensors, streaming it."""
+    from ._convert import convert as run_convert
+    from ._format import human_bytes
+
+    result = run_convert(
+        source,
+        destination,
+        format=format,
+        dtype=dtype,
+        recipe=recipe,
+        overwrite=overwrite,
+        max_memory=max_memory,
+        max_shard_size=max_shard_size,
+        separator=separator,
+        allow_pickle=allow_pickle,
+        progress=progress,
+    )
+    typer.echo(
+        f"Wrote {result.path} ({result.format}): {result.leaves} arrays, "
+        f"{human_bytes(result.bytes_written)} in {result.seconds:.1f} s."
+    )
+
+
+@app.command()
+@reports_errors
 def demo(
     workdir: Annotated[
         Path | None,

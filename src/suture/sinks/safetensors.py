@@ -98,6 +98,7 @@ class SafetensorsSink:
         tensors: dict[str, LazyArray],
         max_shard_size: int | None,
         metadata: dict[str, str] | None,
+        shard_map: dict[str, str] | None = None,
     ) -> None:
         for name, array in tensors.items():
             if array.dtype.name not in SAFETENSORS_DTYPES:
@@ -110,8 +111,12 @@ class SafetensorsSink:
         ):
             raise SurgeryError("safetensors metadata must map strings to strings.")
         self.metadata = metadata
-        self.shards = _assign_shards(tensors, max_shard_size)
-        self.sharded = max_shard_size is not None
+        if shard_map:
+            self.shards = _shards_from_map(tensors, shard_map)
+            self.sharded = True
+        else:
+            self.shards = _assign_shards(tensors, max_shard_size)
+            self.sharded = max_shard_size is not None
         self._descriptors: list[int] = []
 
     def open_writers(self, destination: Path) -> dict[str, SafetensorsTensorWriter]:
@@ -128,7 +133,7 @@ class SafetensorsSink:
             for name, array in zip(shard.names, shard.arrays, strict=True):
                 writers[name] = SafetensorsTensorWriter(descriptor, offset, array)
                 offset += array.nbytes
-        if self.sharded and len(self.shards) > 1:
+        if self.sharded and (len(self.shards) > 1 or self.shards[0].filename != SINGLE_NAME):
             index = {
                 "metadata": {"total_size": sum(shard.nbytes for shard in self.shards)},
                 "weight_map": {
@@ -166,6 +171,21 @@ def _assign_shards(tensors: dict[str, LazyArray], max_shard_size: int | None) ->
         )
         for i, group in enumerate(groups, 1)
     ]
+
+
+def _shards_from_map(tensors: dict[str, LazyArray], shard_map: dict[str, str]) -> list[_Shard]:
+    """Shards as `shard_map` (name -> file) lays them out; unmapped tensors join the last file."""
+    files: dict[str, _Shard] = {}
+    for filename in shard_map.values():
+        if "/" in filename or filename.startswith(".."):
+            raise SurgeryError(f"Shard file name {filename!r} must be a plain file name.")
+        files.setdefault(filename, _Shard(filename, [], []))
+    last = list(files.values())[-1]
+    for name, array in tensors.items():
+        shard = files.get(shard_map.get(name, ""), last)
+        shard.names.append(name)
+        shard.arrays.append(array)
+    return [shard for shard in files.values() if shard.names]
 
 
 def _header(shard: _Shard, metadata: dict[str, str] | None) -> bytes:

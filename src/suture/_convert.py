@@ -1,0 +1,140 @@
+"""`suture convert`: one checkpoint to another format, streamed, keeping what makes it whole.
+
+Converting a Hugging Face safetensors folder to Orbax records its layout (shard map,
+``__metadata__``, separator, the folder's other files such as ``config.json``) in Orbax's
+custom metadata and keeps those files beside the checkpoint; converting back to safetensors
+reuses them, so the round trip gives the same names, the same shards and the same index.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from . import rules
+from ._open import open as open_checkpoint
+from ._recipes import load_recipe
+from ._save import SaveResult, save
+from ._surgery import transform
+
+LAYOUT_KEY = "suture.safetensors_layout"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".npz")
+
+
+def convert(
+    source: str | os.PathLike,
+    destination: str | os.PathLike,
+    *,
+    format: str | None = None,  # noqa: A002
+    dtype: str | None = None,
+    recipe: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    max_memory: int | str | None = None,
+    max_shard_size: int | str | None = None,
+    separator: str = ".",
+    allow_pickle: bool = False,
+    progress: bool | None = None,
+) -> SaveResult:
+    """Converts `source` to `destination` (Orbax or safetensors), optionally applying a recipe.
+
+    Args:
+        format: ``"orbax"`` or ``"safetensors"``; default from `destination`: a name ending in
+            ``.safetensors`` means safetensors, anything else Orbax.
+        dtype: cast floating-point leaves to this dtype (``"bfloat16"``).
+        recipe: a recipe file (see `suture._recipes`) applied before writing.
+        Other arguments as in `suture.open` and `suture.save`.
+
+    Example:
+        >>> import numpy as np, suture, tempfile, os
+        >>> folder = tempfile.mkdtemp()
+        >>> _ = suture.save({"w": np.ones(3, np.float32)}, os.path.join(folder, "ckpt"), progress=False)
+        >>> result = suture.convert(os.path.join(folder, "ckpt"), os.path.join(folder, "w.safetensors"), progress=False)
+        >>> result.format
+        'safetensors'
+    """
+    target_format = format or (
+        "safetensors" if str(destination).endswith(".safetensors") else "orbax"
+    )
+    ckpt = open_checkpoint(source, separator=separator, allow_pickle=allow_pickle)
+    tree: Any = ckpt.tree
+    if recipe is not None:
+        loaded = load_recipe(recipe)
+        tree = transform(loaded.transform, ckpt, target=loaded.target, init=loaded.init)
+    if dtype is not None:
+        tree = rules.apply_rules([rules.cast(".*", dtype, optional=True)], tree)
+    options: dict[str, Any] = {}
+    renamed = recipe is not None
+    if ckpt.format == "safetensors" and target_format == "orbax" and not renamed:
+        options = _keep_safetensors_layout(ckpt, Path(source), separator)
+    elif target_format == "safetensors" and max_shard_size is None and not renamed:
+        options = _reuse_safetensors_layout(ckpt, Path(source), separator)
+    separator = options.pop("separator", separator)
+    return save(
+        tree,
+        destination,
+        format=target_format,
+        overwrite=overwrite,
+        max_memory=max_memory,
+        max_shard_size=max_shard_size,
+        separator=separator,
+        progress=progress,
+        **options,
+    )
+
+
+def _side_files(folder: Path) -> dict[str, Path]:
+    """The files of a model folder that are not weights: config.json, tokenizer files ..."""
+    if not folder.is_dir():
+        return {}
+    return {
+        file.name: file
+        for file in sorted(folder.iterdir())
+        if file.is_file()
+        and not file.name.startswith(".")
+        and not file.name.endswith(_WEIGHT_SUFFIXES)
+        and not file.name.endswith(".index.json")
+        and not file.name.startswith("_")
+        and file.name not in ("commit_success.txt", "manifest.ocdbt")
+    }
+
+
+def _keep_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[str, Any]:
+    folder = (
+        source
+        if source.is_dir()
+        else source.parent
+        if source.name.endswith(".index.json")
+        else None
+    )
+    side = _side_files(folder) if folder is not None else {}
+    layout = {
+        "metadata": ckpt.metadata,
+        "weight_map": ckpt.layout.get("weight_map"),
+        "separator": separator,
+        "side_files": sorted(side),
+    }
+    return {"metadata": {LAYOUT_KEY: layout}, "extra_files": side}
+
+
+def _reuse_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[str, Any]:
+    if ckpt.format == "orbax":
+        layout = ckpt.metadata.get(LAYOUT_KEY)
+        if not isinstance(layout, dict):
+            return {}
+        side = {
+            name: source / name
+            for name in layout.get("side_files", [])
+            if (source / name).is_file()
+        }
+        options: dict[str, Any] = {
+            "metadata": layout.get("metadata") or None,
+            "separator": layout.get("separator", separator),
+        }
+        if layout.get("weight_map"):
+            options["shard_map"] = layout["weight_map"]
+            options["extra_files"] = side
+        return options
+    if ckpt.format == "safetensors" and ckpt.layout.get("weight_map"):
+        return {"shard_map": ckpt.layout["weight_map"], "metadata": ckpt.metadata or None}
+    return {}
