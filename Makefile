@@ -27,6 +27,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.inspect
 	$(BIN)/python -m bench.partial_load
+	$(BIN)/python -m bench.streaming
+	$(BIN)/python -m bench.convert
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
