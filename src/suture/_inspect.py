@@ -79,10 +79,13 @@ class Description:
             "leaves": [leaf.to_json() for leaf in self.leaves],
         }
 
-    def to_json_text(self) -> str:
+    def to_json_text(self, stats: dict[str, Any] | None = None) -> str:
         """`to_json` as text with one leaf per line: readable, and fast for 10^5 leaves."""
         report = self.to_json()
         leaves = report.pop("leaves")
+        for leaf in leaves:
+            if stats and leaf["path"] in stats:
+                leaf["stats"] = stats[leaf["path"]].to_json()
         head = json.dumps(report)[:-1]
         if not leaves:
             return head + ', "leaves": []}'
@@ -222,3 +225,53 @@ class _TreeNode:
                 continue
             rows.append([indent + child.name + "/", "", "", total])
             child.render(rows, level + 1, depth)
+
+
+def render_stats(description: Description, stats: dict[str, Any]) -> str:
+    """One line per array leaf with its statistics, then the total line."""
+    rows = [["path", "dtype", "shape", "min", "max", "mean", "std", "NaNs"]]
+    for leaf in description.arrays:
+        found = stats.get(leaf.path)
+        if found is None:
+            continue
+        numbers = [found.minimum, found.maximum, found.mean, found.std]
+        rows.append(
+            [leaf.path, leaf.dtype or "", str(tuple(leaf.shape or ()))]
+            + [f"{value:.6g}" for value in numbers]
+            + [str(found.nan_count)]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+    ]
+    return "\n".join([*lines, summary_line(description)])
+
+
+def collect_stats(
+    ckpt: Checkpoint, description: Description, progress: bool | None = None
+) -> dict[str, Any]:
+    """Statistics of every array in `description`, streamed, with a progress bar on a terminal."""
+    import time
+
+    from ._execute import Progress
+    from ._progress import progress_bar, wants_progress
+    from ._stats import leaf_stats
+
+    arrays = ckpt.arrays()
+    paths = [leaf.path for leaf in description.arrays]
+    counts = Progress(
+        total_bytes=sum(arrays[p].nbytes for p in paths),
+        total_leaves=len(paths),
+        started=time.perf_counter(),
+    )
+    results = {}
+    with progress_bar(
+        "Computing statistics", counts.total_bytes, wants_progress(progress)
+    ) as on_progress:
+        for path in paths:
+            results[path] = leaf_stats(arrays[path])
+            counts.written_bytes += arrays[path].nbytes
+            counts.written_leaves += 1
+            if on_progress is not None:
+                on_progress(counts)
+    return results

@@ -160,3 +160,24 @@ def _rule(item: Any, where: str) -> rule_module.Rule:
     raise RecipeError(
         f"Recipe {where}: {name} takes a pattern or a mapping of arguments; got {arguments!r}."
     )
+
+
+def with_cast(transform: Any, dtype: str) -> Any:
+    """`transform` followed by a cast of every floating-point leaf to `dtype`."""
+    cast = rule_module.cast(".*", dtype, optional=True)
+    if transform is None:
+        return [cast]
+    if isinstance(transform, rule_module.Rule):
+        transform = [transform]
+    if isinstance(transform, (list, tuple)):
+        return [*transform, cast]
+    if isinstance(transform, dict):
+        raise RecipeError(
+            "--dtype cannot follow an Orbax-style transformations tree; add a cast to the recipe "
+            "(a 'cast' rule, or value_fn=lambda v: v.astype(...))."
+        )
+
+    def transform_then_cast(*trees: Any) -> Any:
+        return rule_module.apply_rules([cast], transform(*trees))
+
+    return transform_then_cast

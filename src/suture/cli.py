@@ -67,13 +67,28 @@ def inspect(
     step: Annotated[
         int | None, typer.Option("--step", help="CheckpointManager step (default: newest).")
     ] = None,
+    stats: Annotated[
+        bool, typer.Option("--stats", help="Also min/max/mean/std/NaNs per leaf (reads the data).")
+    ] = False,
+    allow_pickle: Annotated[
+        bool, typer.Option("--allow-pickle", help="Open PyTorch pickles (they can run code).")
+    ] = False,
 ) -> None:
-    """Show a checkpoint's leaves with shape, dtype and size. Reads no array data."""
-    from ._inspect import describe, render_flat, render_tree
+    """Show a checkpoint's leaves with shape, dtype and size. Reads no array data (but --stats)."""
+    from ._inspect import describe, render_flat, render_stats, render_tree
     from ._open import open as open_checkpoint
 
-    ckpt = open_checkpoint(path, step=step)
+    ckpt = open_checkpoint(path, step=step, allow_pickle=allow_pickle)
     description = describe(ckpt, filter)
+    if stats:
+        from ._inspect import collect_stats
+
+        results = collect_stats(ckpt, description)
+        if as_json:
+            typer.echo(description.to_json_text(results))
+        else:
+            typer.echo(render_stats(description, results))
+        return
     if as_json:
         typer.echo(description.to_json_text())
         return
@@ -82,6 +97,147 @@ def inspect(
     )
     typer.echo(header)
     typer.echo(render_flat(description) if flat else render_tree(description, depth))
+
+
+@app.command()
+def diff(
+    a: Annotated[str, typer.Argument(help="First checkpoint.")],
+    b: Annotated[str, typer.Argument(help="Second checkpoint.")],
+    values: Annotated[
+        bool, typer.Option("--values", help="Compare values too (reads both).")
+    ] = False,
+    atol: Annotated[float, typer.Option("--atol", help="Absolute tolerance for --values.")] = 0.0,
+    rtol: Annotated[float, typer.Option("--rtol", help="Relative tolerance for --values.")] = 0.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    allow_pickle: Annotated[
+        bool, typer.Option("--allow-pickle", help="Open PyTorch pickles (they can run code).")
+    ] = False,
+) -> None:
+    """Show how two checkpoints differ. Exit 0 when equal, 1 when different, 2 on error."""
+    from ._diff import diff as run_diff
+    from ._open import open as open_checkpoint
+
+    try:
+        first = open_checkpoint(a, allow_pickle=allow_pickle)
+        second = open_checkpoint(b, allow_pickle=allow_pickle)
+        result = run_diff(first, second, values=values, atol=atol, rtol=rtol)
+    except SurgeryError as error:
+        if _state["debug"]:
+            raise
+        typer.echo(f"Error: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(result.to_json() if as_json else str(result))
+    raise typer.Exit(code=0 if result.equal else 1)
+
+
+@app.command()
+@reports_errors
+def plan(
+    recipe: Annotated[str, typer.Argument(help="Recipe file (.py, .yaml, .toml).")],
+    sources: Annotated[list[str], typer.Argument(help="Source checkpoint(s).")],
+    target: Annotated[
+        str | None, typer.Option("--target", help="A checkpoint whose structure is the target.")
+    ] = None,
+    partial: Annotated[
+        bool, typer.Option("--partial", help="Drop leaves the target leaves out.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    allow_pickle: Annotated[
+        bool, typer.Option("--allow-pickle", help="Open PyTorch pickles (they can run code).")
+    ] = False,
+) -> None:
+    """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing."""
+    surgery = _prepare(recipe, sources, target, allow_pickle)
+    from ._plan import plan as make_plan
+
+    result = make_plan(
+        surgery["transform"],
+        *surgery["sources"],
+        target=surgery["target"],
+        init=surgery["init"],
+        partial=partial,
+    )
+    typer.echo(result.to_json() if as_json else str(result))
+    if not result.ok:
+        raise typer.Exit(code=2)
+
+
+@app.command()
+@reports_errors
+def apply(
+    recipe: Annotated[str, typer.Argument(help="Recipe file (.py, .yaml, .toml).")],
+    sources: Annotated[list[str], typer.Argument(help="Source checkpoint(s).")],
+    output: Annotated[str, typer.Option("-o", "--output", help="Where to write the result.")],
+    format: Annotated[str, typer.Option("--format", help="orbax or safetensors.")] = "orbax",  # noqa: A002
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="Cast floating-point leaves.")
+    ] = None,
+    target: Annotated[
+        str | None, typer.Option("--target", help="A checkpoint whose structure is the target.")
+    ] = None,
+    partial: Annotated[
+        bool, typer.Option("--partial", help="Drop leaves the target leaves out.")
+    ] = False,
+    max_memory: Annotated[
+        str | None, typer.Option("--max-memory", help="Bytes in flight, e.g. 4GiB.")
+    ] = None,
+    max_shard_size: Annotated[
+        str | None, typer.Option("--max-shard-size", help="safetensors: shard size, e.g. 5GB.")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUTPUT.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan; write nothing.")
+    ] = False,
+    allow_pickle: Annotated[
+        bool, typer.Option("--allow-pickle", help="Open PyTorch pickles (they can run code).")
+    ] = False,
+    progress: Annotated[
+        bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")
+    ] = None,
+) -> None:
+    """Run a recipe on the source(s) and stream the result to OUTPUT."""
+    from ._format import human_bytes
+    from ._plan import plan as make_plan
+    from ._recipes import with_cast
+    from ._save import save
+    from ._surgery import transform
+
+    surgery = _prepare(recipe, sources, target, allow_pickle)
+    steps = with_cast(surgery["transform"], dtype) if dtype is not None else surgery["transform"]
+    arguments = {"target": surgery["target"], "init": surgery["init"], "partial": partial}
+    if dry_run:
+        typer.echo(str(make_plan(steps, *surgery["sources"], **arguments)))
+        return
+    result = save(
+        transform(steps, *surgery["sources"], **arguments),
+        output,
+        format=format,
+        overwrite=overwrite,
+        max_memory=max_memory,
+        max_shard_size=max_shard_size,
+        progress=progress,
+    )
+    typer.echo(
+        f"Wrote {result.path} ({result.format}): {result.leaves} arrays, "
+        f"{human_bytes(result.bytes_written)} in {result.seconds:.1f} s."
+    )
+
+
+def _prepare(
+    recipe: str, sources: list[str], target: str | None, allow_pickle: bool
+) -> dict[str, Any]:
+    from ._open import open as open_checkpoint
+    from ._recipes import load_recipe
+
+    loaded = load_recipe(recipe)
+    opened = [open_checkpoint(source, allow_pickle=allow_pickle) for source in sources]
+    target_tree = open_checkpoint(target).abstract() if target is not None else loaded.target
+    return {
+        "transform": loaded.transform,
+        "sources": opened,
+        "target": target_tree,
+        "init": loaded.init,
+    }
 
 
 @app.command()
