@@ -1,0 +1,112 @@
+"""Every example in the README runs: Python blocks in order, shell lines in real processes."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from safetensors.numpy import save_file
+
+from tests.orbax_writers import save_standard
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def make_files(root: Path) -> None:
+    """The checkpoints the README's examples name."""
+    rng = np.random.default_rng(0)
+
+    def layers(prefix: str = "linear") -> dict:
+        return {
+            f"{prefix}{i}": {
+                "kernel": rng.standard_normal((64, 64), dtype=np.float32),
+                "bias": np.zeros(64, np.float32),
+            }
+            for i in range(4)
+        }
+
+    save_standard(
+        root / "ckpt",
+        {
+            "params": layers(),
+            "opt_state": {"mu": layers(), "nu": layers()},
+            "step": np.asarray(7, np.int32),
+        },
+    )
+    with ocp.CheckpointManager(root / "runs" / "my_model" / "checkpoints") as manager:
+        for step in (1000, 2000):
+            manager.save(step, args=ocp.args.StandardSave({"params": layers()}))
+        manager.wait_until_finished()
+    save_standard(
+        root / "image_ckpt", {"params": {"dense": {"kernel": np.ones((32, 32), np.float32)}}}
+    )
+    save_standard(
+        root / "text_ckpt", {"params": {"dense": {"kernel": np.ones((16, 16), np.float32)}}}
+    )
+    hf = root / "hf_model"
+    hf.mkdir()
+    weight_map = {}
+    for shard in (1, 2):
+        filename = f"model-0000{shard}-of-00002.safetensors"
+        tensors = {f"model.layers.{shard}.weight": rng.standard_normal((8, 8)).astype(np.float32)}
+        save_file(tensors, hf / filename)
+        weight_map.update({name: filename for name in tensors})
+    (hf / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 512}, "weight_map": weight_map})
+    )
+    (hf / "config.json").write_text("{}")
+    (root / "recipe.yaml").write_text(blocks("yaml")[0])
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch) -> Path:
+    make_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_python_examples_run(workdir: Path) -> None:
+    namespace: dict = {}
+    for code in blocks("python"):
+        exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 (the README's own code)
+    assert namespace["for_scan"]["params"]["layers"]["kernel"].shape == (4, 64, 64)
+    assert (workdir / "ckpt_for_scan" / "_METADATA").is_file()
+    assert namespace["model"]["fusion"]["kernel"].shape == (48, 8)
+    assert namespace["padded"]["params"]["linear0"]["kernel"].shape == (96, 64)
+    assert namespace["renamed"]["params"]["layer_3"]["kernel"].shape == (64, 64)
+
+
+def test_shell_examples_run(workdir: Path) -> None:
+    exec(
+        compile(blocks("python")[2], str(README), "exec"),
+        {
+            "suture": __import__("suture"),
+            "rules": __import__("suture").rules,
+            "print": lambda *a: None,
+        },
+    )
+    commands = [
+        line
+        for block in blocks("bash")
+        for line in block.splitlines()
+        if line.startswith("suture ")
+    ]
+    assert len(commands) >= 8
+    for command in commands:
+        arguments = shlex.split(command.split("  #")[0])
+        done = subprocess.run(
+            [sys.executable, "-m", "suture", *arguments[1:]], capture_output=True, text=True
+        )
+        expected = 1 if arguments[1] == "diff" else 0  # the two checkpoints do differ
+        assert done.returncode == expected, f"{command}\n{done.stdout}\n{done.stderr}"
