@@ -287,11 +287,22 @@ def test_plan_reads_nothing_and_reports_everything(layered_path) -> None:
     assert report["ok"] is True and report["bytes_to_read"] == plan.bytes_to_read
 
 
-def test_plan_of_a_slice_counts_only_the_slice(layered_path) -> None:
-    _, path = layered_path
-    plan = suture.plan(lambda tree: {"first_rows": tree["params"]["layer0"]["kernel"][:8]}, path)
-    assert plan.outputs[0].bytes_to_read == 8 * 64 * 4
+def test_plan_of_a_slice_counts_the_chunks_it_decodes(layered_path, tmp_path: Path) -> None:
+    _, single_chunk = layered_path  # Orbax's default: one chunk per leaf
+    first_rows = lambda tree: {"first_rows": tree["params"]["layer0"]["kernel"][:8]}  # noqa: E731
+    plan = suture.plan(first_rows, single_chunk)
+    assert plan.outputs[0].bytes_to_read == 64 * 64 * 4  # the whole chunk is decoded
     assert len(plan.dropped) == 5
+    state = layered()
+
+    def per_row(leaf: np.ndarray) -> ocp.SaveArgs:
+        if leaf.ndim == 0:
+            return ocp.SaveArgs()
+        return ocp.SaveArgs(chunk_byte_size=leaf.nbytes // leaf.shape[0], shard_axes=(0,))
+
+    save_args = jax.tree.map(per_row, state)
+    ocp.PyTreeCheckpointer().save(tmp_path / "rows", state, save_args=save_args)
+    assert suture.plan(first_rows, tmp_path / "rows").outputs[0].bytes_to_read == 8 * 64 * 4
 
 
 def test_plan_collects_problems_instead_of_raising(layered_path) -> None:

@@ -27,6 +27,8 @@ from ._errors import UnfinishedCheckpointError as UnfinishedCheckpointError
 from ._lazy import LazyArray as LazyArray
 from ._lazy import map as map  # noqa: A004
 from ._load import load as load
+from ._merge import MergeError as MergeError
+from ._merge import merge as merge
 from ._open import open as open  # noqa: A004
 from ._paths import flatten as flatten
 from ._paths import unflatten as unflatten
@@ -54,6 +56,7 @@ __all__ = [
     "LazyArray",
     "PLACEHOLDER",
     "Plan",
+    "MergeError",
     "MissingLeafError",
     "NotACheckpointError",
     "ShapeMismatchError",
@@ -69,6 +72,7 @@ __all__ = [
     "load",
     "load_and_transform",
     "map",
+    "merge",
     "open",
     "plan",
     "placeholders",

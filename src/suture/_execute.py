@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from ._lazy import LazyArray
+from ._nodes import MapNode, Node
 from ._reads import bytes_read
 from ._selection import Selection
 
@@ -55,23 +56,51 @@ class Block:
 def plan_blocks(
     path: str, array: LazyArray, writer: LeafWriter, block_budget: int
 ) -> Iterator[Block]:
-    """The blocks of one leaf, each at most `block_budget` bytes of output when possible."""
-    if array.ndim == 0 or array.shape[0] == 0:
+    """The blocks of one leaf: whole numbers of the writer's chunks, as many rows as fit.
+
+    A block's cost (what it decodes from its sources, what it produces, and the working
+    memory of any function that computes it) stays within `block_budget` when a single
+    chunk allows. A leaf computed by a function of whole arrays (a map that is not
+    elementwise) is one block: splitting it would compute the function once per block.
+    """
+    if array.ndim == 0 or array.shape[0] == 0 or _computes_whole(array._node):
         yield Block(path, array, writer, slice(None), _cost(array, slice(None)))
         return
-    rows_per_chunk = max(1, writer.block_rows())
-    row_bytes = max(1, array.nbytes // array.shape[0])
-    chunks_per_block = max(1, block_budget // (row_bytes * rows_per_chunk))
-    step = rows_per_chunk * chunks_per_block
+    unit = max(1, writer.block_rows())
+    units = -(-array.shape[0] // unit)
+    low, high = 1, units  # the most chunks per block whose cost fits, by bisection
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _cost(array, slice(0, middle * unit)) <= block_budget:
+            low = middle
+        else:
+            high = middle - 1
+    step = low * unit
     for start in range(0, array.shape[0], step):
         rows = slice(start, min(start + step, array.shape[0]))
         yield Block(path, array, writer, rows, _cost(array, rows))
 
 
+def _computes_whole(node: Node) -> bool:
+    return any(isinstance(n, MapNode) and not n.elementwise for n in _walk(node))
+
+
+def _walk(node: Node) -> Iterator[Node]:
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        yield current
+        pending.extend(current.inputs())
+
+
 def _cost(array: LazyArray, rows: slice) -> int:
+    """Bytes a block holds at its peak: decoded source chunks, output, and map working memory."""
     view = array[rows] if array.ndim else array
     selection: Selection = tuple(range(length) for length in view.shape)
-    return bytes_read(view._node, selection) + view.nbytes
+    working = sum(
+        (len(n.inputs()) + 1) * view.nbytes for n in _walk(view._node) if isinstance(n, MapNode)
+    )
+    return bytes_read(view._node, selection) + view.nbytes + working
 
 
 class _Budget:
@@ -160,8 +189,8 @@ def run_blocks(
 
 
 def block_budget(max_memory: int, threads: int = WRITE_THREADS) -> int:
-    """Output bytes per block: room for `threads` blocks, each reading and producing data."""
-    return max(1, max_memory // (3 * threads))
+    """The cost one block may have: an equal share of the budget for each thread."""
+    return max(1, max_memory // threads)
 
 
 def chunk_rows(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> int:

@@ -81,8 +81,10 @@ class TensorStoreSource(SourceNode):
         dtype: np.dtype,
         path: str | None = None,
         origin: str | None = None,
+        chunk_shape: tuple[int, ...] | None = None,
     ) -> None:
         self._open_store = open_store
+        self.chunk_shape = chunk_shape  # the stored read granularity, when known
         self._store: Any = None
         self._opening: Any = None  # a TensorStore open future, once started
         self._lock = threading.Lock()

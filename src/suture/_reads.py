@@ -32,7 +32,7 @@ def _estimate(node: Node, selection: Selection, reads: dict[int, tuple[SourceNod
     Mirrors each node's `read`, counting selected elements instead of reading them.
     """
     if isinstance(node, SourceNode):
-        count = math.prod(selection_shape(selection)) * node.dtype.itemsize
+        count = _decoded_elements(node, selection) * node.dtype.itemsize
         previous = reads.get(id(node), (node, 0))[1]
         reads[id(node)] = (node, max(previous, count) if previous else count)
         return
@@ -59,6 +59,23 @@ def _estimate(node: Node, selection: Selection, reads: dict[int, tuple[SourceNod
     else:  # concat, reshape, pad and general maps: count their inputs whole (an upper bound)
         for member in node.inputs():
             _estimate(member, full(member.shape), reads)
+
+
+def _decoded_elements(source: SourceNode, selection: Selection) -> int:
+    """Elements a source decodes for `selection`: whole chunks when its chunking is known."""
+    chunks = getattr(source, "chunk_shape", None)
+    if chunks is None:
+        return math.prod(selection_shape(selection))
+    total = 1
+    for axis, length, chunk in zip(selection, source.shape, chunks, strict=True):
+        if len(axis) == 0:
+            return 0
+        positions = _positions(axis)
+        low, high = min(positions), max(positions)
+        chunk = max(1, chunk)
+        span = (high // chunk + 1) * chunk - (low // chunk) * chunk
+        total *= min(span, length)
+    return total
 
 
 def _positions(axis_selection: Any) -> list[int]:

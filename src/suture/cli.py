@@ -240,6 +240,46 @@ def _prepare(
     }
 
 
+@app.command("merge")
+@reports_errors
+def merge_command(
+    config: Annotated[
+        str, typer.Argument(help="Merge config (.yaml or .toml): method, models, weights ...")
+    ],
+    output: Annotated[str, typer.Option("-o", "--output", help="Where to write the merged model.")],
+    format: Annotated[str, typer.Option("--format", help="orbax or safetensors.")] = "orbax",  # noqa: A002
+    max_memory: Annotated[
+        str | None, typer.Option("--max-memory", help="Bytes in flight, e.g. 4GiB.")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUTPUT.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan; write nothing.")
+    ] = False,
+    progress: Annotated[
+        bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")
+    ] = None,
+) -> None:
+    """Merge several models (linear, slerp, task_arithmetic, ties, dare) and stream the result."""
+    from ._format import human_bytes
+    from ._merge import load_merge_config, merge
+    from ._plan import plan as make_plan
+    from ._save import save
+
+    settings = load_merge_config(config)
+    models = settings.pop("models")
+    merged = merge(models, settings.pop("method"), **settings)
+    if dry_run:
+        typer.echo(str(make_plan(None, merged)))
+        return
+    result = save(
+        merged, output, format=format, overwrite=overwrite, max_memory=max_memory, progress=progress
+    )
+    typer.echo(
+        f"Wrote {result.path} ({result.format}): {result.leaves} arrays, "
+        f"{human_bytes(result.bytes_written)} in {result.seconds:.1f} s."
+    )
+
+
 @app.command()
 @reports_errors
 def convert(

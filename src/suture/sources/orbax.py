@@ -164,7 +164,10 @@ def _read_item(folder: Path) -> Any:
                 )
             driver, description = zarr_metadata[name]
             shape, dtype = _shape_and_dtype(description, path, folder)
-            source = TensorStoreSource(store.opener(name, driver), shape, dtype, path, str(folder))
+            chunks = _read_chunk_shape(description, len(shape))
+            source = TensorStoreSource(
+                store.opener(name, driver), shape, dtype, path, str(folder), chunks
+            )
             leaf: Any = LazyArray(source, path=path, stored_as=value_type)
         elif value_type == "string":
             leaf = strings.get(name, strings.get(path))
@@ -226,6 +229,22 @@ def _shape_and_dtype(
             f"Leaf {path!r} in {str(folder)!r}: its zarr metadata has no readable shape and "
             f"dtype ({error}). The checkpoint is damaged; restore it from a copy."
         ) from error
+
+
+def _read_chunk_shape(description: dict, ndim: int) -> tuple[int, ...] | None:
+    """The chunk a read decodes: zarr v2 ``chunks``, or zarr3's (inner, if sharded) chunk."""
+    try:
+        if "chunks" in description:
+            chunk = description["chunks"]
+        else:
+            chunk = description["chunk_grid"]["configuration"]["chunk_shape"]
+            for codec in description.get("codecs", []):
+                if codec.get("name") == "sharding_indexed":
+                    chunk = codec["configuration"]["chunk_shape"]
+        chunk = tuple(int(n) for n in chunk)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return chunk if len(chunk) == ndim else None
 
 
 def _insert(nested: dict, keys: tuple[str, ...], kinds: tuple[int, ...], leaf: Any) -> None:

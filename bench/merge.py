@@ -1,0 +1,138 @@
+"""Merging three 1 GiB Orbax checkpoints (weighted average): suture streams, numpy loads all.
+
+- suture: `suture.save(suture.merge([a, b, c], "linear", weights=...), out)`, default budget.
+- peer: stock Orbax restore of the three models, numpy weighted average, stock Orbax save.
+
+Each route runs in fresh processes after dropping the page cache, in blocks whose first run is
+discarded (see bench/partial_load.py). Goal (issue 9): suture's peak RSS under 1 GiB.
+Run from the repository root: `.venv/bin/python -m bench.merge`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import sys
+import time
+
+from bench._common import DATA_DIR, machine, peak_rss_bytes, run_cold_worker, write_section
+
+MODELS = 3
+LEAVES = 16
+SHAPE = (4096, 4096)  # float32: 64 MiB a leaf, 1 GiB a model
+WEIGHTS = [0.5, 0.3, 0.2]
+OUTPUT = DATA_DIR / "merge_output"
+REPEATS = 3
+
+
+def model_path(index: int):
+    return DATA_DIR / f"merge_model_{index}"
+
+
+def write_models() -> None:
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    for index in range(MODELS):
+        path = model_path(index)
+        if (path / "_METADATA").exists():
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        rng = np.random.default_rng(index)
+        tree = {
+            f"layer{i}": {"kernel": rng.standard_normal(SHAPE, dtype=np.float32)}
+            for i in range(LEAVES)
+        }
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(path, tree)
+        checkpointer.wait_until_finished()
+        del tree
+
+
+def suture_route() -> None:
+    import suture
+
+    merged = suture.merge([model_path(i) for i in range(MODELS)], "linear", weights=WEIGHTS)
+    suture.save(merged, OUTPUT, progress=False)
+
+
+def peer_route() -> None:
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    models = [ocp.StandardCheckpointer().restore(model_path(i)) for i in range(MODELS)]
+    total = sum(WEIGHTS)
+    merged = jax.tree.map(
+        lambda *leaves: (
+            sum(w * np.asarray(x) for w, x in zip(WEIGHTS, leaves, strict=True)) / total
+        ),
+        *models,
+    )
+    del models
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(OUTPUT, merged)
+    checkpointer.wait_until_finished()
+
+
+def worker(route: str) -> None:
+    shutil.rmtree(OUTPUT, ignore_errors=True)
+    started = time.perf_counter()
+    {"suture": suture_route, "peer": peer_route}[route]()
+    print(json.dumps({"wall_s": time.perf_counter() - started, "peak_rss_bytes": peak_rss_bytes()}))
+
+
+def verify_output() -> None:
+    import numpy as np
+
+    import suture
+
+    leaves = [suture.open(model_path(i))["layer3/kernel"][:64].read() for i in range(MODELS)]
+    expected = sum(w * x for w, x in zip(WEIGHTS, leaves, strict=True)) / sum(WEIGHTS)
+    np.testing.assert_allclose(
+        suture.open(OUTPUT)["layer3/kernel"][:64].read(), expected, rtol=1e-5, atol=1e-6
+    )
+
+
+def main() -> None:
+    DATA_DIR.mkdir(exist_ok=True)
+    write_models()
+    runs: dict[str, list[dict]] = {}
+    for route in ("suture", "peer"):
+        run_cold_worker("bench.merge", route)  # discarded: see the module docstring
+        runs[route] = [run_cold_worker("bench.merge", route) for _ in range(REPEATS)]
+        verify_output()
+    summary = {
+        route: {
+            key: statistics.median(r[key] for r in results) for key in ("wall_s", "peak_rss_bytes")
+        }
+        for route, results in runs.items()
+    }
+    ours, peer = summary["suture"], summary["peer"]
+    cold = all(r["cold"] for results in runs.values() for r in results)
+    gib = 2**30
+    body = f"""## merge: three 1 GiB checkpoints, weighted average (issue 9)
+
+`python -m bench.merge` — {machine()}; median of {REPEATS} runs per route, each a fresh process,
+{"page cache dropped before every run" if cold else "**warm page cache: dropping caches was not permitted here**"}; the routes run in blocks whose first run is discarded.
+Models: {MODELS} Orbax checkpoints of {LEAVES} float32 leaves of {SHAPE} (1 GiB each); weights {WEIGHTS}.
+
+| route | wall time | peak RSS |
+| --- | --- | --- |
+| suture.save(suture.merge(models, "linear"), out) | {ours["wall_s"]:.1f} s | {ours["peak_rss_bytes"] / gib:.2f} GiB |
+| Orbax restore x3 + numpy average + Orbax save | {peer["wall_s"]:.1f} s | {peer["peak_rss_bytes"] / gib:.2f} GiB |
+
+- Peak RSS: suture **{ours["peak_rss_bytes"] / gib:.2f} GiB** (goal: under 1 GiB), {ours["peak_rss_bytes"] / peer["peak_rss_bytes"]:.2f}x the peer's.
+- Wall time: {ours["wall_s"] / peer["wall_s"]:.2f}x the peer's.
+- Runs (wall s): suture {", ".join(f"{r['wall_s']:.1f}" for r in runs["suture"])}; peer {", ".join(f"{r['wall_s']:.1f}" for r in runs["peer"])}.
+"""
+    write_section("merge", body)
+    print(body)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        worker(sys.argv[2])
+    else:
+        main()
