@@ -67,6 +67,7 @@ def make_files(root: Path) -> None:
     )
     (hf / "config.json").write_text("{}")
     (root / "recipe.yaml").write_text(blocks("yaml")[0])
+    (root / "merge.yaml").write_text(blocks("yaml")[1])
 
 
 @pytest.fixture
@@ -85,6 +86,8 @@ def test_python_examples_run(workdir: Path) -> None:
     assert namespace["model"]["fusion"]["kernel"].shape == (48, 8)
     assert namespace["padded"]["params"]["linear0"]["kernel"].shape == (96, 64)
     assert namespace["renamed"]["params"]["layer_3"]["kernel"].shape == (64, 64)
+    assert (workdir / "soup" / "_METADATA").is_file()
+    assert namespace["tuned"]["params"]["linear0"]["kernel"] is not None
 
 
 def test_shell_examples_run(workdir: Path) -> None:
