@@ -48,6 +48,8 @@ def make_files(root: Path) -> None:
         for step in (1000, 2000):
             manager.save(step, args=ocp.args.StandardSave({"params": layers()}))
         manager.wait_until_finished()
+    for name in ("finetuned_a", "finetuned_b"):
+        save_standard(root / name, {"params": layers(), "step": np.asarray(7, np.int32)})
     save_standard(
         root / "image_ckpt", {"params": {"dense": {"kernel": np.ones((32, 32), np.float32)}}}
     )
@@ -66,8 +68,8 @@ def make_files(root: Path) -> None:
         json.dumps({"metadata": {"total_size": 512}, "weight_map": weight_map})
     )
     (hf / "config.json").write_text("{}")
-    (root / "recipe.yaml").write_text(blocks("yaml")[0])
-    (root / "merge.yaml").write_text(blocks("yaml")[1])
+    (root / "recipe.yaml").write_text(next(b for b in blocks("yaml") if b.startswith("rules:")))
+    (root / "merge.yaml").write_text(next(b for b in blocks("yaml") if b.startswith("method:")))
 
 
 @pytest.fixture
