@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/suture demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench examples
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -11,6 +11,9 @@ Example:
     (2, 2, 2)
 """
 
+from . import linen as linen
+from . import nnx as nnx
+from . import optax as optax
 from . import rules as rules
 from ._checkpoint import Checkpoint as Checkpoint
 from ._combine import concatenate as concatenate
@@ -76,6 +79,9 @@ __all__ = [
     "open",
     "plan",
     "placeholders",
+    "linen",
+    "nnx",
+    "optax",
     "rules",
     "save",
     "stack",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,7 +15,7 @@ from ._combine import fit_shape
 from ._errors import ShapeMismatchError, SurgeryError
 from ._init import initialize
 from ._lazy import LazyArray
-from ._nodes import open_all
+from ._nodes import MemorySource, open_all
 from ._paths import flatten, map_leaves_with_path
 from ._targets import AS_STORED, PLACEHOLDER, LeafTarget, classify
 
@@ -32,6 +33,7 @@ def load(
     pad_truncate: bool = False,
     init: Any = None,
     as_jax: bool = False,
+    mesh: Any = None,
 ) -> Any:
     """Reads `source` into memory, shaped by `target`.
 
@@ -50,6 +52,8 @@ def load(
             ``fn(shape, dtype)`` initializers, or a no-argument function that builds the
             whole tree (run under ``jax.jit``, so only the missing leaves are computed).
         as_jax: with ``target=None``, return ``jax.Array`` instead of numpy arrays.
+        mesh: the concrete mesh for target shardings given on an abstract mesh (as
+            ``nnx.eval_shape`` gives them); default: the mesh set with ``jax.set_mesh``.
 
     Returns:
         A tree with the target's structure (the source's, when `target` is None).
@@ -68,6 +72,7 @@ def load(
         {'params': {'w': array([0., 1.])}}
     """
     tree = _source_tree(source)
+    mesh = _callers_mesh(mesh)  # jax.set_mesh is per thread: read it here, not in the readers
     if target is None:
         default = LeafTarget("jax") if as_jax else AS_STORED
         flat_source = flatten(tree)
@@ -91,7 +96,7 @@ def load(
         for path, wanted in flat_target.items()
         if wanted.kind != "skip"
     }
-    results = _read_all(jobs, pad_truncate)
+    results = _read_all(jobs, pad_truncate, mesh)
     return map_leaves_with_path(lambda path, leaf: results.get(path, PLACEHOLDER), target)
 
 
@@ -133,17 +138,21 @@ def _check_left_out(flat_target: dict[str, LeafTarget], flat_source: dict, parti
         )
 
 
-def _read_all(jobs: dict[str, tuple[Any, LeafTarget]], pad_truncate: bool) -> dict[str, Any]:
+def _read_all(
+    jobs: dict[str, tuple[Any, LeafTarget]], pad_truncate: bool, mesh: Any = None
+) -> dict[str, Any]:
     """Materializes every job, reading arrays on a few threads (TensorStore releases the GIL)."""
     paths = list(jobs)
     arrays = [leaf for leaf, _ in jobs.values() if isinstance(leaf, LazyArray)]
     open_all([source for array in arrays for source in array.sources()])
     with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
-        values = pool.map(lambda path: _materialize(path, *jobs[path], pad_truncate), paths)
+        values = pool.map(lambda path: _materialize(path, *jobs[path], pad_truncate, mesh), paths)
         return dict(zip(paths, values, strict=True))
 
 
-def _materialize(path: str, leaf: Any, wanted: LeafTarget, pad_truncate: bool) -> Any:
+def _materialize(
+    path: str, leaf: Any, wanted: LeafTarget, pad_truncate: bool, mesh: Any = None
+) -> Any:
     if not isinstance(leaf, LazyArray):
         if hasattr(leaf, "shape") and hasattr(leaf, "dtype") and wanted.kind != "stored":
             leaf = LazyArray.from_array(leaf, path=path)
@@ -155,8 +164,54 @@ def _materialize(path: str, leaf: Any, wanted: LeafTarget, pad_truncate: bool) -
     if wanted.kind == "stored" and leaf.stored_as == "scalar":
         return array.item()
     if wanted.kind == "jax":
-        return _to_jax(array, wanted.sharding)
+        return _to_jax(array, _concrete(wanted.sharding, mesh, path))
     return array.read()
+
+
+def _callers_mesh(mesh: Any) -> Any:
+    jax = sys.modules.get("jax")
+    if mesh is not None or jax is None:
+        return mesh
+    current = jax.sharding.get_mesh()
+    return None if current is None or getattr(current, "empty", False) else current
+
+
+def _concrete(sharding: Any, mesh: Any, path: str) -> Any:
+    """`sharding` on a concrete mesh (`mesh`, or the one set with ``jax.set_mesh``)."""
+    import jax
+
+    if sharding is None or not isinstance(
+        getattr(sharding, "mesh", None), jax.sharding.AbstractMesh
+    ):
+        return sharding
+    concrete = mesh if mesh is not None else jax.sharding.get_mesh()
+    if (
+        concrete is None
+        or getattr(concrete, "empty", False)
+        or concrete.axis_names != sharding.mesh.axis_names
+    ):
+        raise SurgeryError(
+            f"Leaf {path!r}: the target's sharding names mesh axes {sharding.mesh.axis_names} but "
+            f"no concrete mesh with those axes is set. Load under `with jax.set_mesh(mesh):` or "
+            f"pass mesh=."
+        )
+    return jax.sharding.NamedSharding(concrete, sharding.spec)
+
+
+def _already_in_place(leaf: Any, wanted: LeafTarget) -> Any:
+    """An in-memory jax.Array that already is what the target asks for (no copy is made)."""
+    node = getattr(leaf, "_node", None)
+    array = node.array if isinstance(node, MemorySource) else leaf
+    jax = sys.modules.get("jax")
+    if jax is None or not isinstance(array, jax.Array) or wanted.kind != "jax":
+        return None
+    if (wanted.shape is not None and tuple(array.shape) != wanted.shape) or (
+        wanted.dtype is not None and array.dtype != wanted.dtype
+    ):
+        return None
+    if wanted.sharding is not None and array.sharding != wanted.sharding:
+        return None
+    return array
 
 
 def _plain_value(path: str, leaf: Any, wanted: LeafTarget) -> Any:
