@@ -95,8 +95,11 @@ class TensorStoreSource(SourceNode):
         with self._lock:
             if self._store is None:
                 opening = self._opening if self._opening is not None else self._open_store()
-                self._store = opening.result()
                 self._opening = None
+                try:
+                    self._store = opening.result()
+                except ValueError as error:  # TensorStore reports damage as ValueError
+                    raise self._damaged(error) from error
             return self._store
 
     def start_opening(self) -> None:
@@ -116,8 +119,19 @@ class TensorStoreSource(SourceNode):
         # Decoding straight into our own buffer saves TensorStore a copy (about 20% faster);
         # aligning it to 64 bytes lets jax.device_put use it without another copy.
         result = aligned_empty(view.shape, view.dtype.numpy_dtype)
-        ts_array(result).write(view).result()
+        try:
+            ts_array(result).write(view).result()
+        except ValueError as error:
+            raise self._damaged(error) from error
         return result.astype(self.dtype, copy=False)
+
+    def _damaged(self, error: Exception) -> Exception:
+        from ._errors import CorruptCheckpointError
+
+        return CorruptCheckpointError(
+            f"Leaf {self.path!r} of {self.origin!r} cannot be read: {error}. Its data is missing, "
+            f"damaged, or was changed while being read; restore the checkpoint from a copy."
+        )
 
     def inputs(self) -> tuple[Node, ...]:
         return ()

@@ -213,8 +213,10 @@ def _write(
                 raise finish_error
             _copy_extra_files(extra_files, temporary)
             _commit(temporary, destination, overwrite)
-        except OSError as error:
+        except (OSError, ValueError) as error:
             _remove(temporary)
+            if isinstance(error, ValueError) and not _is_io_failure(error):
+                raise
             raise _as_surgery_error(error, destination) from error
         except BaseException:
             _remove(temporary)
@@ -374,10 +376,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _as_surgery_error(error: OSError, destination: Path) -> SurgeryError:
+def _is_io_failure(error: ValueError) -> bool:
+    """A TensorStore write failure (it reports I/O errors as ValueError)."""
+    text = str(error)
+    return "No space left" in text or "RESOURCE_EXHAUSTED" in text or "Error writing" in text
+
+
+def _as_surgery_error(error: Exception, destination: Path) -> SurgeryError:
     import errno
 
-    if error.errno == errno.ENOSPC:
+    if getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error):
         return SurgeryError(
             f"No space left on the device while writing {str(destination)!r}; nothing was left "
             f"behind. Free space or write elsewhere."

@@ -33,9 +33,20 @@ class ZipMemberSource(SourceNode):
         self.path, self.origin = path, str(file)
 
     def read(self, selection: Selection) -> np.ndarray:
-        with zipfile.ZipFile(self.file) as archive, archive.open(self.member) as stream:
-            array = np.lib.format.read_array(stream, allow_pickle=False)
-            record_read(archive.getinfo(self.member).compress_size)
+        try:
+            with zipfile.ZipFile(self.file) as archive, archive.open(self.member) as stream:
+                array = np.lib.format.read_array(stream, allow_pickle=False)
+                record_read(archive.getinfo(self.member).compress_size)
+        except Exception as error:  # zipfile, zlib and numpy raise many kinds on damage
+            raise CorruptCheckpointError(
+                f"Member {self.member!r} of {str(self.file)!r} cannot be read: {error}. The archive "
+                f"is damaged or was changed while being read."
+            ) from error
+        if array.shape != self.shape or array.dtype != self.dtype:
+            raise CorruptCheckpointError(
+                f"Member {self.member!r} of {str(self.file)!r} changed: its header said {self.shape} "
+                f"{self.dtype}, it holds {array.shape} {array.dtype}."
+            )
         return np.array(outer_index(array, selection), copy=True)
 
     def inputs(self) -> tuple[Node, ...]:
@@ -52,7 +63,9 @@ def open_npz(path: Path) -> Checkpoint:
                     continue
                 name = info.filename[: -len(".npy")]
                 flat[name] = _member(path, archive, raw, info, name)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as error:
+    except CorruptCheckpointError:
+        raise
+    except Exception as error:  # zipfile, struct and numpy raise many kinds on damage
         raise CorruptCheckpointError(
             f"{str(path)!r} is not a readable .npz archive: {error}."
         ) from error

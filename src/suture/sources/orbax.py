@@ -133,6 +133,18 @@ class _ItemStore:
 
 
 def _read_item(folder: Path) -> Any:
+    try:
+        return _read_item_unchecked(folder)
+    except SurgeryError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+        raise CorruptCheckpointError(
+            f"The metadata of {str(folder)!r} does not describe a consistent tree ({type(error).__name__}: "
+            f"{error}). The checkpoint is damaged; restore it from a copy."
+        ) from error
+
+
+def _read_item_unchecked(folder: Path) -> Any:
     metadata = _parse_json((folder / PYTREE_METADATA).read_bytes(), folder / PYTREE_METADATA)
     entries = metadata.get("tree_metadata") if isinstance(metadata, dict) else None
     if not isinstance(entries, dict):

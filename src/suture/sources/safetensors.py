@@ -174,12 +174,18 @@ def read_header(file: Path) -> tuple[dict[str, Any], int]:
 
 
 def _entry(name: str, entry: Any, file: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Shape, dtype and first data offset of a tensor entry (its offsets already checked)."""
+    shape, dtype = _shape_and_dtype(name, entry, file)
+    return shape, dtype, entry["data_offsets"][0]
+
+
+def _shape_and_dtype(name: str, entry: Any, file: Path) -> tuple[tuple[int, ...], np.dtype]:
     if not isinstance(entry, dict):
         raise CorruptCheckpointError(
             f"Tensor {name!r} in {str(file)!r}: its header entry is not an object."
         )
     dtype_name = entry.get("dtype")
-    if dtype_name not in DTYPES:
+    if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
         raise CorruptCheckpointError(
             f"Tensor {name!r} in {str(file)!r} has dtype {dtype_name!r}; suture reads "
             f"{', '.join(DTYPES)}."
@@ -191,9 +197,7 @@ def _entry(name: str, entry: Any, file: Path) -> tuple[tuple[int, ...], np.dtype
         raise CorruptCheckpointError(
             f"Tensor {name!r} in {str(file)!r} has shape {shape!r}; expected a list of sizes."
         )
-    offsets = entry.get("data_offsets")
-    dtype = to_dtype(DTYPES[dtype_name])
-    return tuple(shape), dtype, offsets[0]
+    return tuple(shape), to_dtype(DTYPES[dtype_name])
 
 
 def _check_layout(header: dict, data_size: int, file: Path) -> None:
@@ -201,7 +205,7 @@ def _check_layout(header: dict, data_size: int, file: Path) -> None:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        shape, dtype, _ = _entry(name, entry, file)
+        shape, dtype = _shape_and_dtype(name, entry, file)
         offsets = entry.get("data_offsets")
         if not (
             isinstance(offsets, list)
