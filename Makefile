@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test fuzz lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/python -m pytest -q
+
+# 10,000 hostile inputs per reader and 20 SIGKILLs of a streaming save; counts in docs/reliability.md.
+fuzz: $(STAMP)
+	SUTURE_FUZZ_EXAMPLES=10000 SUTURE_FUZZ_REPORT=fuzz-report.json $(BIN)/python -m pytest -q -p no:randomly tests/test_fuzz.py
+	SUTURE_CRASH_RUNS=20 SUTURE_CRASH_REPORT=crash-report.txt $(BIN)/python -m pytest -q tests/test_reliability.py -k "sigkill or two_writers"
+	@cat fuzz-report.json crash-report.txt
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples

@@ -154,5 +154,6 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "no array data" in result.output
     assert "No problems." in result.output and "Dropped (never read): 17 leaves" in result.output
     assert "Stock Orbax restores the new checkpoint" in result.output
+    assert "suture diff of before and after: 26 leaves only before" in result.output
     assert (tmp_path / "mlp_checkpoint" / "_METADATA").is_file()
     assert (tmp_path / "mlp_for_scan" / "_METADATA").is_file()

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from . import rules
+from ._diff import diff
 from ._format import human_bytes
 from ._inspect import describe, render_tree
 from ._iostats import count_bytes_read
@@ -177,6 +178,13 @@ def _run(root: Path, echo: Callable[[str], None]) -> None:
     )
     echo(render_tree(describe(open_checkpoint(output))))
 
+    changes = diff(path, output)
+    echo(
+        f"\n6. suture diff of before and after: {len(changes.only_a)} leaves only before (the"
+        f" optimizer state and the per-layer params), {len(changes.only_b)} only after (the"
+        f" stacked layers); {len(changes.changed)} changed in place."
+    )
+
     import orbax.checkpoint as ocp
 
     restored = ocp.StandardCheckpointer().restore(output)
@@ -187,7 +195,7 @@ def _run(root: Path, echo: Callable[[str], None]) -> None:
     error = float(np.max(np.abs(before - after)) / np.max(np.abs(before)))
     _check(error < 0.05, f"outputs differ by {error:.3f} (relative)")
     echo(
-        f"\n6. Stock Orbax restores the new checkpoint, and the model gives the same outputs:"
+        f"\n7. Stock Orbax restores the new checkpoint, and the model gives the same outputs:"
         f" a scan-style loop over the stacked bfloat16 layers differs from the original float32"
         f" model by {error:.2%} of the output's scale (bfloat16 rounding)."
     )

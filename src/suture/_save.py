@@ -27,6 +27,7 @@ from ._format import parse_bytes
 from ._lazy import LazyArray, as_lazy
 from ._paths import flatten
 from ._progress import progress_bar, wants_progress
+from ._verify import check, with_digests, written_leaves
 from .sinks.orbax import DEFAULT_CHUNK_BYTES, OrbaxSink, keys_and_kinds
 from .sinks.safetensors import SafetensorsSink
 
@@ -90,6 +91,7 @@ def save(
     metadata: dict[str, Any] | None = None,
     shard_map: dict[str, str] | None = None,
     extra_files: dict[str, str | os.PathLike] | None = None,
+    verify: bool = False,
 ) -> SaveResult | SaveHandle:
     """Writes `tree` to `path`, streaming lazy leaves under a memory budget.
 
@@ -115,6 +117,8 @@ def save(
         shard_map: safetensors only: ``{tensor name: shard file}`` to reproduce a layout
             (e.g. ``ckpt.layout["weight_map"]``), instead of `max_shard_size`.
         extra_files: ``{name: source file}`` copied into a folder output (``config.json``).
+        verify: read the output back before moving it into place and check every block's
+            digest against what was written; a mismatch discards the output.
 
     Returns:
         A `SaveResult` (or a `SaveHandle` when `asynchronous`).
@@ -142,6 +146,7 @@ def save(
         "show_progress": wants_progress(progress),
         "shard_map": shard_map,
         "extra_files": {name: Path(file) for name, file in (extra_files or {}).items()},
+        "verify": verify,
     }
 
     def job() -> SaveResult:
@@ -192,6 +197,7 @@ def _write(
     show_progress: bool,
     shard_map: dict[str, str] | None,
     extra_files: dict[str, Path],
+    verify: bool,
 ) -> SaveResult:
     started = time.perf_counter()
     with _exclusive(destination):
@@ -203,6 +209,8 @@ def _write(
                 blocks, finish = _safetensors_blocks(
                     tree, temporary, separator, max_shard_size, max_memory, metadata, shard_map
                 )
+            if verify:
+                blocks, digests = with_digests(blocks)
             total = sum(block.nbytes for block in blocks)
             with progress_bar(f"Writing {destination.name}", total, show_progress) as on_progress:
                 try:
@@ -211,6 +219,8 @@ def _write(
                     finish_error = _call(finish)
             if finish_error is not None:
                 raise finish_error
+            if verify:
+                check(blocks, digests, written_leaves(temporary, format))
             _copy_extra_files(extra_files, temporary)
             _commit(temporary, destination, overwrite)
         except (OSError, ValueError) as error:

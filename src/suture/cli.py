@@ -188,6 +188,9 @@ def apply(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; write nothing.")
     ] = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Read the result back and check it before committing.")
+    ] = False,
     allow_pickle: Annotated[
         bool, typer.Option("--allow-pickle", help="Open PyTorch pickles (they can run code).")
     ] = False,
@@ -216,10 +219,12 @@ def apply(
         max_memory=max_memory,
         max_shard_size=max_shard_size,
         progress=progress,
+        verify=verify,
     )
     typer.echo(
         f"Wrote {result.path} ({result.format}): {result.leaves} arrays, "
-        f"{human_bytes(result.bytes_written)} in {result.seconds:.1f} s."
+        f"{human_bytes(result.bytes_written)} in {result.seconds:.1f} s"
+        + (", verified." if verify else ".")
     )
 
 

@@ -57,6 +57,26 @@ MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 def open_safetensors(path: Path, separator: str = ".") -> Checkpoint:
     """Opens a ``.safetensors`` file, an ``*.index.json``, or a folder of shards."""
     files, index = _files_of(path)
+    tensors, weight_map, metadata = _read_tensors(files, path)
+    layout: dict[str, Any] = {}
+    if index is not None:
+        _check_index(index, tensors, path)
+        layout = {"weight_map": weight_map, "index_metadata": index.get("metadata", {})}
+    tree = _tree(tensors, separator, path)
+    return Checkpoint(
+        tree, location=str(path), format="safetensors", metadata=metadata, layout=layout
+    )
+
+
+def tensors_by_name(path: Path) -> dict[str, LazyArray]:
+    """Every tensor of a file, index or folder of shards, by its name (no tree is built)."""
+    files, _ = _files_of(path)
+    return _read_tensors(files, path)[0]
+
+
+def _read_tensors(
+    files: list[Path], path: Path
+) -> tuple[dict[str, LazyArray], dict[str, str], dict[str, str]]:
     tensors: dict[str, LazyArray] = {}
     weight_map: dict[str, str] = {}
     metadata: dict[str, str] = {}
@@ -75,14 +95,7 @@ def open_safetensors(path: Path, separator: str = ".") -> Checkpoint:
                 FileRangeSource(file, data_start + begin, shape, dtype, path=name), path=name
             )
             weight_map[name] = file.name
-    layout: dict[str, Any] = {}
-    if index is not None:
-        _check_index(index, tensors, path)
-        layout = {"weight_map": weight_map, "index_metadata": index.get("metadata", {})}
-    tree = _tree(tensors, separator, path)
-    return Checkpoint(
-        tree, location=str(path), format="safetensors", metadata=metadata, layout=layout
-    )
+    return tensors, weight_map, metadata
 
 
 def _files_of(path: Path) -> tuple[list[Path], dict | None]:

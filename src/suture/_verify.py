@@ -1,0 +1,94 @@
+"""Verification of a write: every block read back from the output matches what was written.
+
+While writing, each block's bytes are hashed (BLAKE2b) on their way to the sink; before the
+result is moved into place, each block is read back from the temporary output and hashed
+again. A mismatch is a `SurgeryError` naming the leaf and rows, and the output is discarded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._errors import SurgeryError
+from ._execute import Block, LeafWriter
+from ._lazy import LazyArray
+
+
+def digest(values: np.ndarray) -> str:
+    data = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class DigestingWriter:
+    """A writer that records a digest of every block before handing it on."""
+
+    def __init__(
+        self,
+        inner: LeafWriter,
+        path: str,
+        digests: dict[tuple[str, int], str],
+        lock: threading.Lock,
+    ) -> None:
+        self._inner, self._path, self._digests, self._lock = inner, path, digests, lock
+
+    def block_rows(self) -> int:
+        return self._inner.block_rows()
+
+    def write(self, rows: slice, values: np.ndarray) -> None:
+        value = digest(values)
+        with self._lock:
+            self._digests[(self._path, rows.start or 0)] = value
+        self._inner.write(rows, values)
+
+
+def with_digests(blocks: list[Block]) -> tuple[list[Block], dict[tuple[str, int], str]]:
+    """`blocks` whose writers record digests, and the dict they record into."""
+    digests: dict[tuple[str, int], str] = {}
+    lock = threading.Lock()
+    wrapped: dict[int, DigestingWriter] = {}
+    result = []
+    for block in blocks:
+        writer = wrapped.setdefault(
+            id(block.writer), DigestingWriter(block.writer, block.path, digests, lock)
+        )
+        result.append(dataclasses.replace(block, writer=writer))
+    return result, digests
+
+
+def check(
+    blocks: list[Block], digests: dict[tuple[str, int], str], written: dict[str, LazyArray]
+) -> None:
+    """Reads every block back from `written` (by block path) and compares digests."""
+    for block in blocks:
+        leaf = written.get(block.path)
+        if leaf is None:
+            raise SurgeryError(
+                f"Verification failed: {block.path!r} is missing from the written output."
+            )
+        values = leaf[block.rows].read() if leaf.ndim else leaf.read()
+        if values.dtype != block.array.dtype or digest(values) != digests.get(
+            (block.path, block.rows.start or 0)
+        ):
+            raise SurgeryError(
+                f"Verification failed: rows {block.rows.start or 0} to {block.rows.stop} of "
+                f"{block.path!r} read back differently from what was written. Nothing was "
+                f"written to the destination; check the disk and try again."
+            )
+
+
+def written_leaves(folder_or_file: Path, format: str) -> dict[str, Any]:  # noqa: A002
+    """The arrays of a just-written (still temporary) output, by the paths its blocks use."""
+    if format == "orbax":
+        from ._paths import flatten
+        from .sources.orbax import _read_item
+
+        return flatten(_read_item(folder_or_file))
+    from .sources.safetensors import tensors_by_name
+
+    return tensors_by_name(folder_or_file)
