@@ -8,6 +8,7 @@ import re
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -104,3 +105,76 @@ def run_cold_worker(module: str, route: str, *arguments: str) -> dict:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["cold"] = cold
     return result
+
+
+def run_routes(
+    module: str, routes: Sequence[str], repeats: int, check: Callable[[], None] | None = None
+) -> dict[str, list[dict]]:
+    """Each route in a block of cold fresh-process runs, the block's first run discarded.
+
+    Runs go in blocks per route because a run that directly follows the other route's
+    process was measured up to 0.6 s slower on this machine (bench/partial_load.py).
+    `check` runs after each block (to verify the route's output).
+    """
+    runs: dict[str, list[dict]] = {}
+    for route in routes:
+        run_cold_worker(module, route)  # discarded
+        runs[route] = [run_cold_worker(module, route) for _ in range(repeats)]
+        if check is not None:
+            check()
+    return runs
+
+
+def medians(runs: dict[str, list[dict]], keys: Sequence[str]) -> dict[str, dict[str, float]]:
+    return {
+        route: {key: statistics.median(r[key] for r in results) for key in keys}
+        for route, results in runs.items()
+    }
+
+
+def cache_note(runs: dict[str, list[dict]]) -> str:
+    if all(r["cold"] for results in runs.values() for r in results):
+        return "page cache dropped before every run"
+    return "**warm page cache: dropping caches was not permitted here**"
+
+
+def timed_route(route: Callable[[], None], output: Path) -> None:
+    """A worker's body: clears `output`, runs `route`, prints its wall time and peak RSS as JSON."""
+    import shutil
+    import time
+
+    shutil.rmtree(output, ignore_errors=True)
+    started = time.perf_counter()
+    route()
+    print(json.dumps({"wall_s": time.perf_counter() - started, "peak_rss_bytes": peak_rss_bytes()}))
+
+
+def write_adam_checkpoint(path: Path, layers: int, width: int) -> None:
+    """A stock Orbax checkpoint of params plus Adam's mu and nu (random float32), once."""
+    import shutil
+
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    if (path / "_METADATA").exists():
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    rng = np.random.default_rng(0)
+
+    def layered() -> dict:
+        return {
+            f"layer{i}": {
+                "kernel": rng.standard_normal((width, width), dtype=np.float32),
+                "bias": rng.standard_normal(width, dtype=np.float32),
+            }
+            for i in range(layers)
+        }
+
+    state = {
+        "params": layered(),
+        "opt_state": {"mu": layered(), "nu": layered()},
+        "step": np.int32(1000),
+    }
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(path, state)
+    checkpointer.wait_until_finished()

@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import sys
-import time
 
-from bench._common import DATA_DIR, machine, peak_rss_bytes, run_cold_worker, write_section
+from bench._common import (
+    DATA_DIR,
+    cache_note,
+    machine,
+    medians,
+    run_routes,
+    timed_route,
+    write_section,
+)
 
 SHARDS = 4
 TENSORS_PER_SHARD = 8
@@ -79,10 +85,7 @@ def peer_route() -> None:
 
 
 def worker(route: str) -> None:
-    shutil.rmtree(OUTPUT, ignore_errors=True)
-    started = time.perf_counter()
-    {"suture": suture_route, "peer": peer_route}[route]()
-    print(json.dumps({"wall_s": time.perf_counter() - started, "peak_rss_bytes": peak_rss_bytes()}))
+    timed_route({"suture": suture_route, "peer": peer_route}[route], OUTPUT)
 
 
 def verify_output() -> None:
@@ -100,24 +103,14 @@ def verify_output() -> None:
 def main() -> None:
     DATA_DIR.mkdir(exist_ok=True)
     write_source()
-    runs: dict[str, list[dict]] = {}
-    for route in ("suture", "peer"):
-        run_cold_worker("bench.convert", route)  # discarded: see the module docstring
-        runs[route] = [run_cold_worker("bench.convert", route) for _ in range(REPEATS)]
-        verify_output()
-    summary = {
-        route: {
-            key: statistics.median(r[key] for r in results) for key in ("wall_s", "peak_rss_bytes")
-        }
-        for route, results in runs.items()
-    }
+    runs = run_routes("bench.convert", ("suture", "peer"), REPEATS, check=verify_output)
+    summary = medians(runs, ("wall_s", "peak_rss_bytes"))
     ours, peer = summary["suture"], summary["peer"]
-    cold = all(r["cold"] for results in runs.values() for r in results)
     gib = 2**30
     body = f"""## convert: sharded safetensors (2 GiB) -> Orbax (issue 6)
 
 `python -m bench.convert` — {machine()}; median of {REPEATS} runs per route, each a fresh process,
-{"page cache dropped before every run" if cold else "**warm page cache: dropping caches was not permitted here**"}; the routes run in blocks whose first run is discarded.
+{cache_note(runs)}; the routes run in blocks whose first run is discarded.
 Source: {SHARDS} shards x {TENSORS_PER_SHARD} float32 tensors of {SHAPE} (2 GiB), index json, config.json.
 
 | route | wall time | peak RSS |

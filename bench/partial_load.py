@@ -14,8 +14,6 @@ most 1.1x Orbax's. Run from the repository root: `.venv/bin/python -m bench.part
 from __future__ import annotations
 
 import json
-import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,8 +22,10 @@ from bench._common import (
     DATA_DIR,
     disk_bytes_read,
     machine,
+    medians,
     peak_rss_bytes,
-    run_cold_worker,
+    run_routes,
+    write_adam_checkpoint,
     write_section,
 )
 
@@ -36,31 +36,7 @@ REPEATS = 7
 
 
 def write_checkpoint() -> None:
-    import numpy as np
-    import orbax.checkpoint as ocp
-
-    if (CHECKPOINT / "_METADATA").exists():
-        return
-    shutil.rmtree(CHECKPOINT, ignore_errors=True)
-    rng = np.random.default_rng(0)
-
-    def layers() -> dict:
-        return {
-            f"layer{i}": {
-                "kernel": rng.standard_normal((WIDTH, WIDTH), dtype=np.float32),
-                "bias": rng.standard_normal(WIDTH, dtype=np.float32),
-            }
-            for i in range(LAYERS)
-        }
-
-    state = {
-        "params": layers(),
-        "opt_state": {"mu": layers(), "nu": layers()},
-        "step": np.int32(1000),
-    }
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(CHECKPOINT, state)
-    checkpointer.wait_until_finished()
+    write_adam_checkpoint(CHECKPOINT, LAYERS, WIDTH)
 
 
 def memory_bytes(prefix: str) -> int:
@@ -116,29 +92,14 @@ def worker(route: str) -> None:
     )
 
 
-def run(route: str) -> dict:
-    return run_cold_worker("bench.partial_load", route)
-
-
 def main() -> None:
     DATA_DIR.mkdir(exist_ok=True)
     write_checkpoint()
     params_memory, total_memory = memory_bytes("params/"), memory_bytes("")
     # All arrays are random float32 that compress alike: the params' share of the disk usage.
     params = disk_usage(CHECKPOINT) * params_memory / total_memory
-    runs: dict[str, list[dict]] = {"suture": [], "orbax": []}
-    # Runs go in blocks per route, each block's first run discarded: a run that follows the
-    # other route's process was measured up to 0.6 s slower on this machine (see RESULTS.md).
-    for route in runs:
-        run(route)
-        runs[route] = [run(route) for _ in range(REPEATS)]
-    summary = {
-        route: {
-            key: statistics.median(r[key] for r in results)
-            for key in ("load_s", "process_s", "disk_bytes", "file_bytes", "peak_rss_bytes")
-        }
-        for route, results in runs.items()
-    }
+    runs = run_routes("bench.partial_load", ("suture", "orbax"), REPEATS)
+    summary = medians(runs, ("load_s", "process_s", "disk_bytes", "file_bytes", "peak_rss_bytes"))
     cold = all(r["cold"] for results in runs.values() for r in results)
     ours, peer = summary["suture"], summary["orbax"]
     gib = 2**30

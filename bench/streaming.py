@@ -17,8 +17,6 @@ most 0.8x the peer's. Run from the repository root: `.venv/bin/python -m bench.s
 
 from __future__ import annotations
 
-import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -26,10 +24,13 @@ import time
 
 from bench._common import (
     DATA_DIR,
+    cache_note,
     drop_caches,
     machine,
-    peak_rss_bytes,
-    run_cold_worker,
+    medians,
+    run_routes,
+    timed_route,
+    write_adam_checkpoint,
     write_section,
 )
 
@@ -41,31 +42,7 @@ REPEATS = 3
 
 
 def write_checkpoint() -> None:
-    import numpy as np
-    import orbax.checkpoint as ocp
-
-    if (SOURCE / "_METADATA").exists():
-        return
-    shutil.rmtree(SOURCE, ignore_errors=True)
-    rng = np.random.default_rng(0)
-
-    def layers() -> dict:
-        return {
-            f"layer{i}": {
-                "kernel": rng.standard_normal((WIDTH, WIDTH), dtype=np.float32),
-                "bias": rng.standard_normal(WIDTH, dtype=np.float32),
-            }
-            for i in range(LAYERS)
-        }
-
-    state = {
-        "params": layers(),
-        "opt_state": {"mu": layers(), "nu": layers()},
-        "step": np.int32(1000),
-    }
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(SOURCE, state)
-    checkpointer.wait_until_finished()
+    write_adam_checkpoint(SOURCE, LAYERS, WIDTH)
 
 
 def suture_route() -> None:
@@ -108,10 +85,7 @@ def peer_route() -> None:
 
 
 def worker(route: str) -> None:
-    shutil.rmtree(OUTPUT, ignore_errors=True)
-    started = time.perf_counter()
-    {"suture": suture_route, "peer": peer_route}[route]()
-    print(json.dumps({"wall_s": time.perf_counter() - started, "peak_rss_bytes": peak_rss_bytes()}))
+    timed_route({"suture": suture_route, "peer": peer_route}[route], OUTPUT)
 
 
 def verify_output() -> None:
@@ -164,26 +138,16 @@ def main() -> None:
     DATA_DIR.mkdir(exist_ok=True)
     write_checkpoint()
     params_stored = stored_bytes("params/")
-    runs: dict[str, list[dict]] = {}
-    for route in ("suture", "peer"):
-        run_cold_worker("bench.streaming", route)  # discarded: see the module docstring
-        runs[route] = [run_cold_worker("bench.streaming", route) for _ in range(REPEATS)]
-        verify_output()
+    runs = run_routes("bench.streaming", ("suture", "peer"), REPEATS, check=verify_output)
     floor = cp_floor(params_stored)
-    summary = {
-        route: {
-            key: statistics.median(r[key] for r in results) for key in ("wall_s", "peak_rss_bytes")
-        }
-        for route, results in runs.items()
-    }
+    summary = medians(runs, ("wall_s", "peak_rss_bytes"))
     ours, peer = summary["suture"], summary["peer"]
-    cold = all(r["cold"] for results in runs.values() for r in results)
     gib = 2**30
     source_size = sum(p.stat().st_size for p in SOURCE.rglob("*") if p.is_file())
     body = f"""## streaming: 6 GiB checkpoint -> drop optimizer, stack 32 layers, bfloat16, Orbax (issue 5)
 
 `python -m bench.streaming` — {machine()}; median of {REPEATS} runs per route, each a fresh process,
-{"page cache dropped before every run" if cold else "**warm page cache: dropping caches was not permitted here**"}; the routes run in blocks whose first run is discarded.
+{cache_note(runs)}; the routes run in blocks whose first run is discarded.
 Source: {LAYERS} x ({WIDTH}, {WIDTH}) float32 kernels + biases for params, mu and nu, {source_size / gib:.2f} GiB on disk
 (params about {params_stored / gib:.2f} GiB). Output: params stacked to ({LAYERS}, {WIDTH}, {WIDTH}) bfloat16, Orbax.
 

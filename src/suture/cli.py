@@ -27,6 +27,30 @@ app = typer.Typer(
 _state = {"debug": False}
 F = TypeVar("F", bound=Callable[..., Any])
 
+# Options that several commands share, declared once.
+AllowPickle = Annotated[
+    bool, typer.Option("--allow-pickle", help="Open PyTorch pickles (they can run code).")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
+MaxMemory = Annotated[str | None, typer.Option("--max-memory", help="Bytes in flight, e.g. 4GiB.")]
+MaxShardSize = Annotated[
+    str | None, typer.Option("--max-shard-size", help="safetensors: shard size, e.g. 5GB.")
+]
+Output = Annotated[str, typer.Option("-o", "--output", help="Where to write the result.")]
+OutputFormat = Annotated[str, typer.Option("--format", help="orbax or safetensors.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output.")]
+Partial = Annotated[bool, typer.Option("--partial", help="Drop leaves the target leaves out.")]
+Progress = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")]
+Recipe = Annotated[str, typer.Argument(help="Recipe file (.py, .yaml, .toml).")]
+Sources = Annotated[list[str], typer.Argument(help="Source checkpoint(s).")]
+Target = Annotated[
+    str | None, typer.Option("--target", help="A checkpoint whose structure is the target.")
+]
+Verify = Annotated[
+    bool, typer.Option("--verify", help="Read the result back and check it before committing.")
+]
+
 
 def reports_errors(command: F) -> F:
     """Turns a SurgeryError into ``Error: ...`` on stderr and exit status 2."""
@@ -44,6 +68,16 @@ def reports_errors(command: F) -> F:
     return run  # type: ignore[return-value]
 
 
+def _report_written(result: Any, verified: bool = False) -> None:
+    from ._format import human_bytes
+
+    typer.echo(
+        f"Wrote {result.path} ({result.format}): {result.leaves} arrays, "
+        f"{human_bytes(result.bytes_written)} in {result.seconds:.1f} s"
+        + (", verified." if verified else ".")
+    )
+
+
 @app.callback()
 def root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
@@ -57,7 +91,7 @@ def root(
 def inspect(
     path: Annotated[str, typer.Argument(help="Checkpoint folder or file.")],
     flat: Annotated[bool, typer.Option("--flat", help="One line per leaf, full paths.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: AsJson = False,
     filter: Annotated[  # noqa: A002 (the option's name)
         str | None, typer.Option("--filter", help="Only leaves whose path matches this regex.")
     ] = None,
@@ -70,36 +104,32 @@ def inspect(
     stats: Annotated[
         bool, typer.Option("--stats", help="Also min/max/mean/std/NaNs per leaf (reads the data).")
     ] = False,
-    allow_pickle: Annotated[
-        bool, typer.Option("--allow-pickle", help="Open PyTorch pickles (they can run code).")
-    ] = False,
+    allow_pickle: AllowPickle = False,
 ) -> None:
     """Show a checkpoint's leaves with shape, dtype and size. Reads no array data (but --stats)."""
-    from ._inspect import describe, render_flat, render_stats, render_tree
+    from ._inspect import collect_stats, describe, render_flat, render_stats, render_tree
     from ._open import open as open_checkpoint
 
     ckpt = open_checkpoint(path, step=step, allow_pickle=allow_pickle)
     description = describe(ckpt, filter)
     if stats:
-        from ._inspect import collect_stats
-
         results = collect_stats(ckpt, description)
-        if as_json:
-            typer.echo(description.to_json_text(results))
-        else:
-            typer.echo(render_stats(description, results))
+        typer.echo(
+            description.to_json_text(results) if as_json else render_stats(description, results)
+        )
         return
     if as_json:
         typer.echo(description.to_json_text())
         return
-    header = f"{ckpt.location}  ({ckpt.format}" + (
-        f", step {ckpt.step})" if ckpt.step is not None else ")"
+    typer.echo(
+        f"{ckpt.location}  ({ckpt.format}"
+        + (f", step {ckpt.step})" if ckpt.step is not None else ")")
     )
-    typer.echo(header)
     typer.echo(render_flat(description) if flat else render_tree(description, depth))
 
 
 @app.command()
+@reports_errors
 def diff(
     a: Annotated[str, typer.Argument(help="First checkpoint.")],
     b: Annotated[str, typer.Argument(help="Second checkpoint.")],
@@ -108,24 +138,16 @@ def diff(
     ] = False,
     atol: Annotated[float, typer.Option("--atol", help="Absolute tolerance for --values.")] = 0.0,
     rtol: Annotated[float, typer.Option("--rtol", help="Relative tolerance for --values.")] = 0.0,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    allow_pickle: Annotated[
-        bool, typer.Option("--allow-pickle", help="Open PyTorch pickles (they can run code).")
-    ] = False,
+    as_json: AsJson = False,
+    allow_pickle: AllowPickle = False,
 ) -> None:
     """Show how two checkpoints differ. Exit 0 when equal, 1 when different, 2 on error."""
     from ._diff import diff as run_diff
     from ._open import open as open_checkpoint
 
-    try:
-        first = open_checkpoint(a, allow_pickle=allow_pickle)
-        second = open_checkpoint(b, allow_pickle=allow_pickle)
-        result = run_diff(first, second, values=values, atol=atol, rtol=rtol)
-    except SurgeryError as error:
-        if _state["debug"]:
-            raise
-        typer.echo(f"Error: {error}", err=True)
-        raise typer.Exit(code=2) from None
+    first = open_checkpoint(a, allow_pickle=allow_pickle)
+    second = open_checkpoint(b, allow_pickle=allow_pickle)
+    result = run_diff(first, second, values=values, atol=atol, rtol=rtol)
     typer.echo(result.to_json() if as_json else str(result))
     raise typer.Exit(code=0 if result.equal else 1)
 
@@ -133,29 +155,19 @@ def diff(
 @app.command()
 @reports_errors
 def plan(
-    recipe: Annotated[str, typer.Argument(help="Recipe file (.py, .yaml, .toml).")],
-    sources: Annotated[list[str], typer.Argument(help="Source checkpoint(s).")],
-    target: Annotated[
-        str | None, typer.Option("--target", help="A checkpoint whose structure is the target.")
-    ] = None,
-    partial: Annotated[
-        bool, typer.Option("--partial", help="Drop leaves the target leaves out.")
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    allow_pickle: Annotated[
-        bool, typer.Option("--allow-pickle", help="Open PyTorch pickles (they can run code).")
-    ] = False,
+    recipe: Recipe,
+    sources: Sources,
+    target: Target = None,
+    partial: Partial = False,
+    as_json: AsJson = False,
+    allow_pickle: AllowPickle = False,
 ) -> None:
     """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing."""
-    surgery = _prepare(recipe, sources, target, allow_pickle)
     from ._plan import plan as make_plan
 
+    surgery = _prepare(recipe, sources, target, allow_pickle)
     result = make_plan(
-        surgery["transform"],
-        *surgery["sources"],
-        target=surgery["target"],
-        init=surgery["init"],
-        partial=partial,
+        surgery["transform"], *surgery["sources"], **surgery["arguments"], partial=partial
     )
     typer.echo(result.to_json() if as_json else str(result))
     if not result.ok:
@@ -165,41 +177,24 @@ def plan(
 @app.command()
 @reports_errors
 def apply(
-    recipe: Annotated[str, typer.Argument(help="Recipe file (.py, .yaml, .toml).")],
-    sources: Annotated[list[str], typer.Argument(help="Source checkpoint(s).")],
-    output: Annotated[str, typer.Option("-o", "--output", help="Where to write the result.")],
-    format: Annotated[str, typer.Option("--format", help="orbax or safetensors.")] = "orbax",  # noqa: A002
+    recipe: Recipe,
+    sources: Sources,
+    output: Output,
+    format: OutputFormat = "orbax",  # noqa: A002
     dtype: Annotated[
         str | None, typer.Option("--dtype", help="Cast floating-point leaves.")
     ] = None,
-    target: Annotated[
-        str | None, typer.Option("--target", help="A checkpoint whose structure is the target.")
-    ] = None,
-    partial: Annotated[
-        bool, typer.Option("--partial", help="Drop leaves the target leaves out.")
-    ] = False,
-    max_memory: Annotated[
-        str | None, typer.Option("--max-memory", help="Bytes in flight, e.g. 4GiB.")
-    ] = None,
-    max_shard_size: Annotated[
-        str | None, typer.Option("--max-shard-size", help="safetensors: shard size, e.g. 5GB.")
-    ] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUTPUT.")] = False,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the plan; write nothing.")
-    ] = False,
-    verify: Annotated[
-        bool, typer.Option("--verify", help="Read the result back and check it before committing.")
-    ] = False,
-    allow_pickle: Annotated[
-        bool, typer.Option("--allow-pickle", help="Open PyTorch pickles (they can run code).")
-    ] = False,
-    progress: Annotated[
-        bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")
-    ] = None,
+    target: Target = None,
+    partial: Partial = False,
+    max_memory: MaxMemory = None,
+    max_shard_size: MaxShardSize = None,
+    overwrite: Overwrite = False,
+    dry_run: DryRun = False,
+    verify: Verify = False,
+    allow_pickle: AllowPickle = False,
+    progress: Progress = None,
 ) -> None:
     """Run a recipe on the source(s) and stream the result to OUTPUT."""
-    from ._format import human_bytes
     from ._plan import plan as make_plan
     from ._recipes import with_cast
     from ._save import save
@@ -207,7 +202,7 @@ def apply(
 
     surgery = _prepare(recipe, sources, target, allow_pickle)
     steps = with_cast(surgery["transform"], dtype) if dtype is not None else surgery["transform"]
-    arguments = {"target": surgery["target"], "init": surgery["init"], "partial": partial}
+    arguments = {**surgery["arguments"], "partial": partial}
     if dry_run:
         typer.echo(str(make_plan(steps, *surgery["sources"], **arguments)))
         return
@@ -221,11 +216,7 @@ def apply(
         progress=progress,
         verify=verify,
     )
-    typer.echo(
-        f"Wrote {result.path} ({result.format}): {result.leaves} arrays, "
-        f"{human_bytes(result.bytes_written)} in {result.seconds:.1f} s"
-        + (", verified." if verify else ".")
-    )
+    _report_written(result, verify)
 
 
 def _prepare(
@@ -240,8 +231,7 @@ def _prepare(
     return {
         "transform": loaded.transform,
         "sources": opened,
-        "target": target_tree,
-        "init": loaded.init,
+        "arguments": {"target": target_tree, "init": loaded.init},
     }
 
 
@@ -251,21 +241,15 @@ def merge_command(
     config: Annotated[
         str, typer.Argument(help="Merge config (.yaml or .toml): method, models, weights ...")
     ],
-    output: Annotated[str, typer.Option("-o", "--output", help="Where to write the merged model.")],
-    format: Annotated[str, typer.Option("--format", help="orbax or safetensors.")] = "orbax",  # noqa: A002
-    max_memory: Annotated[
-        str | None, typer.Option("--max-memory", help="Bytes in flight, e.g. 4GiB.")
-    ] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUTPUT.")] = False,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the plan; write nothing.")
-    ] = False,
-    progress: Annotated[
-        bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")
-    ] = None,
+    output: Output,
+    format: OutputFormat = "orbax",  # noqa: A002
+    max_memory: MaxMemory = None,
+    overwrite: Overwrite = False,
+    dry_run: DryRun = False,
+    verify: Verify = False,
+    progress: Progress = None,
 ) -> None:
     """Merge several models (linear, slerp, task_arithmetic, ties, dare) and stream the result."""
-    from ._format import human_bytes
     from ._merge import load_merge_config, merge
     from ._plan import plan as make_plan
     from ._save import save
@@ -277,12 +261,15 @@ def merge_command(
         typer.echo(str(make_plan(None, merged)))
         return
     result = save(
-        merged, output, format=format, overwrite=overwrite, max_memory=max_memory, progress=progress
+        merged,
+        output,
+        format=format,
+        overwrite=overwrite,
+        max_memory=max_memory,
+        progress=progress,
+        verify=verify,
     )
-    typer.echo(
-        f"Wrote {result.path} ({result.format}): {result.leaves} arrays, "
-        f"{human_bytes(result.bytes_written)} in {result.seconds:.1f} s."
-    )
+    _report_written(result, verify)
 
 
 @app.command()
@@ -300,26 +287,17 @@ def convert(
     recipe: Annotated[
         str | None, typer.Option("--rules", help="A recipe file (.py, .yaml, .toml).")
     ] = None,
-    max_memory: Annotated[
-        str | None, typer.Option("--max-memory", help="Bytes in flight, e.g. 4GiB.")
-    ] = None,
-    max_shard_size: Annotated[
-        str | None, typer.Option("--max-shard-size", help="safetensors: shard size, e.g. 5GB.")
-    ] = None,
+    max_memory: MaxMemory = None,
+    max_shard_size: MaxShardSize = None,
     separator: Annotated[
         str, typer.Option("--separator", help="Joins keys into tensor names.")
     ] = ".",
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace DESTINATION.")] = False,
-    allow_pickle: Annotated[
-        bool, typer.Option("--allow-pickle", help="Open PyTorch pickles (they can run code).")
-    ] = False,
-    progress: Annotated[
-        bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")
-    ] = None,
+    overwrite: Overwrite = False,
+    allow_pickle: AllowPickle = False,
+    progress: Progress = None,
 ) -> None:
     """Convert a checkpoint to Orbax or safetensors, streaming it."""
     from ._convert import convert as run_convert
-    from ._format import human_bytes
 
     result = run_convert(
         source,
@@ -334,10 +312,7 @@ def convert(
         allow_pickle=allow_pickle,
         progress=progress,
     )
-    typer.echo(
-        f"Wrote {result.path} ({result.format}): {result.leaves} arrays, "
-        f"{human_bytes(result.bytes_written)} in {result.seconds:.1f} s."
-    )
+    _report_written(result)
 
 
 @app.command()
@@ -348,7 +323,7 @@ def demo(
         typer.Option("--workdir", help="Where to write the demo checkpoint (default: a temp dir)."),
     ] = None,
 ) -> None:
-    """Write a small real checkpoint, then open, inspect and read it lazily."""
+    """Write a small Flax model's checkpoint, then inspect, plan, stream and check a surgery."""
     from ._demo import run_demo
 
     run_demo(workdir, echo=typer.echo)
