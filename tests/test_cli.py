@@ -157,3 +157,14 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "suture diff of before and after: 26 leaves only before" in result.output
     assert (tmp_path / "mlp_checkpoint" / "_METADATA").is_file()
     assert (tmp_path / "mlp_for_scan" / "_METADATA").is_file()
+
+
+def test_demo_in_a_real_process(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "suture", "demo", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Done: the optimizer state was never read." in done.stdout
