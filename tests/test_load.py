@@ -397,3 +397,11 @@ def test_target_structure_is_kept(state_path) -> None:
     target = FrozenDict({"params": jax.tree.map(lambda _: np.ndarray, state["params"])})
     loaded = suture.load(path, target, partial=True)
     assert isinstance(loaded, FrozenDict)
+
+
+def test_a_jax_array_that_already_fits_is_not_copied() -> None:
+    array = jnp.arange(8.0)
+    loaded = suture.load({"w": array}, {"w": jax.ShapeDtypeStruct((8,), jnp.float32)})
+    assert loaded["w"] is array
+    cast = suture.load({"w": array}, {"w": jax.ShapeDtypeStruct((8,), jnp.bfloat16)})
+    assert cast["w"] is not array and cast["w"].dtype == jnp.bfloat16

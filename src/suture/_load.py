@@ -153,6 +153,9 @@ def _read_all(
 def _materialize(
     path: str, leaf: Any, wanted: LeafTarget, pad_truncate: bool, mesh: Any = None
 ) -> Any:
+    ready = _already_in_place(leaf, wanted)
+    if ready is not None:
+        return ready
     if not isinstance(leaf, LazyArray):
         if hasattr(leaf, "shape") and hasattr(leaf, "dtype") and wanted.kind != "stored":
             leaf = LazyArray.from_array(leaf, path=path)
