@@ -10,6 +10,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# pip byte-compiles what it installs, but not an editable source tree: do it here, so that
+	# start-up does not recompile suture where PYTHONDONTWRITEBYTECODE is set.
+	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -47,6 +47,13 @@ def write_checkpoint() -> None:
 
 
 def main() -> None:
+    import compileall
+
+    import suture
+
+    # Like pip for installed packages (Orbax's included): byte-compiled, so that the command
+    # does not recompile itself at start-up where PYTHONDONTWRITEBYTECODE is set.
+    compileall.compile_dir(Path(suture.__file__).parent, quiet=1)
     DATA_DIR.mkdir(exist_ok=True)
     write_checkpoint()
     suture_cli = str(Path(sys.executable).with_name("suture"))

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -120,11 +121,16 @@ def describe(ckpt: Checkpoint, pattern: str | None = None) -> Description:
         if matcher and not matcher.search(path):
             continue
         if isinstance(leaf, LazyArray):
-            info = LeafInfo(path, leaf.shape, leaf.dtype.name, leaf.nbytes)
+            info = LeafInfo(path, leaf.shape, _dtype_name(leaf.dtype), leaf.nbytes)
         else:
             info = LeafInfo(path, value=leaf)
         description.leaves.append(info)
     return description
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_name(dtype: Any) -> str:
+    return dtype.name  # numpy works the name out in Python each time: cache it
 
 
 def _compile(pattern: str | None) -> re.Pattern[str] | None:

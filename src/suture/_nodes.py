@@ -81,17 +81,28 @@ class TensorStoreSource(SourceNode):
         dtype: np.dtype,
         path: str | None = None,
         origin: str | None = None,
-        chunk_shape: tuple[int, ...] | None = None,
+        chunk_shape: tuple[int, ...] | Callable[[], tuple[int, ...] | None] | None = None,
     ) -> None:
         self._open_store = open_store
-        self.chunk_shape = chunk_shape  # the stored read granularity, when known
+        self._chunk_shape = chunk_shape  # the stored read granularity, or how to find it
         self._store: Any = None
         self._opening: Any = None  # a TensorStore open future, once started
-        self._lock = threading.Lock()
         self.shape, self.dtype, self.path, self.origin = shape, dtype, path, origin
+
+    @property
+    def chunk_shape(self) -> tuple[int, ...] | None:
+        """The shape of the chunks a read decodes, when known (worked out on first use)."""
+        if callable(self._chunk_shape):
+            self._chunk_shape = self._chunk_shape()
+        return self._chunk_shape
+
+    # One lock for all sources: creating one per leaf costs more than it saves (10^4 leaves).
+    _lock = threading.Lock()
 
     def store(self) -> Any:
         """The opened TensorStore (opened here, or awaited if `start_opening` began it)."""
+        if self._store is not None:
+            return self._store
         with self._lock:
             if self._store is None:
                 opening = self._opening if self._opening is not None else self._open_store()

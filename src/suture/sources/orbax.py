@@ -8,6 +8,7 @@ No array data is read until a LazyArray is. Importing this module does not impor
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -163,7 +164,7 @@ def _read_item_unchecked(folder: Path) -> Any:
     ]
     zarr_metadata = store.read_zarr_metadata(array_names, bool(metadata.get("use_zarr3", False)))
 
-    nested: dict = {}
+    builder = _TreeBuilder()
     for keys, (key_kinds, value_type) in leaves.items():
         path = "/".join(keys)
         name = ".".join(keys)
@@ -176,7 +177,7 @@ def _read_item_unchecked(folder: Path) -> Any:
                 )
             driver, description = zarr_metadata[name]
             shape, dtype = _shape_and_dtype(description, path, folder)
-            chunks = _read_chunk_shape(description, len(shape))
+            chunks = functools.partial(_read_chunk_shape, description, len(shape))  # needed rarely
             source = TensorStoreSource(
                 store.opener(name, driver), shape, dtype, path, str(folder), chunks
             )
@@ -187,8 +188,8 @@ def _read_item_unchecked(folder: Path) -> Any:
             leaf = EMPTY_VALUE_TYPES[value_type]
         else:
             leaf = UnsupportedLeaf(path, value_type)
-        _insert(nested, keys, key_kinds, leaf)
-    return _sequences_to_lists(nested)
+        builder.insert(keys, key_kinds, leaf)
+    return builder.tree()
 
 
 class UnsupportedLeaf:
@@ -259,39 +260,43 @@ def _read_chunk_shape(description: dict, ndim: int) -> tuple[int, ...] | None:
     return chunk if len(chunk) == ndim else None
 
 
-def _insert(nested: dict, keys: tuple[str, ...], kinds: tuple[int, ...], leaf: Any) -> None:
-    if not keys:
-        nested[_ROOT] = leaf
-        return
-    node = nested
-    for depth, key in enumerate(keys[:-1]):
-        node = node.setdefault(_Key(key, kinds[depth]), {})
-    node[_Key(keys[-1], kinds[-1])] = leaf
+class _TreeBuilder:
+    """Builds the nested tree from (keys, key kinds) pairs; sequence-kind nodes become lists."""
+
+    def __init__(self) -> None:
+        self.root: dict = {}
+        self._sequence_keys: dict[int, set[str]] = {}  # id(node) -> keys Orbax saw as indices
+
+    def insert(self, keys: tuple[str, ...], kinds: tuple[int, ...], leaf: Any) -> None:
+        if not keys:
+            self.root[_ROOT] = leaf
+            return
+        node = self.root
+        for key, kind in zip(keys[:-1], kinds[:-1], strict=True):
+            self._note(node, key, kind)
+            node = node.setdefault(key, {})
+        self._note(node, keys[-1], kinds[-1])
+        node[keys[-1]] = leaf
+
+    def _note(self, node: dict, key: str, kind: int) -> None:
+        if kind == _SEQUENCE_KEY:
+            self._sequence_keys.setdefault(id(node), set()).add(key)
+
+    def tree(self) -> Any:
+        return self._finish(self.root)
+
+    def _finish(self, node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        if _ROOT in node:
+            return node[_ROOT]
+        if node and self._sequence_keys.get(id(node), set()) >= node.keys():
+            ordered = sorted(node.items(), key=lambda item: int(item[0]))
+            return [self._finish(child) for _, child in ordered]
+        return {key: self._finish(child) for key, child in node.items()}
 
 
 _ROOT = "__root__"
-
-
-class _Key(str):
-    """A dict key that remembers whether Orbax saw it as a sequence index."""
-
-    is_sequence: bool
-
-    def __new__(cls, value: str, kind: int) -> _Key:
-        key = super().__new__(cls, value)
-        key.is_sequence = kind == _SEQUENCE_KEY
-        return key
-
-
-def _sequences_to_lists(node: Any) -> Any:
-    if not isinstance(node, dict):
-        return node
-    if _ROOT in node:
-        return node[_ROOT]
-    if node and all(getattr(key, "is_sequence", False) for key in node):
-        ordered = sorted(node.items(), key=lambda item: int(item[0]))
-        return [_sequences_to_lists(child) for _, child in ordered]
-    return {str(key): _sequences_to_lists(child) for key, child in node.items()}
 
 
 def _parse_json(raw: bytes, where: object) -> Any:
