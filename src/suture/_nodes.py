@@ -103,15 +103,17 @@ class TensorStoreSource(SourceNode):
         """The opened TensorStore (opened here, or awaited if `start_opening` began it)."""
         if self._store is not None:
             return self._store
-        with self._lock:
-            if self._store is None:
-                opening = self._opening if self._opening is not None else self._open_store()
-                self._opening = None
-                try:
-                    self._store = opening.result()
-                except ValueError as error:  # TensorStore reports damage as ValueError
-                    raise self._damaged(error) from error
+        self.start_opening()
+        opening = self._opening
+        if opening is None:  # another thread finished opening in the meantime
             return self._store
+        try:
+            store = opening.result()  # waited for outside the lock: other sources open meanwhile
+        except ValueError as error:  # TensorStore reports damage as ValueError
+            raise self._damaged(error) from error
+        with self._lock:
+            self._store, self._opening = store, None
+        return store
 
     def start_opening(self) -> None:
         """Starts opening the store without waiting for it (see `open_all`)."""
