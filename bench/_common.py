@@ -178,3 +178,10 @@ def write_adam_checkpoint(path: Path, layers: int, width: int) -> None:
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(path, state)
     checkpointer.wait_until_finished()
+
+
+def runs_line(runs: dict[str, list[dict]], key: str = "wall_s") -> str:
+    """``suture 5.1, 4.9; peer 10.2, 10.6``: every run's figure, route by route."""
+    return "; ".join(
+        f"{route} " + ", ".join(f"{r[key]:.1f}" for r in results) for route, results in runs.items()
+    )

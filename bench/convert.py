@@ -21,6 +21,7 @@ from bench._common import (
     machine,
     medians,
     run_routes,
+    runs_line,
     timed_route,
     write_section,
 )
@@ -120,7 +121,7 @@ Source: {SHARDS} shards x {TENSORS_PER_SHARD} float32 tensors of {SHAPE} (2 GiB)
 
 - Peak RSS: **{ours["peak_rss_bytes"] / peer["peak_rss_bytes"]:.2f}x** the peer's (goal: at most 0.3x).
 - Wall time: **{ours["wall_s"] / peer["wall_s"]:.2f}x** the peer's (goal: at most 1.0x).
-- Runs (wall s): suture {", ".join(f"{r['wall_s']:.1f}" for r in runs["suture"])}; peer {", ".join(f"{r['wall_s']:.1f}" for r in runs["peer"])}.
+- Runs (wall s): {runs_line(runs)}.
 """
     write_section("convert", body)
     print(body)

@@ -19,6 +19,7 @@ from bench._common import (
     machine,
     medians,
     run_routes,
+    runs_line,
     timed_route,
     write_section,
 )
@@ -117,7 +118,7 @@ Models: {MODELS} Orbax checkpoints of {LEAVES} float32 leaves of {SHAPE} (1 GiB 
 
 - Peak RSS: suture **{ours["peak_rss_bytes"] / gib:.2f} GiB** (goal: under 1 GiB), {ours["peak_rss_bytes"] / peer["peak_rss_bytes"]:.2f}x the peer's.
 - Wall time: {ours["wall_s"] / peer["wall_s"]:.2f}x the peer's.
-- Runs (wall s): suture {", ".join(f"{r['wall_s']:.1f}" for r in runs["suture"])}; peer {", ".join(f"{r['wall_s']:.1f}" for r in runs["peer"])}.
+- Runs (wall s): {runs_line(runs)}.
 """
     write_section("merge", body)
     print(body)

@@ -29,6 +29,7 @@ from bench._common import (
     machine,
     medians,
     run_routes,
+    runs_line,
     timed_route,
     write_adam_checkpoint,
     write_section,
@@ -159,7 +160,7 @@ Source: {LAYERS} x ({WIDTH}, {WIDTH}) float32 kernels + biases for params, mu an
 
 - Peak RSS: suture {ours["peak_rss_bytes"] / gib:.2f} GiB (goal: at most 1.5 GiB), **{ours["peak_rss_bytes"] / peer["peak_rss_bytes"]:.2f}x** the peer's (goal: at most 0.3x).
 - Wall time: **{ours["wall_s"] / peer["wall_s"]:.2f}x** the peer's (goal: at most 0.8x); {ours["wall_s"] / floor:.1f}x the `cp` floor.
-- Runs (wall s): suture {", ".join(f"{r['wall_s']:.1f}" for r in runs["suture"])}; peer {", ".join(f"{r['wall_s']:.1f}" for r in runs["peer"])}.
+- Runs (wall s): {runs_line(runs)}.
 """
     write_section("streaming", body)
     print(body)

@@ -65,3 +65,20 @@ def parse_bytes(text: str | int) -> int:
             f"'500MB' or '1073741824'."
         )
     return int(float(match.group(1)) * _UNIT_FACTORS[match.group(2).lower()])
+
+
+def format_table(rows: list[list[str]], rule_under_header: bool = False) -> list[str]:
+    """Rows as left-aligned columns two spaces apart; rows may be shorter than others.
+
+    Example:
+        >>> format_table([["name", "size"], ["w", "4 B"]], rule_under_header=True)
+        ['name  size', '----  ----', 'w     4 B']
+    """
+    columns = max((len(row) for row in rows), default=0)
+    widths = [max((len(row[i]) for row in rows if len(row) > i), default=0) for i in range(columns)]
+    lines = [
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
+    ]
+    if rule_under_header and lines:
+        lines.insert(1, "  ".join("-" * width for width in widths))
+    return lines

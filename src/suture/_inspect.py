@@ -19,7 +19,7 @@ from typing import Any
 
 from ._checkpoint import Checkpoint
 from ._errors import SurgeryError
-from ._format import human_bytes, human_count
+from ._format import format_table, human_bytes, human_count
 from ._lazy import LazyArray
 
 
@@ -153,15 +153,6 @@ def _array_columns(leaf: LeafInfo) -> list[str]:
     return [leaf.dtype or "", str(tuple(leaf.shape or ())), human_bytes(leaf.nbytes)]
 
 
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max((len(row[i]) for row in rows if len(row) > i), default=0) for i in range(4)]
-    lines = []
-    for row in rows:
-        cells = [cell.ljust(widths[i]) if i < len(row) - 1 else cell for i, cell in enumerate(row)]
-        lines.append("  ".join(cells).rstrip())
-    return lines
-
-
 def summary_line(description: Description) -> str:
     arrays = len(description.arrays)
     others = len(description.leaves) - arrays
@@ -183,7 +174,7 @@ def render_flat(description: Description) -> str:
         else [leaf.path, _value_text(leaf.value)]
         for leaf in description.leaves
     ]
-    return "\n".join([*_table(rows), summary_line(description)])
+    return "\n".join([*format_table(rows), summary_line(description)])
 
 
 def render_tree(description: Description, depth: int | None = None) -> str:
@@ -193,7 +184,7 @@ def render_tree(description: Description, depth: int | None = None) -> str:
         root.add(leaf.path.split("/") if leaf.path else [""], leaf)
     rows: list[list[str]] = []
     root.render(rows, level=0, depth=depth)
-    return "\n".join([*_table(rows), summary_line(description)])
+    return "\n".join([*format_table(rows), summary_line(description)])
 
 
 class _TreeNode:
@@ -246,11 +237,7 @@ def render_stats(description: Description, stats: dict[str, Any]) -> str:
             + [f"{value:.6g}" for value in numbers]
             + [str(found.nan_count)]
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
-    ]
-    return "\n".join([*lines, summary_line(description)])
+    return "\n".join([*format_table(rows), summary_line(description)])
 
 
 def collect_stats(

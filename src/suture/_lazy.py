@@ -187,34 +187,34 @@ class LazyArray:
     # Arithmetic (lazy, numpy's broadcasting and dtype rules) ------------------------------
 
     def __add__(self, other: Any) -> LazyArray:
-        return _arithmetic(operator.add, self, other)
+        return elementwise(operator.add, self, other)
 
     def __radd__(self, other: Any) -> LazyArray:
-        return _arithmetic(operator.add, other, self)
+        return elementwise(operator.add, other, self)
 
     def __sub__(self, other: Any) -> LazyArray:
-        return _arithmetic(operator.sub, self, other)
+        return elementwise(operator.sub, self, other)
 
     def __rsub__(self, other: Any) -> LazyArray:
-        return _arithmetic(operator.sub, other, self)
+        return elementwise(operator.sub, other, self)
 
     def __mul__(self, other: Any) -> LazyArray:
-        return _arithmetic(operator.mul, self, other)
+        return elementwise(operator.mul, self, other)
 
     def __rmul__(self, other: Any) -> LazyArray:
-        return _arithmetic(operator.mul, other, self)
+        return elementwise(operator.mul, other, self)
 
     def __truediv__(self, other: Any) -> LazyArray:
-        return _arithmetic(operator.truediv, self, other)
+        return elementwise(operator.truediv, self, other)
 
     def __rtruediv__(self, other: Any) -> LazyArray:
-        return _arithmetic(operator.truediv, other, self)
+        return elementwise(operator.truediv, other, self)
 
     def __pow__(self, other: Any) -> LazyArray:
-        return _arithmetic(operator.pow, self, other)
+        return elementwise(operator.pow, self, other)
 
     def __neg__(self) -> LazyArray:
-        return _arithmetic(operator.mul, self, -1)
+        return elementwise(operator.mul, self, -1)
 
     def __jax_array__(self) -> Any:
         """Lets jax functions take a LazyArray (``jnp.stack([...])``); this reads it."""
@@ -263,10 +263,6 @@ def elementwise(op: Callable[..., Any], *operands: Any, name: str | None = None)
     compute.__name__ = label
     same_shape = all(array.shape == shape for array in lazy)
     return map(compute, *lazy, shape=shape, dtype=dtype, elementwise=same_shape)
-
-
-def _arithmetic(op: Callable[[Any, Any], Any], left: Any, right: Any) -> LazyArray:
-    return elementwise(op, left, right)
 
 
 class ImplicitReadError(Exception):

@@ -38,7 +38,7 @@ from ._dtypes import to_dtype
 from ._errors import ShapeMismatchError, SurgeryError
 from ._lazy import LazyArray
 from ._lazy import map as lazy_map
-from ._paths import flatten, unflatten
+from ._paths import flatten, match_path_or_ancestor, unflatten
 from .sources import open_source
 
 METHODS = ("linear", "slerp", "task_arithmetic", "ties", "dare")
@@ -153,9 +153,8 @@ def _for_leaf(
     method: str,
     count: int,
 ) -> LeafMerge:
-    parts = path.split("/")
     for pattern, values in overrides:
-        if any(pattern.fullmatch("/".join(parts[:depth])) for depth in range(len(parts), 0, -1)):
+        if match_path_or_ancestor(pattern, path) is not None:
             values = dict(values)
             take = values.pop("take", None)
             if take is not None and not (0 <= int(take) < count):

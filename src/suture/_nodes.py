@@ -25,6 +25,7 @@ from ._selection import (
     full,
     is_full,
     outer_index,
+    positions,
     selection_shape,
     to_slice,
 )
@@ -216,8 +217,8 @@ class IndexNode(Node):
             values = np.expand_dims(values, position)
             wanted = selection[position]
             if not (isinstance(wanted, range) and wanted == range(1)):  # x[None][[0, 0]]
-                positions = np.asarray(_positions(wanted), dtype=np.int64)
-                values = np.take(values, positions, axis=position)
+                picked = np.asarray(positions(wanted), dtype=np.int64)
+                values = np.take(values, picked, axis=position)
         return values
 
     def inputs(self) -> tuple[Node, ...]:
@@ -288,7 +289,7 @@ class StackNode(Node):
     def read(self, selection: Selection) -> np.ndarray:
         member_selection = selection[: self.axis] + selection[self.axis + 1 :]
         result = np.empty(selection_shape(selection), self.dtype)
-        for position, member in enumerate(_positions(selection[self.axis])):
+        for position, member in enumerate(positions(selection[self.axis])):
             target = (slice(None),) * self.axis + (position,)
             result[target] = self.members[member].read(member_selection)
         return result
@@ -309,7 +310,7 @@ class ConcatNode(Node):
 
     def read(self, selection: Selection) -> np.ndarray:
         result = np.empty(selection_shape(selection), self.dtype)
-        wanted = np.asarray(_positions(selection[self.axis]), dtype=np.int64)
+        wanted = np.asarray(positions(selection[self.axis]), dtype=np.int64)
         owners = np.searchsorted(self._offsets[1:], wanted, side="right")
         start = 0
         while start < len(wanted):  # one read per run of positions owned by one member
@@ -338,12 +339,12 @@ class PadNode(Node):
         result = np.zeros(selection_shape(selection), self.dtype)
         inside_positions, base_selection = [], []
         for axis_selection, base_length in zip(selection, self.base.shape, strict=True):
-            positions = np.asarray(_positions(axis_selection), dtype=np.int64)
-            inside = np.flatnonzero(positions < base_length)
+            indices = np.asarray(positions(axis_selection), dtype=np.int64)
+            inside = np.flatnonzero(indices < base_length)
             if len(inside) == 0:
                 return result
             inside_positions.append(inside)
-            base_selection.append(as_range(positions[inside]))
+            base_selection.append(as_range(indices[inside]))
         result[np.ix_(*inside_positions)] = self.base.read(tuple(base_selection))
         return result
 
@@ -398,10 +399,6 @@ class MapNode(Node):
 
     def inputs(self) -> tuple[Node, ...]:
         return self.members
-
-
-def _positions(axis_selection: Any) -> Sequence[int]:
-    return axis_selection if isinstance(axis_selection, range) else axis_selection.tolist()
 
 
 def source_nodes(node: Node) -> list[SourceNode]:

@@ -21,8 +21,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -270,3 +271,36 @@ def map_leaves_with_path(fn: Callable[[str, Any], Any], tree: Any, sep: str = "/
         return rebuild_container(node, [(key, visit(child, (*keys, key))) for key, child in items])
 
     return visit(tree, ())
+
+
+def match_path_or_ancestor(pattern: re.Pattern[str], path: str) -> tuple[re.Match[str], str] | None:
+    """The longest of `path` and its ancestor paths that `pattern` fully matches.
+
+    Returns the match and the rest of `path` below the matched part ("" for the whole path),
+    or None.
+
+    Example:
+        >>> match, rest = match_path_or_ancestor(re.compile("opt"), "opt/mu/w")
+        >>> match.group(0), rest
+        ('opt', 'mu/w')
+    """
+    parts = path.split("/")
+    for depth in range(len(parts), 0, -1):
+        match = pattern.fullmatch("/".join(parts[:depth]))
+        if match:
+            return match, "/".join(parts[depth:])
+    return None
+
+
+def ancestor_paths(paths: Iterable[str]) -> list[str]:
+    """Every path given and every ancestor of one, sorted (for "did you mean" hints).
+
+    Example:
+        >>> ancestor_paths(["a/b/c"])
+        ['a', 'a/b', 'a/b/c']
+    """
+    found: set[str] = set()
+    for path in paths:
+        parts = path.split("/")
+        found.update("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
+    return sorted(found)

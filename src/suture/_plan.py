@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ._format import human_bytes
+from ._format import format_table, human_bytes
 from ._lazy import LazyArray
 from ._nodes import (
     CastNode,
@@ -111,11 +111,7 @@ class Plan:
                     human_bytes(output.bytes_to_read) if output.bytes_to_read else "",
                 ]
             )
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        lines = [
-            "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows
-        ]
-        lines.insert(1, "  ".join("-" * width for width in widths))
+        lines = format_table(rows, rule_under_header=True)
         lines.append(
             f"\n{len(self.outputs)} outputs; reads {human_bytes(self.bytes_to_read)}, "
             f"writes {human_bytes(self.bytes_to_write)}."

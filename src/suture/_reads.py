@@ -8,10 +8,9 @@ keep the bytes in flight under its memory budget.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from ._nodes import CastNode, IndexNode, MapNode, Node, SourceNode, StackNode, TransposeNode
-from ._selection import Selection, compose, full, selection_shape
+from ._selection import Selection, compose, full, positions, selection_shape
 
 
 def estimate_reads(node: Node, selection: Selection) -> dict[int, tuple[SourceNode, int]]:
@@ -51,7 +50,7 @@ def _estimate(node: Node, selection: Selection, reads: dict[int, tuple[SourceNod
         _estimate(node.base, tuple(base), reads)
     elif isinstance(node, StackNode):
         member_selection = selection[: node.axis] + selection[node.axis + 1 :]
-        for member in sorted(set(_positions(selection[node.axis]))):
+        for member in sorted(set(positions(selection[node.axis]))):
             _estimate(node.members[member], member_selection, reads)
     elif isinstance(node, MapNode) and node.elementwise:
         for member in node.members:
@@ -70,13 +69,9 @@ def _decoded_elements(source: SourceNode, selection: Selection) -> int:
     for axis, length, chunk in zip(selection, source.shape, chunks, strict=True):
         if len(axis) == 0:
             return 0
-        positions = _positions(axis)
-        low, high = min(positions), max(positions)
+        picked = positions(axis)
+        low, high = min(picked), max(picked)
         chunk = max(1, chunk)
         span = (high // chunk + 1) * chunk - (low // chunk) * chunk
         total *= min(span, length)
     return total
-
-
-def _positions(axis_selection: Any) -> list[int]:
-    return list(axis_selection) if isinstance(axis_selection, range) else axis_selection.tolist()

@@ -12,6 +12,7 @@ one integer or boolean array) into a selection plus the axes to drop and insert.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,11 @@ def is_full(selection: Selection, shape: tuple[int, ...]) -> bool:
 
 def selection_shape(selection: Selection) -> tuple[int, ...]:
     return tuple(len(axis) for axis in selection)
+
+
+def positions(axis: AxisSelection) -> Sequence[int]:
+    """The indices an axis selection picks, in order (a range stays a range)."""
+    return axis if isinstance(axis, range) else axis.tolist()
 
 
 def to_slice(axis: range) -> slice:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import SurgeryError, did_you_mean
-from ._paths import flatten, map_leaves_with_path
+from ._paths import ancestor_paths, flatten, map_leaves_with_path, match_path_or_ancestor
 
 PLACEHOLDER = ...
 
@@ -130,21 +130,12 @@ def placeholders(tree: Any, skip: str) -> Any:
         raise SurgeryError(f"skip={skip!r} is not a valid regular expression: {error}.") from error
 
     def skipped(path: str) -> bool:
-        parts = path.split("/")
-        return any(pattern.fullmatch("/".join(parts[:depth])) for depth in range(1, len(parts) + 1))
+        return match_path_or_ancestor(pattern, path) is not None
 
     paths = list(flatten(tree))
     if not any(skipped(path) for path in paths):
         raise SurgeryError(
             f"skip={skip!r} matches no leaf or subtree path (it must match a whole path)."
-            f"{did_you_mean(skip, _all_prefixes(paths))} Paths look like {paths[0]!r}."
+            f"{did_you_mean(skip, ancestor_paths(paths))} Paths look like {paths[0]!r}."
         )
     return map_leaves_with_path(lambda path, leaf: PLACEHOLDER if skipped(path) else leaf, tree)
-
-
-def _all_prefixes(paths: list[str]) -> list[str]:
-    prefixes = set()
-    for path in paths:
-        parts = path.split("/")
-        prefixes.update("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
-    return sorted(prefixes)

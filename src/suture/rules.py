@@ -35,7 +35,7 @@ from ._combine import stack as stack_arrays
 from ._dtypes import to_dtype
 from ._errors import ShapeMismatchError, SurgeryError, did_you_mean
 from ._lazy import LazyArray, as_lazy, call_lazily
-from ._paths import flatten, unflatten
+from ._paths import ancestor_paths, flatten, match_path_or_ancestor, unflatten
 
 
 class RuleError(SurgeryError, ValueError):
@@ -74,7 +74,7 @@ class Rule:
         compiled = _compile(self.pattern, self)
         found = [m for m in (_match(compiled, path) for path in leaves) if m is not None]
         if not found and not self.optional:
-            hint = did_you_mean(self.pattern, _all_prefixes(leaves))
+            hint = did_you_mean(self.pattern, ancestor_paths(leaves))
             raise RuleError(
                 f"{self!r} matches no path.{hint} The pattern must match a whole path or "
                 f"subtree, e.g. {next(iter(leaves), 'params/layer0/kernel')!r}. Fix it, or pass "
@@ -94,20 +94,8 @@ def _compile(pattern: str, rule: Rule) -> re.Pattern[str]:
 
 def _match(pattern: re.Pattern[str], path: str) -> Match | None:
     """The longest whole-path or subtree match of `pattern` on `path`."""
-    parts = path.split("/")
-    for depth in range(len(parts), 0, -1):
-        match = pattern.fullmatch("/".join(parts[:depth]))
-        if match:
-            return Match(path, match, "/".join(parts[depth:]))
-    return None
-
-
-def _all_prefixes(paths: Any) -> list[str]:
-    found = set()
-    for path in paths:
-        parts = path.split("/")
-        found.update("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
-    return sorted(found)
+    found = match_path_or_ancestor(pattern, path)
+    return Match(path, *found) if found else None
 
 
 def _describe(name: str, *args: Any, **kwargs: Any) -> str:
