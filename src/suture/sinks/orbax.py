@@ -44,6 +44,9 @@ class OrbaxArrayWriter:
     def block_rows(self) -> int:
         return self._rows_per_chunk
 
+    def held_while_writing(self, nbytes: int) -> int:
+        return 2 * nbytes  # TensorStore's copy of the chunks, and their compressed bytes
+
     def write(self, rows: slice, values: np.ndarray) -> None:
         target = self._store[rows] if self._store.ndim else self._store
         target.write(values).result()

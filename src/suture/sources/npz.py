@@ -7,6 +7,7 @@ whole when first read. Member names split into tree paths on ``/``.
 
 from __future__ import annotations
 
+import math
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,23 @@ class ZipMemberSource(SourceNode):
     """A compressed npz member: inflated whole on each read (the format allows nothing less)."""
 
     def __init__(
-        self, file: Path, member: str, shape: tuple[int, ...], dtype: np.dtype, path: str
+        self,
+        file: Path,
+        member: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        path: str,
+        compressed_bytes: int = 0,
     ) -> None:
         self.file, self.member, self.shape, self.dtype = file, member, shape, dtype
         self.path, self.origin = path, str(file)
+        self.compressed_bytes = compressed_bytes
+
+    def read_cost(self, selection: Selection, into: bool = False) -> ReadCost:
+        """The whole member is read and inflated, whatever the selection; the result besides."""
+        whole = math.prod(self.shape) * self.dtype.itemsize
+        selected = math.prod(selection_shape(selection)) * self.dtype.itemsize
+        return ReadCost(self.compressed_bytes or whole, whole + selected)
 
     def read(self, selection: Selection) -> np.ndarray:
         try:
@@ -102,4 +116,5 @@ def _member(
         return LazyArray(
             FileRangeSource(path, data_offset, tuple(shape), dtype, path=name), path=name
         )
-    return LazyArray(ZipMemberSource(path, info.filename, tuple(shape), dtype, name), path=name)
+    member = ZipMemberSource(path, info.filename, tuple(shape), dtype, name, info.compress_size)
+    return LazyArray(member, path=name)
