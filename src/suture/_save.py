@@ -22,7 +22,14 @@ from typing import Any
 
 from ._checkpoint import Checkpoint
 from ._errors import SurgeryError
-from ._execute import DEFAULT_MAX_MEMORY, Block, block_budget, plan_blocks, run_blocks
+from ._execute import (
+    DEFAULT_MAX_MEMORY,
+    Block,
+    Budget,
+    block_budget,
+    plan_blocks,
+    run_blocks,
+)
 from ._format import parse_bytes
 from ._lazy import LazyArray, as_lazy
 from ._paths import flatten
@@ -44,6 +51,7 @@ class SaveResult:
     bytes_written: int
     leaves: int
     seconds: float
+    peak_in_flight: int = 0  # the most bytes the blocks in flight held at once (<= max_memory)
 
 
 class SaveHandle:
@@ -103,13 +111,16 @@ def save(
         format: ``"orbax"`` or ``"safetensors"``.
         overwrite: replace an existing `path` (atomically: the old one is removed only
             after the new one is in place).
-        max_memory: bytes of array data in flight at once (``"4GiB"`` works); default 1 GiB.
-            A leaf larger than the budget is written a block of chunks at a time.
+        max_memory: bytes held at once by the blocks in flight (``"4GiB"`` works); default
+            1 GiB. Each block counts what reading it holds, its values and what writing it
+            holds, so the process grows by about this much at most. A leaf larger than the
+            budget is written a block of chunks at a time; only a single chunk (one member
+            of a stacked array) costing more than the budget runs alone, over it.
         progress: a progress bar on stderr; None shows it when stderr is a terminal.
         asynchronous: return a `SaveHandle` at once and write in the background; arrays
             of an in-memory tree must not be modified until ``handle.wait()`` returns.
-        chunk_bytes: Orbax only: the largest chunk (default 64 MiB); stacked arrays get one
-            member per chunk.
+        chunk_bytes: Orbax only: the largest chunk (default 64 MiB, or a sixteenth of
+            `max_memory` when that is less); stacked arrays get one member per chunk.
         max_shard_size: safetensors only: write Hugging Face style shards of at most this
             size, with ``model.safetensors.index.json``.
         separator: safetensors only: joins the tree's keys into tensor names.
@@ -141,7 +152,7 @@ def save(
     _check_destination(destination, overwrite, tree)
     options = {
         "max_memory": parse_bytes(max_memory) if max_memory is not None else DEFAULT_MAX_MEMORY,
-        "chunk_bytes": parse_bytes(chunk_bytes) if chunk_bytes is not None else DEFAULT_CHUNK_BYTES,
+        "chunk_bytes": parse_bytes(chunk_bytes) if chunk_bytes is not None else None,
         "max_shard_size": parse_bytes(max_shard_size) if max_shard_size is not None else None,
         "show_progress": wants_progress(progress),
         "shard_map": shard_map,
@@ -192,7 +203,7 @@ def _write(
     separator: str,
     metadata: dict[str, Any] | None,
     max_memory: int,
-    chunk_bytes: int,
+    chunk_bytes: int | None,
     max_shard_size: int | None,
     show_progress: bool,
     shard_map: dict[str, str] | None,
@@ -200,6 +211,8 @@ def _write(
     verify: bool,
 ) -> SaveResult:
     started = time.perf_counter()
+    if chunk_bytes is None:  # small budgets get small chunks, so that a block fits in them
+        chunk_bytes = max(1 << 16, min(DEFAULT_CHUNK_BYTES, max_memory // 16))
     with _exclusive(destination):
         temporary = destination.with_name(f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
         try:
@@ -213,8 +226,9 @@ def _write(
                 blocks, digests = with_digests(blocks)
             total = sum(block.nbytes for block in blocks)
             with progress_bar(f"Writing {destination.name}", total, show_progress) as on_progress:
+                budget: list[Budget] = []
                 try:
-                    progress = run_blocks(blocks, max_memory, on_progress)
+                    progress = run_blocks(blocks, max_memory, on_progress, on_budget=budget.append)
                 finally:
                     finish_error = _call(finish)
             if finish_error is not None:
@@ -237,6 +251,7 @@ def _write(
         progress.written_bytes,
         progress.total_leaves,
         time.perf_counter() - started,
+        budget[0].peak if budget else 0,
     )
 
 
