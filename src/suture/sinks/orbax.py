@@ -13,12 +13,14 @@ through TensorStore lets a leaf be written one block of chunks at a time; measur
 
 Arrays are chunked along their first axis (rows per chunk so that a chunk holds at most
 `chunk_bytes`); a stacked array gets one member per chunk, so reading one layer back reads
-about one layer's bytes. Each chunk is zstd-compressed and carries a crc32c checksum.
+about one layer's bytes (a layer larger than a chunk is cut along its first axis too).
+Each chunk is zstd-compressed and carries a crc32c checksum.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -36,20 +38,37 @@ _SEQUENCE_KEY, _DICT_KEY = 1, 2
 
 
 class OrbaxArrayWriter:
-    """One zarr3 array in the checkpoint's OCDBT database, written in blocks of rows."""
+    """One zarr3 array in the checkpoint's OCDBT database, written in blocks of rows.
 
-    def __init__(self, store: Any, rows_per_chunk: int) -> None:
-        self._store, self._rows_per_chunk = store, rows_per_chunk
+    A block is handed to TensorStore one chunk at a time: TensorStore holds a copy of what
+    it is given and its compressed bytes, so this keeps what it holds to two chunks.
+    """
+
+    def __init__(self, store: Any, chunk: tuple[int, ...]) -> None:
+        self._store, self._chunk = store, chunk
 
     def block_rows(self) -> int:
-        return self._rows_per_chunk
+        return self._chunk[0] if self._chunk else 1
 
     def held_while_writing(self, nbytes: int) -> int:
-        return 2 * nbytes  # TensorStore's copy of the chunks, and their compressed bytes
+        chunk_bytes = math.prod(self._chunk) * self._store.dtype.numpy_dtype.itemsize
+        return 2 * min(nbytes, chunk_bytes)
 
     def write(self, rows: slice, values: np.ndarray) -> None:
-        target = self._store[rows] if self._store.ndim else self._store
-        target.write(values).result()
+        if not self._store.ndim:
+            self._store.write(values).result()
+            return
+        start = rows.start or 0
+        for offset in range(0, values.shape[0], self._chunk[0]):
+            height = min(self._chunk[0], values.shape[0] - offset)
+            target = self._store[start + offset : start + offset + height]
+            part = values[offset : offset + height]
+            if len(self._chunk) < 2 or self._chunk[1] >= values.shape[1]:
+                target.write(part).result()
+                continue
+            for column in range(0, values.shape[1], self._chunk[1]):
+                width = min(self._chunk[1], values.shape[1] - column)
+                target[:, column : column + width].write(part[:, column : column + width]).result()
 
 
 class OrbaxSink:
@@ -97,7 +116,7 @@ class OrbaxSink:
             "store_data_equal_to_fill_value": True,
         }
         store = ts.open(spec, context=self._context).result()
-        return OrbaxArrayWriter(store, chunk[0] if chunk else 1)
+        return OrbaxArrayWriter(store, chunk)
 
     def add_value(
         self, keys: tuple[str, ...], kinds: tuple[int, ...], value: Any
@@ -176,7 +195,8 @@ def _zarr_dtype(dtype: np.dtype, keys: tuple[str, ...]) -> str:
 
 
 def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
-    """Chunks along the first axis; a stack along axis 0 gets one member per chunk."""
+    """Chunks along the first axis; a stack along axis 0 gets one member per chunk (a
+    member larger than `chunk_bytes` is cut along its own first axis too)."""
     if array.ndim == 0:
         return ()
     stack_axis = _stack_axis(array._node)
@@ -184,7 +204,10 @@ def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
     if stack_axis is not None:
         shape[stack_axis] = 1
         if stack_axis == 0:
-            return tuple(max(1, length) for length in shape)
+            if len(shape) == 1:
+                return (1,)
+            rows = chunk_rows(tuple(shape[1:]), array.dtype.itemsize, chunk_bytes)
+            return tuple(max(1, length) for length in [1, rows, *shape[2:]])
     rows = chunk_rows(tuple(shape), array.dtype.itemsize, chunk_bytes)
     return tuple(max(1, length) for length in [rows, *shape[1:]])
 
