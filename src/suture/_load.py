@@ -17,6 +17,7 @@ from ._init import initialize
 from ._lazy import LazyArray
 from ._nodes import MemorySource, open_all
 from ._paths import flatten, map_leaves_with_path
+from ._progress import leaf_progress, wants_progress
 from ._targets import AS_STORED, PLACEHOLDER, LeafTarget, classify
 
 # Readers mostly wait on TensorStore. With every read of a tree in flight at once, the
@@ -34,6 +35,7 @@ def load(
     init: Any = None,
     as_jax: bool = False,
     mesh: Any = None,
+    progress: bool | None = None,
 ) -> Any:
     """Reads `source` into memory, shaped by `target`.
 
@@ -54,6 +56,7 @@ def load(
         as_jax: with ``target=None``, return ``jax.Array`` instead of numpy arrays.
         mesh: the concrete mesh for target shardings given on an abstract mesh (as
             ``nnx.eval_shape`` gives them); default: the mesh set with ``jax.set_mesh``.
+        progress: a progress bar on stderr; None shows it when stderr is a terminal.
 
     Returns:
         A tree with the target's structure (the source's, when `target` is None).
@@ -77,7 +80,9 @@ def load(
         default = LeafTarget("jax") if as_jax else AS_STORED
         flat_source = flatten(tree)
         results = _read_all(
-            {path: (leaf, default) for path, leaf in flat_source.items()}, pad_truncate
+            {path: (leaf, default) for path, leaf in flat_source.items()},
+            pad_truncate,
+            show_progress=wants_progress(progress),
         )
         return map_leaves_with_path(lambda path, _: results[path], tree)
 
@@ -96,7 +101,7 @@ def load(
         for path, wanted in flat_target.items()
         if wanted.kind != "skip"
     }
-    results = _read_all(jobs, pad_truncate, mesh)
+    results = _read_all(jobs, pad_truncate, mesh, wants_progress(progress))
     return map_leaves_with_path(lambda path, leaf: results.get(path, PLACEHOLDER), target)
 
 
@@ -139,15 +144,26 @@ def _check_left_out(flat_target: dict[str, LeafTarget], flat_source: dict, parti
 
 
 def _read_all(
-    jobs: dict[str, tuple[Any, LeafTarget]], pad_truncate: bool, mesh: Any = None
+    jobs: dict[str, tuple[Any, LeafTarget]],
+    pad_truncate: bool,
+    mesh: Any = None,
+    show_progress: bool = False,
 ) -> dict[str, Any]:
     """Materializes every job, reading arrays on a few threads (TensorStore releases the GIL)."""
     paths = list(jobs)
     arrays = [leaf for leaf, _ in jobs.values() if isinstance(leaf, LazyArray)]
     open_all([source for array in arrays for source in array.sources()])
-    with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
-        values = pool.map(lambda path: _materialize(path, *jobs[path], pad_truncate, mesh), paths)
-        return dict(zip(paths, values, strict=True))
+    total = sum(array.nbytes for array in arrays)
+    with leaf_progress("Reading", total, len(paths), show_progress) as done:
+
+        def read(path: str) -> Any:
+            leaf, wanted = jobs[path]
+            value = _materialize(path, leaf, wanted, pad_truncate, mesh)
+            done(leaf.nbytes if isinstance(leaf, LazyArray) else 0)
+            return value
+
+        with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
+            return dict(zip(paths, pool.map(read, paths), strict=True))
 
 
 def _materialize(
