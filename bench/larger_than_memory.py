@@ -168,9 +168,7 @@ def worker(route: str, max_memory: str) -> None:
         )
         written = REVERSE
     else:
-        result = suture.save(
-            surgery(route == "transposed"), OUTPUT, progress=False, **budget
-        )
+        result = suture.save(surgery(route == "transposed"), OUTPUT, progress=False, **budget)
         written = result.path
         print(f"in flight at most {result.peak_in_flight >> 20} MiB", file=sys.stderr)
     print(
@@ -255,8 +253,13 @@ def cp_floor(source_bytes: int) -> dict:
     shutil.rmtree(copy)
     shutil.rmtree(part, ignore_errors=True)
     scale = source_bytes / size
-    return {"wall_s": wall * scale, "sync_s": sync_wall * scale, "shards": len(chosen),
-            "of": len(shards), "scaled": len(chosen) != len(shards)}
+    return {
+        "wall_s": wall * scale,
+        "sync_s": sync_wall * scale,
+        "shards": len(chosen),
+        "of": len(shards),
+        "scaled": len(chosen) != len(shards),
+    }
 
 
 def cold_read() -> float:
@@ -269,8 +272,15 @@ def fsynced_write(size: int) -> float:
     target = ROOT / "write_floor.bin"
     count = max(1, size // (64 << 20))
     wall, _ = timed(
-        ["dd", "if=/dev/zero", f"of={target}", "bs=64M", f"count={count}", "conv=fsync",
-         "status=none"]
+        [
+            "dd",
+            "if=/dev/zero",
+            f"of={target}",
+            "bs=64M",
+            f"count={count}",
+            "conv=fsync",
+            "status=none",
+        ]
     )
     target.unlink()
     return wall * size / (count * (64 << 20))
@@ -315,8 +325,10 @@ def check_orbax(transposed: bool) -> None:
     down = np.asarray(restored["layers"]["mlp.down_proj.weight"])
     for i in (0, down.shape[0] - 1):
         same(down[i], f"model.layers.{i}.mlp.down_proj.weight")
-    same(restored["layers"]["input_layernorm.weight"][1 % down.shape[0]],
-         f"model.layers.{1 % down.shape[0]}.input_layernorm.weight")
+    same(
+        restored["layers"]["input_layernorm.weight"][1 % down.shape[0]],
+        f"model.layers.{1 % down.shape[0]}.input_layernorm.weight",
+    )
 
 
 def check_reverse() -> None:
@@ -350,9 +362,7 @@ def main(size_gib: float) -> None:
     shutil.rmtree(ROOT, ignore_errors=True)
     ROOT.mkdir(parents=True)
     layers = layer_count(size_gib)
-    source_bytes = 4 * sum(
-        int(__import__("math").prod(s)) for s in tensor_shapes(layers).values()
-    )
+    source_bytes = 4 * sum(int(__import__("math").prod(s)) for s in tensor_shapes(layers).values())
     free = shutil.disk_usage(ROOT).free
     if free - source_bytes * 1.55 < FREE_MARGIN:
         raise SystemExit(
@@ -362,8 +372,10 @@ def main(size_gib: float) -> None:
     try:
         started = time.perf_counter()
         generate(layers)
-        print(f"generated {source_bytes / GiB:.1f} GiB in {time.perf_counter() - started:.0f} s",
-              flush=True)
+        print(
+            f"generated {source_bytes / GiB:.1f} GiB in {time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
         floors = {"cp": cp_floor(source_bytes), "read_s": cold_read()}
         print("floors", json.dumps(floors), flush=True)
         runs = {"plain": run_route("plain")}

@@ -134,3 +134,14 @@ def test_assign_casts_into_transposed_views_as_astype_does() -> None:
     single = np.empty((700, 300), np.float16)
     assign(single.T, values[1])
     assert single.tobytes() == values[1].T.astype(np.float16).tobytes()
+
+
+def test_a_compressed_npz_member_costs_the_whole_member(tmp_path: Path) -> None:
+    values = np.zeros((400, 100), np.float32)
+    np.savez_compressed(tmp_path / "m.npz", w=values)
+    leaf = suture.open(tmp_path / "m.npz")["w"]
+    cost = leaf._node.read_cost((range(2), range(100)))
+    assert cost.memory == values.nbytes + 2 * 100 * 4  # inflated whole, whatever is picked
+    with count_bytes_read() as counter:
+        leaf[:2].read()
+    assert cost.disk == counter.bytes < values.nbytes  # the compressed bytes

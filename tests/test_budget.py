@@ -118,11 +118,17 @@ BUDGETS = ["1MiB", "4MiB", "64MiB"]
 @pytest.fixture(scope="module", params=["orbax", "safetensors"])
 def sources(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple:
     folder = tmp_path_factory.mktemp(request.param)
-    return request.param, write_source(request.param, folder), write_source(request.param, folder, 1)
+    return (
+        request.param,
+        write_source(request.param, folder),
+        write_source(request.param, folder, 1),
+    )
 
 
 def by_name(tree: dict) -> dict[str, np.ndarray]:
-    return {path.replace("/", "."): np.asarray(value) for path, value in suture.flatten(tree).items()}
+    return {
+        path.replace("/", "."): np.asarray(value) for path, value in suture.flatten(tree).items()
+    }
 
 
 @pytest.mark.parametrize("budget", BUDGETS)

@@ -32,9 +32,7 @@ def test_load_shows_a_progress_bar_when_asked(two_checkpoints: tuple, capsys) ->
     assert capsys.readouterr().err == ""
 
 
-def test_diff_values_shows_a_bar_and_finds_every_difference(
-    two_checkpoints: tuple, capsys
-) -> None:
+def test_diff_values_shows_a_bar_and_finds_every_difference(two_checkpoints: tuple, capsys) -> None:
     first, second = two_checkpoints
     seen: list[str] = []
     result = diff(first, second, values=True, progress=True, on_leaf=seen.append)

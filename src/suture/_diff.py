@@ -23,7 +23,6 @@ from ._open import open as open_checkpoint
 from ._progress import leaf_progress, wants_progress
 from ._stats import LeafDifference, leaf_difference
 
-
 # Four leaves compared at once, in blocks of 16 MiB: their float64 differences stay
 # within a few hundred MiB.
 _THREADS = 4

@@ -231,7 +231,6 @@ def run_blocks(
     return progress
 
 
-
 def _malloc_trim() -> Callable[[int], int] | None:
     try:
         return ctypes.CDLL("libc.so.6").malloc_trim

@@ -19,9 +19,9 @@ from .._errors import CorruptCheckpointError
 from .._filesource import FileRangeSource
 from .._iostats import record_read
 from .._lazy import LazyArray
-from .._nodes import Node, SourceNode
+from .._nodes import Node, ReadCost, SourceNode
 from .._paths import unflatten
-from .._selection import Selection, outer_index
+from .._selection import Selection, outer_index, selection_shape
 
 
 class ZipMemberSource(SourceNode):
