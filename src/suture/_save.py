@@ -119,7 +119,7 @@ def save(
         progress: a progress bar on stderr; None shows it when stderr is a terminal.
         asynchronous: return a `SaveHandle` at once and write in the background; arrays
             of an in-memory tree must not be modified until ``handle.wait()`` returns.
-        chunk_bytes: Orbax only: the largest chunk (default 64 MiB, or a sixteenth of
+        chunk_bytes: Orbax only: the largest chunk (default 16 MiB, or a sixteenth of
             `max_memory` when that is less); stacked arrays get one member per chunk.
         max_shard_size: safetensors only: write Hugging Face style shards of at most this
             size, with ``model.safetensors.index.json``.

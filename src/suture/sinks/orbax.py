@@ -32,7 +32,10 @@ from .._execute import chunk_rows
 from .._lazy import LazyArray
 from .._nodes import CastNode, MapNode, Node, StackNode
 
-DEFAULT_CHUNK_BYTES = 64 << 20
+# glibc serves allocations over 32 MiB with fresh pages every time (a page fault per 4 KiB),
+# and TensorStore allocates a copy and a compressed buffer per chunk: 64 MiB chunks cost
+# twice the system time of 16 MiB ones (bench/larger_than_memory.py).
+DEFAULT_CHUNK_BYTES = 16 << 20
 _HANDLER = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
 _SEQUENCE_KEY, _DICT_KEY = 1, 2
 
