@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -85,11 +85,19 @@ class FileRangeSource(SourceNode):
             self._read_rows(*rows, out)
         else:  # a tile at a time through this thread's scratch: cast and transpose stay in cache
             step = max(1, TILE_BYTES // max(1, self._row_bytes))
-            for start in range(rows[0], rows[1], step):
-                stop = min(start + step, rows[1])
-                tile = scratch_buffer("read", (stop - start) * self._row_bytes).view(self.dtype)
-                tile = self._read_rows(start, stop, tile.reshape((stop - start, *self.shape[1:])))
-                assign(out[start - rows[0] : stop - rows[0]], tile)
+            with self._open() as stream:
+                # the kernel reads the rest of the block ahead while tiles are cast
+                _advise_willneed(
+                    stream,
+                    self.offset + rows[0] * self._row_bytes,
+                    (rows[1] - rows[0]) * self._row_bytes,
+                )
+                for start in range(rows[0], rows[1], step):
+                    stop = min(start + step, rows[1])
+                    tile = scratch_buffer("read", (stop - start) * self._row_bytes)
+                    tile = tile.view(self.dtype).reshape((stop - start, *self.shape[1:]))
+                    self._read_rows(start, stop, tile, stream)
+                    assign(out[start - rows[0] : stop - rows[0]], tile)
 
     def read_cost(self, selection: Selection, into: bool = False) -> ReadCost:
         """Bytes read from the file (whole row spans) and bytes held while reading."""
@@ -116,11 +124,19 @@ class FileRangeSource(SourceNode):
             block = self._read_rows(start, stop, rows.reshape((stop - start, *self.shape[1:])))
             yield targets, block, (local_rows, *selection[1:])
 
-    def _read_rows(self, low: int, high: int, into: np.ndarray) -> np.ndarray:
+    def _open(self) -> BinaryIO:
+        return open(self.file, "rb", buffering=0)
+
+    def _read_rows(
+        self, low: int, high: int, into: np.ndarray, stream: BinaryIO | None = None
+    ) -> np.ndarray:
         """Reads rows ``[low, high)`` into `into` (C-contiguous, exactly that size)."""
         count = into.nbytes
         offset = self.offset + low * self._row_bytes
-        with open(self.file, "rb", buffering=0) as stream:
+        if stream is None:
+            with self._open() as opened:
+                got = read_fully(opened.fileno(), into, offset) if count else 0
+        else:
             got = read_fully(stream.fileno(), into, offset) if count else 0
         if got != count:
             raise CorruptCheckpointError(
@@ -133,6 +149,13 @@ class FileRangeSource(SourceNode):
 
     def inputs(self) -> tuple[Node, ...]:
         return ()
+
+
+def _advise_willneed(stream: BinaryIO, offset: int, length: int) -> None:
+    """Asks the kernel to start reading a range now (where it takes advice)."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is not None:
+        advise(stream.fileno(), offset, length, os.POSIX_FADV_WILLNEED)
 
 
 def _whole_rows(selection: Selection, shape: tuple[int, ...]) -> tuple[int, int] | None:
