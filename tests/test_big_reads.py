@@ -145,3 +145,30 @@ def test_a_compressed_npz_member_costs_the_whole_member(tmp_path: Path) -> None:
     with count_bytes_read() as counter:
         leaf[:2].read()
     assert cost.disk == counter.bytes < values.nbytes  # the compressed bytes
+
+
+def test_orbax_leaves_transposed_into_safetensors_match_numpy(tmp_path: Path) -> None:
+    """TensorStore fills transposed outputs a tile of chunks at a time (the reverse route)."""
+    from safetensors.numpy import load_file
+
+    from tests.orbax_writers import save_standard
+
+    rng = np.random.default_rng(2)
+    tree = {
+        "a": rng.standard_normal((700, 300), dtype=np.float32),
+        "s": rng.standard_normal((3, 500, 200), dtype=np.float32),
+    }
+    save_standard(tmp_path / "stock", tree)  # one chunk per array
+    suture.save(tree, tmp_path / "small", chunk_bytes="64KiB", progress=False)  # many chunks
+    for name in ("stock", "small"):
+        ckpt = suture.open(tmp_path / name)
+        out = {
+            "a_t": ckpt["a"].T,
+            "s_t": suture.stack([ckpt["s"][i].T for i in range(3)]),
+            "part_t": ckpt["a"][100:650].T,
+        }
+        suture.save(out, tmp_path / f"{name}.safetensors", format="safetensors", progress=False)
+        stock = load_file(str(tmp_path / f"{name}.safetensors"))
+        np.testing.assert_array_equal(stock["a_t"], tree["a"].T)
+        np.testing.assert_array_equal(stock["s_t"], tree["s"].transpose(0, 2, 1))
+        np.testing.assert_array_equal(stock["part_t"], tree["a"][100:650].T)

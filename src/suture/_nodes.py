@@ -81,6 +81,7 @@ class SourceNode(Node):
 # runs at about 2.5 GB/s (measured on a (4096, 11008) float32 -> bfloat16 transpose).
 _TILE = 256
 _CAST_TILE_BYTES = 8 << 20
+_TILE_BYTES = 8 << 20  # a source's read tile
 _scratch = threading.local()
 
 
@@ -206,16 +207,34 @@ class TensorStoreSource(SourceNode):
         if out.dtype != self.dtype or store.dtype.numpy_dtype != self.dtype:
             super().read_into(selection, out)
             return
-        try:  # TensorStore decodes straight into `out`, strided or not
-            ts_array(out).write(self._view(store, selection)).result()
+        first = selection[0] if selection else None
+        try:
+            if out.flags.c_contiguous or not isinstance(first, range) or first.step != 1:
+                ts_array(out).write(self._view(store, selection)).result()
+                return
+            # TensorStore fills a transposed view at half the speed of a contiguous tile
+            # copied in squares (`assign`); tiles are whole chunks along the first axis
+            row_bytes = math.prod(selection_shape(selection[1:])) * self.dtype.itemsize
+            chunk_rows = (self.chunk_shape or (1,))[0]
+            step = chunk_rows * max(1, _TILE_BYTES // max(1, chunk_rows * row_bytes))
+            start = first.start
+            while start < first.stop:
+                stop = min((start // step + 1) * step, first.stop)
+                tile = scratch_buffer("decode", (stop - start) * row_bytes).view(self.dtype)
+                tile = tile.reshape((stop - start, *selection_shape(selection[1:])))
+                part = (range(start, stop), *selection[1:])
+                ts_array(tile).write(self._view(store, part)).result()
+                assign(out[start - first.start : stop - first.start], tile)
+                start = stop
         except ValueError as error:
             raise self._damaged(error) from error
 
     def read_cost(self, selection: Selection, into: bool = False) -> ReadCost:
-        """Whole chunks are read and decoded (into the caller's array or a result of our own)."""
+        """Whole chunks are read and decoded (into the caller's array or a result of our own;
+        into a transposed view, through a tile of at most the decoded chunks)."""
         selected = math.prod(selection_shape(selection)) * self.dtype.itemsize
         decoded = _chunk_span(selection, self.shape, self.chunk_shape) * self.dtype.itemsize
-        return ReadCost(decoded, decoded + (0 if into else selected))
+        return ReadCost(decoded, decoded + min(selected, decoded) if into else decoded + selected)
 
     def _damaged(self, error: Exception) -> Exception:
         from ._errors import CorruptCheckpointError
