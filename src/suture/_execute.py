@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -186,6 +187,7 @@ def run_blocks(
     Raises whatever the first failing block raised, after the others have stopped.
     """
     budget = Budget(max_memory, keep=threads)
+    baseline = resident_bytes()
     blocks_left: dict[str, int] = {}
     for block in blocks:
         blocks_left[block.path] = blocks_left.get(block.path, 0) + 1
@@ -213,7 +215,7 @@ def run_blocks(
             raise
         finally:
             budget.release(cost, buffer)
-            trim_freed_memory()
+            trim_freed_memory(baseline, max_memory)
         with lock:
             progress.written_bytes += block.nbytes
             blocks_left[block.path] -= 1
@@ -241,16 +243,32 @@ def _malloc_trim() -> Callable[[int], int] | None:
 _TRIM = _malloc_trim()
 
 
-def trim_freed_memory() -> None:
-    """Hands memory that glibc keeps after `free` back to the system.
+def trim_freed_memory(baseline: int | None, max_memory: int) -> None:
+    """Hands memory that glibc keeps after `free` back to the system, once the process has
+    grown by three quarters of `max_memory` since `baseline` (its size when writing began).
 
     TensorStore's threads encode chunks in buffers of their own; glibc keeps those it
     frees in per-thread arenas, which grew the process by hundreds of MiB beyond the
-    blocks in flight (bench/larger_than_memory.py). Trimming after each block keeps the
-    process within its budget.
+    blocks in flight (bench/larger_than_memory.py). Trimming only when the process nears
+    its budget spares the page faults of re-using trimmed memory otherwise.
     """
-    if _TRIM is not None:
+    if _TRIM is None:
+        return
+    resident = resident_bytes()
+    if resident is None or baseline is None or resident - baseline > max_memory * 3 // 4:
         _TRIM(0)
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (None where /proc is not available)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * _PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def block_budget(max_memory: int, threads: int = WRITE_THREADS) -> int:
