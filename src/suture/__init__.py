@@ -47,6 +47,8 @@ from ._targets import placeholders as placeholders
 from ._transform import Transform as Transform
 from ._transform import TransformError as TransformError
 from ._transform import apply_transformations as apply_transformations
+from ._transform import intersect_trees as intersect_trees
+from ._transform import merge_trees as merge_trees
 
 __version__ = "0.1.0"
 
@@ -55,8 +57,10 @@ __all__ = [
     "Checkpoint",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
+    "intersect_trees",
     "InvalidIndexError",
     "LazyArray",
+    "merge_trees",
     "PLACEHOLDER",
     "Plan",
     "MergeError",

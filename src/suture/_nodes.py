@@ -73,7 +73,10 @@ class TensorStoreSource(SourceNode):
 
     The store is opened on first read, once, from any thread; `open_store` returns
     TensorStore's open future, so that many stores can be opened at once (`open_all`).
+    `saved_sharding` is the sharding Orbax recorded for the array (see `_shardings`), if any.
     """
+
+    saved_sharding: str | None = None
 
     def __init__(
         self,

@@ -8,6 +8,7 @@ No array data is read until a LazyArray is. Importing this module does not impor
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 from pathlib import Path
@@ -40,7 +41,7 @@ def open_orbax(path: str | Path, step: int | None = None) -> Checkpoint:
         location=str(path),
         format="orbax",
         step=layout.step,
-        metadata=layout.custom_metadata,
+        custom_metadata=layout.custom_metadata,
     )
 
 
@@ -163,6 +164,7 @@ def _read_item_unchecked(folder: Path) -> Any:
         if value_type in ARRAY_VALUE_TYPES
     ]
     zarr_metadata = store.read_zarr_metadata(array_names, bool(metadata.get("use_zarr3", False)))
+    shardings = _read_shardings(folder)
 
     builder = _TreeBuilder()
     for keys, (key_kinds, value_type) in leaves.items():
@@ -181,6 +183,7 @@ def _read_item_unchecked(folder: Path) -> Any:
             source = TensorStoreSource(
                 store.opener(name, driver), shape, dtype, path, str(folder), chunks
             )
+            source.saved_sharding = shardings.get(name)
             leaf: Any = LazyArray(source, path=path, stored_as=value_type)
         elif value_type == "string":
             leaf = strings.get(name, strings.get(path))
@@ -218,6 +221,25 @@ def _parse_entries(
             ) from error
         leaves[keys] = (kinds, value_type)
     return leaves
+
+
+def _read_shardings(folder: Path) -> dict[str, str]:
+    """``{array name: Orbax's JSON description of its sharding}`` from ``_sharding``, if any."""
+    sharding_file = folder / "_sharding"
+    if not sharding_file.is_file():
+        return {}
+    parsed = _parse_json(sharding_file.read_bytes(), sharding_file)
+    if not isinstance(parsed, dict):
+        return {}
+    shardings = {}
+    for encoded, description in parsed.items():
+        try:
+            name = base64.urlsafe_b64decode(encoded.encode()).decode()
+        except (ValueError, UnicodeDecodeError):
+            continue  # not an entry Orbax wrote; the leaf simply has no recorded sharding
+        if isinstance(description, str):
+            shardings[name] = description
+    return shardings
 
 
 def _read_strings(folder: Path) -> dict[str, str]:
