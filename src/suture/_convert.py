@@ -109,7 +109,7 @@ def _keep_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[st
     )
     side = _side_files(folder) if folder is not None else {}
     layout = {
-        "metadata": ckpt.metadata,
+        "metadata": ckpt.custom_metadata,
         "weight_map": ckpt.layout.get("weight_map"),
         "separator": separator,
         "side_files": sorted(side),
@@ -119,7 +119,7 @@ def _keep_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[st
 
 def _reuse_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[str, Any]:
     if ckpt.format == "orbax":
-        layout = ckpt.metadata.get(LAYOUT_KEY)
+        layout = ckpt.custom_metadata.get(LAYOUT_KEY)
         if not isinstance(layout, dict):
             return {}
         side = {
@@ -136,5 +136,5 @@ def _reuse_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[s
             options["extra_files"] = side
         return options
     if ckpt.format == "safetensors" and ckpt.layout.get("weight_map"):
-        return {"shard_map": ckpt.layout["weight_map"], "metadata": ckpt.metadata or None}
+        return {"shard_map": ckpt.layout["weight_map"], "metadata": ckpt.custom_metadata or None}
     return {}
