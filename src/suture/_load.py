@@ -198,12 +198,22 @@ def _materialize(
             return _plain_value(path, leaf, wanted)
     array = _fitted(path, leaf, wanted, pad_truncate)
     if wanted.kind == "python":
+        if array.size != 1:
+            raise ShapeMismatchError(
+                f"Leaf {path!r}: the target asks for a Python {wanted.python_type.__name__}, but "
+                f"the checkpoint holds an array of shape {array.shape}. Make the target leaf an "
+                f"array (np.ndarray, a jax.ShapeDtypeStruct), or suture.PLACEHOLDER to skip it."
+            )
         return wanted.python_type(array.item())
     if wanted.kind == "stored" and leaf.stored_as == "scalar":
         return array.item()
-    if wanted.kind == "jax":
+    if wanted.kind == "jax" and not _saved_as_numpy(leaf, wanted):
         return _to_jax(array, _concrete(_sharding(path, leaf, wanted), mesh, path))
     return array.read()
+
+
+def _saved_as_numpy(leaf: LazyArray, wanted: LeafTarget) -> bool:
+    return wanted.numpy_if_saved_as_numpy and leaf.stored_as in ("np.ndarray", "scalar")
 
 
 def _sharding(path: str, leaf: LazyArray, wanted: LeafTarget) -> Any:

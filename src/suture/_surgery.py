@@ -25,7 +25,7 @@ from ._init import initialize
 from ._lazy import ImplicitReadError, LazyArray, no_implicit_reads
 from ._load import load
 from ._paths import flatten, map_leaves_with_path
-from ._targets import LeafTarget, classify, placeholders_as_stored
+from ._targets import LeafTarget, classify, placeholders_as_stored, unfilled_as_placeholders
 from ._transform import apply_transformations, is_transformations_tree
 from .rules import Rule, apply_rules
 from .sources import open_source
@@ -77,7 +77,8 @@ def _apply(transform: Any, trees: list[Any], target: Any, built: Built) -> Any:
                 "An Orbax-style transformations tree needs target= as the result's structure "
                 "(Orbax's new_tree). Pass target=, or use rules or a function instead."
             )
-        return apply_transformations(_only_tree(trees, "A transformations tree"), transform, target)
+        original = _only_tree(trees, "A transformations tree")
+        return unfilled_as_placeholders(apply_transformations(original, transform, target))
     if isinstance(transform, (list, tuple)):
         return apply_rules(transform, _only_tree(trees, "A rule list"), built.problems)
     if callable(transform):

@@ -4,8 +4,9 @@ A target leaf may be (Orbax's meaning in each case):
 
 - ``suture.PLACEHOLDER`` (``...``): do not read; the result holds ``...``.
 - a ``jax.ShapeDtypeStruct``: a ``jax.Array`` of that shape and dtype, laid out by its
-  ``sharding`` when it has one (each device reads only its own shard), else by the
-  sharding the checkpoint recorded.
+  ``sharding`` when it has one (each device reads only its own shard). With no sharding,
+  Orbax follows the checkpoint: the sharding it recorded for a saved ``jax.Array``, and a
+  numpy array (of the wanted dtype) for a leaf saved as numpy or as a Python number.
 - a concrete ``jax.Array``: the same, with the array's shape, dtype and sharding.
 - a concrete ``np.ndarray`` or numpy scalar: a numpy array of that dtype, in the stored
   shape (Orbax v1 ignores a numpy target's shape; with ``pad_truncate=True`` the shape is
@@ -55,6 +56,8 @@ class LeafTarget:
         abstract: the leaf describes an array but holds no value (a ShapeDtypeStruct, a
             type, Orbax metadata); a concrete leaf is kept as it is when the checkpoint
             lacks its path and ``partial=True``.
+        numpy_if_saved_as_numpy: a ShapeDtypeStruct with no sharding: a leaf Orbax saved
+            as numpy or as a Python number comes back as numpy, as Orbax restores it.
     """
 
     kind: str
@@ -64,6 +67,7 @@ class LeafTarget:
     python_type: type | None = None
     shape_needs_pad_truncate: bool = False
     abstract: bool = False
+    numpy_if_saved_as_numpy: bool = False
 
 
 AS_STORED = LeafTarget("stored")
@@ -86,6 +90,17 @@ def placeholders_as_stored(target: Any) -> Any:
     )
 
 
+def unfilled_as_placeholders(tree: Any) -> Any:
+    """`tree` with the leaves `placeholders_as_stored` marked, that nothing filled, back to ``...``.
+
+    Orbax's ``apply_transformations`` keeps the new tree's value where neither a
+    transformation nor the original tree gives one; for ``...`` that value is ``...``.
+    """
+    return map_leaves_with_path(
+        lambda _, leaf: PLACEHOLDER if leaf is AS_STORED_MARKER else leaf, tree
+    )
+
+
 def _jax_array_type() -> type | None:
     jax = sys.modules.get("jax")
     return jax.Array if jax is not None else None
@@ -101,12 +116,14 @@ def classify(leaf: Any) -> LeafTarget:
     if jax_array is not None and leaf is jax_array:
         return LeafTarget("jax", abstract=True)
     if type(leaf).__name__ == "ShapeDtypeStruct":
+        sharding = getattr(leaf, "sharding", None)
         return LeafTarget(
             "jax",
             tuple(leaf.shape),
             np.dtype(leaf.dtype),
-            getattr(leaf, "sharding", None),
+            sharding,
             abstract=True,
+            numpy_if_saved_as_numpy=sharding is None,
         )
     if jax_array is not None and isinstance(leaf, jax_array):
         return LeafTarget("jax", tuple(leaf.shape), np.dtype(leaf.dtype), leaf.sharding)
