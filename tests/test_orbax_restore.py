@@ -367,3 +367,38 @@ def test_another_topology_is_an_error_that_names_the_leaf(tmp_path) -> None:
     given = {"params": {"w": jax.ShapeDtypeStruct((16, 2), np.float32, sharding=sharding)}}
     assert suture.load(path, given)["params"]["w"].sharding == sharding
     assert isinstance(suture.load(path, {"params": {"w": np.ndarray}})["params"]["w"], np.ndarray)
+
+
+# Issue case 4, restoring: dataclasses jax does not register are leaves of the target.
+
+
+def test_orbax_v1_abstract_numpy_leaves_as_targets(tmp_path, use_ocdbt) -> None:
+    from orbax.checkpoint.experimental.v1._src.serialization.numpy_leaf_handler import (
+        NumpyShapeDtype,
+    )
+
+    path = save_v1(tmp_path / "ckpt", NUMPY_TREE, use_ocdbt)
+    target = {
+        "a": NumpyShapeDtype(shape=(8,), dtype=np.dtype(np.int16)),
+        "b": NumpyShapeDtype(shape=(8,), dtype=np.dtype(np.float32)),
+        "c": {"a": np.ndarray, "e": PLACEHOLDER},
+    }
+    assert_same_as_orbax(v1_load(path, target), suture.load(path, target))
+
+
+def test_a_config_object_in_the_target_is_a_leaf(tmp_path, use_ocdbt) -> None:
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Config:
+        learning_rate: float = 0.1
+        layers: tuple = (2, 3)
+
+    path = save_v0(tmp_path / "ckpt", NUMPY_TREE, use_ocdbt)
+    target = {"a": np.ndarray, "config": Config(0.5)}
+    item = {"a": np.zeros(8, np.int64), "config": Config(0.5)}  # v1 refuses such leaves
+    args = ocp.args.PyTreeRestore(item=item, partial_restore=True)
+    expected = ocp.PyTreeCheckpointer().restore(path, args=args)
+    actual = suture.load(path, target, partial=True)
+    assert_same_as_orbax(expected, actual)
+    assert actual["config"] is target["config"]

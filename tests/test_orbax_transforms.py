@@ -417,3 +417,13 @@ def test_merge_trees_of_lazy_trees_reads_nothing(tmp_path) -> None:
     merged = suture.merge_trees(suture.open(tmp_path / "a").tree, suture.open(tmp_path / "b").tree)
     assert isinstance(merged["w"], suture.LazyArray)
     np.testing.assert_array_equal(suture.load(merged)["w"], np.zeros(4))
+
+
+def test_load_and_transform_with_a_list_of_transforms(tmp_path) -> None:
+    tree = {"f": [np.arange(3), np.arange(3) + 10]}
+    ocp.PyTreeCheckpointer().save(tmp_path / "ckpt", tree)
+    orbax_transforms = [ocp.Transform(original_key="f/1"), ocp.Transform(original_key="f/0")]
+    expected = ocp.apply_transformations(tree, orbax_transforms, [0, 0])
+    transforms = [suture.Transform(original_key="f/1"), suture.Transform(original_key="f/0")]
+    actual = suture.load_and_transform(transforms, tmp_path / "ckpt", target=[..., ...])
+    assert_same_as_orbax(expected, actual)
