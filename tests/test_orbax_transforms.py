@@ -427,3 +427,43 @@ def test_load_and_transform_with_a_list_of_transforms(tmp_path) -> None:
     transforms = [suture.Transform(original_key="f/1"), suture.Transform(original_key="f/0")]
     actual = suture.load_and_transform(transforms, tmp_path / "ckpt", target=[..., ...])
     assert_same_as_orbax(expected, actual)
+
+
+def test_what_placeholder_means_in_each_context(tmp_path) -> None:
+    """Issue case 10, as docs/coming-from-orbax.md defines it (each context against Orbax)."""
+    from orbax.checkpoint import v1 as ocp_v1
+
+    from suture import rules
+
+    tree = {"a": np.arange(3), "b": np.ones(2)}
+    path = tmp_path / "ckpt"
+    ocp_v1.save(path, tree)
+    restored = ocp_v1.load(path)
+
+    # 1. A target of load: "do not read"; comes back as `...`.
+    target = {"a": ..., "b": np.ndarray}
+    assert_same_as_orbax(ocp_v1.load(path, target), suture.load(path, target))
+
+    # 2. A new_tree of apply_transformations: structure only; unfilled leaves stay `...`.
+    new_tree = {"c": ..., "b": ..., "z": ...}
+    expected = ocp.apply_transformations(restored, {"c": ocp.Transform(original_key="a")}, new_tree)
+    transforms = {"c": suture.Transform(original_key="a")}
+    assert_same_as_orbax(expected, suture.apply_transformations(restored, transforms, new_tree))
+
+    # 3. target= of load_and_transform: Orbax's new_tree with a transformations tree ...
+    actual = suture.load_and_transform(transforms, path, target=new_tree)
+    assert_same_as_orbax(expected, actual)
+    # ... and a restore target with rules: "do not read".
+    renamed = suture.load_and_transform([rules.rename("a", "c")], path, target={"c": ..., "b": N})
+    assert_same_as_orbax(
+        ocp_v1.load(path, {"a": ..., "b": N}), {"a": renamed["c"], "b": renamed["b"]}
+    )
+
+    # 4. A result: a value_fn returning `...` gives a leaf holding `...`.
+    to_placeholder = {"c": ocp.Transform(original_key="a", value_fn=lambda _: ...)}
+    expected = ocp.apply_transformations(restored, to_placeholder, {"c": 0})
+    ours = {"c": suture.Transform(original_key="a", value_fn=lambda _: ...)}
+    assert_same_as_orbax(expected, suture.load_and_transform(ours, path, target={"c": 0}))
+
+
+N = np.ndarray
