@@ -363,6 +363,9 @@ def test_another_topology_is_an_error_that_names_the_leaf(tmp_path) -> None:
         suture.load(path, abstract)
     with pytest.raises(suture.SurgeryError, match=message):
         suture.load(path, as_jax=True)
+    v1_metadata = ocp_v1.metadata(path).metadata  # Orbax's metadata, recording those devices
+    with pytest.raises(suture.SurgeryError, match=r"Leaf 'params/w': the target's Orbax metadata"):
+        suture.load(path, v1_metadata)
     sharding = NamedSharding(mesh_2d(), P("x"))  # the fix the message gives
     given = {"params": {"w": jax.ShapeDtypeStruct((16, 2), np.float32, sharding=sharding)}}
     assert suture.load(path, given)["params"]["w"].sharding == sharding
@@ -402,3 +405,23 @@ def test_a_config_object_in_the_target_is_a_leaf(tmp_path, use_ocdbt) -> None:
     actual = suture.load(path, target, partial=True)
     assert_same_as_orbax(expected, actual)
     assert actual["config"] is target["config"]
+
+
+@pytest.mark.parametrize(
+    ("description", "message"),
+    [
+        ("{not json", r"recorded sharding .* is not readable"),
+        ('{"sharding_type": "SingleDeviceSharding", "device_str": "tpu:7"}', r"saved on device 'tpu:7'"),
+        ('{"sharding_type": "PositionalSharding"}', r"records a PositionalSharding"),
+        (
+            '{"sharding_type": "NamedSharding", "shape": [3], "axis_names": ["x"], "partition_spec": []}',
+            r"a mesh of shape \(3,\), but this process has 8 devices",
+        ),
+    ],
+    ids=["unreadable", "absent_device", "positional", "device_count"],
+)  # fmt: skip
+def test_recorded_shardings_this_process_cannot_use(description, message) -> None:
+    from suture._shardings import recorded_sharding
+
+    with pytest.raises(suture.SurgeryError, match=rf"Leaf 'w': .*{message}.*Give the target leaf"):
+        recorded_sharding(description, "w")
