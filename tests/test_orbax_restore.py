@@ -425,3 +425,44 @@ def test_recorded_shardings_this_process_cannot_use(description, message) -> Non
 
     with pytest.raises(suture.SurgeryError, match=rf"Leaf 'w': .*{message}.*Give the target leaf"):
         recorded_sharding(description, "w")
+
+
+# Transformations at restore time (Orbax's PyTreeRestore(transforms=...)).
+
+
+def test_restore_with_transformations(tmp_path, use_ocdbt) -> None:
+    tree = {
+        "a": np.arange(8),
+        "b": np.arange(8) * 2,
+        "c": {"a": np.arange(8) + 1, "e": np.arange(8) + 3},
+        "int_key": 5,
+        "float_key": 2.5,
+    }
+    path = save_v0(tmp_path / "ckpt", tree, use_ocdbt)
+
+    def transformations(T):
+        return {
+            "x": T(original_key="a", value_fn=lambda v: v * 2 + 3),
+            "y": T(original_key="c/e"),
+            "c": {"a": T(value_fn=lambda v: v * 2 + 3)},
+            "int_key": T(value_fn=lambda v: v + 2),
+            "fallback": T(use_fallback=True),
+        }
+
+    item = {"x": 0, "y": 0, "c": {"a": 0}, "z": 100, "int_key": 0, "fallback": np.arange(4)}
+    as_numpy = ocp.RestoreArgs(restore_type=np.ndarray)
+    restore_args = {
+        "x": as_numpy,
+        "y": as_numpy,
+        "c": {"a": as_numpy},
+        "z": ocp.RestoreArgs(restore_type=int),
+        "int_key": ocp.RestoreArgs(restore_type=int),
+        "fallback": ocp.RestoreArgs(restore_type=None),
+    }
+    args = ocp.args.PyTreeRestore(
+        item=item, restore_args=restore_args, transforms=transformations(ocp.Transform)
+    )
+    expected = ocp.PyTreeCheckpointer().restore(path, args=args)
+    target = {"x": N, "y": N, "c": {"a": N}, "z": 100, "int_key": 0, "fallback": np.arange(4)}
+    actual = suture.load_and_transform(transformations(suture.Transform), path, target=target)
+    assert_same_as_orbax(expected, actual)
