@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,9 +168,7 @@ def _orbax_metadata_target(leaf: Any) -> LeafTarget | None:
 
 def is_empty_container(value: Any) -> bool:
     """A container with no leaves (``{}``, ``()``, ``optax.EmptyState()``, ``MaskedNode()``)."""
-    if isinstance(value, (dict, list, tuple)):
-        return len(value) == 0
-    return False
+    return isinstance(value, (Mapping, list, tuple)) and len(value) == 0
 
 
 def unwrap_metadata_tree(target: Any) -> Any:
