@@ -466,3 +466,26 @@ def test_restore_with_transformations(tmp_path, use_ocdbt) -> None:
     target = {"x": N, "y": N, "c": {"a": N}, "z": 100, "int_key": 0, "fallback": np.arange(4)}
     actual = suture.load_and_transform(transformations(suture.Transform), path, target=target)
     assert_same_as_orbax(expected, actual)
+
+
+# Empty containers, None leaves and lists, with and without a target (Orbax's test_empty_data).
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"a": {}, "b": 3},
+        [1, {}, 2],
+        {"a": None, "b": 3},
+        [1, None, 2],
+        [1, [], 2],
+        {"a": [], "b": 3.5},
+        [1, 2, 5, 6],
+    ],
+    ids=repr,
+)
+def test_empty_nodes_none_and_lists(tmp_path, use_ocdbt, data) -> None:
+    path = save_v0(tmp_path / "ckpt", data, use_ocdbt)
+    assert_same_as_orbax(ocp.PyTreeCheckpointer().restore(path), suture.load(path))
+    expected = ocp.PyTreeCheckpointer().restore(path, item=data)
+    assert_same_as_orbax(expected, suture.load(path, data))
