@@ -222,10 +222,11 @@ def _sharding(path: str, leaf: LazyArray, wanted: LeafTarget) -> Any:
         return metadata_sharding(wanted.sharding, path)
     if wanted.sharding is not None:
         return wanted.sharding
-    recorded = getattr(getattr(leaf, "_node", None), "saved_sharding", None)
-    if recorded is None or wanted.shape not in (None, leaf.shape):
+    lookup = getattr(getattr(leaf, "_node", None), "recorded_sharding", None)
+    if lookup is None or wanted.shape not in (None, leaf.shape):
         return None
-    return recorded_sharding(recorded, path)
+    recorded = lookup()
+    return None if recorded is None else recorded_sharding(recorded, path)
 
 
 def _callers_mesh(mesh: Any) -> Any:

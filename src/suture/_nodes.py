@@ -73,10 +73,11 @@ class TensorStoreSource(SourceNode):
 
     The store is opened on first read, once, from any thread; `open_store` returns
     TensorStore's open future, so that many stores can be opened at once (`open_all`).
-    `saved_sharding` is the sharding Orbax recorded for the array (see `_shardings`), if any.
+    `recorded_sharding`, where set, returns the sharding Orbax recorded for the array (its
+    JSON description, see `_shardings`) or None.
     """
 
-    saved_sharding: str | None = None
+    recorded_sharding: Callable[[], str | None] | None = None
 
     def __init__(
         self,
