@@ -40,10 +40,12 @@ def load(
     Args:
         source: a checkpoint path, an opened `Checkpoint`, or a tree holding `LazyArray`s
             (such as the result of `suture.transform`) and plain values.
-        target: None for everything as stored, or a tree whose leaves say what to return
-            (see `suture._targets`): ``jax.ShapeDtypeStruct`` (with a sharding: each device
-            reads only its shard), concrete arrays, the types ``np.ndarray``/``jax.Array``,
-            Python numbers, or ``suture.PLACEHOLDER`` (``...``) to skip a leaf.
+        target: None for everything as stored, or a tree whose leaves say what to return:
+            ``jax.ShapeDtypeStruct`` (with a sharding: each device reads only its shard),
+            concrete arrays (their shape and dtype), the types ``np.ndarray``/``jax.Array``
+            (as stored, on the host or on the device), Python numbers, or
+            ``suture.PLACEHOLDER`` (``...``) to skip a leaf; `suture.placeholders` builds
+            such a tree from a checkpoint.
         partial: skip (never read) source leaves that `target` leaves out. Without it,
             leaving a source leaf out is an error.
         pad_truncate: zero-pad or truncate each axis where the target's shape differs from

@@ -78,9 +78,23 @@ def _report_written(result: Any, verified: bool = False) -> None:
     )
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from . import __version__
+
+        typer.echo(f"suture {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """Model surgery for JAX checkpoints."""
     _state["debug"] = debug
@@ -194,7 +208,19 @@ def apply(
     allow_pickle: AllowPickle = False,
     progress: Progress = None,
 ) -> None:
-    """Run a recipe on the source(s) and stream the result to OUTPUT."""
+    """Run a recipe on the source(s) and stream the result to OUTPUT.
+
+    RECIPE is a YAML or TOML file with a list of rules (drop, keep, rename, stack, unstack,
+    cast, concat, split), or a Python file that defines RULES = [...] (suture.rules
+    objects) or a function transform(*trees) taking one lazy tree per source.
+
+    A Python recipe may also define TARGET, the tree to produce (arrays or
+    jax.ShapeDtypeStruct leaves; --target takes it from a checkpoint instead), and init,
+    the values of target leaves no source has: a tree of values, a tree of fn(shape, dtype)
+    initializers, or a function of no arguments returning the new leaves (run under
+    jax.jit; only the missing leaves are computed). A Python recipe is code: run only
+    recipes you trust.
+    """
     from ._plan import plan as make_plan
     from ._recipes import with_cast
     from ._save import save
