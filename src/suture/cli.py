@@ -38,7 +38,13 @@ MaxShardSize = Annotated[
     str | None, typer.Option("--max-shard-size", help="safetensors: shard size, e.g. 5GB.")
 ]
 Output = Annotated[str, typer.Option("-o", "--output", help="Where to write the result.")]
-OutputFormat = Annotated[str, typer.Option("--format", help="orbax or safetensors.")]
+OutputFormat = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="orbax or safetensors (OUTPUT ending in .safetensors: one file; else a HF folder).",
+    ),
+]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output.")]
 Partial = Annotated[bool, typer.Option("--partial", help="Drop leaves the target leaves out.")]
 Progress = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")]
@@ -305,7 +311,11 @@ def convert(
     destination: Annotated[str, typer.Argument(help="Where to write it.")],
     format: Annotated[  # noqa: A002
         str | None,
-        typer.Option("--format", help="orbax or safetensors (default: from DESTINATION)."),
+        typer.Option(
+            "--format",
+            help="orbax or safetensors (default: from DESTINATION). safetensors to a path "
+            "ending in .safetensors is one file; any other path is a Hugging Face folder.",
+        ),
     ] = None,
     dtype: Annotated[
         str | None, typer.Option("--dtype", help="Cast floating-point leaves, e.g. bfloat16.")
