@@ -107,13 +107,15 @@ def test_shards_into_one_file_are_refused(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_convert_to_a_single_file_leaves_the_side_files_behind(tmp_path: Path) -> None:
-    folder = tmp_path / "hf"
-    folder.mkdir()
-    save_file({"a.w": np.ones(4, np.float32)}, folder / "model.safetensors")
-    (folder / "config.json").write_text("{}")
-    suture.convert(folder, tmp_path / "out.safetensors", progress=False)
+def test_shards_convert_to_a_single_file_without_the_side_files(tmp_path: Path) -> None:
+    tree = {f"layer{i}": {"w": np.full(64, i, np.float32)} for i in range(3)}
+    suture.save(tree, tmp_path / "hf", format="safetensors", max_shard_size=300, progress=False)
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    suture.convert(tmp_path / "hf", tmp_path / "out.safetensors", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "out.safetensors"]
+    loaded = load_file(tmp_path / "out.safetensors")
+    assert sorted(loaded) == ["layer0.w", "layer1.w", "layer2.w"]
+    np.testing.assert_array_equal(loaded["layer2.w"], tree["layer2"]["w"])
 
 
 def test_links_and_outside_files_are_not_copied(tmp_path: Path) -> None:
