@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -170,3 +172,20 @@ def test_side_file_names_from_orbax_metadata_stay_inside(tmp_path: Path) -> None
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.safetensors"]
     messages = [str(w.message) for w in caught]
     assert any("secret_key': its name is not a plain file name" in m for m in messages), messages
+
+
+def test_the_command_line_prints_a_skipped_link_as_one_warning_line(tmp_path: Path) -> None:
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    save_file({"a.w": np.ones(4, np.float32)}, folder / "model.safetensors")
+    os.symlink(tmp_path / "elsewhere.json", folder / "tokenizer.json")
+    done = subprocess.run(
+        [sys.executable, "-m", "suture", "convert", str(folder), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == (
+        f"Warning: Not copying {str(folder / 'tokenizer.json')!r}: it is a symbolic link. Only "
+        f"regular files inside the model folder are copied; copy it by hand if you trust it."
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -365,6 +366,20 @@ def demo(
     run_demo(workdir, echo=typer.echo)
 
 
+def _show_warning(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+    """suture's own warnings as one ``Warning: ...`` line; others as Python shows them."""
+    from ._sidefiles import SideFileWarning
+
+    if issubclass(category, SideFileWarning):
+        typer.echo(f"Warning: {message}", err=True)
+    else:
+        _python_show_warning(message, category, *args, **kwargs)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `suture` script and of ``python -m suture``."""
+    warnings.showwarning = _show_warning
     app(args=argv if argv is not None else sys.argv[1:], prog_name="suture")
