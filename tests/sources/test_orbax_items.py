@@ -72,9 +72,9 @@ def test_the_default_item_alone_is_the_tree(tmp_path: Path) -> None:
 
 
 def test_v1_save_is_the_tree_and_v1_checkpointables_are_named(tmp_path: Path) -> None:
-    ocp_v1.save_pytree(tmp_path / "alone", STATE)
+    ocp_v1.save(tmp_path / "alone", STATE)
     assert sorted(suture.open(tmp_path / "alone").tree) == ["w"]
-    assert sorted(ocp_v1.load_pytree(tmp_path / "alone")) == ["w"]
+    assert sorted(ocp_v1.load(tmp_path / "alone")) == ["w"]
     ocp_v1.save_checkpointables(tmp_path / "both", {"state": STATE, "extra": STATE})
     restored = ocp_v1.load_checkpointables(tmp_path / "both")
     assert sorted(suture.open(tmp_path / "both").tree) == sorted(restored) == ["extra", "state"]
