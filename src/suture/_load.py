@@ -42,12 +42,13 @@ def load(
     Args:
         source: a checkpoint path, an opened `Checkpoint`, or a tree holding `LazyArray`s
             (such as the result of `suture.transform`) and plain values.
-        target: None for everything as stored, or a tree whose leaves say what to return
-            (see `suture._targets`): ``jax.ShapeDtypeStruct`` (with a sharding: each device
-            reads only its shard), concrete arrays, the types ``np.ndarray``/``jax.Array``,
-            Python numbers, Orbax's metadata tree (``ocp.metadata(path).metadata``), or
-            ``suture.PLACEHOLDER`` (``...``) to skip a leaf. Empty containers
-            (``optax.EmptyState()``) come back as the target's own objects.
+        target: None for everything as stored, or a tree whose leaves say what to return:
+            ``jax.ShapeDtypeStruct`` (with a sharding: each device reads only its shard),
+            concrete arrays (their shape and dtype), the types ``np.ndarray``/``jax.Array``
+            (as stored, on the host or on the device), Python numbers, Orbax's metadata tree
+            (``ocp.metadata(path).metadata``), or ``suture.PLACEHOLDER`` (``...``) to skip a
+            leaf; `suture.placeholders` builds such a tree from a checkpoint. Empty
+            containers (``optax.EmptyState()``) come back as the target's own objects.
         partial: skip (never read) source leaves that `target` leaves out, and keep the
             target's own value for a concrete target leaf the source lacks (Orbax's
             ``partial_restore``). Without it, either is an error.

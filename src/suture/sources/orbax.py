@@ -35,7 +35,7 @@ def open_orbax(path: str | Path, step: int | None = None) -> Checkpoint:
     location = Path(path)
     layout = resolve(location, step)
     trees = {name: _read_item(folder) for name, folder in layout.items.items()}
-    tree = trees[None] if list(trees) == [None] else trees
+    tree = trees[None] if list(trees) == [None] else {**trees, **layout.json_items}
     return Checkpoint(
         tree,
         location=str(path),
