@@ -193,14 +193,23 @@ def apply(
     verify: Verify = False,
     allow_pickle: AllowPickle = False,
     progress: Progress = None,
+    reverse: Annotated[
+        bool, typer.Option("--reverse", help="Apply the recipe's rules backwards (rules.reverse).")
+    ] = False,
+    like: Annotated[
+        str | None,
+        typer.Option("--like", help="With --reverse: the recipe's original input (for casts, reshapes, concats)."),
+    ] = None,
 ) -> None:
     """Run a recipe on the source(s) and stream the result to OUTPUT."""
     from ._plan import plan as make_plan
-    from ._recipes import with_cast
+    from ._recipes import reversed_rules, with_cast
     from ._save import save
     from ._surgery import transform
 
     surgery = _prepare(recipe, sources, target, allow_pickle)
+    if reverse:
+        surgery["transform"] = reversed_rules(surgery["transform"], like)
     steps = with_cast(surgery["transform"], dtype) if dtype is not None else surgery["transform"]
     arguments = {**surgery["arguments"], "partial": partial}
     if dry_run:
