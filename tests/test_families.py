@@ -87,6 +87,22 @@ def test_round_trip_is_bit_identical(tmp_path, family, layout):
     assert reloaded is not None
 
 
+def test_stock_orbax_restores_the_maxtext_tree(tmp_path):
+    import orbax.checkpoint as ocp
+
+    _save_model("llama3.1", tmp_path / "hf")
+    convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "llama3.1:maxtext", progress=False)
+    restored = ocp.PyTreeCheckpointer().restore(tmp_path / "mt")
+    assert restored["step"] == 0
+    assert sorted(restored["params"]["params"]) == ["decoder", "token_embedder"]
+    layers = restored["params"]["params"]["decoder"]["layers"]
+    assert layers["mlp"]["wo"]["kernel"].shape == (96, 2, 64)  # (mlp, layer, embed)
+    assert layers["self_attention"]["out"]["kernel"].shape == (4, 2, 16, 64)  # (heads, layer, head_dim, embed)
+    np.testing.assert_array_equal(
+        layers["mlp"]["wo"]["kernel"], suture.open(tmp_path / "mt")["params/params/decoder/layers/mlp/wo/kernel"].read()
+    )
+
+
 def test_gemma2_round_trip_within_half_an_ulp_of_one(tmp_path):
     _save_model("gemma2", tmp_path / "hf")
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "gemma2:maxtext", progress=False)

@@ -97,7 +97,11 @@ class FamilyRecipe:
     # Hugging Face -> MaxText ---------------------------------------------------------------
 
     def to_maxtext(self, tree: Any, config: dict[str, Any]) -> dict[str, Any]:
-        """The MaxText tree ``{"params": {"params": ...}}`` of an HF tree, lazily."""
+        """The MaxText tree ``{"params": {"params": ...}, "step": 0}`` of an HF tree, lazily.
+
+        MaxText's converter also saves an empty ``opt_state``; suture's Orbax writer does not
+        write empty containers, and MaxText's ``load_parameters_path`` reads only ``params``.
+        """
         names = self.config_names(config)
         hf = _hf_leaves(tree)
         used: set[str] = set()
@@ -106,6 +110,7 @@ class FamilyRecipe:
             for path, value in self._forward(leaf, hf, names, used).items():
                 out[f"{MAXTEXT_ROOT}/{path}"] = value
         self._check_all_used(hf, used, names)
+        out["step"] = 0  # MaxText's TrainState starts a converted model at step 0
         return unflatten(out)
 
     def _forward(self, leaf: Leaf, hf: dict, names: dict, used: set[str]) -> dict[str, Any]:
