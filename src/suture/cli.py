@@ -214,6 +214,13 @@ def apply(
     verify: Verify = False,
     allow_pickle: AllowPickle = False,
     progress: Progress = None,
+    reverse: Annotated[
+        bool, typer.Option("--reverse", help="Apply the recipe's rules backwards (rules.reverse).")
+    ] = False,
+    like: Annotated[
+        str | None,
+        typer.Option("--like", help="With --reverse: the recipe's original input (for casts, reshapes, concats)."),
+    ] = None,
 ) -> None:
     """Run a recipe on the source(s) and stream the result to OUTPUT.
 
@@ -229,11 +236,13 @@ def apply(
     recipes you trust.
     """
     from ._plan import plan as make_plan
-    from ._recipes import with_cast
+    from ._recipes import reversed_rules, with_cast
     from ._save import save
     from ._surgery import transform
 
     surgery = _prepare(recipe, sources, target, allow_pickle)
+    if reverse:
+        surgery["transform"] = reversed_rules(surgery["transform"], like)
     steps = with_cast(surgery["transform"], dtype) if dtype is not None else surgery["transform"]
     arguments = {**surgery["arguments"], "partial": partial}
     if dry_run:
@@ -322,7 +331,21 @@ def convert(
         str | None, typer.Option("--dtype", help="Cast floating-point leaves, e.g. bfloat16.")
     ] = None,
     recipe: Annotated[
-        str | None, typer.Option("--rules", help="A recipe file (.py, .yaml, .toml).")
+        str | None,
+        typer.Option(
+            "--rules",
+            "--recipe",
+            help="A recipe file (.py, .yaml, .toml), or a built-in one such as "
+            "llama3.1:maxtext (`suture recipes` lists them).",
+        ),
+    ] = None,
+    reverse: Annotated[
+        bool,
+        typer.Option("--reverse", help="Run a built-in recipe backwards (MaxText -> HF folder)."),
+    ] = False,
+    config: Annotated[
+        str | None,
+        typer.Option("--config", help="The model's config.json, for a built-in recipe."),
     ] = None,
     max_memory: MaxMemory = None,
     max_shard_size: MaxShardSize = None,
@@ -342,6 +365,8 @@ def convert(
         format=format,
         dtype=dtype,
         recipe=recipe,
+        reverse=reverse,
+        config=config,
         overwrite=overwrite,
         max_memory=max_memory,
         max_shard_size=max_shard_size,
@@ -350,6 +375,33 @@ def convert(
         progress=progress,
     )
     _report_written(result)
+
+
+@app.command()
+@reports_errors
+def recipes(
+    name: Annotated[
+        str | None, typer.Argument(help="Show one recipe's table for this config.json's model.")
+    ] = None,
+    config: Annotated[
+        str | None, typer.Option("--config", help="config.json to show the operations for.")
+    ] = None,
+) -> None:
+    """List the built-in model-family recipes (HF <-> MaxText), or show one's operations."""
+    from . import families
+    from .families._convert import read_config
+
+    if name is None:
+        for recipe_name in families.recipe_names():
+            recipe = families.get_recipe(recipe_name)
+            typer.echo(f"{recipe_name:28} {recipe.description}")
+        return
+    recipe = families.get_recipe(name)
+    typer.echo(f"{recipe.name}: {recipe.description}\nFollows {recipe.follows}.")
+    if config is None:
+        return
+    for maxtext, hf, operations in recipe.operations_table(read_config(config)):
+        typer.echo(f"  {maxtext:55} <- {hf:50} {operations}")
 
 
 @app.command()
