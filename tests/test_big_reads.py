@@ -172,3 +172,13 @@ def test_orbax_leaves_transposed_into_safetensors_match_numpy(tmp_path: Path) ->
         np.testing.assert_array_equal(stock["a_t"], tree["a"].T)
         np.testing.assert_array_equal(stock["s_t"], tree["s"].transpose(0, 2, 1))
         np.testing.assert_array_equal(stock["part_t"], tree["a"][100:650].T)
+
+
+def test_reshapes_fill_outputs_in_place_and_equal_numpy(tmp_path: Path) -> None:
+    weights = np.random.default_rng(3).standard_normal((256, 512), dtype=np.float32)
+    save_file({"q": weights}, str(tmp_path / "m.safetensors"))
+    heads = suture.open(tmp_path / "m.safetensors")["q"].T.reshape(512, 8, 32).astype("bfloat16")
+    expected = weights.T.reshape(512, 8, 32).astype(ml_dtypes.bfloat16)
+    suture.save({"heads": heads}, tmp_path / "out", progress=False, chunk_bytes="16KiB")
+    assert suture.load(tmp_path / "out")["heads"].tobytes() == expected.tobytes()
+    assert heads[100:200, 3:5].read().tobytes() == expected[100:200, 3:5].tobytes()

@@ -406,6 +406,20 @@ class ReshapeNode(Node):
         trailing = tuple(range(length) for length in selection_shape(selection[:kept]))
         return outer_index(values, trailing + tuple(selection[kept:]))
 
+    def read_into(self, selection: Selection, out: np.ndarray) -> None:
+        kept = self._kept_leading_axes
+        base_selection = tuple(selection[:kept]) + full(self.base.shape[kept:])
+        if not is_full(selection[kept:], self.shape[kept:]):
+            super().read_into(selection, out)
+            return
+        target = out.view()
+        try:  # the same memory in the base's shape: no copy, so the base fills `out` itself
+            target.shape = selection_shape(base_selection)
+        except AttributeError:
+            super().read_into(selection, out)
+            return
+        self.base.read_into(base_selection, target)
+
     def inputs(self) -> tuple[Node, ...]:
         return (self.base,)
 
