@@ -28,7 +28,9 @@ import numpy as np
 from ._format import format_table, human_bytes
 from ._lazy import LazyArray
 from ._nodes import (
+    BroadcastNode,
     CastNode,
+    ComputeNode,
     ConcatNode,
     IndexNode,
     MapNode,
@@ -204,5 +206,10 @@ def _operation_name(node: Node) -> str:
         return f"{verb} {len(node.members)} on axis {node.axis}{as_dtype}"
     if isinstance(node, MapNode):
         return f"map {node.name}"
+    if isinstance(node, ComputeNode):
+        whole = node.reads_whole and any(member.shape for member in node.members)
+        return f"{node.name} (reads inputs whole)" if whole else node.name
+    if isinstance(node, BroadcastNode):
+        return "broadcast"
     names = {IndexNode: "slice", TransposeNode: "transpose", ReshapeNode: "reshape", PadNode: "pad"}
     return names.get(type(node), type(node).__name__)

@@ -21,10 +21,12 @@ from typing import Any
 from ._checkpoint import Checkpoint
 from ._errors import ShapeMismatchError, SurgeryError
 from ._init import initialize
-from ._lazy import ImplicitReadError, LazyArray, no_implicit_reads
+from ._lazy import LazyArray
 from ._load import load
+from ._nodes import SourceNode
 from ._paths import flatten, map_leaves_with_path
 from ._targets import LeafTarget, classify, placeholders_as_stored
+from ._trace import call_function, recording
 from .rules import Rule, apply_rules
 from .sources import open_source
 
@@ -38,6 +40,7 @@ class Built:
     initialized: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    eager_reads: dict[int, tuple[SourceNode, int]] = field(default_factory=dict)
 
 
 def build(
@@ -54,10 +57,14 @@ def build(
     built = Built(tree=None, sources=checkpoints)
     trees = [ckpt.tree for ckpt in checkpoints]
     try:
-        result = _apply(transform, trees, target, built)
+        with recording() as record:  # what user functions read or could not keep lazy
+            result = _apply(transform, trees, target, built)
     except SurgeryError as error:
         built.problems.append(str(error))
         return built
+    finally:
+        built.notes.extend(record.notes)
+        built.eager_reads.update(record.eager_reads)
     if target is not None:
         result = _shaped_by_target(result, target, partial, built)
     built.tree = _initialized(result, init, built)
@@ -98,18 +105,7 @@ def _only_tree(trees: list[Any], what: str) -> Any:
 
 
 def _call_function(fn: Callable[..., Any], trees: list[Any], built: Built) -> Any:
-    try:
-        with no_implicit_reads():
-            return fn(*trees)
-    except (ImplicitReadError, TypeError, ValueError):
-        pass  # it needs concrete arrays: call it again, letting it read what it touches
-    name = getattr(fn, "__name__", "the transform function")
-    built.notes.append(
-        f"{name} reads the arrays it touches when it is called (it uses jax or numpy functions "
-        f"on them). Use suture.stack, suture.concatenate, suture.map and LazyArray arithmetic "
-        f"to keep it lazy."
-    )
-    return fn(*trees)
+    return call_function(fn, *trees)
 
 
 def _shaped_by_target(result: Any, target: Any, partial: bool, built: Built) -> Any:
