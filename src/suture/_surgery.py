@@ -18,9 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ._checkpoint import Checkpoint
 from ._errors import ShapeMismatchError, SurgeryError
-from ._init import initialize
+from ._init import covers, initialize
 from ._lazy import LazyArray
 from ._load import load
 from ._nodes import SourceNode
@@ -49,6 +51,7 @@ def build(
     target: Any = None,
     init: Any = None,
     partial: bool = False,
+    seed: Any = 0,
 ) -> Built:
     """The lazy result of a surgery, with every problem found (see `transform`)."""
     if isinstance(transform, dict) and target is not None:
@@ -67,7 +70,7 @@ def build(
         built.eager_reads.update(record.eager_reads)
     if target is not None:
         result = _shaped_by_target(result, target, partial, built)
-    built.tree = _initialized(result, init, built)
+    built.tree = _initialized(result, init, built, seed)
     return built
 
 
@@ -154,7 +157,7 @@ class _Create:
         self.wanted, self.target_leaf = wanted, target_leaf
 
 
-def _initialized(result: Any, init: Any, built: Built) -> Any:
+def _initialized(result: Any, init: Any, built: Built, seed: Any) -> Any:
     flat = flatten(result)
     missing: dict[str, LeafTarget] = {}
     for path, leaf in flat.items():
@@ -162,11 +165,13 @@ def _initialized(result: Any, init: Any, built: Built) -> Any:
             missing[path] = leaf.wanted
         elif type(leaf).__name__ == "ShapeDtypeStruct":
             missing[path] = classify(leaf)
+        elif _is_constant(leaf) and covers(init, path):  # np.empty(...) that init names
+            missing[path] = LeafTarget("numpy", tuple(leaf.shape), np.dtype(leaf.dtype))
     if not missing:
         return result
-    available = [path for path, leaf in flat.items() if path not in missing]
+    available = [path for path in flat if path not in missing]
     try:
-        values = initialize(init, missing, available)
+        values = initialize(init, missing, available, seed)
     except SurgeryError as error:
         built.problems.append(str(error))
         return result
@@ -174,11 +179,21 @@ def _initialized(result: Any, init: Any, built: Built) -> Any:
     return map_leaves_with_path(lambda path, leaf: values.get(path, leaf), result)
 
 
+def _is_constant(leaf: Any) -> bool:
+    """An array in a result that no source gives (``np.empty(...)`` returned by a function)."""
+    return (
+        not isinstance(leaf, LazyArray)
+        and hasattr(leaf, "shape")
+        and hasattr(leaf, "dtype")
+        and type(leaf).__name__ != "ShapeDtypeStruct"
+    )
+
+
 def _checked_tree(
-    transform: Any, sources: Sequence[Any], target: Any, init: Any, partial: bool
+    transform: Any, sources: Sequence[Any], target: Any, init: Any, partial: bool, seed: Any
 ) -> Any:
     """The built tree, or a SurgeryError that lists every problem."""
-    built = build(transform, sources, target, init, partial)
+    built = build(transform, sources, target, init, partial, seed)
     if len(built.problems) == 1:
         raise SurgeryError(built.problems[0])
     if built.problems:
@@ -188,7 +203,12 @@ def _checked_tree(
 
 
 def transform(
-    transform: Any, *sources: Any, target: Any = None, init: Any = None, partial: bool = False
+    transform: Any,
+    *sources: Any,
+    target: Any = None,
+    init: Any = None,
+    partial: bool = False,
+    seed: Any = 0,
 ) -> Any:
     """The result of a surgery as a lazy tree; reads no array data.
 
@@ -198,8 +218,13 @@ def transform(
         *sources: checkpoint paths, opened checkpoints, or in-memory trees.
         target: optional tree giving the result's structure, dtypes and shapes (as in
             `suture.load`); leaves it has and the result lacks are created by `init`.
-        init: creates leaves that no source provides (see `suture.load`).
+        init: creates leaves that no source provides (see `suture.load`), and replaces
+            constants the function returns (``np.empty(...)``) at the paths it names.
+            Entries may be values, ``fn(shape, dtype)``, JAX/Flax initializers
+            ``fn(key, shape, dtype)``, or a no-argument function building the whole tree.
         partial: drop result leaves that `target` leaves out, instead of failing.
+        seed: an int or a jax PRNG key for initializers that take a key; each leaf gets
+            ``fold_in(seed, hash(path))``, so values do not depend on order.
 
     Returns:
         A tree of LazyArrays and values: load it with `suture.load`, or stream it to disk.
@@ -216,7 +241,7 @@ def transform(
         >>> lazy["layers"]["w"]
         LazyArray(path=None, shape=(2, 2), dtype=float64)
     """
-    return _checked_tree(transform, sources, target, init, partial)
+    return _checked_tree(transform, sources, target, init, partial, seed)
 
 
 def load_and_transform(
@@ -226,6 +251,7 @@ def load_and_transform(
     init: Any = None,
     partial: bool = False,
     as_jax: bool = False,
+    seed: Any = 0,
 ) -> Any:
     """`suture.load` of `suture.transform`: the surgery's result in memory.
 
@@ -238,7 +264,7 @@ def load_and_transform(
         >>> suture.load_and_transform([rules.rename("old", "new")], {"old": np.arange(3)})
         {'new': array([0, 1, 2])}
     """
-    result = _checked_tree(transform, sources, target, init, partial)
+    result = _checked_tree(transform, sources, target, init, partial, seed)
     if isinstance(transform, dict) and target is not None:
         target = placeholders_as_stored(target)
     return load(result, target, partial=partial, as_jax=as_jax)
