@@ -84,9 +84,9 @@ class Plan:
     @property
     def bytes_to_write(self) -> int:
         return sum(
-            math.prod(output.shape) * np.dtype(output.dtype).itemsize
+            math.prod(output.shape) * _itemsize(output.dtype)
             for output in self.outputs
-            if output.shape is not None and output.dtype not in (None, "str", "None")
+            if output.shape is not None
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +143,14 @@ class Plan:
         else:
             lines.append("No problems.")
         return "\n".join(lines)
+
+
+def _itemsize(dtype: str | None) -> int:
+    """Bytes per element of a plan row's dtype (0 for strings, None and unknown sizes)."""
+    try:
+        return np.dtype(dtype).itemsize if dtype not in (None, "str", "None") else 0
+    except TypeError:
+        return 0
 
 
 def _shorten(text: str, width: int) -> str:
@@ -210,9 +218,14 @@ CONSTANT = "constant from the function"
 
 def _described_value(leaf: Any) -> tuple[list[int] | None, str, str]:
     """Shape, dtype and a one-line description of a leaf that is not a LazyArray."""
+    wanted = getattr(leaf, "wanted", None)  # a target leaf that init was to create
+    if wanted is not None:
+        shape = None if wanted.shape is None else list(wanted.shape)
+        dtype = "as stored" if wanted.dtype is None else wanted.dtype.name
+        return shape, dtype, "to be created: needs init"
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
         if type(leaf).__name__ == "ShapeDtypeStruct":
-            return list(leaf.shape), np.dtype(leaf.dtype).name, "to be created (needs init=)"
+            return list(leaf.shape), np.dtype(leaf.dtype).name, "to be created: needs init"
         return list(leaf.shape), np.dtype(leaf.dtype).name, CONSTANT
     if isinstance(leaf, (bool, int, float, complex, np.generic)):
         return [], np.asarray(leaf).dtype.name, _shorten(repr(leaf), 40)

@@ -14,6 +14,7 @@ The result may hold LazyArrays, arrays, values, and ``jax.ShapeDtypeStruct`` lea
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ._checkpoint import Checkpoint
-from ._errors import ShapeMismatchError, SurgeryError
+from ._errors import ShapeMismatchError, SurgeryError, raise_problems
 from ._init import covers, initialize
 from ._lazy import LazyArray
 from ._load import load
@@ -43,6 +44,7 @@ class Built:
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     eager_reads: dict[int, tuple[SourceNode, int]] = field(default_factory=dict)
+    unmatched: list[str] = field(default_factory=list)  # result paths the target lacks
 
 
 def build(
@@ -56,6 +58,7 @@ def build(
     """The lazy result of a surgery, with every problem found (see `transform`)."""
     if isinstance(transform, dict) and target is not None:
         target = placeholders_as_stored(target)  # Orbax's new_tree: `...` is "any value"
+    _check_argument_order(transform, sources)
     checkpoints = [open_source(source) for source in sources]
     built = Built(tree=None, sources=checkpoints)
     trees = [ckpt.tree for ckpt in checkpoints]
@@ -72,6 +75,20 @@ def build(
         result = _shaped_by_target(result, target, partial, built)
     built.tree = _initialized(result, init, built, seed)
     return built
+
+
+def _check_argument_order(transform: Any, sources: Sequence[Any]) -> None:
+    """A checkpoint passed where the transform goes (Orbax's order) gets a clear hint."""
+    if not isinstance(transform, (str, os.PathLike, Checkpoint)):
+        return
+    shown = repr(str(transform)) if not isinstance(transform, Checkpoint) else "ckpt"
+    swapped = any(callable(source) or isinstance(source, (list, tuple, Rule)) for source in sources)
+    raise SurgeryError(
+        f"Got the checkpoint {shown} where the transform goes: the transform comes first, "
+        f"then the sources, e.g. suture.load_and_transform(transform, {shown})"
+        + (" (the arguments look swapped)." if swapped else ".")
+        + " Pass transform=None to take a checkpoint as it is."
+    )
 
 
 def _apply(transform: Any, trees: list[Any], target: Any, built: Built) -> Any:
@@ -115,6 +132,7 @@ def _shaped_by_target(result: Any, target: Any, partial: bool, built: Built) -> 
     flat_result = flatten(result)
     flat_target = flatten(target)
     extra = [path for path in flat_result if path not in flat_target]
+    built.unmatched = extra
     if extra and not partial:
         shown = ", ".join(repr(path) for path in extra[:5])
         built.problems.append(
@@ -169,9 +187,9 @@ def _initialized(result: Any, init: Any, built: Built, seed: Any) -> Any:
             missing[path] = LeafTarget("numpy", tuple(leaf.shape), np.dtype(leaf.dtype))
     if not missing:
         return result
-    available = [path for path in flat if path not in missing]
+    unmatched = built.unmatched or [path for path in flat if path not in missing]
     try:
-        values = initialize(init, missing, available, seed)
+        values = initialize(init, missing, unmatched, seed)
     except SurgeryError as error:
         built.problems.append(str(error))
         return result
@@ -194,11 +212,7 @@ def _checked_tree(
 ) -> Any:
     """The built tree, or a SurgeryError that lists every problem."""
     built = build(transform, sources, target, init, partial, seed)
-    if len(built.problems) == 1:
-        raise SurgeryError(built.problems[0])
-    if built.problems:
-        listed = "\n".join(f"  {i}. {problem}" for i, problem in enumerate(built.problems, 1))
-        raise SurgeryError(f"The surgery has {len(built.problems)} problems:\n{listed}")
+    raise_problems(built.problems)
     return built.tree
 
 

@@ -7,6 +7,7 @@ a traceback (``suture --debug ...`` shows it).
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -62,10 +63,34 @@ def reports_errors(command: F) -> F:
         except SurgeryError as error:
             if _state["debug"]:
                 raise
-            typer.echo(f"Error: {error}", err=True)
+            typer.echo(f"Error: {for_command_line(str(error))}", err=True)
             raise typer.Exit(code=2) from None
 
     return run  # type: ignore[return-value]
+
+
+# Library advice about Python arguments, said as what a command-line user can do instead.
+_COMMAND_LINE_WORDS = (
+    (re.compile(r"[Pp]ass partial=True"), "pass --partial"),
+    (
+        re.compile(r"(pass|name them in) init=( to create them)?"),
+        "create them with init = {...} in a Python recipe (there is no --init option)",
+    ),
+    (re.compile(r"Pass target="), "Pass --target CHECKPOINT (or TARGET in a Python recipe)"),
+    (re.compile(r"pad_truncate=True"), "a Python recipe that pads (suture.load's pad_truncate)"),
+)
+
+
+def for_command_line(message: str) -> str:
+    """`message` with advice about Python arguments turned into command-line options.
+
+    Example:
+        >>> for_command_line("Pass partial=True to drop them.")
+        'pass --partial to drop them.'
+    """
+    for pattern, replacement in _COMMAND_LINE_WORDS:
+        message = pattern.sub(replacement, message)
+    return message
 
 
 def _report_written(result: Any, verified: bool = False) -> None:
@@ -165,11 +190,11 @@ def plan(
     """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing."""
     from ._plan import plan as make_plan
 
-    surgery = _prepare(recipe, sources, target, allow_pickle)
+    surgery = _prepare(recipe, sources, target, allow_pickle, "plan")
     result = make_plan(
         surgery["transform"], *surgery["sources"], **surgery["arguments"], partial=partial
     )
-    typer.echo(result.to_json() if as_json else str(result))
+    typer.echo(result.to_json() if as_json else for_command_line(str(result)))
     if not result.ok:
         raise typer.Exit(code=2)
 
@@ -200,11 +225,14 @@ def apply(
     from ._save import save
     from ._surgery import transform
 
-    surgery = _prepare(recipe, sources, target, allow_pickle)
+    surgery = _prepare(recipe, sources, target, allow_pickle, "apply")
     steps = with_cast(surgery["transform"], dtype) if dtype is not None else surgery["transform"]
     arguments = {**surgery["arguments"], "partial": partial}
     if dry_run:
-        typer.echo(str(make_plan(steps, *surgery["sources"], **arguments)))
+        planned = make_plan(steps, *surgery["sources"], **arguments)
+        typer.echo(for_command_line(str(planned)))
+        if not planned.ok:  # as `suture plan` does: scripts can stop on a bad recipe
+            raise typer.Exit(code=2)
         return
     result = save(
         transform(steps, *surgery["sources"], **arguments),
@@ -219,12 +247,34 @@ def apply(
     _report_written(result, verify)
 
 
+RECIPE_SUFFIXES = (".py", ".yaml", ".yml", ".toml")
+
+
+def _check_recipe_first(recipe: str, sources: list[str], command: str) -> None:
+    """A checkpoint given as the recipe (arguments swapped) gets a hint, not "does not exist"."""
+    if Path(recipe).suffix.lower() in RECIPE_SUFFIXES or not Path(recipe).exists():
+        return
+    recipes = [source for source in sources if Path(source).suffix.lower() in RECIPE_SUFFIXES]
+    if recipes:
+        others = [source for source in sources if source not in recipes]
+        order = " ".join([recipes[0], recipe, *others])
+        raise SurgeryError(
+            f"The arguments look swapped: {recipe!r} is a checkpoint and {recipes[0]!r} a "
+            f"recipe. The recipe comes first: suture {command} {order} ..."
+        )
+    raise SurgeryError(
+        f"{recipe!r} is a checkpoint, not a recipe file ({', '.join(RECIPE_SUFFIXES)}). The "
+        f"recipe comes first, then the source checkpoint(s): suture {command} RECIPE SOURCE..."
+    )
+
+
 def _prepare(
-    recipe: str, sources: list[str], target: str | None, allow_pickle: bool
+    recipe: str, sources: list[str], target: str | None, allow_pickle: bool, command: str
 ) -> dict[str, Any]:
     from ._open import open as open_checkpoint
     from ._recipes import load_recipe
 
+    _check_recipe_first(recipe, sources, command)
     loaded = load_recipe(recipe)
     opened = [open_checkpoint(source, allow_pickle=allow_pickle) for source in sources]
     target_tree = open_checkpoint(target).abstract() if target is not None else loaded.target
