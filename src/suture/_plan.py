@@ -243,10 +243,10 @@ def _operations(node: Node) -> list[str]:
     described: list[str] = []
     while not isinstance(node, SourceNode):
         described.append(_operation_name(node))
-        inputs = node.inputs()
-        if len(inputs) != 1:
+        computed = [member for member in node.inputs() if not isinstance(member, SourceNode)]
+        if len(computed) != 1:  # sources only, or several computed branches
             break
-        node = inputs[0]
+        node = computed[0]  # e.g. w + 0.5 * (a @ b): add <- mul <- matmul
     return described
 
 
