@@ -190,3 +190,37 @@ def test_lora_merge_streams_by_row_blocks_under_a_budget_smaller_than_the_leaf(
     assert peak <= budget
     out = suture.open(tmp_path / "out")["w"].read()
     np.testing.assert_allclose(out, w + 0.5 * (a @ b), rtol=1e-5, atol=1e-5)
+
+
+def test_take_and_integer_array_indexing_read_only_the_taken_rows() -> None:
+    source = {"w": W}  # in memory: reads count elements (an Orbax source decodes whole chunks)
+
+    def surgery(tree):
+        return {
+            "rows": jnp.take(tree["w"], jnp.array([5, 0, 2]), axis=0),
+            "last": tree["w"][jnp.array([-1])],
+            "outside": jnp.take(tree["w"], jnp.array([9]), axis=0),  # jax fills with NaN
+        }
+
+    plan = suture.plan(surgery, source)
+    rows = {output.path: output for output in plan.outputs}
+    assert rows["rows"].operations == ["slice"] and rows["rows"].bytes_to_read == 3 * 6 * 4
+    assert rows["last"].bytes_to_read == 6 * 4
+    assert rows["outside"].operations == ["gather (reads inputs whole)"]
+    got = suture.load_and_transform(surgery, source)
+    expected = surgery({"w": jnp.asarray(W)})
+    for key in rows:
+        np.testing.assert_array_equal(got[key], np.asarray(expected[key]))
+
+
+def test_64_bit_leaves_pass_through_a_traced_function_unchanged() -> None:
+    source = {"a": np.ones(3, np.float64), "b": np.arange(3, dtype=np.int64)}
+
+    def surgery(tree):
+        return {"a": jnp.tanh(tree["a"]), "b": tree["b"]}
+
+    plan = suture.plan(surgery, source)
+    dtypes = {output.path: output.dtype for output in plan.outputs}
+    assert dtypes == {"a": "float32", "b": "int64"}  # jnp.tanh gives float32, as in jax
+    assert any("computes float64 -> float32" in note for note in plan.notes)
+    assert np.asarray(jnp.tanh(source["a"])).dtype == np.float32

@@ -229,6 +229,9 @@ def _structural(name: str, params: dict, values: list[Any], avals: list[Any]) ->
                 tuple(slice(None, None, -1 if a in reversed_axes else 1) for a in range(first.ndim))
             ]
         ]
+    if name == "gather" and not isinstance(values[1], LazyArray):
+        taken = _take_rows(first, np.asarray(values[1]), params, shape)
+        return None if taken is None else [taken]
     if name == "split":
         axis, start, parts = params["axis"], 0, []
         for size in params["sizes"]:
@@ -237,6 +240,38 @@ def _structural(name: str, params: dict, values: list[Any], avals: list[Any]) ->
             start += int(size)
         return parts
     return None
+
+
+def _take_rows(
+    array: LazyArray, indices: np.ndarray, params: dict, shape: tuple[int, ...]
+) -> LazyArray | None:
+    """A gather of constant indices along one axis (``jnp.take``, ``w[idx]``) as a view.
+
+    Only the taken elements are read. Other gathers return None (computed whole).
+    """
+    numbers = params["dimension_numbers"]
+    if (
+        len(numbers.start_index_map) != 1
+        or tuple(numbers.collapsed_slice_dims) != tuple(numbers.start_index_map)
+        or numbers.operand_batching_dims
+        or indices.ndim != 2
+        or indices.shape[-1] != 1
+    ):
+        return None
+    axis = numbers.start_index_map[0]
+    expected_sizes = tuple(1 if a == axis else n for a, n in enumerate(array.shape))
+    batch_positions = [p for p in range(len(shape)) if p not in numbers.offset_dims]
+    positions = indices[:, 0]
+    if (
+        tuple(params["slice_sizes"]) != expected_sizes
+        or batch_positions != [axis]
+        or positions.size == 0
+        or positions.min() < 0
+        or positions.max() >= array.shape[axis]
+    ):
+        return None
+    taken = array[(slice(None),) * axis + (positions.astype(np.int64),)]
+    return taken if taken.shape == shape else None
 
 
 def _computed(eqn: Any, values: list[Any], avals: list[Any], index: int) -> LazyArray:

@@ -111,11 +111,15 @@ def traced_call(fn: Callable[..., Any], args: tuple) -> Any:
 
     leaves, treedef = jax.tree.flatten(args)
     lazy_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, LazyArray)]
-    inputs = []
+    inputs, originals, narrowed = [], {}, set()
     for position in lazy_positions:
         array = leaves[position]
         dtype = jax.dtypes.canonicalize_dtype(array.dtype)  # what jax computes in
-        inputs.append(array if array.dtype == dtype else array.astype(dtype))
+        cast = array if array.dtype == dtype else array.astype(dtype)
+        if cast is not array:
+            narrowed.add(f"{array.dtype.name} -> {dtype.name}")
+        inputs.append(cast)
+        originals[id(cast)] = array  # a leaf passed through unchanged keeps its dtype
     result_layout: dict[str, Any] = {}
 
     def arrays_only(*arrays: Any) -> list[Any]:
@@ -130,7 +134,18 @@ def traced_call(fn: Callable[..., Any], args: tuple) -> Any:
 
     specs = [jax.ShapeDtypeStruct(array.shape, array.dtype) for array in inputs]
     closed = jax.make_jaxpr(arrays_only)(*specs)
-    computed = iter(lazy_eval(closed, inputs))
+    computed = iter(
+        originals.get(id(value), value) if isinstance(value, LazyArray) else value
+        for value in lazy_eval(closed, inputs)
+    )
+    record = getattr(_state, "record", None)
+    if narrowed and record is not None:
+        name = getattr(fn, "__name__", "a function")
+        record.notes.append(
+            f"{name} is traced by jax, which computes {', '.join(sorted(narrowed))} (64-bit "
+            f"types are off in jax by default): its results from those leaves are 32-bit, as "
+            f"the same jnp code gives. Set jax_enable_x64, or use LazyArray arithmetic."
+        )
     out_leaves = [
         next(computed) if is_traced else leaf
         for leaf, is_traced in zip(result_layout["leaves"], result_layout["traced"], strict=True)
