@@ -88,6 +88,10 @@ def test_comparisons_and_where_without_jax_stay_lazy() -> None:
     np.testing.assert_array_equal(masked.read(), np.where(W > 0, W, 0))
     assert ((w >= 0) & (w <= 1)).read().tolist() == ((W >= 0) & (W <= 1)).tolist()
     assert (~(w < 0)).read().tolist() == (~(W < 0)).tolist()
+    zeros = suture.LazyArray.from_array(np.array([0.0, 1.0, 0.0]))
+    assert np.where(zeros == 0, 5.0, zeros).read().tolist() == [5.0, 1.0, 5.0]
+    assert (zeros != 0).read().tolist() == [False, True, False]
+    assert {w: 1}[w] == 1  # still hashable by identity
 
 
 def test_multi_value_fn_and_value_fn_with_jnp_match_orbax(tmp_path: Path) -> None:

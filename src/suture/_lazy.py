@@ -240,6 +240,14 @@ class LazyArray:
     def __le__(self, other: Any) -> LazyArray:
         return elementwise(operator.le, self, other)
 
+    def __eq__(self, other: Any) -> LazyArray:  # type: ignore[override] (numpy's meaning)
+        return elementwise(operator.eq, self, other)
+
+    def __ne__(self, other: Any) -> LazyArray:  # type: ignore[override]
+        return elementwise(operator.ne, self, other)
+
+    __hash__ = object.__hash__  # identity, as before: LazyArrays stay usable as dict keys
+
     def __and__(self, other: Any) -> LazyArray:
         return elementwise(operator.and_, self, other)
 
