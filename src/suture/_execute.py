@@ -21,8 +21,9 @@ from typing import Protocol
 
 import numpy as np
 
+from ._compute import ComputeNode
 from ._lazy import LazyArray
-from ._nodes import ComputeNode, MapNode, Node
+from ._nodes import MapNode, Node
 from ._reads import bytes_read
 from ._selection import Selection
 

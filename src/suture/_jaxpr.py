@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ._compute import BroadcastNode, ComputeNode
 from ._lazy import LazyArray, as_lazy, common_path
-from ._nodes import BroadcastNode, ComputeNode
 
 ELEMENTWISE = frozenset(
     [

@@ -25,12 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from ._compute import BroadcastNode, ComputeNode
 from ._format import format_table, human_bytes
 from ._lazy import LazyArray
 from ._nodes import (
-    BroadcastNode,
     CastNode,
-    ComputeNode,
     ConcatNode,
     IndexNode,
     MapNode,

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from ._compute import ComputeNode
 from ._errors import ShapeMismatchError
 from ._lazy import LazyArray, as_lazy, common_path
-from ._nodes import ComputeNode
 
 _LOW_PRECISION_KINDS = ("V",)  # ml_dtypes floats (bfloat16, float8) have kind "V"
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import math
 
+from ._compute import BroadcastNode, ComputeNode
 from ._nodes import (
-    BroadcastNode,
     CastNode,
-    ComputeNode,
     IndexNode,
     MapNode,
     Node,
