@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -39,7 +40,13 @@ MaxShardSize = Annotated[
     str | None, typer.Option("--max-shard-size", help="safetensors: shard size, e.g. 5GB.")
 ]
 Output = Annotated[str, typer.Option("-o", "--output", help="Where to write the result.")]
-OutputFormat = Annotated[str, typer.Option("--format", help="orbax or safetensors.")]
+OutputFormat = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="orbax or safetensors (OUTPUT ending in .safetensors: one file; else a HF folder).",
+    ),
+]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output.")]
 Partial = Annotated[bool, typer.Option("--partial", help="Drop leaves the target leaves out.")]
 Progress = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")]
@@ -103,9 +110,23 @@ def _report_written(result: Any, verified: bool = False) -> None:
     )
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from . import __version__
+
+        typer.echo(f"suture {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """Model surgery for JAX checkpoints."""
     _state["debug"] = debug
@@ -219,7 +240,19 @@ def apply(
     allow_pickle: AllowPickle = False,
     progress: Progress = None,
 ) -> None:
-    """Run a recipe on the source(s) and stream the result to OUTPUT."""
+    """Run a recipe on the source(s) and stream the result to OUTPUT.
+
+    RECIPE is a YAML or TOML file with a list of rules (drop, keep, rename, stack, unstack,
+    cast, concat, split), or a Python file that defines RULES = [...] (suture.rules
+    objects) or a function transform(*trees) taking one lazy tree per source.
+
+    A Python recipe may also define TARGET, the tree to produce (arrays or
+    jax.ShapeDtypeStruct leaves; --target takes it from a checkpoint instead), and init,
+    the values of target leaves no source has: a tree of values, a tree of fn(shape, dtype)
+    initializers, or a function of no arguments returning the new leaves (run under
+    jax.jit; only the missing leaves are computed). A Python recipe is code: run only
+    recipes you trust.
+    """
     from ._plan import plan as make_plan
     from ._recipes import with_cast
     from ._save import save
@@ -329,7 +362,11 @@ def convert(
     destination: Annotated[str, typer.Argument(help="Where to write it.")],
     format: Annotated[  # noqa: A002
         str | None,
-        typer.Option("--format", help="orbax or safetensors (default: from DESTINATION)."),
+        typer.Option(
+            "--format",
+            help="orbax or safetensors (default: from DESTINATION). safetensors to a path "
+            "ending in .safetensors is one file; any other path is a Hugging Face folder.",
+        ),
     ] = None,
     dtype: Annotated[
         str | None, typer.Option("--dtype", help="Cast floating-point leaves, e.g. bfloat16.")
@@ -379,6 +416,20 @@ def demo(
     run_demo(workdir, echo=typer.echo)
 
 
+def _show_warning(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+    """suture's own warnings as one ``Warning: ...`` line; others as Python shows them."""
+    from ._sidefiles import SideFileWarning
+
+    if issubclass(category, SideFileWarning):
+        typer.echo(f"Warning: {message}", err=True)
+    else:
+        _python_show_warning(message, category, *args, **kwargs)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `suture` script and of ``python -m suture``."""
+    warnings.showwarning = _show_warning
     app(args=argv if argv is not None else sys.argv[1:], prog_name="suture")
