@@ -364,7 +364,7 @@ def call_lazily(fn: Callable[..., Any], *arguments: Any) -> Any:
 
     Functions built from LazyArray operations (arithmetic, numpy ufuncs, indexing,
     ``astype``) run directly. A function that needs jax arrays (``jnp.mean``, ``jax.nn``)
-    is traced by jax and its result built from lazy operations (`suture._trace`). Only a
+    is traced by jax and its result built from lazy operations. Only a
     function that neither allows reads the arrays it touches, and the plan says so.
     """
     from ._trace import call_function
