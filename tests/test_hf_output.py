@@ -159,7 +159,7 @@ def test_side_file_names_from_orbax_metadata_stay_inside(tmp_path: Path) -> None
     folder.mkdir()
     save_file({"a.w": np.ones(4, np.float32)}, folder / "model.safetensors")
     suture.convert(folder, tmp_path / "orbax", progress=False)
-    layout = suture.open(tmp_path / "orbax").metadata["suture.safetensors_layout"]
+    layout = suture.open(tmp_path / "orbax").custom_metadata["suture.safetensors_layout"]
     suture.save(
         suture.open(tmp_path / "orbax"),
         tmp_path / "hostile",

@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import rules
+from . import families, rules
+from ._errors import SurgeryError
 from ._open import open as open_checkpoint
 from ._recipes import load_recipe
 from ._save import SaveResult, save
@@ -29,6 +30,8 @@ def convert(
     format: str | None = None,  # noqa: A002
     dtype: str | None = None,
     recipe: str | os.PathLike | None = None,
+    reverse: bool = False,
+    config: str | os.PathLike | dict[str, Any] | None = None,
     overwrite: bool = False,
     max_memory: int | str | None = None,
     max_shard_size: int | str | None = None,
@@ -43,7 +46,12 @@ def convert(
             ``.safetensors`` means safetensors, anything else Orbax.
         dtype: cast floating-point leaves to this dtype (``"bfloat16"``).
         recipe: a recipe file applied before writing: YAML or TOML rules, or a Python
-            file (``RULES``, ``transform``, ``TARGET``, ``init``; see ``suture apply --help``).
+            file (``RULES``, ``transform``, ``TARGET``, ``init``; see ``suture apply --help``),
+            or the name of a built-in model-family recipe (``llama3.1:maxtext``;
+            `suture.families`).
+        reverse: run a built-in family recipe backwards (MaxText -> Hugging Face folder).
+        config: the model's ``config.json`` (path or dict) for a family recipe; default: the
+            one in the source folder, or the one the forward conversion recorded.
         Other arguments as in `suture.open` and `suture.save`.
 
     Example:
@@ -54,6 +62,26 @@ def convert(
         >>> result.format
         'safetensors'
     """
+    if recipe is not None and families.is_recipe_name(str(recipe)):
+        from .families._convert import convert_with_recipe
+
+        return convert_with_recipe(
+            source,
+            destination,
+            str(recipe),
+            reverse=reverse,
+            config=config,
+            dtype=dtype,
+            overwrite=overwrite,
+            max_memory=max_memory,
+            max_shard_size=max_shard_size,
+            progress=progress,
+        )
+    if reverse or config is not None:
+        raise SurgeryError(
+            "reverse= and config= go with a built-in family recipe (recipe='llama3.1:maxtext'; "
+            "`suture recipes` lists them)."
+        )
     target_format = format or (
         "safetensors" if str(destination).endswith(".safetensors") else "orbax"
     )

@@ -7,7 +7,6 @@ a traceback (``suture --debug ...`` shows it).
 from __future__ import annotations
 
 import functools
-import re
 import sys
 import warnings
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from ._cli_hints import check_recipe_first, for_command_line
 from ._errors import SurgeryError
 
 app = typer.Typer(
@@ -74,30 +74,6 @@ def reports_errors(command: F) -> F:
             raise typer.Exit(code=2) from None
 
     return run  # type: ignore[return-value]
-
-
-# Library advice about Python arguments, said as what a command-line user can do instead.
-_COMMAND_LINE_WORDS = (
-    (re.compile(r"[Pp]ass partial=True"), "pass --partial"),
-    (
-        re.compile(r"(pass|name them in) init=( to create them)?"),
-        "create them with init = {...} in a Python recipe (there is no --init option)",
-    ),
-    (re.compile(r"Pass target="), "Pass --target CHECKPOINT (or TARGET in a Python recipe)"),
-    (re.compile(r"pad_truncate=True"), "a Python recipe that pads (suture.load's pad_truncate)"),
-)
-
-
-def for_command_line(message: str) -> str:
-    """`message` with advice about Python arguments turned into command-line options.
-
-    Example:
-        >>> for_command_line("Pass partial=True to drop them.")
-        'pass --partial to drop them.'
-    """
-    for pattern, replacement in _COMMAND_LINE_WORDS:
-        message = pattern.sub(replacement, message)
-    return message
 
 
 def _report_written(result: Any, verified: bool = False) -> None:
@@ -239,6 +215,16 @@ def apply(
     verify: Verify = False,
     allow_pickle: AllowPickle = False,
     progress: Progress = None,
+    reverse: Annotated[
+        bool, typer.Option("--reverse", help="Apply the recipe's rules backwards (rules.reverse).")
+    ] = False,
+    like: Annotated[
+        str | None,
+        typer.Option(
+            "--like",
+            help="With --reverse: the recipe's original input (for casts, reshapes, concats).",
+        ),
+    ] = None,
 ) -> None:
     """Run a recipe on the source(s) and stream the result to OUTPUT.
 
@@ -254,11 +240,13 @@ def apply(
     recipes you trust.
     """
     from ._plan import plan as make_plan
-    from ._recipes import with_cast
+    from ._recipes import reversed_rules, with_cast
     from ._save import save
     from ._surgery import transform
 
     surgery = _prepare(recipe, sources, target, allow_pickle, "apply")
+    if reverse:
+        surgery["transform"] = reversed_rules(surgery["transform"], like)
     steps = with_cast(surgery["transform"], dtype) if dtype is not None else surgery["transform"]
     arguments = {**surgery["arguments"], "partial": partial}
     if dry_run:
@@ -280,34 +268,13 @@ def apply(
     _report_written(result, verify)
 
 
-RECIPE_SUFFIXES = (".py", ".yaml", ".yml", ".toml")
-
-
-def _check_recipe_first(recipe: str, sources: list[str], command: str) -> None:
-    """A checkpoint given as the recipe (arguments swapped) gets a hint, not "does not exist"."""
-    if Path(recipe).suffix.lower() in RECIPE_SUFFIXES or not Path(recipe).exists():
-        return
-    recipes = [source for source in sources if Path(source).suffix.lower() in RECIPE_SUFFIXES]
-    if recipes:
-        others = [source for source in sources if source not in recipes]
-        order = " ".join([recipes[0], recipe, *others])
-        raise SurgeryError(
-            f"The arguments look swapped: {recipe!r} is a checkpoint and {recipes[0]!r} a "
-            f"recipe. The recipe comes first: suture {command} {order} ..."
-        )
-    raise SurgeryError(
-        f"{recipe!r} is a checkpoint, not a recipe file ({', '.join(RECIPE_SUFFIXES)}). The "
-        f"recipe comes first, then the source checkpoint(s): suture {command} RECIPE SOURCE..."
-    )
-
-
 def _prepare(
     recipe: str, sources: list[str], target: str | None, allow_pickle: bool, command: str
 ) -> dict[str, Any]:
     from ._open import open as open_checkpoint
     from ._recipes import load_recipe
 
-    _check_recipe_first(recipe, sources, command)
+    check_recipe_first(recipe, sources, command)
     loaded = load_recipe(recipe)
     opened = [open_checkpoint(source, allow_pickle=allow_pickle) for source in sources]
     target_tree = open_checkpoint(target).abstract() if target is not None else loaded.target
@@ -372,7 +339,21 @@ def convert(
         str | None, typer.Option("--dtype", help="Cast floating-point leaves, e.g. bfloat16.")
     ] = None,
     recipe: Annotated[
-        str | None, typer.Option("--rules", help="A recipe file (.py, .yaml, .toml).")
+        str | None,
+        typer.Option(
+            "--rules",
+            "--recipe",
+            help="A recipe file (.py, .yaml, .toml), or a built-in one such as "
+            "llama3.1:maxtext (`suture recipes` lists them).",
+        ),
+    ] = None,
+    reverse: Annotated[
+        bool,
+        typer.Option("--reverse", help="Run a built-in recipe backwards (MaxText -> HF folder)."),
+    ] = False,
+    config: Annotated[
+        str | None,
+        typer.Option("--config", help="The model's config.json, for a built-in recipe."),
     ] = None,
     max_memory: MaxMemory = None,
     max_shard_size: MaxShardSize = None,
@@ -392,6 +373,8 @@ def convert(
         format=format,
         dtype=dtype,
         recipe=recipe,
+        reverse=reverse,
+        config=config,
         overwrite=overwrite,
         max_memory=max_memory,
         max_shard_size=max_shard_size,
@@ -400,6 +383,33 @@ def convert(
         progress=progress,
     )
     _report_written(result)
+
+
+@app.command()
+@reports_errors
+def recipes(
+    name: Annotated[
+        str | None, typer.Argument(help="Show one recipe's table for this config.json's model.")
+    ] = None,
+    config: Annotated[
+        str | None, typer.Option("--config", help="config.json to show the operations for.")
+    ] = None,
+) -> None:
+    """List the built-in model-family recipes (HF <-> MaxText), or show one's operations."""
+    from . import families
+    from .families._convert import read_config
+
+    if name is None:
+        for recipe_name in families.recipe_names():
+            recipe = families.get_recipe(recipe_name)
+            typer.echo(f"{recipe_name:28} {recipe.description}")
+        return
+    recipe = families.get_recipe(name)
+    typer.echo(f"{recipe.name}: {recipe.description}\nFollows {recipe.follows}.")
+    if config is None:
+        return
+    for maxtext, hf, operations in recipe.operations_table(read_config(config)):
+        typer.echo(f"  {maxtext:55} <- {hf:50} {operations}")
 
 
 @app.command()
