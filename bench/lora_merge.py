@@ -65,7 +65,9 @@ def suture_route() -> None:
     import suture
 
     merged = suture.transform(merge_lora, BASE, ADAPTER)
-    suture.save(merged, OUTPUT, format="safetensors", max_memory=BUDGET, progress=False)
+    suture.save(
+        merged, OUTPUT, format="safetensors", max_memory=BUDGET, overwrite=True, progress=False
+    )
 
 
 def peer_route() -> None:
