@@ -1,0 +1,198 @@
+"""`suture.save` as a collective under ``jax.distributed``: every process writes its share.
+
+The steps, each ended by a barrier of all processes (`suture._distributed.Group`):
+
+1. The primary takes the destination's lock and creates the temporary folder; every
+   process receives its name.
+2. Each process writes its share: its shards of globally sharded jax.Arrays, and a
+   disjoint share of the blocks of every other leaf, into its own OCDBT database.
+3. The primary writes the tree's metadata and merges the databases (as Orbax does).
+4. With ``verify=True`` each process reads its own blocks back from the merged result.
+5. The primary moves the result into place and releases the lock.
+
+A failure anywhere is reported to every process, which stops at its next block or barrier;
+the primary then removes the temporary folder once the others have stopped, so the
+destination never holds a partial result.
+
+Safetensors output is written by the primary alone (one file cannot be merged from
+per-process parts), so it takes in-memory arrays that each process can read whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._distributed import Group, global_array
+from ._errors import SurgeryError
+from ._execute import Block, run_blocks
+from ._paths import flatten
+from ._progress import progress_bar
+from ._save import (
+    TMP_MARKER,
+    SaveResult,
+    _as_surgery_error,
+    _commit,
+    _copy_extra_files,
+    _exclusive,
+    _is_io_failure,
+    _orbax_blocks,
+    _remove,
+    _safetensors_blocks,
+)
+from ._verify import check, with_digests, written_leaves
+
+_STOP_WAIT_SECONDS = 60.0
+
+
+def write_collective(
+    group: Group,
+    tree: Any,
+    destination: Path,
+    format: str,  # noqa: A002
+    overwrite: bool,
+    separator: str,
+    metadata: dict[str, Any] | None,
+    max_memory: int,
+    chunk_bytes: int,
+    max_shard_size: int | None,
+    show_progress: bool,
+    shard_map: dict[str, str] | None,
+    extra_files: dict[str, Path],
+    verify: bool,
+) -> SaveResult:
+    """Writes this process's share of `tree`; see the module docstring for the steps."""
+    started = time.perf_counter()
+    with contextlib.ExitStack() as held:
+
+        def prepare() -> str:
+            held.enter_context(_exclusive(destination))
+            name = destination.with_name(f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
+            if format == "orbax":
+                name.mkdir()
+            return str(name.resolve())
+
+        temporary = Path(group.agree("temporary", prepare))
+        try:
+            if format == "orbax":
+                blocks, finish = _orbax_blocks(
+                    tree, temporary, chunk_bytes, max_memory, metadata, group
+                )
+            else:
+                blocks, finish = _primary_safetensors(
+                    group,
+                    tree,
+                    temporary,
+                    separator,
+                    max_shard_size,
+                    max_memory,
+                    metadata,
+                    shard_map,
+                )
+            if verify:
+                _check_verifiable(blocks)
+                blocks, digests = with_digests(blocks)
+            blocks = [_stopping_on_failure(block, group) for block in blocks]
+            total = sum(block.nbytes for block in blocks)
+            with progress_bar(f"Writing {destination.name}", total, show_progress) as on_progress:
+                progress = run_blocks(blocks, max_memory, on_progress)
+            if format != "orbax":
+                finish()  # each process closes what it opened
+            group.barrier("written")
+            if group.is_primary:
+                if format == "orbax":
+                    finish()
+                _copy_extra_files(extra_files, temporary)
+            group.barrier("finished")
+            if verify and blocks:
+                check(blocks, digests, written_leaves(temporary, format))
+            group.barrier("verified")
+            if group.is_primary:
+                _commit(temporary, destination, overwrite)
+            group.barrier("committed")
+        except BaseException as error:
+            group.fail(error)
+            if group.is_primary:
+                _wait_for_others_to_stop(group)
+                _remove(temporary)
+            else:
+                with contextlib.suppress(Exception):
+                    group.arrive("stopped")
+            if isinstance(error, (OSError, ValueError)) and (
+                isinstance(error, OSError) or _is_io_failure(error)
+            ):
+                raise _as_surgery_error(error, destination) from error
+            raise
+    return SaveResult(
+        destination,
+        format,
+        progress.written_bytes,
+        progress.total_leaves,
+        time.perf_counter() - started,
+    )
+
+
+def _primary_safetensors(
+    group: Group,
+    tree: Any,
+    destination: Path,
+    separator: str,
+    max_shard_size: int | None,
+    max_memory: int,
+    metadata: Any,
+    shard_map: dict[str, str] | None,
+) -> tuple[list[Block], Any]:
+    spanning = [path for path, leaf in flatten(tree).items() if global_array(leaf) is not None]
+    if spanning:
+        raise SurgeryError(
+            f"Leaf {spanning[0]!r} is a jax.Array sharded across processes, which a safetensors "
+            f"file cannot be assembled from under jax.distributed. Save as Orbax (each process "
+            f"writes its shards), or gather it first (jax.experimental.multihost_utils."
+            f"process_allgather)."
+        )
+    if not group.is_primary:
+        return [], lambda: None
+    return _safetensors_blocks(
+        tree, destination, separator, max_shard_size, max_memory, metadata, shard_map
+    )
+
+
+def _check_verifiable(blocks: list[Block]) -> None:
+    shards = [block.path for block in blocks if hasattr(block.writer, "index")]
+    if shards:
+        raise SurgeryError(
+            f"verify=True reads blocks back by rows, but {shards[0]!r} is a jax.Array sharded "
+            f"across processes, written shard by shard. Save without verify, then check the "
+            f"result with suture.load onto the same sharding."
+        )
+
+
+class _StoppingWriter:
+    """Hands blocks on to `inner` until some process reports a failure."""
+
+    def __init__(self, inner: Any, group: Group) -> None:
+        self._inner, self._group = inner, group
+
+    def block_rows(self) -> int:
+        return self._inner.block_rows()
+
+    def write(self, rows: slice, values: np.ndarray) -> None:
+        self._group.raise_if_failed()
+        self._inner.write(rows, values)
+
+
+def _stopping_on_failure(block: Block, group: Group) -> Block:
+    from dataclasses import replace
+
+    return replace(block, writer=_StoppingWriter(block.writer, group))
+
+
+def _wait_for_others_to_stop(group: Group) -> None:
+    """Gives the other processes a while to stop writing before their folder is removed."""
+    with contextlib.suppress(Exception):
+        group.gather("stopped", _STOP_WAIT_SECONDS)
