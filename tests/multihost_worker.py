@@ -7,10 +7,11 @@ measures goes to ``WORKDIR/report-SCENARIO-PROCESS_ID.json``.
 Scenarios (WORKDIR holds ``source``, a checkpoint written by stock Orbax):
 
 - ``save``: every process saves a streamed surgery of ``source`` (drop, stack, bfloat16) to
-  ``lazy_out`` and a tree of globally sharded jax.Arrays to ``global_out``; then restores both
-  with stock Orbax onto a global sharding and loads ``source`` with suture onto one.
-- ``reshard``: suture.load of globally sharded in-memory arrays onto other shardings.
+  ``lazy_out`` (and to ``out.safetensors``, which the primary writes) and a tree of globally sharded jax.Arrays to ``global_out``; then restores both
+  with stock Orbax onto a global sharding, loads ``source`` with suture onto one, and loads
+  the in-memory global arrays onto other shardings.
 - ``kill``: as ``save``'s first step, but process 1 kills itself halfway through its blocks.
+- ``errors``: saves and loads that fail; the messages each process got.
 - ``orbax``: the peer route of the benchmark: stock Orbax restore, the same surgery in jax,
   stock Orbax multi-process save to ``orbax_out``.
 """
@@ -133,8 +134,10 @@ def save_scenario(workdir: Path, report: dict) -> None:
     suture.save(global_tree(), workdir / "global_out")
     after = io_bytes()
     report["global"] = {"read": after[0] - before[0], "written": after[1] - before[1]}
+    suture.save(surgery(workdir / "source"), workdir / "out.safetensors", format="safetensors")
     report["restored"] = restore_with_orbax(workdir)
     report["load"] = load_sharded(workdir / "source")
+    report["reshard"] = reshard_in_memory()
 
 
 def restore_with_orbax(workdir: Path) -> dict:
@@ -223,7 +226,7 @@ def load_sharded(source: Path) -> dict:
     return found
 
 
-def reshard_scenario(workdir: Path, report: dict) -> None:
+def reshard_in_memory() -> dict:
     """In-memory global arrays loaded onto other shardings (and dtypes) with suture.load."""
     import jax
     import numpy as np
@@ -254,7 +257,7 @@ def reshard_scenario(workdir: Path, report: dict) -> None:
             for shard in array.addressable_shards
         )
     checks["step"] = loaded["step"] == 7
-    report["checks"] = checks
+    return checks
 
 
 def kill_scenario(workdir: Path, report: dict) -> None:
@@ -275,6 +278,41 @@ def kill_scenario(workdir: Path, report: dict) -> None:
         )
     suture.save(tree, workdir / "killed_out", chunk_bytes=16 << 10)
     report["returned"] = True
+
+
+def errors_scenario(workdir: Path, report: dict) -> None:
+    """Saves and loads that fail: the message each process gets, and what is left behind."""
+    import jax
+    import numpy as np
+
+    import suture
+
+    def message(call) -> str:
+        try:
+            call()
+        except suture.SurgeryError as error:
+            return str(error)
+        return "no error"
+
+    tree = surgery(workdir / "source")
+    if jax.process_index() == 1:
+        tree["params"]["bad"] = {1, 2}  # a set: no checkpoint can hold it
+    report["one_fails"] = message(lambda: suture.save(tree, workdir / "bad_out"))
+    sharded = global_tree()
+    report["safetensors"] = message(
+        lambda: suture.save(sharded, workdir / "out.safetensors", format="safetensors")
+    )
+    report["verify"] = message(lambda: suture.save(sharded, workdir / "verify_out", verify=True))
+    report["numpy_target"] = message(
+        lambda: suture.load({"rows": sharded["rows"]}, {"rows": np.ndarray})
+    )
+    os.environ["SUTURE_BARRIER_TIMEOUT"] = "2"
+    if jax.process_index() == 0:  # process 1 never joins this save
+        report["alone"] = message(
+            lambda: suture.save(surgery(workdir / "source"), workdir / "alone")
+        )
+    else:
+        time.sleep(3)
 
 
 def jax_process_index() -> int:
@@ -335,8 +373,8 @@ def orbax_scenario(workdir: Path, report: dict) -> None:
 
 SCENARIOS = {
     "save": save_scenario,
-    "reshard": reshard_scenario,
     "kill": kill_scenario,
+    "errors": errors_scenario,
     "orbax": orbax_scenario,
 }
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+import safetensors.numpy
 
 import suture
 from tests import multihost_worker as worker
@@ -130,6 +131,9 @@ def test_every_process_writes_its_share_and_orbax_restores_it(tmp_path: Path, co
     for report in found:
         assert all(report["restored"].values()), report["restored"]
     restore_in_one_process(tmp_path)
+    tensors = safetensors.numpy.load_file(tmp_path / "out.safetensors")
+    for name, value in worker.expected_surgery(tmp_path / "source").items():
+        np.testing.assert_array_equal(tensors[f"params.{name}"], value)
 
     # Each process read and wrote about 1/count of what one process does alone.
     read, written = single_process_reference(tmp_path / "source", tmp_path / "reference")
@@ -148,12 +152,9 @@ def test_every_process_writes_its_share_and_orbax_restores_it(tmp_path: Path, co
             assert load["correct"], (name, load)
             assert load["read"] <= TOLERANCE * load["orbax_read"], (name, load)
 
-
-def test_load_reshards_global_arrays_in_memory(tmp_path: Path) -> None:
-    results = run_processes("reshard", 2, tmp_path)
-    assert_all_succeeded(results)
-    for report in reports("reshard", 2, tmp_path):
-        assert all(report["checks"].values()), report["checks"]
+    # suture.load of the in-memory global arrays onto other shardings and dtypes.
+    for report in found:
+        assert all(report["reshard"].values()), report["reshard"]
 
 
 def test_a_process_killed_halfway_leaves_no_output(tmp_path: Path) -> None:
@@ -169,3 +170,49 @@ def test_a_process_killed_halfway_leaves_no_output(tmp_path: Path) -> None:
         text in results[0].stdout
         for text in ("another task died", "stopped sending heartbeats", "abandoned", "waited")
     ), results[0].stdout[-2000:]
+
+
+def test_errors_reach_every_process_and_leave_nothing(tmp_path: Path) -> None:
+    write_source(tmp_path / "source")
+    results = run_processes("errors", 2, tmp_path)
+    assert_all_succeeded(results)
+    first, second = reports("errors", 2, tmp_path)
+    # Process 1's bad leaf stops process 0 too, with process 1's own message.
+    assert "'params/bad' is a set" in second["one_fails"]
+    assert "abandoned on every process because process 1 failed" in first["one_fails"]
+    assert "'params/bad' is a set" in first["one_fails"]
+    for report in (first, second):
+        assert "sharded across processes" in report["safetensors"]
+        assert "Save as Orbax" in report["safetensors"]
+        assert "verify=True reads blocks back by rows" in report["verify"]
+        assert "'rows' is a jax.Array sharded across processes" in report["numpy_target"]
+        assert "process_allgather" in report["numpy_target"]
+    assert "waited 2 s at step 'temporary'" in second.get("alone", "") or (
+        "waited 2 s" in first["alone"] and "for the other 1 processes" in first["alone"]
+    )
+    leftovers = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("report-"))
+    assert leftovers == ["source"], leftovers
+
+
+def test_barrier_timeout_must_be_a_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    from suture._distributed import barrier_timeout
+
+    monkeypatch.setenv("SUTURE_BARRIER_TIMEOUT", "soon")
+    with pytest.raises(suture.SurgeryError, match=r"SUTURE_BARRIER_TIMEOUT='soon' is not a number"):
+        barrier_timeout()
+    monkeypatch.setenv("SUTURE_BARRIER_TIMEOUT", "12.5")
+    assert barrier_timeout() == 12.5
+
+
+def test_a_lock_held_on_another_host_is_not_taken_over(tmp_path: Path) -> None:
+    """On storage shared by several hosts, a pid from another host cannot be checked here."""
+    lock = tmp_path / ".out.suture-lock"
+    lock.write_text("999999999@another-host")  # no such pid here: it would look stale
+    with pytest.raises(suture.SurgeryError) as caught:
+        suture.save({"a": np.zeros(2)}, tmp_path / "out", progress=False)
+    assert "pid 999999999 on host 'another-host'" in str(caught.value)
+    assert f"remove {str(lock)!r}" in str(caught.value)
+    assert not (tmp_path / "out").exists()
+    lock.write_text(f"999999999@{socket.gethostname()}")  # this host, writer gone: stale
+    suture.save({"a": np.zeros(2)}, tmp_path / "out", progress=False)
+    assert (tmp_path / "out").exists() and not lock.exists()

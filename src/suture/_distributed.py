@@ -90,7 +90,7 @@ class Group:
     def __init__(self, client: Any, count: int, index: int, name: str) -> None:
         self._client, self.count, self.index = client, count, index
         self._key = f"{_PREFIX}/{next(_sequence)}/{name}"
-        self._timeout = barrier_timeout()
+        self.timeout = barrier_timeout()
 
     @property
     def is_primary(self) -> bool:
@@ -113,7 +113,7 @@ class Group:
         """Returns once every process has reached `step`; raises if any process failed."""
         prefix = f"{self._key}/barrier/{step}/"
         self.arrive(step)
-        deadline = time.monotonic() + self._timeout
+        deadline = time.monotonic() + self.timeout
         while True:
             self.raise_if_failed()
             if len(self._client.key_value_dir_get(prefix)) >= self.count:
@@ -161,7 +161,7 @@ class Group:
             )
 
     def _wait_for(self, key: str, step: str) -> str:
-        deadline = time.monotonic() + self._timeout
+        deadline = time.monotonic() + self.timeout
         while True:
             self.raise_if_failed()
             try:
@@ -172,7 +172,7 @@ class Group:
 
     def _timeout_error(self, step: str) -> CollectiveError:
         return CollectiveError(
-            f"Process {self.index} waited {self._timeout:.0f} s at step {step!r} of a collective "
+            f"Process {self.index} waited {self.timeout:.0f} s at step {step!r} of a collective "
             f"save for the other {self.count - 1} processes. Every process must call suture.save "
             f"with the same tree and path, in the same order; raise SUTURE_BARRIER_TIMEOUT if "
             f"some are just slow. Nothing was written to the destination."

@@ -147,9 +147,18 @@ def _read_all(
     paths = list(jobs)
     arrays = [leaf for leaf, _ in jobs.values() if isinstance(leaf, LazyArray)]
     open_all([source for array in arrays for source in array.sources()])
+    # Arrays spread over processes are resharded with collectives, which every process must
+    # issue in the same order: one at a time, in tree order, on this thread.
+    results = {
+        path: _materialize(path, *jobs[path], pad_truncate, mesh)
+        for path in paths
+        if global_array(jobs[path][0]) is not None
+    }
+    rest = [path for path in paths if path not in results]
     with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
-        values = pool.map(lambda path: _materialize(path, *jobs[path], pad_truncate, mesh), paths)
-        return dict(zip(paths, values, strict=True))
+        values = pool.map(lambda path: _materialize(path, *jobs[path], pad_truncate, mesh), rest)
+        results.update(zip(rest, values, strict=True))
+    return {path: results[path] for path in paths}
 
 
 def _materialize(

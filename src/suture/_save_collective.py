@@ -195,4 +195,4 @@ def _stopping_on_failure(block: Block, group: Group) -> Block:
 def _wait_for_others_to_stop(group: Group) -> None:
     """Gives the other processes a while to stop writing before their folder is removed."""
     with contextlib.suppress(Exception):
-        group.gather("stopped", _STOP_WAIT_SECONDS)
+        group.gather("stopped", min(_STOP_WAIT_SECONDS, group.timeout))

@@ -102,7 +102,7 @@ class OrbaxSink:
         """
         path = "/".join(keys)
         array = LazyArray.from_array(global_array, path=path)  # shape and dtype only
-        chunk = _shard_chunk_shape(global_array, self.chunk_bytes, path)
+        chunk = _shard_chunk_shape(global_array, self.chunk_bytes)
         store = self._open(keys, kinds, array, chunk)
         blocks = []
         for shard in global_array.addressable_shards:
@@ -237,16 +237,9 @@ def _ocdbt_spec(folder: Path) -> dict[str, Any]:
     return {"driver": "ocdbt", "base": f"file://{folder.resolve()}/"}
 
 
-def _shard_chunk_shape(global_array: Any, chunk_bytes: int, path: str) -> tuple[int, ...]:
+def _shard_chunk_shape(global_array: Any, chunk_bytes: int) -> tuple[int, ...]:
     """A shard's shape, its first axis cut to a divisor that keeps a chunk under `chunk_bytes`."""
-    try:
-        shard = tuple(global_array.sharding.shard_shape(global_array.shape))
-    except ValueError as error:
-        raise SurgeryError(
-            f"Leaf {path!r}: its sharding {global_array.sharding} splits shape "
-            f"{global_array.shape} unevenly ({error}); Orbax chunks by shard, so reshard it "
-            f"evenly (jax.device_put) before saving."
-        ) from None
+    shard = tuple(global_array.sharding.shard_shape(global_array.shape))  # jax shards evenly
     if not shard:
         return ()
     rows = chunk_rows(shard, np.dtype(global_array.dtype).itemsize, chunk_bytes)
