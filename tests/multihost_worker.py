@@ -11,6 +11,7 @@ Scenarios (WORKDIR holds ``source``, a checkpoint written by stock Orbax):
   with stock Orbax onto a global sharding, loads ``source`` with suture onto one, and loads
   the in-memory global arrays onto other shardings.
 - ``kill``: as ``save``'s first step, but process 1 kills itself halfway through its blocks.
+- ``surgery``: only the streamed surgery to ``lazy_out`` (for the benchmark).
 - ``errors``: saves and loads that fail; the messages each process got.
 - ``orbax``: the peer route of the benchmark: stock Orbax restore, the same surgery in jax,
   stock Orbax multi-process save to ``orbax_out``.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -36,15 +38,27 @@ def main() -> None:
         coordinator_address=f"127.0.0.1:{port}",
         num_processes=int(count),
         process_id=int(index),
-        heartbeat_timeout_seconds=5,
+        # Short only where a test waits for JAX to notice a killed process.
+        heartbeat_timeout_seconds=5 if scenario == "kill" else 60,
         initialization_timeout=60,
     )
     report: dict = {"process": int(index), "count": int(count)}
     started = time.perf_counter()
     SCENARIOS[scenario](Path(workdir), report)
     report["seconds"] = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    report["cpu_seconds"] = usage.ru_utime + usage.ru_stime
+    report["peak_rss_bytes"] = peak_rss_bytes()
     name = f"report-{scenario}-{index}.json"
     (Path(workdir) / name).write_text(json.dumps(report))
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss, not inherited from the parent)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def io_bytes() -> tuple[int, int]:
@@ -280,6 +294,16 @@ def kill_scenario(workdir: Path, report: dict) -> None:
     report["returned"] = True
 
 
+def surgery_scenario(workdir: Path, report: dict) -> None:
+    """Only the streamed surgery of ``source`` to ``lazy_out``, with default options (bench)."""
+    import suture
+
+    before = io_bytes()
+    suture.save(surgery(workdir / "source"), workdir / "lazy_out", progress=False)
+    after = io_bytes()
+    report["io"] = {"read": after[0] - before[0], "written": after[1] - before[1]}
+
+
 def errors_scenario(workdir: Path, report: dict) -> None:
     """Saves and loads that fail: the message each process gets, and what is left behind."""
     import jax
@@ -363,17 +387,18 @@ def orbax_scenario(workdir: Path, report: dict) -> None:
                 item=target, restore_args=restore_args, partial_restore=True
             ),
         )["params"]
-    layers = jnp.stack([params[f"layer{i}"] for i in range(layer_count)]).astype(jnp.bfloat16)
+    layers = jnp.stack([params[f"layer{i}"].astype(jnp.bfloat16) for i in range(layer_count)])
     result = {"params": {"layers": layers, "head": params["head"].astype(jnp.bfloat16)}}
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(workdir / "orbax_out", result)
     after = io_bytes()
-    report["orbax"] = {"read": after[0] - before[0], "written": after[1] - before[1]}
+    report["io"] = {"read": after[0] - before[0], "written": after[1] - before[1]}
 
 
 SCENARIOS = {
     "save": save_scenario,
     "kill": kill_scenario,
+    "surgery": surgery_scenario,
     "errors": errors_scenario,
     "orbax": orbax_scenario,
 }

@@ -97,6 +97,12 @@ def save(
 ) -> SaveResult | SaveHandle:
     """Writes `tree` to `path`, streaming lazy leaves under a memory budget.
 
+    Under ``jax.distributed`` with several processes this is a collective, like Orbax's
+    save: every process calls it with the same tree and path, and each writes only its
+    share (its shards of globally sharded jax.Arrays, about 1/N of the blocks of other
+    leaves); the primary commits once all have written. The result's counts are this
+    process's own. See docs/design.md, "Multi-host".
+
     Args:
         tree: an in-memory tree, a lazy tree (``suture.transform(...)``), an opened
             `Checkpoint`, or a checkpoint path (a copy, perhaps in another format).

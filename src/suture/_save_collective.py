@@ -37,6 +37,7 @@ from ._save import (
     TMP_MARKER,
     SaveResult,
     _as_surgery_error,
+    _call,
     _commit,
     _copy_extra_files,
     _exclusive,
@@ -75,9 +76,9 @@ def write_collective(
             name = destination.with_name(f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
             if format == "orbax":
                 name.mkdir()
-            return str(name.resolve())
+            return name.name  # each host may mount the storage elsewhere: send the name only
 
-        temporary = Path(group.agree("temporary", prepare))
+        temporary = destination.with_name(group.agree("temporary", prepare))
         try:
             if format == "orbax":
                 blocks, finish = _orbax_blocks(
@@ -100,9 +101,12 @@ def write_collective(
             blocks = [_stopping_on_failure(block, group) for block in blocks]
             total = sum(block.nbytes for block in blocks)
             with progress_bar(f"Writing {destination.name}", total, show_progress) as on_progress:
-                progress = run_blocks(blocks, max_memory, on_progress)
-            if format != "orbax":
-                finish()  # each process closes what it opened
+                try:
+                    progress = run_blocks(blocks, max_memory, on_progress)
+                finally:  # safetensors: each process closes what it opened
+                    closing_error = _call(finish) if format != "orbax" else None
+            if closing_error is not None:
+                raise closing_error
             group.barrier("written")
             if group.is_primary:
                 if format == "orbax":
