@@ -148,6 +148,7 @@ def main() -> None:
             check=True,
         )
         results = {}
+        load_before = os.getloadavg()[0]
         for count in COUNTS:
             for route, (scenario, output) in ROUTES.items():
                 shutil.rmtree(WORKDIR / output, ignore_errors=True)
@@ -174,6 +175,8 @@ as measured.
 {table(results)}
 
 Wall time suture / Orbax by process count: {ratios}.
+
+Load average over this run: {load_before:.0f} at the start, {os.getloadavg()[0]:.0f} at the end.
 """
         write_section("multihost", body)
         print(body)

@@ -45,8 +45,8 @@ _DEFAULT_TIMEOUT = 1800.0
 _sequence = itertools.count()
 
 
-def _client() -> Any:
-    """JAX's distributed-runtime client, or None when jax.distributed is not initialized."""
+def _state() -> Any:
+    """JAX's distributed state with its client, or None without jax.distributed (or with one process)."""
     if "jax" not in sys.modules:
         return None
     from jax._src import distributed
@@ -55,18 +55,6 @@ def _client() -> Any:
     if state.client is None or (state.num_processes or 1) <= 1:
         return None
     return state
-
-
-def process_count() -> int:
-    """The number of JAX processes (1 without jax.distributed)."""
-    state = _client()
-    return 1 if state is None else int(state.num_processes)
-
-
-def process_index() -> int:
-    """This process's index (0 without jax.distributed)."""
-    state = _client()
-    return 0 if state is None else int(state.process_id)
 
 
 def barrier_timeout() -> float:
@@ -181,7 +169,7 @@ class Group:
 
 def collective(name: str = "save") -> Group | None:
     """A `Group` for one collective call when running under jax.distributed, else None."""
-    state = _client()
+    state = _state()
     if state is None:
         return None
     return Group(state.client, int(state.num_processes), int(state.process_id), name)

@@ -59,16 +59,14 @@ def write_collective(
     overwrite: bool,
     separator: str,
     metadata: dict[str, Any] | None,
-    max_memory: int,
-    chunk_bytes: int,
-    max_shard_size: int | None,
-    show_progress: bool,
-    shard_map: dict[str, str] | None,
-    extra_files: dict[str, Path],
-    verify: bool,
+    **options: Any,
 ) -> SaveResult:
-    """Writes this process's share of `tree`; see the module docstring for the steps."""
+    """Writes this process's share of `tree`; see the module docstring for the steps.
+
+    `options` are those `suture.save` hands its single-process writer (``max_memory`` ...).
+    """
     started = time.perf_counter()
+    max_memory, verify = options["max_memory"], options["verify"]
     with contextlib.ExitStack() as held:
 
         def prepare() -> str:
@@ -82,7 +80,7 @@ def write_collective(
         try:
             if format == "orbax":
                 blocks, finish = _orbax_blocks(
-                    tree, temporary, chunk_bytes, max_memory, metadata, group
+                    tree, temporary, options["chunk_bytes"], max_memory, metadata, group
                 )
             else:
                 blocks, finish = _primary_safetensors(
@@ -90,17 +88,19 @@ def write_collective(
                     tree,
                     temporary,
                     separator,
-                    max_shard_size,
+                    options["max_shard_size"],
                     max_memory,
                     metadata,
-                    shard_map,
+                    options["shard_map"],
                 )
             if verify:
                 _check_verifiable(blocks)
                 blocks, digests = with_digests(blocks)
             blocks = [_stopping_on_failure(block, group) for block in blocks]
             total = sum(block.nbytes for block in blocks)
-            with progress_bar(f"Writing {destination.name}", total, show_progress) as on_progress:
+            with progress_bar(
+                f"Writing {destination.name}", total, options["show_progress"]
+            ) as on_progress:
                 try:
                     progress = run_blocks(blocks, max_memory, on_progress)
                 finally:  # safetensors: each process closes what it opened
@@ -111,7 +111,7 @@ def write_collective(
             if group.is_primary:
                 if format == "orbax":
                     finish()
-                _copy_extra_files(extra_files, temporary)
+                _copy_extra_files(options["extra_files"], temporary)
             group.barrier("finished")
             if verify and blocks:
                 check(blocks, digests, written_leaves(temporary, format))
@@ -132,25 +132,12 @@ def write_collective(
             ):
                 raise _as_surgery_error(error, destination) from error
             raise
-    return SaveResult(
-        destination,
-        format,
-        progress.written_bytes,
-        progress.total_leaves,
-        time.perf_counter() - started,
-    )
+    seconds = time.perf_counter() - started
+    return SaveResult(destination, format, progress.written_bytes, progress.total_leaves, seconds)
 
 
-def _primary_safetensors(
-    group: Group,
-    tree: Any,
-    destination: Path,
-    separator: str,
-    max_shard_size: int | None,
-    max_memory: int,
-    metadata: Any,
-    shard_map: dict[str, str] | None,
-) -> tuple[list[Block], Any]:
+def _primary_safetensors(group: Group, tree: Any, *arguments: Any) -> tuple[list[Block], Any]:
+    """The primary's blocks for `_safetensors_blocks(tree, *arguments)`; none for the others."""
     spanning = [path for path, leaf in flatten(tree).items() if global_array(leaf) is not None]
     if spanning:
         raise SurgeryError(
@@ -161,9 +148,7 @@ def _primary_safetensors(
         )
     if not group.is_primary:
         return [], lambda: None
-    return _safetensors_blocks(
-        tree, destination, separator, max_shard_size, max_memory, metadata, shard_map
-    )
+    return _safetensors_blocks(tree, *arguments)
 
 
 def _check_verifiable(blocks: list[Block]) -> None:
