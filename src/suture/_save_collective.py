@@ -87,6 +87,7 @@ def write_collective(
                     group,
                     tree,
                     temporary,
+                    destination.name.endswith(".safetensors"),  # one file, else a folder
                     separator,
                     options["max_shard_size"],
                     max_memory,
