@@ -245,7 +245,7 @@ def test_merge_errors_are_clear() -> None:
         match=r"Leaf 'w' has different shapes in the models: \[\(2,\), \(3,\)\]",
     ):
         suture.merge([{"w": np.ones(2)}, {"w": np.ones(3)}], "linear")
-    with pytest.raises(suture.MergeError, match=r"per_leaf '\(': '\(' is not a valid regex"):
+    with pytest.raises(suture.MergeError, match=r"per_leaf: '\(' is not a valid regex"):
         suture.merge([A, B], "linear", per_leaf={"(": {"t": 1}})
     with pytest.raises(
         suture.MergeError, match=r"the weight of model 0 must be a finite number; got nan"
