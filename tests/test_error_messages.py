@@ -210,10 +210,14 @@ def test_merge_parameter_and_config_errors(tmp_path: Path) -> None:
     with pytest.raises(suture.MergeError, match=r"needs method:"):
         load_merge_config(str(config))
     config.write_text("method: linear\nmodels: a\n")
-    with pytest.raises(suture.MergeError, match=r"line 2 \(models\): models: must be a list of checkpoint paths"):
+    with pytest.raises(
+        suture.MergeError, match=r"line 2 \(models\): models: must be a list of checkpoint paths"
+    ):
         load_merge_config(str(config))
     config.write_text("- just a list\n")
-    with pytest.raises(suture.MergeError, match=r"must be a mapping \(method: and models:, or mergekit's"):
+    with pytest.raises(
+        suture.MergeError, match=r"must be a mapping \(method: and models:, or mergekit's"
+    ):
         load_merge_config(str(config))
 
 

@@ -37,7 +37,14 @@ class ConfigFile:
             line = self.lines.get(tuple(key[:depth]))
             if line is not None:
                 break
-        field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in key)
+        field = "".join(
+            f"[{part}]"
+            if isinstance(part, int)
+            else f".{part}"
+            if str(part).isidentifier()
+            else f"[{part!r}]"
+            for part in key
+        )
         at = f", line {line}" if line is not None else ""
         return f"Merge config {str(self.path)!r}{at} ({field.lstrip('.') or 'top level'}): "
 

@@ -373,7 +373,12 @@ class _Reader:
     def _dig(self, key: Key) -> Any:
         node: Any = self.config.data
         for part in key:
-            node = node[part] if isinstance(node, (dict, list)) else None
+            if isinstance(node, dict):
+                node = node.get(part)
+            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+                node = node[part]
+            else:
+                return None
         return node
 
     def merge_one(
