@@ -185,9 +185,9 @@ def test_merge_parameter_and_config_errors(tmp_path: Path) -> None:
 
     a, b = {"w": np.ones(4, np.float32)}, {"w": np.zeros(4, np.float32)}
     with pytest.raises(
-        suture.MergeError, match=r"Leaf 'w': density 0.0 keeps none of its 4 elements; raise"
+        suture.MergeError, match=r"ties parameter 'density' must be in \[0, 1\]; got -0.5"
     ):
-        suture.load(suture.merge([a, b], "ties", base=a, params={"density": 0.0}))
+        suture.merge([a, b], "ties", base=a, params={"density": -0.5})
     with pytest.raises(
         suture.MergeError, match=r"dare parameter 'drop' must be in \[0, 1\); got 1.0"
     ):

@@ -112,8 +112,11 @@ def consensus_mask(weighted: np.ndarray, sign_tie: str = "positive") -> np.ndarr
     ``"positive"`` (mergekit) elects ``+``, ``"drop"`` keeps no model there.
     """
     total = weighted.sum(axis=0)
-    elected = np.where(total >= 0, 1, -1) if sign_tie == "positive" else np.sign(total)
-    return (np.sign(weighted) == elected) & (weighted != 0)
+    positive = total >= 0 if sign_tie == "positive" else total > 0
+    agree = np.where(positive, weighted > 0, weighted < 0)
+    if sign_tie != "positive":
+        agree &= total != 0
+    return agree
 
 
 def sparsify(
@@ -126,7 +129,7 @@ def sparsify(
 ) -> np.ndarray:
     """`delta` with elements dropped as method `kind` does, rescaled as `rescale` says.
 
-    - ``magnitude`` (TIES): keep the ``int(density * n)`` largest magnitudes.
+    - ``magnitude`` (TIES): keep the ``max(1, int(density * n))`` largest magnitudes.
     - ``random`` (DARE): keep each element with probability ``density``.
     - ``outliers`` (Model Breadcrumbs): drop the ``int(gamma * n)`` largest magnitudes and
       the smallest, keeping ``int(density * n)``.
@@ -137,30 +140,37 @@ def sparsify(
     if kind is None or density >= 1:
         return delta
     if kind == "random":
-        probability = np.full(delta.shape, density)
-        return _rescaled(delta, rng.random(delta.shape) < probability, rescale, probability)
+        return _rescaled(delta, rng.random(delta.shape) < density, rescale, density)
     if kind == "della":
         return _della(delta, density, float(settings["epsilon"]), rescale, rng, path)
     size = delta.size
     keep = int(density * size)
     magnitudes = np.abs(delta).reshape(-1)
     if kind == "magnitude":
-        if keep == 0:
-            raise MergeError(
-                f"Leaf {path!r}: density {density} keeps none of its {size} elements; "
-                f"raise density for it (per_leaf) or leave it out of the merge."
-            )
-        chosen = np.argpartition(magnitudes, size - keep)[size - keep :]
-    else:
-        order = np.argsort(magnitudes, kind="stable")  # ascending magnitude
-        top = int(float(settings["gamma"]) * size)
-        bottom = size - keep - top
-        if bottom < 0:
-            top, bottom = top + bottom, 0
-        chosen = order[bottom : size - top]
+        if density <= 0 or size == 0:
+            return np.zeros_like(delta)
+        keep = max(1, keep)  # as mergekit: a positive density keeps at least one element
+        return _rescaled(delta, _top(magnitudes, keep).reshape(delta.shape), rescale, density)
+    order = np.argsort(magnitudes, kind="stable")  # ascending magnitude
+    top = int(float(settings["gamma"]) * size)
+    bottom = size - keep - top
+    if bottom < 0:
+        top, bottom = top + bottom, 0
+    chosen = order[bottom : size - top]
     mask = np.zeros(size, dtype=bool)
     mask[chosen] = True
-    return _rescaled(delta, mask.reshape(delta.shape), rescale, np.full(delta.shape, density))
+    return _rescaled(delta, mask.reshape(delta.shape), rescale, density)
+
+
+def _top(magnitudes: np.ndarray, keep: int) -> np.ndarray:
+    """A mask of the `keep` largest of `magnitudes` (flat); equal ones at the cut by position."""
+    size = magnitudes.size
+    threshold = np.partition(magnitudes, size - keep)[size - keep]
+    mask = magnitudes > threshold
+    missing = keep - int(np.count_nonzero(mask))
+    if missing:
+        mask[np.flatnonzero(magnitudes == threshold)[:missing]] = True
+    return mask
 
 
 def _della(
@@ -187,9 +197,9 @@ def _della(
 
 
 def _rescaled(
-    delta: np.ndarray, mask: np.ndarray, rescale: str | None, probability: np.ndarray
+    delta: np.ndarray, mask: np.ndarray, rescale: str | None, probability: float | np.ndarray
 ) -> np.ndarray:
-    masked = np.where(mask, delta, 0).astype(delta.dtype)
+    masked = delta * mask
     if rescale is None:
         return masked
     if rescale == "inverse":
