@@ -100,8 +100,13 @@ def write_models(count: int) -> None:
         (folder / "config.json").write_text(json.dumps(LLAMA, indent=2))
 
 
-def compare(ours: Path, theirs: Path) -> dict[str, float]:
-    """The largest absolute difference and the largest relative to each tensor's max |value|."""
+def compare(ours: Path, theirs: Path, tolerance: float = 1e-6) -> dict[str, float]:
+    """How far apart two outputs are, relative to each tensor's largest magnitude.
+
+    Returns the largest absolute and relative difference, the number of elements whose
+    relative difference exceeds `tolerance` (and of all elements), and the largest relative
+    difference among the other elements.
+    """
     import numpy as np
     from safetensors import safe_open
 
@@ -115,13 +120,18 @@ def compare(ours: Path, theirs: Path) -> dict[str, float]:
     mine, peer = tensors(ours), tensors(theirs)
     if sorted(mine) != sorted(peer):
         raise AssertionError(f"different tensors: {sorted(set(mine) ^ set(peer))[:5]}")
-    worst_abs = worst_rel = 0.0
+    result = {"max_abs": 0.0, "max_rel": 0.0, "over": 0, "elements": 0, "rest_rel": 0.0}
     for name, file in mine.items():
         with safe_open(file, "np") as a, safe_open(peer[name], "np") as b:
             x, y = a.get_tensor(name), b.get_tensor(name)
         if x.dtype != y.dtype or x.shape != y.shape:
             raise AssertionError(f"{name}: {x.dtype}{x.shape} vs {y.dtype}{y.shape}")
-        difference = float(np.abs(x.astype(np.float64) - y).max())
-        scale = float(np.abs(y).max()) or 1.0
-        worst_abs, worst_rel = max(worst_abs, difference), max(worst_rel, difference / scale)
-    return {"max_abs": worst_abs, "max_rel": worst_rel, "tensors": len(mine)}
+        relative = np.abs(x.astype(np.float64) - y) / (float(np.abs(y).max()) or 1.0)
+        over = relative > tolerance
+        result["max_abs"] = max(result["max_abs"], float(np.abs(x.astype(np.float64) - y).max()))
+        result["max_rel"] = max(result["max_rel"], float(relative.max()))
+        result["over"] += int(over.sum())
+        result["elements"] += x.size
+        result["rest_rel"] = max(result["rest_rel"], float(np.where(over, 0, relative).max()))
+    result["tensors"] = len(mine)
+    return result

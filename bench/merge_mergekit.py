@@ -96,8 +96,10 @@ def main() -> None:
         notes.append(
             f"- {method}: suture takes **{wall['suture'] / wall['mergekit']:.2f}x** mergekit's "
             f"wall time in **{rss['suture'] / rss['mergekit']:.2f}x** its peak RSS; outputs "
-            f"differ by at most {diff['max_abs']:.2e} absolute, **{diff['max_rel']:.2e}** "
-            f"relative to each tensor's largest value ({diff['tensors']} tensors). Runs (wall s): "
+            f"differ by at most {diff['max_abs']:.2e} absolute, {diff['max_rel']:.2e} relative to "
+            f"each tensor's largest magnitude ({diff['tensors']} tensors); "
+            f"**{diff['over']}** of {diff['elements']:,} elements differ by more than 1e-6 "
+            f"relative, the rest by at most **{diff['rest_rel']:.2e}**. Runs (wall s): "
             + "; ".join(
                 f"{route} " + ", ".join(f"{x['wall_s']:.1f}" for x in runs[route]) for route in runs
             )
@@ -123,6 +125,12 @@ the three; ties: base model 0, models 1 and 2 with weights 0.6/0.4 and density 0
 {chr(10).join(notes)}
 - Goal: at most 1e-6 relative difference on float32 (deterministic methods), faster and
   leaner than mergekit.
+- TIES keeps the `int(density * n)` largest magnitudes of each task vector. Task vectors of
+  float32 models (`x - b`, rounded to the ulp of `b`) hold many exactly equal magnitudes,
+  and where they straddle the cut mergekit keeps whichever torch's unstable `argsort`
+  happens to put first; suture keeps the first by position. The elements over 1e-6 above
+  are a few per tensor, each off by about the magnitude at the cut: the mark of a different
+  choice among equal magnitudes. No other element differs by more than the figure given.
 """
     write_section("merge_mergekit", body)
     print(body)

@@ -260,3 +260,26 @@ def test_non_utf8_config_and_linked_tokenizer_are_refused(tmp_path: Path) -> Non
     assert result.exit_code == 2
     assert "tokenizer.json' is a link or not a regular file" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_toml_config_errors_name_the_line(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('method = "linear"\nmodels = ["a", "b"]\nweights = [1, "x"]\n')
+    result = run_merge(config, tmp_path / "out")
+    assert result.exit_code == 2
+    assert "line 3 (weights[1]): the weight of model 1 must be a finite number; got 'x'" in (
+        result.stderr
+    )
+
+
+def test_suture_config_with_hugging_face_inputs_and_safetensors_output(tmp_path: Path) -> None:
+    a, b = hf_model(tmp_path / "a", 1), hf_model(tmp_path / "b", 2)
+    config = tmp_path / "merge.yaml"
+    config.write_text("method: linear\nmodels: [a, b]\nweights: [1, 3]\n")
+    result = run_merge(config, tmp_path / "out", "--format", "safetensors")
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out"
+    assert {"config.json", "README.md", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    merged = load_file(out / "model.safetensors")
+    name = "model.layers.1.mlp.up_proj.weight"
+    np.testing.assert_allclose(merged[name], (a[name] + 3 * b[name]) / 4, rtol=1e-6)

@@ -248,3 +248,13 @@ def test_per_model_density() -> None:
         model_params=[{"density": 0.25}, {"density": 0.5}],
     )
     np.testing.assert_array_equal(result, [4.0, 0.0, 3.0, 4.0])
+
+
+def test_ties_keeps_at_least_one_element_of_a_small_leaf_as_mergekit() -> None:
+    base = np.zeros(4, np.float32)
+    model = np.array([1.0, -3.0, 2.0, 0.5], np.float32)
+    # int(0.1 * 4) = 0, but a positive density keeps at least the largest magnitude.
+    np.testing.assert_array_equal(
+        run([model], "ties", base, params={"density": 0.1}), [0.0, -3.0, 0.0, 0.0]
+    )
+    np.testing.assert_array_equal(run([model], "ties", base, params={"density": 0.0}), base)
