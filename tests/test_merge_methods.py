@@ -258,3 +258,11 @@ def test_ties_keeps_at_least_one_element_of_a_small_leaf_as_mergekit() -> None:
         run([model], "ties", base, params={"density": 0.1}), [0.0, -3.0, 0.0, 0.0]
     )
     np.testing.assert_array_equal(run([model], "ties", base, params={"density": 0.0}), base)
+
+
+@pytest.mark.parametrize("method", ["ties", "dare_ties", "della", "breadcrumbs_ties", "sce"])
+def test_zero_dimensional_leaves(method) -> None:
+    base = {"s": np.float32(1.0)}
+    models = [{"s": np.float32(3.0)}, {"s": np.float32(2.0)}]
+    result = suture.load(suture.merge(models, method, base=base))["s"]
+    assert result.shape == () and np.isfinite(result)

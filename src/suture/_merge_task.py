@@ -93,7 +93,7 @@ def task_kernel(method: str, params: dict[str, Any]) -> Kernel:
             agree = consensus_mask(weighted, params["sign_tie"])
             merged = (weighted * agree).sum(axis=0)
             divisor = (weights * agree).sum(axis=0)
-            divisor[divisor == 0] = 1
+            divisor = np.where(divisor == 0, 1, divisor).astype(base.dtype)
         else:
             merged = weighted.sum(axis=0)
             divisor = weights.sum()
