@@ -243,7 +243,7 @@ def test_suture_config_errors_name_the_field_and_line(
     assert re.search(message, result.stderr), result.stderr
 
 
-def test_non_utf8_config_and_linked_tokenizer_are_refused(tmp_path: Path) -> None:
+def test_non_utf8_config_is_refused_and_linked_side_files_are_not_followed(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_bytes(b"method: linear\nmodels: [\xff]\n")
     result = run_merge(config, tmp_path / "out")
@@ -256,10 +256,20 @@ def test_non_utf8_config_and_linked_tokenizer_are_refused(tmp_path: Path) -> Non
     (tmp_path / "a" / "tokenizer.json").symlink_to(secret)
     config = tmp_path / "m.yml"
     config.write_text("merge_method: passthrough\nmodels:\n  - model: a\n")
-    result = run_merge(config, tmp_path / "out")
+    from suture._sidefiles import SideFileWarning
+
+    with pytest.warns(SideFileWarning, match=r"tokenizer.json': it is a symbolic link"):
+        result = run_merge(config, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "out" / "tokenizer.json").exists()
+    assert (tmp_path / "out" / "tokenizer_config.json").exists()
+    (tmp_path / "a" / "config.json").rename(tmp_path / "real.json")
+    (tmp_path / "a" / "config.json").symlink_to(tmp_path / "real.json")
+    with pytest.warns(SideFileWarning, match=r"config.json': it is a symbolic link"):
+        result = run_merge(config, tmp_path / "out2")
     assert result.exit_code == 2
-    assert "tokenizer.json' is a link or not a regular file" in result.stderr
-    assert not (tmp_path / "out").exists()
+    assert "config.json' is a link or not a regular file" in result.stderr
+    assert not (tmp_path / "out2").exists()
 
 
 def test_toml_config_errors_name_the_line(tmp_path: Path) -> None:

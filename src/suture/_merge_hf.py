@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from ._merge_task import MergeError
+from ._sidefiles import side_file
 
 TOKENIZER_FILES = (
     "tokenizer_config.json",
@@ -53,7 +54,14 @@ def hf_side_files(
     """
     folder = Path(donor)
     files: dict[str, Path] = {}
-    config = json.loads(_regular_file(folder, "config.json").read_text(encoding="utf-8"))
+    source_config = side_file(folder, "config.json")
+    if source_config is None:
+        raise MergeError(
+            f"{str(folder / 'config.json')!r} is a link or not a regular file; suture reads "
+            f"config.json only as a regular file inside the model folder. Replace the link with "
+            f"the file itself."
+        )
+    config = json.loads(source_config.read_text(encoding="utf-8"))
     if layers and "num_hidden_layers" in config:
         config["num_hidden_layers"] = layers
     if out_dtype:
@@ -62,23 +70,13 @@ def hf_side_files(
     written.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     files["config.json"] = written
     for name in TOKENIZER_FILES:
-        candidate = folder / name
-        if candidate.exists() or candidate.is_symlink():
-            files[name] = _regular_file(folder, name)
+        checked = side_file(folder, name)  # None (with a warning) for links and the like
+        if checked is not None:
+            files[name] = checked
     card = staging / "README.md"
     card.write_text(model_card(method, models, base, config_text), encoding="utf-8")
     files["README.md"] = card
     return files
-
-
-def _regular_file(folder: Path, name: str) -> Path:
-    path = folder / name
-    if path.is_symlink() or not path.is_file():
-        raise MergeError(
-            f"{str(path)!r} is a link or not a regular file; suture copies only regular files "
-            f"from a model folder. Replace it with the file itself (or remove it)."
-        )
-    return path
 
 
 def model_card(method: str, models: list[str], base: str | None, config_text: str) -> str:

@@ -219,7 +219,10 @@ def apply(
     ] = False,
     like: Annotated[
         str | None,
-        typer.Option("--like", help="With --reverse: the recipe's original input (for casts, reshapes, concats)."),
+        typer.Option(
+            "--like",
+            help="With --reverse: the recipe's original input (for casts, reshapes, concats).",
+        ),
     ] = None,
 ) -> None:
     """Run a recipe on the source(s) and stream the result to OUTPUT.
