@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -38,7 +39,13 @@ MaxShardSize = Annotated[
     str | None, typer.Option("--max-shard-size", help="safetensors: shard size, e.g. 5GB.")
 ]
 Output = Annotated[str, typer.Option("-o", "--output", help="Where to write the result.")]
-OutputFormat = Annotated[str, typer.Option("--format", help="orbax or safetensors.")]
+OutputFormat = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="orbax or safetensors (OUTPUT ending in .safetensors: one file; else a HF folder).",
+    ),
+]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output.")]
 Partial = Annotated[bool, typer.Option("--partial", help="Drop leaves the target leaves out.")]
 Progress = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")]
@@ -78,9 +85,23 @@ def _report_written(result: Any, verified: bool = False) -> None:
     )
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from . import __version__
+
+        typer.echo(f"suture {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """Model surgery for JAX checkpoints."""
     _state["debug"] = debug
@@ -198,10 +219,25 @@ def apply(
     ] = False,
     like: Annotated[
         str | None,
-        typer.Option("--like", help="With --reverse: the recipe's original input (for casts, reshapes, concats)."),
+        typer.Option(
+            "--like",
+            help="With --reverse: the recipe's original input (for casts, reshapes, concats).",
+        ),
     ] = None,
 ) -> None:
-    """Run a recipe on the source(s) and stream the result to OUTPUT."""
+    """Run a recipe on the source(s) and stream the result to OUTPUT.
+
+    RECIPE is a YAML or TOML file with a list of rules (drop, keep, rename, stack, unstack,
+    cast, concat, split), or a Python file that defines RULES = [...] (suture.rules
+    objects) or a function transform(*trees) taking one lazy tree per source.
+
+    A Python recipe may also define TARGET, the tree to produce (arrays or
+    jax.ShapeDtypeStruct leaves; --target takes it from a checkpoint instead), and init,
+    the values of target leaves no source has: a tree of values, a tree of fn(shape, dtype)
+    initializers, or a function of no arguments returning the new leaves (run under
+    jax.jit; only the missing leaves are computed). A Python recipe is code: run only
+    recipes you trust.
+    """
     from ._plan import plan as make_plan
     from ._recipes import reversed_rules, with_cast
     from ._save import save
@@ -248,37 +284,45 @@ def _prepare(
 @reports_errors
 def merge_command(
     config: Annotated[
-        str, typer.Argument(help="Merge config (.yaml or .toml): method, models, weights ...")
+        str,
+        typer.Argument(help="Merge config (.yaml or .toml): suture's (method:) or mergekit's."),
     ],
     output: Output,
-    format: OutputFormat = "orbax",  # noqa: A002
+    format: Annotated[  # noqa: A002
+        str | None,
+        typer.Option(
+            "--format",
+            help="orbax or safetensors (default: safetensors for mergekit configs, else orbax).",
+        ),
+    ] = None,
     max_memory: MaxMemory = None,
     overwrite: Overwrite = False,
     dry_run: DryRun = False,
     verify: Verify = False,
     progress: Progress = None,
 ) -> None:
-    """Merge several models (linear, slerp, task_arithmetic, ties, dare) and stream the result."""
-    from ._merge import load_merge_config, merge
-    from ._plan import plan as make_plan
-    from ._save import save
+    """Merge several models (linear, slerp, ties, dare_ties, della ...) and stream the result.
 
-    settings = load_merge_config(config)
-    models = settings.pop("models")
-    merged = merge(models, settings.pop("method"), **settings)
-    if dry_run:
-        typer.echo(str(make_plan(None, merged)))
-        return
-    result = save(
-        merged,
+    A mergekit config (merge_method:, models: or slices:) is read as it is; with Hugging Face
+    folders as inputs and safetensors output, the output is a Hugging Face folder with
+    config.json, the tokenizer files and a model card.
+    """
+    from ._merge_cli import run_merge
+
+    result = run_merge(
+        config,
         output,
         format=format,
-        overwrite=overwrite,
         max_memory=max_memory,
-        progress=progress,
+        overwrite=overwrite,
+        dry_run=dry_run,
         verify=verify,
+        progress=progress,
     )
-    _report_written(result, verify)
+    if isinstance(result, str):
+        typer.echo(result)
+    else:
+        _report_written(result, verify)
 
 
 @app.command()
@@ -288,7 +332,11 @@ def convert(
     destination: Annotated[str, typer.Argument(help="Where to write it.")],
     format: Annotated[  # noqa: A002
         str | None,
-        typer.Option("--format", help="orbax or safetensors (default: from DESTINATION)."),
+        typer.Option(
+            "--format",
+            help="orbax or safetensors (default: from DESTINATION). safetensors to a path "
+            "ending in .safetensors is one file; any other path is a Hugging Face folder.",
+        ),
     ] = None,
     dtype: Annotated[
         str | None, typer.Option("--dtype", help="Cast floating-point leaves, e.g. bfloat16.")
@@ -381,6 +429,20 @@ def demo(
     run_demo(workdir, echo=typer.echo)
 
 
+def _show_warning(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+    """suture's own warnings as one ``Warning: ...`` line; others as Python shows them."""
+    from ._sidefiles import SideFileWarning
+
+    if issubclass(category, SideFileWarning):
+        typer.echo(f"Warning: {message}", err=True)
+    else:
+        _python_show_warning(message, category, *args, **kwargs)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `suture` script and of ``python -m suture``."""
+    warnings.showwarning = _show_warning
     app(args=argv if argv is not None else sys.argv[1:], prog_name="suture")

@@ -59,7 +59,9 @@ def convert_with_recipe(
             progress=progress,
             **options,
         )
-    recorded = ckpt.metadata.get(FAMILY_KEY) if isinstance(ckpt.metadata, dict) else None
+    recorded = (
+        ckpt.custom_metadata.get(FAMILY_KEY) if isinstance(ckpt.custom_metadata, dict) else None
+    )
     if config is not None:
         settings = read_config(config)
     elif isinstance(recorded, dict) and isinstance(recorded.get("config"), dict):
@@ -67,11 +69,11 @@ def convert_with_recipe(
     else:
         settings = _config_beside(source, name)
     tensors = recipe.to_hf(ckpt.tree, settings)
-    options = reuse_safetensors_layout(ckpt, Path(source), ".") if LAYOUT_KEY in ckpt.metadata else {}
+    recorded_layout = LAYOUT_KEY in ckpt.custom_metadata
+    options = reuse_safetensors_layout(ckpt, Path(source), ".", False) if recorded_layout else {}
     options.pop("separator", None)
-    options.pop("extra_files", None)
     with tempfile.TemporaryDirectory() as scratch:
-        extra = _side_files_kept(ckpt.metadata.get(LAYOUT_KEY), Path(source))
+        extra = dict(options.pop("extra_files", {}))  # the HF side files the forward run kept
         if "config.json" not in extra:
             extra["config.json"] = Path(scratch) / "config.json"
             extra["config.json"].write_text(json.dumps(settings, indent=2) + "\n")
@@ -88,12 +90,6 @@ def convert_with_recipe(
             extra_files=extra,
             **options,
         )
-
-
-def _side_files_kept(layout: Any, checkpoint: Path) -> dict[str, Path]:
-    """The HF side files (config, tokenizer) that the forward conversion kept in `checkpoint`."""
-    names = layout.get("side_files", []) if isinstance(layout, dict) else []
-    return {name: checkpoint / name for name in names if (checkpoint / name).is_file()}
 
 
 def _cast(tree: Any, dtype: str | None) -> Any:
