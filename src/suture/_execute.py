@@ -23,6 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ._compute import ComputeNode
 from ._lazy import LazyArray
 from ._nodes import MapNode, Node, aligned_empty
 from ._reads import read_memory
@@ -87,7 +88,11 @@ def plan_blocks(
 
 
 def _computes_whole(node: Node) -> bool:
-    return any(isinstance(n, MapNode) and not n.elementwise for n in _walk(node))
+    return any(
+        (isinstance(n, MapNode) and not n.elementwise)
+        or (isinstance(n, ComputeNode) and not n.splits_rows)
+        for n in _walk(node)
+    )
 
 
 def _walk(node: Node) -> Iterator[Node]:
@@ -104,7 +109,7 @@ def _cost(array: LazyArray, rows: slice, writer: LeafWriter) -> int:
     view = array[rows] if array.ndim else array
     working = sum(
         (len(n.inputs()) + 1) * view.nbytes for n in _walk(view._node) if isinstance(n, MapNode)
-    )
+    ) + sum(n.working_bytes(view.nbytes) for n in _walk(view._node) if isinstance(n, ComputeNode))
     reading = read_memory(view._node, full(view.shape), into=True)
     return reading + view.nbytes + working + writer.held_while_writing(view.nbytes)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from ._compute import BroadcastNode, ComputeNode
 from ._nodes import (
     CastNode,
     IndexNode,
@@ -63,6 +64,10 @@ def read_memory(node: Node, selection: Selection, into: bool = False) -> int:
             default=0,
         )  # members are read one after another
         return held + (0 if into else selected)
+    if isinstance(node, (ComputeNode, BroadcastNode)):  # its inputs, and a result of its own
+        chosen = node.input_selections(selection)
+        held = sum(read_memory(m, c) for m, c in zip(node.inputs(), chosen, strict=True))
+        return held + selected
     if isinstance(node, MapNode) and node.elementwise:
         # the inputs, the function's result and a cast of it; working memory is the caller's
         return sum(read_memory(member, selection) for member in node.members) + 2 * selected
@@ -112,6 +117,9 @@ def _estimate(
         member_selection = selection[: node.axis] + selection[node.axis + 1 :]
         for member in sorted(set(positions(selection[node.axis]))):
             _estimate(node.members[member], member_selection, costs)
+    elif isinstance(node, (ComputeNode, BroadcastNode)):
+        for member, chosen in zip(node.inputs(), node.input_selections(selection), strict=True):
+            _estimate(member, chosen, costs)
     elif isinstance(node, MapNode) and node.elementwise:
         for member in node.members:
             _estimate(member, selection, costs)

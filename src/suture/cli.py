@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from ._cli_hints import check_recipe_first, for_command_line
 from ._errors import SurgeryError
 
 app = typer.Typer(
@@ -69,7 +70,7 @@ def reports_errors(command: F) -> F:
         except SurgeryError as error:
             if _state["debug"]:
                 raise
-            typer.echo(f"Error: {error}", err=True)
+            typer.echo(f"Error: {for_command_line(str(error))}", err=True)
             raise typer.Exit(code=2) from None
 
     return run  # type: ignore[return-value]
@@ -186,11 +187,11 @@ def plan(
     """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing."""
     from ._plan import plan as make_plan
 
-    surgery = _prepare(recipe, sources, target, allow_pickle)
+    surgery = _prepare(recipe, sources, target, allow_pickle, "plan")
     result = make_plan(
         surgery["transform"], *surgery["sources"], **surgery["arguments"], partial=partial
     )
-    typer.echo(result.to_json() if as_json else str(result))
+    typer.echo(result.to_json() if as_json else for_command_line(str(result)))
     if not result.ok:
         raise typer.Exit(code=2)
 
@@ -219,7 +220,10 @@ def apply(
     ] = False,
     like: Annotated[
         str | None,
-        typer.Option("--like", help="With --reverse: the recipe's original input (for casts, reshapes, concats)."),
+        typer.Option(
+            "--like",
+            help="With --reverse: the recipe's original input (for casts, reshapes, concats).",
+        ),
     ] = None,
 ) -> None:
     """Run a recipe on the source(s) and stream the result to OUTPUT.
@@ -240,13 +244,16 @@ def apply(
     from ._save import save
     from ._surgery import transform
 
-    surgery = _prepare(recipe, sources, target, allow_pickle)
+    surgery = _prepare(recipe, sources, target, allow_pickle, "apply")
     if reverse:
         surgery["transform"] = reversed_rules(surgery["transform"], like)
     steps = with_cast(surgery["transform"], dtype) if dtype is not None else surgery["transform"]
     arguments = {**surgery["arguments"], "partial": partial}
     if dry_run:
-        typer.echo(str(make_plan(steps, *surgery["sources"], **arguments)))
+        planned = make_plan(steps, *surgery["sources"], **arguments)
+        typer.echo(for_command_line(str(planned)))
+        if not planned.ok:  # as `suture plan` does: scripts can stop on a bad recipe
+            raise typer.Exit(code=2)
         return
     result = save(
         transform(steps, *surgery["sources"], **arguments),
@@ -262,11 +269,12 @@ def apply(
 
 
 def _prepare(
-    recipe: str, sources: list[str], target: str | None, allow_pickle: bool
+    recipe: str, sources: list[str], target: str | None, allow_pickle: bool, command: str
 ) -> dict[str, Any]:
     from ._open import open as open_checkpoint
     from ._recipes import load_recipe
 
+    check_recipe_first(recipe, sources, command)
     loaded = load_recipe(recipe)
     opened = [open_checkpoint(source, allow_pickle=allow_pickle) for source in sources]
     target_tree = open_checkpoint(target).abstract() if target is not None else loaded.target
@@ -281,37 +289,45 @@ def _prepare(
 @reports_errors
 def merge_command(
     config: Annotated[
-        str, typer.Argument(help="Merge config (.yaml or .toml): method, models, weights ...")
+        str,
+        typer.Argument(help="Merge config (.yaml or .toml): suture's (method:) or mergekit's."),
     ],
     output: Output,
-    format: OutputFormat = "orbax",  # noqa: A002
+    format: Annotated[  # noqa: A002
+        str | None,
+        typer.Option(
+            "--format",
+            help="orbax or safetensors (default: safetensors for mergekit configs, else orbax).",
+        ),
+    ] = None,
     max_memory: MaxMemory = None,
     overwrite: Overwrite = False,
     dry_run: DryRun = False,
     verify: Verify = False,
     progress: Progress = None,
 ) -> None:
-    """Merge several models (linear, slerp, task_arithmetic, ties, dare) and stream the result."""
-    from ._merge import load_merge_config, merge
-    from ._plan import plan as make_plan
-    from ._save import save
+    """Merge several models (linear, slerp, ties, dare_ties, della ...) and stream the result.
 
-    settings = load_merge_config(config)
-    models = settings.pop("models")
-    merged = merge(models, settings.pop("method"), **settings)
-    if dry_run:
-        typer.echo(str(make_plan(None, merged)))
-        return
-    result = save(
-        merged,
+    A mergekit config (merge_method:, models: or slices:) is read as it is; with Hugging Face
+    folders as inputs and safetensors output, the output is a Hugging Face folder with
+    config.json, the tokenizer files and a model card.
+    """
+    from ._merge_cli import run_merge
+
+    result = run_merge(
+        config,
         output,
         format=format,
-        overwrite=overwrite,
         max_memory=max_memory,
-        progress=progress,
+        overwrite=overwrite,
+        dry_run=dry_run,
         verify=verify,
+        progress=progress,
     )
-    _report_written(result, verify)
+    if isinstance(result, str):
+        typer.echo(result)
+    else:
+        _report_written(result, verify)
 
 
 @app.command()
