@@ -176,6 +176,8 @@ def save(
         "verify": verify,
     }
 
+    if options["chunk_bytes"] is None:  # small budgets get small chunks, so a block fits them
+        options["chunk_bytes"] = max(1 << 16, min(DEFAULT_CHUNK_BYTES, options["max_memory"] // 16))
     group = collective()  # under jax.distributed every process writes its share
 
     def job() -> SaveResult:
@@ -236,7 +238,7 @@ def _write(
     separator: str,
     metadata: dict[str, Any] | None,
     max_memory: int,
-    chunk_bytes: int | None,
+    chunk_bytes: int,
     max_shard_size: int | None,
     show_progress: bool,
     shard_map: dict[str, str] | None,
@@ -244,8 +246,6 @@ def _write(
     verify: bool,
 ) -> SaveResult:
     started = time.perf_counter()
-    if chunk_bytes is None:  # small budgets get small chunks, so that a block fits in them
-        chunk_bytes = max(1 << 16, min(DEFAULT_CHUNK_BYTES, max_memory // 16))
     with _exclusive(destination):
         temporary = destination.with_name(f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
         try:
