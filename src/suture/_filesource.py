@@ -1,21 +1,18 @@
 """Arrays stored as raw bytes at a known place in a file (safetensors, uncompressed npz).
 
-`FileRangeSource` reads with ``os.pread`` only the rows of the first axis that a selection
-spans, then indexes the other axes in memory, so slicing a row of a 1 GiB tensor reads
-about one row.
+`FileRangeSource` reads only the rows of the first axis that a selection spans (one
+ranged read of its `Location`: ``os.pread`` locally, a ranged GET remotely), then indexes
+the other axes in memory, so slicing a row of a 1 GiB tensor reads about one row.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 
-from ._errors import CorruptCheckpointError
-from ._iostats import record_read
-from ._nodes import Node, SourceNode, aligned_empty
+from ._location import Location
+from ._nodes import Node, SourceNode
 from ._selection import Selection, outer_index
 
 
@@ -24,7 +21,7 @@ class FileRangeSource(SourceNode):
 
     def __init__(
         self,
-        file: Path,
+        file: Location,
         offset: int,
         shape: tuple[int, ...],
         dtype: np.dtype,
@@ -54,18 +51,7 @@ class FileRangeSource(SourceNode):
     def _rows(self, low: int, high: int) -> np.ndarray:
         row_bytes = self.dtype.itemsize * math.prod(self.shape[1:])
         count = (high - low) * row_bytes
-        buffer = aligned_empty((count,), np.dtype(np.uint8))
-        with open(self.file, "rb", buffering=0) as stream:
-            got = (
-                os.preadv(stream.fileno(), [buffer], self.offset + low * row_bytes) if count else 0
-            )
-        if got != count:
-            raise CorruptCheckpointError(
-                f"{str(self.file)!r} is shorter than its header says: tensor {self.path!r} needs "
-                f"{count} bytes at offset {self.offset + low * row_bytes}, the file gave {got}. "
-                f"The file is truncated or was changed while being read."
-            )
-        record_read(count)
+        buffer = self.file.read_range(self.offset + low * row_bytes, count, self.path or "")
         return buffer.view(self.dtype)
 
     def inputs(self) -> tuple[Node, ...]:

@@ -1,21 +1,18 @@
 """`suture.save`: stream a tree (lazy or in memory) to an Orbax checkpoint or safetensors.
 
-The result is written into a temporary sibling of `path` and renamed into place only when
-complete, so `path` never holds a half-written result: a crash leaves at most the
-temporary sibling (named with Orbax's ``.orbax-checkpoint-tmp`` marker, so every
-Orbax-aware tool, suture included, sees it as unfinished). A lock file keeps two writers
-off one destination. Sources are only ever opened for reading.
+The result never appears half-written (`suture._publish` does the locking and the
+commit): locally it is written into a temporary sibling of `path` (named with Orbax's
+``.orbax-checkpoint-tmp`` marker, so every Orbax-aware tool sees it as unfinished) and
+renamed into place when complete; on ``gs://`` and ``s3://`` it is published with Orbax's
+commit marker. A lock keeps two writers off one destination. Sources are only ever
+opened for reading.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,21 +22,22 @@ from ._errors import SurgeryError
 from ._execute import DEFAULT_MAX_MEMORY, Block, block_budget, plan_blocks, run_blocks
 from ._format import parse_bytes
 from ._lazy import LazyArray, as_lazy
+from ._location import LocalLocation, Location, location_of
 from ._paths import flatten
 from ._progress import progress_bar, wants_progress
+from ._publish import begin, destination_exists, exclusive, is_unfinished
 from ._verify import check, with_digests, written_leaves
 from .sinks.orbax import DEFAULT_CHUNK_BYTES, OrbaxSink, keys_and_kinds
 from .sinks.safetensors import SafetensorsSink
 
 FORMATS = ("orbax", "safetensors")
-TMP_MARKER = ".orbax-checkpoint-tmp-suture-"
 
 
 @dataclass(frozen=True)
 class SaveResult:
-    """What a save wrote."""
+    """What a save wrote (`path`: a `Path`, or the URL of a remote destination)."""
 
-    path: Path
+    path: Path | str
     format: str
     bytes_written: int
     leaves: int
@@ -99,7 +97,8 @@ def save(
         tree: an in-memory tree, a lazy tree (``suture.transform(...)``), an opened
             `Checkpoint`, or a checkpoint path (a copy, perhaps in another format).
         path: the destination: a checkpoint folder for Orbax; a ``.safetensors`` file, or a
-            folder of shards when `max_shard_size` is given.
+            folder of shards when `max_shard_size` is given. A local path, or a ``gs://``
+            or ``s3://`` URL (see `suture._publish` for how a remote result is committed).
         format: ``"orbax"`` or ``"safetensors"``.
         overwrite: replace an existing `path` (atomically: the old one is removed only
             after the new one is in place).
@@ -116,7 +115,7 @@ def save(
         metadata: Orbax custom metadata, or safetensors ``__metadata__`` (strings only).
         shard_map: safetensors only: ``{tensor name: shard file}`` to reproduce a layout
             (e.g. ``ckpt.layout["weight_map"]``), instead of `max_shard_size`.
-        extra_files: ``{name: source file}`` copied into a folder output (``config.json``).
+        extra_files: ``{name: source file or URL}`` copied into a folder output (``config.json``).
         verify: read the output back before moving it into place and check every block's
             digest against what was written; a mismatch discards the output.
 
@@ -134,7 +133,7 @@ def save(
         >>> float(suture.open(result.path)["w"].read().sum())
         4.0
     """
-    destination = Path(path)
+    destination = location_of(path)
     if format not in FORMATS:
         raise SurgeryError(f"Unknown output format {format!r}: use one of {', '.join(FORMATS)}.")
     tree = _tree_of(tree)
@@ -145,7 +144,7 @@ def save(
         "max_shard_size": parse_bytes(max_shard_size) if max_shard_size is not None else None,
         "show_progress": wants_progress(progress),
         "shard_map": shard_map,
-        "extra_files": {name: Path(file) for name, file in (extra_files or {}).items()},
+        "extra_files": {name: location_of(file) for name, file in (extra_files or {}).items()},
         "verify": verify,
     }
 
@@ -165,19 +164,20 @@ def _tree_of(tree: Any) -> Any:
     return tree
 
 
-def _check_destination(destination: Path, overwrite: bool, tree: Any) -> None:
-    if destination.exists() and not overwrite:
-        raise SurgeryError(
-            f"{str(destination)!r} already exists. Pass overwrite=True (--overwrite) to replace it (the old "
-            f"one is removed only once the new one is complete), or choose another path."
-        )
-    target = destination.resolve()
+def _check_destination(destination: Location, overwrite: bool, tree: Any) -> None:
+    if (
+        not overwrite
+        and destination.exists()
+        and not (destination.is_remote and is_unfinished(destination))
+    ):
+        raise destination_exists(destination)
+    target = str(destination.resolve())
     for leaf in flatten(tree).values():
         if not isinstance(leaf, LazyArray):
             continue
         for source in leaf.sources():
-            origin = Path(source.origin).resolve() if source.origin else None
-            if origin is not None and (origin == target or target in origin.parents):
+            origin = str(location_of(source.origin).resolve()) if source.origin else None
+            if origin is not None and (origin == target or origin.startswith(f"{target}/")):
                 raise SurgeryError(
                     f"{str(destination)!r} holds {source.path!r}, a source this save reads. Write "
                     f"to another path, then move it into place."
@@ -186,7 +186,7 @@ def _check_destination(destination: Path, overwrite: bool, tree: Any) -> None:
 
 def _write(
     tree: Any,
-    destination: Path,
+    destination: Location,
     format: str,  # noqa: A002
     overwrite: bool,
     separator: str,
@@ -196,18 +196,21 @@ def _write(
     max_shard_size: int | None,
     show_progress: bool,
     shard_map: dict[str, str] | None,
-    extra_files: dict[str, Path],
+    extra_files: dict[str, Location],
     verify: bool,
 ) -> SaveResult:
     started = time.perf_counter()
-    with _exclusive(destination):
-        temporary = destination.with_name(f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
+    with exclusive(destination):
+        # safetensors is written with positional writes: staged locally for an object store
+        publication = begin(destination, overwrite, staged=format == "safetensors")
+        temporary = publication.temporary
         try:
             if format == "orbax":
                 blocks, finish = _orbax_blocks(tree, temporary, chunk_bytes, max_memory, metadata)
             else:
+                assert isinstance(temporary, LocalLocation)
                 blocks, finish = _safetensors_blocks(
-                    tree, temporary, separator, max_shard_size, max_memory, metadata, shard_map
+                    tree, temporary.path, separator, max_shard_size, max_memory, metadata, shard_map
                 )
             if verify:
                 blocks, digests = with_digests(blocks)
@@ -222,17 +225,17 @@ def _write(
             if verify:
                 check(blocks, digests, written_leaves(temporary, format))
             _copy_extra_files(extra_files, temporary)
-            _commit(temporary, destination, overwrite)
+            publication.commit(overwrite)
         except (OSError, ValueError) as error:
-            _remove(temporary)
+            publication.abort()
             if isinstance(error, ValueError) and not _is_io_failure(error):
                 raise
             raise _as_surgery_error(error, destination) from error
         except BaseException:
-            _remove(temporary)
+            publication.abort()
             raise
     return SaveResult(
-        destination,
+        destination.path if isinstance(destination, LocalLocation) else str(destination),
         format,
         progress.written_bytes,
         progress.total_leaves,
@@ -249,10 +252,10 @@ def _call(finish: Any) -> BaseException | None:
 
 
 def _orbax_blocks(
-    tree: Any, folder: Path, chunk_bytes: int, max_memory: int, metadata: Any
+    tree: Any, folder: Location, chunk_bytes: int, max_memory: int, metadata: Any
 ) -> tuple[list[Block], Any]:
-    folder.mkdir()
     sink = OrbaxSink(folder, chunk_bytes)
+    sink.start()
     blocks: list[Block] = []
     leaves = keys_and_kinds(tree)
     if len(leaves) == 1 and leaves[0][0] == ():
@@ -269,15 +272,15 @@ def _orbax_blocks(
     return blocks, lambda: sink.finish(metadata)
 
 
-def _copy_extra_files(extra_files: dict[str, Path], folder: Path) -> None:
+def _copy_extra_files(extra_files: dict[str, Location], folder: Location) -> None:
     if not extra_files:
         return
-    if not folder.is_dir():
+    if isinstance(folder, LocalLocation) and not folder.is_dir():
         raise SurgeryError("extra_files= needs a folder output (Orbax, or sharded safetensors).")
     for name, source in extra_files.items():
         if "/" in name or name.startswith("."):
             raise SurgeryError(f"extra file name {name!r} must be a plain file name.")
-        shutil.copyfile(source, folder / name)
+        (folder / name).write_bytes(source.read_bytes())
 
 
 def _safetensors_blocks(
@@ -318,81 +321,13 @@ def _safetensors_blocks(
     return blocks, sink.close
 
 
-def _commit(temporary: Path, destination: Path, overwrite: bool) -> None:
-    """Moves the finished result into place; an old one is removed only afterwards."""
-    old = None
-    if destination.exists():
-        if not overwrite:
-            raise SurgeryError(
-                f"{str(destination)!r} appeared while writing; the new result was discarded."
-            )
-        old = destination.with_name(f"{destination.name}.suture-old-{uuid.uuid4().hex[:12]}")
-        os.rename(destination, old)
-    os.rename(temporary, destination)
-    if old is not None:
-        _remove(old)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-
-
-@contextlib.contextmanager
-def _exclusive(destination: Path) -> Iterator[None]:
-    """A lock file beside `destination`; a stale one (its process is gone) is taken over."""
-    lock = destination.with_name(f".{destination.name}.suture-lock")
-    for _ in range(2):
-        try:
-            descriptor = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            break
-        except FileExistsError:
-            owner = _lock_owner(lock)
-            if owner is not None and _alive(owner):
-                raise SurgeryError(
-                    f"Another process (pid {owner}) is writing {str(destination)!r}. Wait for it "
-                    f"to finish, or write elsewhere."
-                ) from None
-            _remove(lock)  # stale: its writer died
-    else:
-        raise SurgeryError(
-            f"Could not lock {str(destination)!r} for writing; remove {str(lock)!r}."
-        )
-    try:
-        os.write(descriptor, str(os.getpid()).encode())
-        os.close(descriptor)
-        yield
-    finally:
-        _remove(lock)
-
-
-def _lock_owner(lock: Path) -> int | None:
-    try:
-        return int(lock.read_text().strip() or "0") or None
-    except (OSError, ValueError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _is_io_failure(error: ValueError) -> bool:
     """A TensorStore write failure (it reports I/O errors as ValueError)."""
     text = str(error)
     return "No space left" in text or "RESOURCE_EXHAUSTED" in text or "Error writing" in text
 
 
-def _as_surgery_error(error: Exception, destination: Path) -> SurgeryError:
+def _as_surgery_error(error: Exception, destination: Location) -> SurgeryError:
     import errno
 
     if getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error):

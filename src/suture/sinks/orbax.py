@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,7 @@ import numpy as np
 from .._errors import SurgeryError
 from .._execute import chunk_rows
 from .._lazy import LazyArray
+from .._location import LocalLocation, Location, remote_context
 from .._nodes import CastNode, MapNode, Node, StackNode
 
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -50,17 +50,44 @@ class OrbaxArrayWriter:
 
 
 class OrbaxSink:
-    """Collects a checkpoint's leaves; `finish` writes its metadata."""
+    """Collects a checkpoint's leaves; `start` marks it begun, `finish` writes its metadata.
 
-    def __init__(self, folder: Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    `folder` is a `Location`: a local folder, or a ``gs://``/``s3://`` prefix written
+    through TensorStore's kvstore driver.
+    """
+
+    def __init__(self, folder: Location, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         import tensorstore as ts
 
         self.folder = folder
         self.chunk_bytes = chunk_bytes
         self._entries: dict[str, dict] = {}
         self._strings: dict[str, str] = {}
-        self._context = ts.Context({"file_io_concurrency": {"limit": 64}})
+        self._context = ts.Context(
+            {"file_io_concurrency": {"limit": 64}},
+            parent=remote_context() if folder.is_remote else None,
+        )
         self._started = time.time_ns()
+
+    def start(self) -> None:
+        """Creates the folder with a ``_CHECKPOINT_METADATA`` recording a start, no commit.
+
+        Until `finish` records the commit, suture and Orbax see the folder as unfinished
+        (this matters on object stores, where the folder is written in place).
+        """
+        if isinstance(self.folder, LocalLocation):
+            self.folder.path.mkdir()
+        _write_json(self.folder / "_CHECKPOINT_METADATA", self._checkpoint_metadata(None, None))
+
+    def _checkpoint_metadata(self, committed: int | None, custom: dict | None) -> dict:
+        return {
+            "item_handlers": _HANDLER,
+            "metrics": {},
+            "performance_metrics": {},
+            "init_timestamp_nsecs": self._started,
+            "commit_timestamp_nsecs": committed,
+            "custom_metadata": custom or {},
+        }
 
     def add_array(
         self, keys: tuple[str, ...], kinds: tuple[int, ...], array: LazyArray
@@ -75,7 +102,7 @@ class OrbaxSink:
             "driver": "zarr3",
             "kvstore": {
                 "driver": "ocdbt",
-                "base": f"file://{self.folder.resolve()}/",
+                "base": self.folder.resolve().kvstore_spec(),
                 "path": name,
             },
             "metadata": {
@@ -145,19 +172,12 @@ class OrbaxSink:
             _write_json(self.folder / "_strings.json", self._strings)
         _write_json(
             self.folder / "_CHECKPOINT_METADATA",
-            {
-                "item_handlers": _HANDLER,
-                "metrics": {},
-                "performance_metrics": {},
-                "init_timestamp_nsecs": self._started,
-                "commit_timestamp_nsecs": time.time_ns(),
-                "custom_metadata": custom_metadata or {},
-            },
+            self._checkpoint_metadata(time.time_ns(), custom_metadata),
         )
 
 
-def _write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value))
+def _write_json(path: Location, value: Any) -> None:
+    path.write_bytes(json.dumps(value).encode())
 
 
 def _zarr_dtype(dtype: np.dtype, keys: tuple[str, ...]) -> str:

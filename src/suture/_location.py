@@ -1,0 +1,542 @@
+"""Where checkpoint bytes live: a local path, or a ``gs://``, ``s3://`` or ``http(s)://`` URL.
+
+Every source, sink and lock reaches checkpoint data through a `Location`; nothing else
+touches `pathlib`/`os` for it. A `LocalLocation` keeps the fast local routes (``pread``,
+``pwrite``, atomic rename); a `RemoteLocation` goes through TensorStore's kvstore drivers
+(``gcs``, ``s3``, ``http``), the ones Orbax itself uses: ranged reads fetch only the bytes
+asked for, many requests can be in flight, and the drivers retry transient errors.
+Credentials come from wherever those drivers look (environment variables, the metadata
+server, gcloud and AWS config files); suture never reads or prints them.
+
+Endpoints for non-Google, non-AWS servers come from the standard variables:
+``TENSORSTORE_GCS_HTTP_URL`` (read by TensorStore itself) for GCS, ``AWS_ENDPOINT_URL_S3``
+or ``AWS_ENDPOINT_URL`` for S3 (with ``AWS_REGION``/``AWS_DEFAULT_REGION``).
+
+Example:
+    >>> location_of("gs://bucket/runs/ckpt").kvstore_spec()
+    {'driver': 'gcs', 'bucket': 'bucket', 'path': 'runs/ckpt/'}
+    >>> str(location_of("gs://bucket/runs/ckpt") / "_METADATA")
+    'gs://bucket/runs/ckpt/_METADATA'
+    >>> location_of("ftp://host/x")
+    Traceback (most recent call last):
+    ...
+    suture._errors.SurgeryError: 'ftp://host/x' uses the scheme 'ftp', which suture does not read or write. Supported: local paths, gs://, s3://, http://, https:// (http(s) read-only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._errors import CheckpointNotFoundError, CorruptCheckpointError, SurgeryError
+from ._iostats import record_read
+
+REMOTE_SCHEMES = ("gs", "s3", "http", "https")
+WRITABLE_SCHEMES = ("gs", "s3")
+_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
+_SUPPORTED_TEXT = "local paths, gs://, s3://, http://, https:// (http(s) read-only)"
+
+
+def location_of(path: Any) -> Location:
+    """The `Location` for a path string, `os.PathLike` (``epath.Path`` included) or Location.
+
+    Raises:
+        SurgeryError: the URL's scheme is not one suture reads.
+    """
+    if isinstance(path, Location):
+        return path
+    if isinstance(path, Path):
+        return LocalLocation(path)
+    text = path if isinstance(path, str) else str(path)  # epath.Path('gs://b/x') -> 'gs://b/x'
+    match = _URL.match(text)
+    if match is None:
+        return LocalLocation(Path(text))
+    scheme = match.group("scheme").lower()
+    if scheme == "file":
+        return LocalLocation(Path(match.group("rest")))
+    if scheme not in REMOTE_SCHEMES:
+        raise SurgeryError(
+            f"{text!r} uses the scheme {scheme!r}, which suture does not read or write. "
+            f"Supported: {_SUPPORTED_TEXT}."
+        )
+    host, _, key = match.group("rest").partition("/")
+    if not host:
+        raise SurgeryError(f"{text!r} names no bucket or host. Write it as {scheme}://BUCKET/PATH.")
+    return RemoteLocation(scheme, host, key.strip("/"))
+
+
+def is_remote(path: Any) -> bool:
+    """True for a URL suture reads through TensorStore (``gs://``, ``s3://``, ``http(s)://``)."""
+    return isinstance(location_of(path), RemoteLocation)
+
+
+class Location:
+    """A file or folder of a checkpoint, local or remote (see the module docstring)."""
+
+    is_remote = False
+
+    # --- naming -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def parent(self) -> Location:
+        raise NotImplementedError
+
+    def __truediv__(self, name: str) -> Location:
+        raise NotImplementedError
+
+    def with_name(self, name: str) -> Location:
+        return self.parent / name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Location) and str(self) == str(other)
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+    # --- reading ------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return self.is_file() or self.is_dir()
+
+    def is_file(self) -> bool:
+        raise NotImplementedError
+
+    def is_dir(self) -> bool:
+        raise NotImplementedError
+
+    def children(self) -> list[str]:
+        """Names of the files and folders directly inside this folder, sorted."""
+        raise NotImplementedError
+
+    def subfolders(self) -> list[str]:
+        """Names of the folders directly inside this folder, sorted."""
+        raise NotImplementedError
+
+    def read_bytes(self) -> bytes:
+        raise NotImplementedError
+
+    def read_range(self, offset: int, count: int, what: str = "") -> np.ndarray:
+        """`count` bytes at `offset` as a fresh uint8 array (aligned, writable).
+
+        Raises:
+            CorruptCheckpointError: the file holds fewer bytes; `what` names the data.
+        """
+        raise NotImplementedError
+
+    def read_head(self, count: int) -> bytes:
+        """The first `count` bytes, or the whole file when it is shorter."""
+        raise NotImplementedError
+
+    def size(self) -> int:
+        """The file's size (remote: found with a few one-byte ranged reads, then cached)."""
+        raise NotImplementedError
+
+    def open_reader(self) -> Any:
+        """A seekable binary file object (remote: ranged reads behind a buffer), for zipfile."""
+        raise NotImplementedError
+
+    def kvstore_spec(self) -> dict[str, Any]:
+        """A TensorStore kvstore spec for this folder (its path ends in ``/``)."""
+        raise NotImplementedError
+
+    # --- writing ------------------------------------------------------------------------
+    def write_bytes(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def remove(self) -> None:
+        """Deletes this file, or this folder with everything in it; absent is fine."""
+        raise NotImplementedError
+
+
+class LocalLocation(Location):
+    """A path on this machine."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def parent(self) -> LocalLocation:
+        return LocalLocation(self.path.parent)
+
+    def __truediv__(self, name: str) -> LocalLocation:
+        return LocalLocation(self.path / name)
+
+    def resolve(self) -> LocalLocation:
+        return LocalLocation(self.path.resolve())
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def is_file(self) -> bool:
+        return self.path.is_file()
+
+    def is_dir(self) -> bool:
+        return self.path.is_dir()
+
+    def children(self) -> list[str]:
+        return sorted(child.name for child in self.path.iterdir())
+
+    def subfolders(self) -> list[str]:
+        return sorted(child.name for child in self.path.iterdir() if child.is_dir())
+
+    def read_bytes(self) -> bytes:
+        return self.path.read_bytes()
+
+    def read_range(self, offset: int, count: int, what: str = "") -> np.ndarray:
+        from ._nodes import aligned_empty
+
+        buffer = aligned_empty((count,), np.dtype(np.uint8))
+        with open(self.path, "rb", buffering=0) as stream:
+            got = os.preadv(stream.fileno(), [buffer], offset) if count else 0
+        if got != count:
+            raise _short_read(self, what, count, offset, got)
+        record_read(count)
+        return buffer
+
+    def read_head(self, count: int) -> bytes:
+        with open(self.path, "rb") as stream:
+            return stream.read(count)
+
+    def size(self) -> int:
+        return self.path.stat().st_size
+
+    def open_reader(self) -> Any:
+        return open(self.path, "rb")  # noqa: SIM115 (the caller closes it)
+
+    def kvstore_spec(self) -> dict[str, Any]:
+        return {"driver": "file", "path": f"{self.path.resolve()}/"}
+
+    def write_bytes(self, data: bytes) -> None:
+        self.path.write_bytes(data)
+
+    def remove(self) -> None:
+        if self.path.is_dir() and not self.path.is_symlink():
+            shutil.rmtree(self.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+
+class RemoteLocation(Location):
+    """An object, or a prefix of objects ("folder"), reached through a TensorStore kvstore.
+
+    ``gs://bucket/key``, ``s3://bucket/key`` or ``http(s)://host/key``. Folders are prefixes
+    ending in ``/``; HTTP servers cannot list them, so only names given by metadata are read.
+    """
+
+    is_remote = True
+
+    def __init__(self, scheme: str, host: str, key: str) -> None:
+        self.scheme, self.host, self.key = scheme, host, key
+        self._size: int | None = None
+
+    def __str__(self) -> str:
+        return (
+            f"{self.scheme}://{self.host}/{self.key}"
+            if self.key
+            else f"{self.scheme}://{self.host}"
+        )
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> RemoteLocation:
+        return RemoteLocation(self.scheme, self.host, self.key.rpartition("/")[0])
+
+    def __truediv__(self, name: str) -> RemoteLocation:
+        name = name.strip("/")
+        return RemoteLocation(self.scheme, self.host, f"{self.key}/{name}" if self.key else name)
+
+    def resolve(self) -> RemoteLocation:
+        return self
+
+    # --- the kvstore --------------------------------------------------------------------
+    def kvstore_spec(self) -> dict[str, Any]:
+        spec = _base_spec(self.scheme, self.host)
+        prefix = f"{self.key}/" if self.key else ""
+        if self.scheme in ("http", "https"):
+            spec["base_url"] = f"{spec['base_url']}/{prefix}"
+        else:
+            spec["path"] = prefix
+        return spec
+
+    def _store_and_key(self) -> tuple[Any, str]:
+        return _open_store(self.scheme, self.host), self.key
+
+    def _read(self, key: str, byte_range: slice | None = None) -> Any:
+        store, _ = self._store_and_key()
+        try:
+            return store.read(key, byte_range=byte_range).result()
+        except ValueError as error:
+            raise _remote_error(self, error) from error
+
+    # --- reading ------------------------------------------------------------------------
+    def is_file(self) -> bool:
+        if not self.key:
+            return False
+        return self._read(self.key, slice(0, 0)).state == "value"
+
+    def is_dir(self) -> bool:
+        if self.scheme in ("http", "https"):
+            # no listing over HTTP: a folder is there when one of its usual files is
+            return any((self / name).is_file() for name in _FOLDER_PROBES)
+        return bool(self._list())
+
+    def children(self) -> list[str]:
+        return sorted({key.split("/", 1)[0] for key in self._list()})
+
+    def subfolders(self) -> list[str]:
+        return sorted({key.split("/", 1)[0] for key in self._list() if "/" in key})
+
+    def _list(self) -> list[str]:
+        import tensorstore as ts
+
+        if self.scheme in ("http", "https"):
+            raise SurgeryError(
+                f"{str(self)!r} is a folder on an HTTP server, which cannot be listed. Pass the "
+                f"file itself (a .safetensors file or *.safetensors.index.json), or an Orbax "
+                f"checkpoint folder holding _METADATA rather than a CheckpointManager root."
+            )
+        store, key = self._store_and_key()
+        prefix = f"{key}/" if key else ""
+        end = prefix[:-1] + "0" if prefix else ""  # '0' sorts right after '/'
+        try:
+            keys = store.list(ts.KvStore.KeyRange(prefix, end)).result()
+        except ValueError as error:
+            raise _remote_error(self, error) from error
+        return [k.decode()[len(prefix) :] for k in keys]
+
+    def read_bytes(self) -> bytes:
+        result = self._read(self.key)
+        if result.state != "value":
+            raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
+        return bytes(result.value)
+
+    def read_range(self, offset: int, count: int, what: str = "") -> np.ndarray:
+        from ._nodes import aligned_empty
+
+        buffer = aligned_empty((count,), np.dtype(np.uint8))
+        if not count:
+            return buffer
+        try:
+            result = self._read(self.key, slice(offset, offset + count))
+        except CorruptCheckpointError:
+            raise _short_read(self, what, count, offset, None) from None
+        if result.state != "value" or len(result.value) != count:
+            raise _short_read(self, what, count, offset, len(result.value))
+        buffer[:] = np.frombuffer(result.value, np.uint8)
+        return buffer
+
+    def read_head(self, count: int) -> bytes:
+        try:
+            return bytes(self.read_range(0, count))
+        except CorruptCheckpointError:
+            return self.read_bytes()[:count]
+
+    def size(self) -> int:
+        if self._size is None:
+            self._size = self._probe_size()
+        return self._size
+
+    def _probe_size(self) -> int:
+        """Doubles, then bisects, the offset of one-byte reads: 2 log2(size) small requests."""
+        if not self.is_file():
+            raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
+
+        def has_byte(offset: int) -> bool:
+            try:
+                return len(self._read(self.key, slice(offset, offset + 1)).value) == 1
+            except CorruptCheckpointError:
+                return False
+
+        if not has_byte(0):
+            return 0
+        low, high = 0, 1  # has_byte(low) holds; find the first offset without a byte
+        for _ in range(64):
+            if not has_byte(high):
+                break
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if has_byte(middle) else (low, middle)
+        return high
+
+    def open_reader(self) -> Any:
+        return io.BufferedReader(_RangeReader(self), buffer_size=1 << 16)
+
+    # --- writing ------------------------------------------------------------------------
+    def write_bytes(self, data: bytes) -> None:
+        self._require_writable()
+        store, key = self._store_and_key()
+        try:
+            store.write(key, data).result()
+        except ValueError as error:
+            raise _remote_error(self, error) from error
+
+    def remove(self) -> None:
+        import tensorstore as ts
+
+        self._require_writable()
+        store, key = self._store_and_key()
+        try:
+            store.delete_range(ts.KvStore.KeyRange(f"{key}/", f"{key}0")).result()
+            store.delete_range(ts.KvStore.KeyRange(key, key + "\x00")).result()
+        except ValueError as error:
+            raise _remote_error(self, error) from error
+
+    def _require_writable(self) -> None:
+        if self.scheme not in WRITABLE_SCHEMES:
+            raise SurgeryError(
+                f"Cannot write {str(self)!r}: {self.scheme}:// is read-only for suture. Write "
+                f"to a local path, gs:// or s3://."
+            )
+
+
+class _RangeReader(io.RawIOBase):
+    """A read-only, seekable file over a remote object's ranged reads."""
+
+    def __init__(self, location: RemoteLocation) -> None:
+        self._location, self._position = location, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: None}[whence]
+        self._position = (self._location.size() if base is None else base) + offset
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        count = max(0, min(len(buffer), self._location.size() - self._position))
+        if count:
+            data = self._location.read_range(self._position, count)
+            memoryview(buffer).cast("B")[:count] = data
+            self._position += count
+        return count
+
+
+# Files that mark a remote folder as a checkpoint, probed instead of listing over HTTP.
+_FOLDER_PROBES = (
+    "_METADATA",
+    "_CHECKPOINT_METADATA",
+    "model.safetensors.index.json",
+    "model.safetensors",
+)
+
+_stores: dict[tuple[str, str, tuple], Any] = {}
+_stores_lock = threading.Lock()
+_CONTEXT_SPEC = {
+    "cache_pool": {"total_bytes_limit": 0},
+    "gcs_request_concurrency": {"limit": 64},
+    "s3_request_concurrency": {"limit": 64},
+    "http_request_concurrency": {"limit": 64},
+}
+
+
+def remote_context() -> Any:
+    """The TensorStore context shared by every remote read and write (request limits)."""
+    import tensorstore as ts
+
+    with _stores_lock:
+        if "context" not in _shared:
+            _shared["context"] = ts.Context(_CONTEXT_SPEC)
+        return _shared["context"]
+
+
+_shared: dict[str, Any] = {}
+
+
+def _base_spec(scheme: str, host: str) -> dict[str, Any]:
+    if scheme == "gs":
+        return {"driver": "gcs", "bucket": host}
+    if scheme == "s3":
+        spec: dict[str, Any] = {"driver": "s3", "bucket": host}
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if endpoint:
+            spec["endpoint"] = endpoint
+        if region:
+            spec["aws_region"] = region
+        return spec
+    return {"driver": "http", "base_url": f"{scheme}://{host}"}
+
+
+def _open_store(scheme: str, host: str) -> Any:
+    """One open kvstore per bucket or host (and endpoint settings), shared by all reads."""
+    import tensorstore as ts
+
+    spec = _base_spec(scheme, host)
+    cache_key = (scheme, host, tuple(sorted((k, str(v)) for k, v in spec.items())))
+    with _stores_lock:
+        store = _stores.get(cache_key)
+    if store is None:
+        try:
+            store = ts.KvStore.open(spec, context=remote_context()).result()
+        except ValueError as error:
+            raise SurgeryError(f"Cannot reach {scheme}://{host}: {_clean(error)}") from error
+        with _stores_lock:
+            _stores[cache_key] = store
+    return store
+
+
+def _short_read(
+    location: Location, what: str, count: int, offset: int, got: int | None
+) -> CorruptCheckpointError:
+    subject = f"tensor {what!r} needs" if what else "a read needs"
+    gave = f"the file gave {got}" if got is not None else "the file ends before that"
+    return CorruptCheckpointError(
+        f"{str(location)!r} is shorter than its header says: {subject} {count} bytes at offset "
+        f"{offset}, {gave}. The file is truncated or was changed while being read."
+    )
+
+
+def _remote_error(location: Location, error: ValueError) -> SurgeryError:
+    text = _clean(error)
+    if "OUT_OF_RANGE" in text:
+        return CorruptCheckpointError(f"{str(location)!r}: {text}")
+    if "PERMISSION_DENIED" in text or "UNAUTHENTICATED" in text:
+        return SurgeryError(
+            f"Access to {str(location)!r} was refused ({text}). Check the credentials the "
+            f"{location.scheme if isinstance(location, RemoteLocation) else ''} client reads "
+            f"(environment, metadata server, config files)."
+        )
+    return SurgeryError(f"Cannot access {str(location)!r}: {text}")
+
+
+def _clean(error: BaseException) -> str:
+    """The driver's message without anything that looks like a credential."""
+    text = str(error)
+    return re.sub(
+        r"(?i)(authorization|token|signature|credential)[^\s,;]*[=:]\s*\S+", r"\1=<hidden>", text
+    )
