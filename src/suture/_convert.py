@@ -9,10 +9,11 @@ reuses them, so the round trip gives the same names, the same shards and the sam
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from . import rules
+from ._errors import SurgeryError
+from ._location import Location, location_of
 from ._open import open as open_checkpoint
 from ._recipes import load_recipe
 from ._save import SaveResult, save
@@ -66,9 +67,9 @@ def convert(
     options: dict[str, Any] = {}
     renamed = recipe is not None
     if ckpt.format == "safetensors" and target_format == "orbax" and not renamed:
-        options = _keep_safetensors_layout(ckpt, Path(source), separator)
+        options = _keep_safetensors_layout(ckpt, location_of(source), separator)
     elif target_format == "safetensors" and max_shard_size is None and not renamed:
-        options = _reuse_safetensors_layout(ckpt, Path(source), separator)
+        options = _reuse_safetensors_layout(ckpt, location_of(source), separator)
     separator = options.pop("separator", separator)
     return save(
         tree,
@@ -83,28 +84,37 @@ def convert(
     )
 
 
-def _side_files(folder: Path) -> dict[str, Path]:
-    """The files of a model folder that are not weights: config.json, tokenizer files ..."""
+def _side_files(folder: Location) -> dict[str, Location]:
+    """The files of a model folder that are not weights: config.json, tokenizer files ...
+
+    An HTTP folder cannot be listed, so it has none that suture can find.
+    """
     if not folder.is_dir():
         return {}
+    try:
+        names, subfolders = folder.children(), set(folder.subfolders())
+    except SurgeryError:
+        return {}
     return {
-        file.name: file
-        for file in sorted(folder.iterdir())
-        if file.is_file()
-        and not file.name.startswith(".")
-        and not file.name.endswith(_WEIGHT_SUFFIXES)
-        and not file.name.endswith(".index.json")
-        and not file.name.startswith("_")
-        and file.name not in ("commit_success.txt", "manifest.ocdbt")
+        name: folder / name
+        for name in names
+        if name not in subfolders
+        and not name.startswith(".")
+        and not name.endswith(_WEIGHT_SUFFIXES)
+        and not name.endswith(".index.json")
+        and not name.startswith("_")
+        and name not in ("commit_success.txt", "manifest.ocdbt")
     }
 
 
-def _keep_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[str, Any]:
+def _keep_safetensors_layout(ckpt: Any, source: Location, separator: str) -> dict[str, Any]:
     folder = (
-        source
-        if source.is_dir()
-        else source.parent
+        source.parent
         if source.name.endswith(".index.json")
+        else None
+        if source.name.endswith(".safetensors")
+        else source
+        if source.is_dir()
         else None
     )
     side = _side_files(folder) if folder is not None else {}
@@ -117,7 +127,7 @@ def _keep_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[st
     return {"metadata": {LAYOUT_KEY: layout}, "extra_files": side}
 
 
-def _reuse_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[str, Any]:
+def _reuse_safetensors_layout(ckpt: Any, source: Location, separator: str) -> dict[str, Any]:
     if ckpt.format == "orbax":
         layout = ckpt.metadata.get(LAYOUT_KEY)
         if not isinstance(layout, dict):

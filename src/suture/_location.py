@@ -160,6 +160,9 @@ class Location:
         """Deletes this file, or this folder with everything in it; absent is fine."""
         raise NotImplementedError
 
+    def require_writable(self) -> None:
+        """Raises SurgeryError where suture cannot write (``http(s)://``)."""
+
 
 class LocalLocation(Location):
     """A path on this machine."""
@@ -391,7 +394,7 @@ class RemoteLocation(Location):
 
     # --- writing ------------------------------------------------------------------------
     def write_bytes(self, data: bytes) -> None:
-        self._require_writable()
+        self.require_writable()
         store, key = self._store_and_key()
         try:
             store.write(key, data).result()
@@ -401,7 +404,7 @@ class RemoteLocation(Location):
     def remove(self) -> None:
         import tensorstore as ts
 
-        self._require_writable()
+        self.require_writable()
         store, key = self._store_and_key()
         try:
             store.delete_range(ts.KvStore.KeyRange(f"{key}/", f"{key}0")).result()
@@ -409,7 +412,7 @@ class RemoteLocation(Location):
         except ValueError as error:
             raise _remote_error(self, error) from error
 
-    def _require_writable(self) -> None:
+    def require_writable(self) -> None:
         if self.scheme not in WRITABLE_SCHEMES:
             raise SurgeryError(
                 f"Cannot write {str(self)!r}: {self.scheme}:// is read-only for suture. Write "
@@ -461,6 +464,11 @@ _CONTEXT_SPEC = {
     "gcs_request_concurrency": {"limit": 64},
     "s3_request_concurrency": {"limit": 64},
     "http_request_concurrency": {"limit": 64},
+    # Transient errors are retried with backoff, for about two minutes at most.
+    **{
+        f"{driver}_request_retries": {"max_retries": 10, "initial_delay": "0.5s", "max_delay": "16s"}
+        for driver in ("gcs", "s3", "http")
+    },
 }
 
 

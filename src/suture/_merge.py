@@ -386,6 +386,10 @@ def load_merge_config(path: str) -> dict[str, Any]:
     folder = file.parent
 
     def resolve(entry: str) -> str:
+        from ._location import is_remote
+
+        if is_remote(entry):
+            return entry
         candidate = Path(entry)
         return str(
             candidate if candidate.is_absolute() or candidate.exists() else folder / candidate

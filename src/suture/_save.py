@@ -136,6 +136,7 @@ def save(
     destination = location_of(path)
     if format not in FORMATS:
         raise SurgeryError(f"Unknown output format {format!r}: use one of {', '.join(FORMATS)}.")
+    destination.require_writable()
     tree = _tree_of(tree)
     _check_destination(destination, overwrite, tree)
     options = {
