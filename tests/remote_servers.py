@@ -137,6 +137,9 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
 
     def send_head(self):  # type: ignore[no-untyped-def]
         path = Path(self.translate_path(self.path))
+        if self.path.startswith("/forbidden/"):  # as a server refusing a client would
+            self.send_error(403)
+            return None
         if not path.is_file():
             self.send_error(404)
             return None

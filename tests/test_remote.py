@@ -101,7 +101,9 @@ def test_unfinished_gcs_checkpoint_is_refused_like_stock_orbax(gcs: str) -> None
 def local_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("files")
     rng = np.random.default_rng(1)
-    tensors = {f"model.layers.{i}.weight": rng.standard_normal((8, 4), np.float32) for i in range(3)}
+    tensors = {
+        f"model.layers.{i}.weight": rng.standard_normal((8, 4), np.float32) for i in range(3)
+    }
     save_file(tensors, root / "model.safetensors")
     hf = root / "hf"
     hf.mkdir()
@@ -181,3 +183,46 @@ def test_missing_remote_checkpoint_is_not_found(gcs: str, http) -> None:
         suture.open(f"{gcs}/nothing/here")
     with pytest.raises(suture.CheckpointNotFoundError, match="No such file or folder"):
         suture.open(f"{http.url}/nothing/here")
+
+
+def test_remote_errors_name_the_url_and_the_fix(gcs: str, http, local_files: Path) -> None:
+    with pytest.raises(suture.SurgeryError, match=r"'gs:///x' names no bucket or host"):
+        suture.open("gs:///x")
+    with pytest.raises(suture.SurgeryError, match=r"Cannot reach gs://Bad_Bucket!: .*bucket"):
+        suture.open("gs://Bad_Bucket!/x")
+    with pytest.raises(suture.SurgeryError, match=r"Cannot access .*forbidden.*credentials"):
+        suture.open(f"{http.url}/forbidden/model.safetensors")
+    with pytest.raises(suture.CheckpointNotFoundError, match=r"No such file: 'gs://"):
+        suture._location.location_of(f"{gcs}/absent.json").read_bytes()
+
+    truncated = (local_files / "model.safetensors").read_bytes()[:-100]
+    suture._location.location_of(f"{gcs}/bad/model.safetensors").write_bytes(truncated)
+    with pytest.raises(suture.CorruptCheckpointError, match=r"shorter than its header says"):
+        suture.open(f"{gcs}/bad/model.safetensors")
+
+    http.publish(local_files / "hf" / "model-00001-of-00002.safetensors", "bare/a.safetensors")
+    with pytest.raises(suture.SurgeryError, match=r"not a file on the HTTP server, and an HTTP"):
+        suture.open(f"{http.url}/bare")
+    http.publish(local_files / "model.safetensors", "runs/model.safetensors")
+    with pytest.raises(suture.NotACheckpointError, match=r"HTTP server cannot list a folder"):
+        suture.open(f"{http.url}/runs", format="orbax")
+
+
+def test_pytorch_files_open_only_locally(gcs: str, tmp_path: Path) -> None:
+    import torch
+
+    torch.save({"w": torch.ones(2)}, tmp_path / "model.pt")
+    upload(tmp_path / "model.pt", f"{gcs}/torch/model.pt")
+    with pytest.raises(suture.SurgeryError, match=r"PyTorch file, which suture opens only from"):
+        suture.open(f"{gcs}/torch/model.pt", allow_pickle=True)
+
+
+def test_a_lock_held_on_another_machine_is_respected(gcs: str) -> None:
+    lock = suture._location.location_of(f"{gcs}/locked/.out.suture-lock")
+    lock.write_bytes(b"another-host 12345 token")
+    with pytest.raises(
+        suture.SurgeryError, match=r"Another process \(pid 12345\) is writing .*another-host"
+    ):
+        suture.save({"w": np.ones(2)}, f"{gcs}/locked/out", progress=False)
+    lock.remove()
+    suture.save({"w": np.ones(2)}, f"{gcs}/locked/out", progress=False)

@@ -321,9 +321,10 @@ class RemoteLocation(Location):
 
         if self.scheme in ("http", "https"):
             raise SurgeryError(
-                f"{str(self)!r} is a folder on an HTTP server, which cannot be listed. Pass the "
-                f"file itself (a .safetensors file or *.safetensors.index.json), or an Orbax "
-                f"checkpoint folder holding _METADATA rather than a CheckpointManager root."
+                f"{str(self)!r} is not a file on the HTTP server, and an HTTP server's folders "
+                f"cannot be listed. Pass a file (a .safetensors file or *.safetensors.index.json), "
+                f"or an Orbax checkpoint folder holding _METADATA rather than a CheckpointManager "
+                f"root."
             )
         store, key = self._store_and_key()
         prefix = f"{key}/" if key else ""
@@ -368,8 +369,6 @@ class RemoteLocation(Location):
 
     def _probe_size(self) -> int:
         """Doubles, then bisects, the offset of one-byte reads: 2 log2(size) small requests."""
-        if not self.is_file():
-            raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
 
         def has_byte(offset: int) -> bool:
             try:
@@ -533,13 +532,10 @@ def _remote_error(location: Location, error: ValueError) -> SurgeryError:
     text = _clean(error)
     if "OUT_OF_RANGE" in text:
         return CorruptCheckpointError(f"{str(location)!r}: {text}")
-    if "PERMISSION_DENIED" in text or "UNAUTHENTICATED" in text:
-        return SurgeryError(
-            f"Access to {str(location)!r} was refused ({text}). Check the credentials the "
-            f"{location.scheme if isinstance(location, RemoteLocation) else ''} client reads "
-            f"(environment, metadata server, config files)."
-        )
-    return SurgeryError(f"Cannot access {str(location)!r}: {text}")
+    return SurgeryError(
+        f"Cannot access {str(location)!r}: {text}. Check the path, and the credentials the "
+        f"driver reads (environment variables, metadata server, config files)."
+    )
 
 
 def _clean(error: BaseException) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from .._checkpoint import Checkpoint
 from .._errors import CheckpointNotFoundError, NotACheckpointError, SurgeryError
-from .._location import Location, location_of
+from .._location import Location, RemoteLocation, location_of
 
 FORMATS = ("orbax", "safetensors", "msgpack", "npz", "torch", "memory")
 
@@ -26,7 +26,7 @@ def open_source(
         return source
     if format is not None and format not in FORMATS:
         raise SurgeryError(f"Unknown format {format!r}. Known formats: {', '.join(FORMATS)}.")
-    if not isinstance(source, (str, os.PathLike, Location)) and not _is_epath(source):
+    if not isinstance(source, (str, os.PathLike, Location)):  # etils.epath.Path is PathLike
         if step is not None:
             raise SurgeryError("step= applies to CheckpointManager folders, not in-memory trees.")
         from .memory import open_memory
@@ -64,11 +64,6 @@ def open_source(
     from .torch import open_torch
 
     return open_torch(path.path, allow_pickle, separator)  # type: ignore[attr-defined]
-
-
-def _is_epath(source: Any) -> bool:
-    """An ``etils.epath.Path`` (Orbax users pass them): local or ``gs://``/``s3://``."""
-    return type(source).__module__.startswith("etils.epath")
 
 
 def detect(path: Location) -> str:
@@ -126,12 +121,12 @@ def _safetensors_probe(folder: Location) -> list[str]:
     from .safetensors import SINGLE_NAMES
 
     found = [name for name in SINGLE_NAMES if (folder / name).is_file()]
-    if found or not folder.exists():
-        if not found and not folder.exists():
-            raise CheckpointNotFoundError(
-                f"No such file or folder: {str(folder)!r}. Check the path."
-            )
+    if found:
         return found
+    if isinstance(folder, RemoteLocation) and folder.scheme in ("http", "https"):
+        return folder.children()  # raises: says what to pass instead of an HTTP folder
+    if not folder.exists():
+        raise CheckpointNotFoundError(f"No such file or folder: {str(folder)!r}. Check the path.")
     return folder.children()
 
 

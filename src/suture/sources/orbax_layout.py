@@ -86,7 +86,7 @@ def resolve(path: Location, step: int | None = None) -> OrbaxLayout:
                 f"the CheckpointManager folder above it, or drop step=."
             )
         return OrbaxLayout(items, _step_of(path), _custom_metadata(path))
-    steps = _steps_of(path)
+    steps = {} if _cannot_list(path) else _steps_of(path)
     if steps:
         return _resolve_step(path, steps, step)
     _explain_not_a_checkpoint(path)
