@@ -7,7 +7,6 @@ uploaded to all three servers. suture's reads are compared with the stock reader
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,27 +19,9 @@ from typer.testing import CliRunner
 import suture
 from suture._iostats import count_bytes_read
 from suture.cli import app
-from tests.remote_servers import BUCKET, gcs_server, http_server, s3_server, upload
+from tests.remote_servers import upload
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with gcs_server(tmp_path_factory.mktemp("gcs")):
-        yield f"gs://{BUCKET}"
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[str]:
-    with s3_server():
-        yield f"s3://{BUCKET}"
-
-
-@pytest.fixture(scope="module")
-def http(tmp_path_factory: pytest.TempPathFactory):
-    with http_server(tmp_path_factory.mktemp("http")) as server:
-        yield server
 
 
 def tree() -> dict:
@@ -181,7 +162,7 @@ def test_unsupported_scheme_is_an_error_naming_the_supported_ones(tmp_path: Path
 def test_missing_remote_checkpoint_is_not_found(gcs: str, http) -> None:
     with pytest.raises(suture.CheckpointNotFoundError, match="No such file or folder"):
         suture.open(f"{gcs}/nothing/here")
-    with pytest.raises(suture.CheckpointNotFoundError, match="No such file or folder"):
+    with pytest.raises(suture.SurgeryError, match="not a file on the HTTP server"):
         suture.open(f"{http.url}/nothing/here")
 
 

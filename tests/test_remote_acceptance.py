@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,23 +28,25 @@ import suture
 from suture._iostats import count_bytes_read
 from suture._location import location_of
 from suture.cli import app
-from tests.remote_servers import BUCKET, gcs_server, http_server, s3_server, upload
+from tests.remote_servers import upload
 from tests.test_readme import blocks, make_files
 
 runner = CliRunner()
 ROWS, COLUMNS = 4096, 4096  # float32: 64 MiB, 16 KiB a row
 
 
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with gcs_server(tmp_path_factory.mktemp("gcs")):
-        yield f"gs://{BUCKET}"
-
-
 def test_readme_tour_on_a_gcs_copy(gcs: str, tmp_path: Path, monkeypatch) -> None:
     make_files(tmp_path)
     base = f"{gcs}/tour"
-    for name in ("ckpt", "runs", "finetuned_a", "finetuned_b", "image_ckpt", "text_ckpt", "hf_model"):
+    for name in (
+        "ckpt",
+        "runs",
+        "finetuned_a",
+        "finetuned_b",
+        "image_ckpt",
+        "text_ckpt",
+        "hf_model",
+    ):
         upload(tmp_path / name, f"{base}/{name}")
     remote_names = [
         "runs/my_model/checkpoints", "ckpt_for_scan", "ckpt_bf16", "ckpt", "hf_out", "image_ckpt",
@@ -93,21 +94,26 @@ def big_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("server", ["gs", "s3", "http"])
-def test_one_row_of_a_big_tensor_fetches_one_row(
-    server: str, big_file: Path, tmp_path: Path, request
-) -> None:
+def test_one_row_of_a_big_tensor_fetches_one_row(server: str, big_file: Path, request) -> None:
     row_bytes = COLUMNS * 4
-    with _server(server, tmp_path, request) as (url, served_bytes):
-        if server != "http":
-            upload(big_file, url)
-        ckpt = suture.open(url)
-        before = served_bytes()
-        with count_bytes_read() as counter:
-            row = ckpt["w"][100].read()
-        np.testing.assert_array_equal(row, np.arange(COLUMNS, dtype=np.float32))
-        assert counter.bytes == row_bytes, counter.bytes  # TensorStore's count of bytes fetched
-        if served_bytes() is not None:
-            assert served_bytes() - before == row_bytes  # the server's own count
+    served_bytes = None
+    if server == "http":
+        http = request.getfixturevalue("http")
+        url = http.publish(big_file, "big/big.safetensors")
+        served_bytes = lambda: http.bytes_sent  # noqa: E731
+    else:
+        url = upload(
+            big_file,
+            f"{request.getfixturevalue('gcs' if server == 'gs' else 's3')}/big.safetensors",
+        )
+    ckpt = suture.open(url)
+    before = served_bytes() if served_bytes else 0
+    with count_bytes_read() as counter:
+        row = ckpt["w"][100].read()
+    np.testing.assert_array_equal(row, np.arange(COLUMNS, dtype=np.float32))
+    assert counter.bytes == row_bytes, counter.bytes  # TensorStore's count of bytes fetched
+    if served_bytes:
+        assert served_bytes() - before == row_bytes  # the server's own count
 
 
 def test_one_row_of_a_big_orbax_array_on_gcs_fetches_one_chunk(gcs: str) -> None:
@@ -120,26 +126,6 @@ def test_one_row_of_a_big_orbax_array_on_gcs_fetches_one_chunk(gcs: str) -> None
     np.testing.assert_array_equal(row, values[500])
     chunk = 1 << 20
     assert counter.bytes <= chunk + 64 * 1024, counter.bytes  # a chunk, plus OCDBT's index nodes
-
-
-def _server(kind: str, tmp_path: Path, request):
-    """A server of `kind` for one test: yields (URL of the big file, bytes-sent counter)."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def started():
-        if kind == "gs":
-            request.getfixturevalue("gcs")
-            yield f"gs://{BUCKET}/big/big.safetensors", lambda: None
-        elif kind == "s3":
-            with s3_server():
-                yield f"s3://{BUCKET}/big/big.safetensors", lambda: None
-        else:
-            with http_server(tmp_path) as server:
-                url = server.publish(request.getfixturevalue("big_file"), "big.safetensors")
-                yield url, lambda: server.bytes_sent
-
-    return started()
 
 
 KILLED_SAVE = """

@@ -6,7 +6,6 @@ last); a safetensors output is uploaded object by object, its index last.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,27 +18,17 @@ from typer.testing import CliRunner
 import suture
 from suture._location import location_of
 from suture.cli import app
-from tests.remote_servers import BUCKET, gcs_server, s3_server, upload
+from tests.remote_servers import upload
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with gcs_server(tmp_path_factory.mktemp("gcs")):
-        yield f"gs://{BUCKET}"
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[str]:
-    with s3_server():
-        yield f"s3://{BUCKET}"
 
 
 def model() -> dict:
     rng = np.random.default_rng(2)
     return {
-        "params": {f"layer{i}": {"kernel": rng.standard_normal((8, 8), np.float32)} for i in range(3)},
+        "params": {
+            f"layer{i}": {"kernel": rng.standard_normal((8, 8), np.float32)} for i in range(3)
+        },
         "note": "hello",
         "count": 5,
     }
@@ -100,7 +89,9 @@ def test_save_to_s3_orbax_and_safetensors(s3: str, tmp_path: Path) -> None:
 def test_cli_commands_write_to_object_stores(gcs: str, s3: str, tmp_path: Path) -> None:
     hf = tmp_path / "hf"
     hf.mkdir()
-    save_file({"model.w": np.arange(12.0, dtype=np.float32).reshape(3, 4)}, hf / "model.safetensors")
+    save_file(
+        {"model.w": np.arange(12.0, dtype=np.float32).reshape(3, 4)}, hf / "model.safetensors"
+    )
     (hf / "config.json").write_text('{"hidden": 4}')
     upload(hf, f"{gcs}/cli/hf")
     converted = runner.invoke(app, ["convert", f"{gcs}/cli/hf", f"{gcs}/cli/orbax"])

@@ -1,6 +1,6 @@
 """`suture.save`: stream a tree (lazy or in memory) to an Orbax checkpoint or safetensors.
 
-The result never appears half-written (`suture._publish` does the locking and the
+The result never appears half-written (`suture._location.publish` does the locking and the
 commit): locally it is written into a temporary sibling of `path` (named with Orbax's
 ``.orbax-checkpoint-tmp`` marker, so every Orbax-aware tool sees it as unfinished) and
 renamed into place when complete; on ``gs://`` and ``s3://`` it is published with Orbax's
@@ -23,9 +23,9 @@ from ._execute import DEFAULT_MAX_MEMORY, Block, block_budget, plan_blocks, run_
 from ._format import parse_bytes
 from ._lazy import LazyArray, as_lazy
 from ._location import LocalLocation, Location, location_of
+from ._location.publish import begin, destination_exists, exclusive, is_unfinished
 from ._paths import flatten
 from ._progress import progress_bar, wants_progress
-from ._publish import begin, destination_exists, exclusive, is_unfinished
 from ._verify import check, with_digests, written_leaves
 from .sinks.orbax import DEFAULT_CHUNK_BYTES, OrbaxSink, keys_and_kinds
 from .sinks.safetensors import SafetensorsSink
@@ -98,7 +98,7 @@ def save(
             `Checkpoint`, or a checkpoint path (a copy, perhaps in another format).
         path: the destination: a checkpoint folder for Orbax; a ``.safetensors`` file, or a
             folder of shards when `max_shard_size` is given. A local path, or a ``gs://``
-            or ``s3://`` URL (see `suture._publish` for how a remote result is committed).
+            or ``s3://`` URL (see `suture._location.publish` for how a remote result is committed).
         format: ``"orbax"`` or ``"safetensors"``.
         overwrite: replace an existing `path` (atomically: the old one is removed only
             after the new one is in place).

@@ -30,7 +30,7 @@ from .._errors import (
     UnfinishedCheckpointError,
 )
 from .._location import Location, RemoteLocation
-from .._publish import COMMIT_SUCCESS_FILE
+from .._location.publish import COMMIT_SUCCESS_FILE
 
 TMP_MARKER = ".orbax-checkpoint-tmp"
 PYTREE_METADATA = "_METADATA"

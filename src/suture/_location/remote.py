@@ -1,246 +1,19 @@
-"""Where checkpoint bytes live: a local path, or a ``gs://``, ``s3://`` or ``http(s)://`` URL.
-
-Every source, sink and lock reaches checkpoint data through a `Location`; nothing else
-touches `pathlib`/`os` for it. A `LocalLocation` keeps the fast local routes (``pread``,
-``pwrite``, atomic rename); a `RemoteLocation` goes through TensorStore's kvstore drivers
-(``gcs``, ``s3``, ``http``), the ones Orbax itself uses: ranged reads fetch only the bytes
-asked for, many requests can be in flight, and the drivers retry transient errors.
-Credentials come from wherever those drivers look (environment variables, the metadata
-server, gcloud and AWS config files); suture never reads or prints them.
-
-Endpoints for non-Google, non-AWS servers come from the standard variables:
-``TENSORSTORE_GCS_HTTP_URL`` (read by TensorStore itself) for GCS, ``AWS_ENDPOINT_URL_S3``
-or ``AWS_ENDPOINT_URL`` for S3 (with ``AWS_REGION``/``AWS_DEFAULT_REGION``).
-
-Example:
-    >>> location_of("gs://bucket/runs/ckpt").kvstore_spec()
-    {'driver': 'gcs', 'bucket': 'bucket', 'path': 'runs/ckpt/'}
-    >>> str(location_of("gs://bucket/runs/ckpt") / "_METADATA")
-    'gs://bucket/runs/ckpt/_METADATA'
-    >>> location_of("ftp://host/x")
-    Traceback (most recent call last):
-    ...
-    suture._errors.SurgeryError: 'ftp://host/x' uses the scheme 'ftp', which suture does not read or write. Supported: local paths, gs://, s3://, http://, https:// (http(s) read-only).
-"""
+"""Object stores and HTTP servers, through TensorStore's kvstore drivers (gcs, s3, http)."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import re
-import shutil
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._errors import CheckpointNotFoundError, CorruptCheckpointError, SurgeryError
-from ._iostats import record_read
+from .._errors import CheckpointNotFoundError, CorruptCheckpointError, SurgeryError
+from .base import Location, short_read
 
-REMOTE_SCHEMES = ("gs", "s3", "http", "https")
 WRITABLE_SCHEMES = ("gs", "s3")
-_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
-_SUPPORTED_TEXT = "local paths, gs://, s3://, http://, https:// (http(s) read-only)"
-
-
-def location_of(path: Any) -> Location:
-    """The `Location` for a path string, `os.PathLike` (``epath.Path`` included) or Location.
-
-    Raises:
-        SurgeryError: the URL's scheme is not one suture reads.
-    """
-    if isinstance(path, Location):
-        return path
-    if isinstance(path, Path):
-        return LocalLocation(path)
-    text = path if isinstance(path, str) else str(path)  # epath.Path('gs://b/x') -> 'gs://b/x'
-    match = _URL.match(text)
-    if match is None:
-        return LocalLocation(Path(text))
-    scheme = match.group("scheme").lower()
-    if scheme == "file":
-        return LocalLocation(Path(match.group("rest")))
-    if scheme not in REMOTE_SCHEMES:
-        raise SurgeryError(
-            f"{text!r} uses the scheme {scheme!r}, which suture does not read or write. "
-            f"Supported: {_SUPPORTED_TEXT}."
-        )
-    host, _, key = match.group("rest").partition("/")
-    if not host:
-        raise SurgeryError(f"{text!r} names no bucket or host. Write it as {scheme}://BUCKET/PATH.")
-    return RemoteLocation(scheme, host, key.strip("/"))
-
-
-def is_remote(path: Any) -> bool:
-    """True for a URL suture reads through TensorStore (``gs://``, ``s3://``, ``http(s)://``)."""
-    return isinstance(location_of(path), RemoteLocation)
-
-
-class Location:
-    """A file or folder of a checkpoint, local or remote (see the module docstring)."""
-
-    is_remote = False
-
-    # --- naming -------------------------------------------------------------------------
-    @property
-    def name(self) -> str:
-        raise NotImplementedError
-
-    @property
-    def parent(self) -> Location:
-        raise NotImplementedError
-
-    def __truediv__(self, name: str) -> Location:
-        raise NotImplementedError
-
-    def with_name(self, name: str) -> Location:
-        return self.parent / name
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Location) and str(self) == str(other)
-
-    def __hash__(self) -> int:
-        return hash(str(self))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self)!r})"
-
-    # --- reading ------------------------------------------------------------------------
-    def exists(self) -> bool:
-        return self.is_file() or self.is_dir()
-
-    def is_file(self) -> bool:
-        raise NotImplementedError
-
-    def is_dir(self) -> bool:
-        raise NotImplementedError
-
-    def children(self) -> list[str]:
-        """Names of the files and folders directly inside this folder, sorted."""
-        raise NotImplementedError
-
-    def subfolders(self) -> list[str]:
-        """Names of the folders directly inside this folder, sorted."""
-        raise NotImplementedError
-
-    def read_bytes(self) -> bytes:
-        raise NotImplementedError
-
-    def read_range(self, offset: int, count: int, what: str = "") -> np.ndarray:
-        """`count` bytes at `offset` as a fresh uint8 array (aligned, writable).
-
-        Raises:
-            CorruptCheckpointError: the file holds fewer bytes; `what` names the data.
-        """
-        raise NotImplementedError
-
-    def read_head(self, count: int) -> bytes:
-        """The first `count` bytes, or the whole file when it is shorter."""
-        raise NotImplementedError
-
-    def size(self) -> int:
-        """The file's size (remote: found with a few one-byte ranged reads, then cached)."""
-        raise NotImplementedError
-
-    def open_reader(self) -> Any:
-        """A seekable binary file object (remote: ranged reads behind a buffer), for zipfile."""
-        raise NotImplementedError
-
-    def kvstore_spec(self) -> dict[str, Any]:
-        """A TensorStore kvstore spec for this folder (its path ends in ``/``)."""
-        raise NotImplementedError
-
-    # --- writing ------------------------------------------------------------------------
-    def write_bytes(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    def remove(self) -> None:
-        """Deletes this file, or this folder with everything in it; absent is fine."""
-        raise NotImplementedError
-
-    def require_writable(self) -> None:
-        """Raises SurgeryError where suture cannot write (``http(s)://``)."""
-
-
-class LocalLocation(Location):
-    """A path on this machine."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-
-    def __str__(self) -> str:
-        return str(self.path)
-
-    def __fspath__(self) -> str:
-        return str(self.path)
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    @property
-    def parent(self) -> LocalLocation:
-        return LocalLocation(self.path.parent)
-
-    def __truediv__(self, name: str) -> LocalLocation:
-        return LocalLocation(self.path / name)
-
-    def resolve(self) -> LocalLocation:
-        return LocalLocation(self.path.resolve())
-
-    def exists(self) -> bool:
-        return self.path.exists()
-
-    def is_file(self) -> bool:
-        return self.path.is_file()
-
-    def is_dir(self) -> bool:
-        return self.path.is_dir()
-
-    def children(self) -> list[str]:
-        return sorted(child.name for child in self.path.iterdir())
-
-    def subfolders(self) -> list[str]:
-        return sorted(child.name for child in self.path.iterdir() if child.is_dir())
-
-    def read_bytes(self) -> bytes:
-        return self.path.read_bytes()
-
-    def read_range(self, offset: int, count: int, what: str = "") -> np.ndarray:
-        from ._nodes import aligned_empty
-
-        buffer = aligned_empty((count,), np.dtype(np.uint8))
-        with open(self.path, "rb", buffering=0) as stream:
-            got = os.preadv(stream.fileno(), [buffer], offset) if count else 0
-        if got != count:
-            raise _short_read(self, what, count, offset, got)
-        record_read(count)
-        return buffer
-
-    def read_head(self, count: int) -> bytes:
-        with open(self.path, "rb") as stream:
-            return stream.read(count)
-
-    def size(self) -> int:
-        return self.path.stat().st_size
-
-    def open_reader(self) -> Any:
-        return open(self.path, "rb")  # noqa: SIM115 (the caller closes it)
-
-    def kvstore_spec(self) -> dict[str, Any]:
-        return {"driver": "file", "path": f"{self.path.resolve()}/"}
-
-    def write_bytes(self, data: bytes) -> None:
-        self.path.write_bytes(data)
-
-    def remove(self) -> None:
-        if self.path.is_dir() and not self.path.is_symlink():
-            shutil.rmtree(self.path, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
 
 
 class RemoteLocation(Location):
@@ -342,7 +115,7 @@ class RemoteLocation(Location):
         return bytes(result.value)
 
     def read_range(self, offset: int, count: int, what: str = "") -> np.ndarray:
-        from ._nodes import aligned_empty
+        from .._nodes import aligned_empty
 
         buffer = aligned_empty((count,), np.dtype(np.uint8))
         if not count:
@@ -350,9 +123,9 @@ class RemoteLocation(Location):
         try:
             result = self._read(self.key, slice(offset, offset + count))
         except CorruptCheckpointError:
-            raise _short_read(self, what, count, offset, None) from None
+            raise short_read(self, what, count, offset, None) from None
         if result.state != "value" or len(result.value) != count:
-            raise _short_read(self, what, count, offset, len(result.value))
+            raise short_read(self, what, count, offset, len(result.value))
         buffer[:] = np.frombuffer(result.value, np.uint8)
         return buffer
 
@@ -456,7 +229,7 @@ _FOLDER_PROBES = (
     "model.safetensors",
 )
 
-_stores: dict[tuple[str, str, tuple], Any] = {}
+_stores: dict[tuple[str, str, str, tuple], Any] = {}
 _stores_lock = threading.Lock()
 _CONTEXT_SPEC = {
     "cache_pool": {"total_bytes_limit": 0},
@@ -465,7 +238,11 @@ _CONTEXT_SPEC = {
     "http_request_concurrency": {"limit": 64},
     # Transient errors are retried with backoff, for about two minutes at most.
     **{
-        f"{driver}_request_retries": {"max_retries": 10, "initial_delay": "0.5s", "max_delay": "16s"}
+        f"{driver}_request_retries": {
+            "max_retries": 10,
+            "initial_delay": "0.5s",
+            "max_delay": "16s",
+        }
         for driver in ("gcs", "s3", "http")
     },
 }
@@ -504,7 +281,9 @@ def _open_store(scheme: str, host: str) -> Any:
     import tensorstore as ts
 
     spec = _base_spec(scheme, host)
-    cache_key = (scheme, host, tuple(sorted((k, str(v)) for k, v in spec.items())))
+    # TensorStore reads the GCS endpoint from the environment when a store is opened
+    endpoint = os.environ.get("TENSORSTORE_GCS_HTTP_URL", "") if scheme == "gs" else ""
+    cache_key = (scheme, host, endpoint, tuple(sorted((k, str(v)) for k, v in spec.items())))
     with _stores_lock:
         store = _stores.get(cache_key)
     if store is None:
@@ -515,17 +294,6 @@ def _open_store(scheme: str, host: str) -> Any:
         with _stores_lock:
             _stores[cache_key] = store
     return store
-
-
-def _short_read(
-    location: Location, what: str, count: int, offset: int, got: int | None
-) -> CorruptCheckpointError:
-    subject = f"tensor {what!r} needs" if what else "a read needs"
-    gave = f"the file gave {got}" if got is not None else "the file ends before that"
-    return CorruptCheckpointError(
-        f"{str(location)!r} is shorter than its header says: {subject} {count} bytes at offset "
-        f"{offset}, {gave}. The file is truncated or was changed while being read."
-    )
 
 
 def _remote_error(location: Location, error: ValueError) -> SurgeryError:

@@ -31,8 +31,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from ._errors import SurgeryError
-from ._location import LocalLocation, Location
+from .._errors import SurgeryError
+from .base import LocalLocation, Location
 
 TMP_MARKER = ".orbax-checkpoint-tmp-suture-"
 COMMIT_SUCCESS_FILE = "commit_success.txt"  # Orbax's commit marker on object stores
