@@ -25,6 +25,7 @@ import time
 from bench._common import (
     DATA_DIR,
     machine,
+    orbax_load_params_only,
     peak_rss_bytes,
     run_cold_worker,
     write_adam_checkpoint,
@@ -39,27 +40,18 @@ REPEATS = 3
 
 def worker(route: str, url: str) -> None:
     import jax
+    import orbax.checkpoint.v1  # noqa: F401 (both routes' imports happen before the clock starts)
+    from etils import epath
 
+    import suture
     from suture._iostats import bytes_read, remote_requests
 
     started = time.perf_counter()
     bytes_before, requests_before = bytes_read(), remote_requests()
     if route == "suture":
-        import suture
-
         loaded = suture.load(url, suture.placeholders(url, skip="opt_state"))
     else:
-        from etils import epath
-        from orbax.checkpoint import v1 as ocp
-
-        path = epath.Path(url)
-
-        def placeholder(key_path, leaf):
-            name = jax.tree_util.keystr(key_path, simple=True, separator="/")
-            return ocp.PLACEHOLDER if name.startswith("opt_state") else leaf
-
-        tree = jax.tree.map_with_path(placeholder, ocp.metadata(path).metadata)
-        loaded = ocp.load(path, tree)
+        loaded = orbax_load_params_only(epath.Path(url))
     jax.block_until_ready(jax.tree.leaves(loaded["params"]))
     print(
         json.dumps(

@@ -93,31 +93,20 @@ class _ItemStore:
         return found
 
     def _read_from_files(self, keys: list[str], names: list[str]) -> list[tuple[str, bytes]]:
-        import tensorstore as ts
-
-        if not self.folder.is_remote:
-            found = []
-            for key, name in zip(keys, names, strict=True):
-                candidate = self.folder / key
-                if candidate.is_file():
-                    found.append((name, candidate.read_bytes()))
-            return found
-        try:  # all at once: many requests in flight
-            if self._kvstore is None:
-                self._kvstore = ts.KvStore.open(self.kvstore_spec(), context=self.context).result()
-            futures = [self._kvstore.read(key) for key in keys]
-            results = [future.result() for future in futures]
-        except ValueError as error:
-            raise CorruptCheckpointError(
-                f"Cannot read the array metadata of {str(self.folder)!r}: {error}."
-            ) from error
-        return [
-            (name, bytes(result.value))
-            for name, result in zip(names, results, strict=True)
-            if result.state == "value"
-        ]
+        if self.folder.is_remote:
+            return self._read_all(keys, names, "the array metadata")
+        found = []
+        for key, name in zip(keys, names, strict=True):
+            candidate = self.folder / key
+            if candidate.is_file():
+                found.append((name, candidate.read_bytes()))
+        return found
 
     def _read_from_ocdbt(self, keys: list[str], names: list[str]) -> list[tuple[str, bytes]]:
+        return self._read_all(keys, names, "the OCDBT database")
+
+    def _read_all(self, keys: list[str], names: list[str], what: str) -> list[tuple[str, bytes]]:
+        """Reads `keys` through the item's kvstore, all requests in flight at once."""
         import tensorstore as ts
 
         try:
@@ -127,7 +116,7 @@ class _ItemStore:
             results = [future.result() for future in futures]
         except ValueError as error:
             raise CorruptCheckpointError(
-                f"Cannot read the OCDBT database of {str(self.folder)!r}: {error}. The checkpoint "
+                f"Cannot read {what} of {str(self.folder)!r}: {error}. The checkpoint "
                 f"is damaged or incomplete; restore it from a copy."
             ) from error
         return [
