@@ -64,7 +64,7 @@ def worker(route: str) -> None:
         loaded = suture.load(CHECKPOINT, suture.placeholders(CHECKPOINT, skip="opt_state"))
     else:
         import jax
-        import orbax.checkpoint.v1  # noqa: F401 (imported before the clock starts)
+        from orbax.checkpoint import v1  # noqa: F401 (imported before the clock starts)
 
         from suture._iostats import bytes_read as tensorstore_bytes
 
