@@ -40,8 +40,8 @@ REPEATS = 3
 
 def worker(route: str, url: str) -> None:
     import jax
-    from orbax.checkpoint import v1  # noqa: F401 (both routes import before the clock starts)
     from etils import epath
+    from orbax.checkpoint import v1  # noqa: F401 (both routes import before the clock starts)
 
     import suture
     from suture._iostats import bytes_read, remote_requests

@@ -90,6 +90,16 @@ def test_python_examples_run(workdir: Path) -> None:
     assert namespace["renamed"]["params"]["layer_3"]["kernel"].shape == (64, 64)
     assert (workdir / "soup" / "_METADATA").is_file()
     assert namespace["tuned"]["params"]["linear0"]["kernel"] is not None
+    assert 0 < namespace["reading"].bytes < namespace["ckpt"].nbytes / 2
+    assert sorted(p.name for p in (workdir / "hf_copy").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+    ]
+    np.testing.assert_array_equal(
+        namespace["mlp"].layer1.kernel[...], np.asarray(namespace["ckpt"]["params/linear1/kernel"])
+    )
+    assert sorted(namespace["variables"]["params"]) == ["linear0", "linear1"]
+    assert sorted(namespace["resumed"]["opt_state"]["mu"]) == [f"layer{i}" for i in range(4)]
 
 
 def test_shell_examples_run(workdir: Path) -> None:

@@ -17,7 +17,8 @@ from ._init import initialize
 from ._lazy import LazyArray
 from ._nodes import MemorySource, open_all
 from ._paths import flatten, map_leaves_with_path
-from ._targets import AS_STORED, PLACEHOLDER, LeafTarget, classify
+from ._shardings import metadata_sharding, recorded_sharding
+from ._targets import AS_STORED, PLACEHOLDER, LeafTarget, classify, unwrap_metadata_tree
 
 # Readers mostly wait on TensorStore. With every read of a tree in flight at once, the
 # kernel's I/O scheduler serves them in disk order: on a cold cache (bench/partial_load.py)
@@ -34,26 +35,37 @@ def load(
     init: Any = None,
     as_jax: bool = False,
     mesh: Any = None,
+    strict: bool | None = None,
 ) -> Any:
     """Reads `source` into memory, shaped by `target`.
 
     Args:
         source: a checkpoint path, an opened `Checkpoint`, or a tree holding `LazyArray`s
             (such as the result of `suture.transform`) and plain values.
-        target: None for everything as stored, or a tree whose leaves say what to return
-            (see `suture._targets`): ``jax.ShapeDtypeStruct`` (with a sharding: each device
-            reads only its shard), concrete arrays, the types ``np.ndarray``/``jax.Array``,
-            Python numbers, or ``suture.PLACEHOLDER`` (``...``) to skip a leaf.
-        partial: skip (never read) source leaves that `target` leaves out. Without it,
-            leaving a source leaf out is an error.
+        target: None for everything as stored, or a tree whose leaves say what to return:
+            ``jax.ShapeDtypeStruct`` (with a sharding: each device reads only its shard),
+            concrete arrays (their shape and dtype), the types ``np.ndarray``/``jax.Array``
+            (as stored, on the host or on the device), Python numbers, Orbax's metadata tree
+            (``ocp.metadata(path).metadata``), or ``suture.PLACEHOLDER`` (``...``) to skip a
+            leaf; `suture.placeholders` builds such a tree from a checkpoint. Empty
+            containers (``optax.EmptyState()``) come back as the target's own objects.
+        partial: skip (never read) source leaves that `target` leaves out, and keep the
+            target's own value for a concrete target leaf the source lacks (Orbax's
+            ``partial_restore``). Without it, either is an error.
         pad_truncate: zero-pad or truncate each axis where the target's shape differs from
-            the stored one. Without it, a different shape is an error.
+            the stored one. Without it, a different shape is an error (numpy targets
+            restore in the stored shape, as in Orbax).
         init: values for target leaves that the source lacks: a tree of arrays or of
             ``fn(shape, dtype)`` initializers, or a no-argument function that builds the
             whole tree (run under ``jax.jit``, so only the missing leaves are computed).
         as_jax: with ``target=None``, return ``jax.Array`` instead of numpy arrays.
+            ``jax.Array`` leaves with no sharding in the target get the sharding the
+            checkpoint recorded, on the devices it names (an error names the leaf when
+            this process lacks them).
         mesh: the concrete mesh for target shardings given on an abstract mesh (as
             ``nnx.eval_shape`` gives them); default: the mesh set with ``jax.set_mesh``.
+        strict: Orbax's name for the opposite of `pad_truncate`: ``strict=False`` is
+            ``pad_truncate=True``.
 
     Returns:
         A tree with the target's structure (the source's, when `target` is None).
@@ -71,6 +83,7 @@ def load(
         >>> suture.load(ckpt, {"params": {"w": np.zeros(2)}}, partial=True, pad_truncate=True)
         {'params': {'w': array([0., 1.])}}
     """
+    pad_truncate = _pad_truncate(pad_truncate, strict)
     tree = _source_tree(source)
     mesh = _callers_mesh(mesh)  # jax.set_mesh is per thread: read it here, not in the readers
     if target is None:
@@ -81,6 +94,7 @@ def load(
         )
         return map_leaves_with_path(lambda path, _: results[path], tree)
 
+    target = unwrap_metadata_tree(target)
     flat_source = flatten(tree)
     flat_target = {path: classify(leaf) for path, leaf in flatten(target).items()}
     _check_placeholders_on_subtrees(flat_target, flat_source)
@@ -88,16 +102,38 @@ def load(
     missing = {
         path: wanted
         for path, wanted in flat_target.items()
-        if wanted.kind != "skip" and path not in flat_source
+        if wanted.kind not in _NOT_READ and path not in flat_source
     }
+    if partial:  # Orbax's partial_restore: a concrete target leaf stays as it is
+        missing = {path: wanted for path, wanted in missing.items() if wanted.abstract}
     initialized = initialize(init, missing, list(flat_source))
     jobs = {
         path: (flat_source[path] if path in flat_source else initialized[path], wanted)
         for path, wanted in flat_target.items()
-        if wanted.kind != "skip"
+        if wanted.kind not in _NOT_READ and (path in flat_source or path in initialized)
     }
     results = _read_all(jobs, pad_truncate, mesh)
-    return map_leaves_with_path(lambda path, leaf: results.get(path, PLACEHOLDER), target)
+
+    def result(path: str, target_leaf: Any) -> Any:
+        if path in results:
+            return results[path]
+        return PLACEHOLDER if target_leaf is PLACEHOLDER else target_leaf
+
+    return map_leaves_with_path(result, target)
+
+
+_NOT_READ = ("skip", "empty")
+
+
+def _pad_truncate(pad_truncate: bool, strict: bool | None) -> bool:
+    if strict is None:
+        return pad_truncate
+    if pad_truncate and strict:
+        raise SurgeryError(
+            "pad_truncate=True and strict=True contradict each other: strict=False is Orbax's "
+            "name for pad_truncate=True. Pass one of them."
+        )
+    return pad_truncate or not strict
 
 
 def _source_tree(source: Any) -> Any:
@@ -163,12 +199,35 @@ def _materialize(
             return _plain_value(path, leaf, wanted)
     array = _fitted(path, leaf, wanted, pad_truncate)
     if wanted.kind == "python":
+        if array.size != 1:
+            raise ShapeMismatchError(
+                f"Leaf {path!r}: the target asks for a Python {wanted.python_type.__name__}, but "
+                f"the checkpoint holds an array of shape {array.shape}. Make the target leaf an "
+                f"array (np.ndarray, a jax.ShapeDtypeStruct), or suture.PLACEHOLDER to skip it."
+            )
         return wanted.python_type(array.item())
     if wanted.kind == "stored" and leaf.stored_as == "scalar":
         return array.item()
-    if wanted.kind == "jax":
-        return _to_jax(array, _concrete(wanted.sharding, mesh, path))
+    if wanted.kind == "jax" and not _saved_as_numpy(leaf, wanted):
+        return _to_jax(array, _concrete(_sharding(path, leaf, wanted), mesh, path))
     return array.read()
+
+
+def _saved_as_numpy(leaf: LazyArray, wanted: LeafTarget) -> bool:
+    return wanted.numpy_if_saved_as_numpy and leaf.stored_as in ("np.ndarray", "scalar")
+
+
+def _sharding(path: str, leaf: LazyArray, wanted: LeafTarget) -> Any:
+    """The target's sharding; with none, the one the checkpoint recorded (as Orbax does)."""
+    if hasattr(wanted.sharding, "to_jax_sharding"):  # Orbax ShardingMetadata, from its metadata
+        return metadata_sharding(wanted.sharding, path)
+    if wanted.sharding is not None:
+        return wanted.sharding
+    lookup = getattr(getattr(leaf, "_node", None), "recorded_sharding", None)
+    if lookup is None or wanted.shape not in (None, leaf.shape):
+        return None
+    recorded = lookup()
+    return None if recorded is None else recorded_sharding(recorded, path)
 
 
 def _callers_mesh(mesh: Any) -> Any:
@@ -218,6 +277,8 @@ def _already_in_place(leaf: Any, wanted: LeafTarget) -> Any:
 
 
 def _plain_value(path: str, leaf: Any, wanted: LeafTarget) -> Any:
+    if leaf is None:
+        return None  # a masked (optax.MaskedNode) leaf: Orbax restores None for any target
     if wanted.kind in ("numpy", "jax") and wanted.shape is not None:
         raise SurgeryError(
             f"Leaf {path!r} is stored as a {type(leaf).__name__} ({leaf!r:.40}), not an array, "
@@ -228,7 +289,8 @@ def _plain_value(path: str, leaf: Any, wanted: LeafTarget) -> Any:
 
 
 def _fitted(path: str, array: LazyArray, wanted: LeafTarget, pad_truncate: bool) -> LazyArray:
-    if wanted.shape is not None and wanted.shape != array.shape:
+    shape_applies = pad_truncate or not wanted.shape_needs_pad_truncate
+    if wanted.shape is not None and wanted.shape != array.shape and shape_applies:
         if not pad_truncate:
             raise ShapeMismatchError(
                 f"Leaf {path!r}: the target wants shape {wanted.shape}, the checkpoint has "

@@ -26,6 +26,7 @@ from ._location import LocalLocation, Location, location_of
 from ._location.publish import begin, destination_exists, exclusive, is_unfinished
 from ._paths import flatten
 from ._progress import progress_bar, wants_progress
+from ._sidefiles import model_folder_side_files
 from ._verify import check, with_digests, written_leaves
 from .sinks.orbax import DEFAULT_CHUNK_BYTES, OrbaxSink, keys_and_kinds
 from .sinks.safetensors import SafetensorsSink
@@ -96,9 +97,12 @@ def save(
     Args:
         tree: an in-memory tree, a lazy tree (``suture.transform(...)``), an opened
             `Checkpoint`, or a checkpoint path (a copy, perhaps in another format).
-        path: the destination: a checkpoint folder for Orbax; a ``.safetensors`` file, or a
-            folder of shards when `max_shard_size` is given. A local path, or a ``gs://``
-            or ``s3://`` URL (see `suture._location.publish` for how a remote result is committed).
+        path: the destination: a checkpoint folder for Orbax. For safetensors, a path
+            ending in ``.safetensors`` is one file; any other path is a folder laid out as
+            Hugging Face's ``save_pretrained`` does (``model.safetensors``, or shards and
+            ``model.safetensors.index.json``), which ``from_pretrained`` reads. A local
+            path, or a ``gs://`` or ``s3://`` URL (`suture._location.publish` says how a
+            remote result is committed).
         format: ``"orbax"`` or ``"safetensors"``.
         overwrite: replace an existing `path` (atomically: the old one is removed only
             after the new one is in place).
@@ -109,13 +113,15 @@ def save(
             of an in-memory tree must not be modified until ``handle.wait()`` returns.
         chunk_bytes: Orbax only: the largest chunk (default 64 MiB); stacked arrays get one
             member per chunk.
-        max_shard_size: safetensors only: write Hugging Face style shards of at most this
-            size, with ``model.safetensors.index.json``.
+        max_shard_size: safetensors folders only: shards of at most this size, with
+            ``model.safetensors.index.json``.
         separator: safetensors only: joins the tree's keys into tensor names.
         metadata: Orbax custom metadata, or safetensors ``__metadata__`` (strings only).
         shard_map: safetensors only: ``{tensor name: shard file}`` to reproduce a layout
             (e.g. ``ckpt.layout["weight_map"]``), instead of `max_shard_size`.
         extra_files: ``{name: source file or URL}`` copied into a folder output (``config.json``).
+            When `tree` is a Hugging Face folder (its path or its opened `Checkpoint`), its
+            side files (``config.json``, tokenizer files ...) are copied by default.
         verify: read the output back before moving it into place and check every block's
             digest against what was written; a mismatch discards the output.
 
@@ -137,6 +143,9 @@ def save(
     if format not in FORMATS:
         raise SurgeryError(f"Unknown output format {format!r}: use one of {', '.join(FORMATS)}.")
     destination.require_writable()
+    folder_output = format == "orbax" or not destination.name.endswith(".safetensors")
+    if extra_files is None and folder_output:
+        extra_files = _side_files_of(tree)
     tree = _tree_of(tree)
     _check_destination(destination, overwrite, tree)
     options = {
@@ -153,6 +162,15 @@ def save(
         return _write(tree, destination, format, overwrite, separator, metadata, **options)
 
     return SaveHandle(job) if asynchronous else job()
+
+
+def _side_files_of(tree: Any) -> dict[str, Path]:
+    """The side files (config.json ...) of a Hugging Face folder given as a path or opened."""
+    if isinstance(tree, (str, os.PathLike)):
+        return model_folder_side_files(tree)
+    if isinstance(tree, Checkpoint) and tree.format == "safetensors":
+        return model_folder_side_files(tree.location)
+    return {}
 
 
 def _tree_of(tree: Any) -> Any:
@@ -210,8 +228,16 @@ def _write(
                 blocks, finish = _orbax_blocks(tree, temporary, chunk_bytes, max_memory, metadata)
             else:
                 assert isinstance(temporary, LocalLocation)
+                one_file = destination.name.endswith(".safetensors")
                 blocks, finish = _safetensors_blocks(
-                    tree, temporary.path, separator, max_shard_size, max_memory, metadata, shard_map
+                    tree,
+                    temporary.path,
+                    one_file,
+                    separator,
+                    max_shard_size,
+                    max_memory,
+                    metadata,
+                    shard_map,
                 )
             if verify:
                 blocks, digests = with_digests(blocks)
@@ -277,7 +303,10 @@ def _copy_extra_files(extra_files: dict[str, Location], folder: Location) -> Non
     if not extra_files:
         return
     if isinstance(folder, LocalLocation) and not folder.is_dir():
-        raise SurgeryError("extra_files= needs a folder output (Orbax, or sharded safetensors).")
+        raise SurgeryError(
+            "extra_files= needs a folder output: Orbax, or safetensors to a path that does not "
+            "end in '.safetensors'."
+        )
     for name, source in extra_files.items():
         if "/" in name or name.startswith("."):
             raise SurgeryError(f"extra file name {name!r} must be a plain file name.")
@@ -287,6 +316,7 @@ def _copy_extra_files(extra_files: dict[str, Location], folder: Location) -> Non
 def _safetensors_blocks(
     tree: Any,
     destination: Path,
+    one_file: bool,
     separator: str,
     max_shard_size: int | None,
     max_memory: int,
@@ -310,9 +340,7 @@ def _safetensors_blocks(
             f"safetensors holds only arrays, but {len(others)} leaves are not: "
             f"{', '.join(repr(p) for p in others[:5])}. Drop them (rules.drop) or save as Orbax."
         )
-    sink = SafetensorsSink(tensors, max_shard_size, metadata, shard_map)
-    if sink.sharded:
-        destination.mkdir()
+    sink = SafetensorsSink(tensors, max_shard_size, metadata, shard_map, folder=not one_file)
     writers = sink.open_writers(destination)
     blocks = [
         block

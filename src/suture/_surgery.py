@@ -3,7 +3,8 @@
 A surgery is a `transform` applied to one or more sources:
 
 - a list of rules (`suture.rules`), for one source;
-- an Orbax-style transformations tree of `suture.Transform`, for one source, with `target`
+- an Orbax-style transformations tree of `suture.Transform` (a dict, or a list, tuple,
+  NamedTuple or registered dataclass of them), for one source, with `target`
   as the new tree's structure;
 - a plain function ``fn(*trees) -> tree``, one lazy tree per source (merging models);
 - None: the source as it is.
@@ -24,7 +25,8 @@ from ._init import initialize
 from ._lazy import ImplicitReadError, LazyArray, no_implicit_reads
 from ._load import load
 from ._paths import flatten, map_leaves_with_path
-from ._targets import LeafTarget, classify, placeholders_as_stored
+from ._targets import LeafTarget, classify, placeholders_as_stored, unfilled_as_placeholders
+from ._transform import apply_transformations, is_transformations_tree
 from .rules import Rule, apply_rules
 from .sources import open_source
 
@@ -48,7 +50,7 @@ def build(
     partial: bool = False,
 ) -> Built:
     """The lazy result of a surgery, with every problem found (see `transform`)."""
-    if isinstance(transform, dict) and target is not None:
+    if is_transformations_tree(transform) and target is not None:
         target = placeholders_as_stored(target)  # Orbax's new_tree: `...` is "any value"
     checkpoints = [open_source(source) for source in sources]
     built = Built(tree=None, sources=checkpoints)
@@ -69,17 +71,16 @@ def _apply(transform: Any, trees: list[Any], target: Any, built: Built) -> Any:
         return _only_tree(trees, "transform=None")
     if isinstance(transform, Rule):
         transform = [transform]
-    if isinstance(transform, (list, tuple)):
-        return apply_rules(transform, _only_tree(trees, "A rule list"), built.problems)
-    if isinstance(transform, dict):
-        from ._transform import apply_transformations
-
+    if is_transformations_tree(transform):
         if target is None:
             raise SurgeryError(
                 "An Orbax-style transformations tree needs target= as the result's structure "
                 "(Orbax's new_tree). Pass target=, or use rules or a function instead."
             )
-        return apply_transformations(_only_tree(trees, "A transformations tree"), transform, target)
+        original = _only_tree(trees, "A transformations tree")
+        return unfilled_as_placeholders(apply_transformations(original, transform, target))
+    if isinstance(transform, (list, tuple)):
+        return apply_rules(transform, _only_tree(trees, "A rule list"), built.problems)
     if callable(transform):
         return _call_function(transform, trees, built)
     raise SurgeryError(
@@ -243,6 +244,6 @@ def load_and_transform(
         {'new': array([0, 1, 2])}
     """
     result = _checked_tree(transform, sources, target, init, partial)
-    if isinstance(transform, dict) and target is not None:
+    if is_transformations_tree(transform) and target is not None:
         target = placeholders_as_stored(target)
     return load(result, target, partial=partial, as_jax=as_jax)

@@ -8,6 +8,7 @@ No array data is read until a LazyArray is. Importing this module does not impor
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 from typing import Any
@@ -34,13 +35,13 @@ def open_orbax(path: Any, step: int | None = None) -> Checkpoint:
     location = location_of(path)
     layout = resolve(location, step)
     trees = {name: _read_item(folder) for name, folder in layout.items.items()}
-    tree = trees[None] if list(trees) == [None] else trees
+    tree = trees[None] if list(trees) == [None] else {**trees, **layout.json_items}
     return Checkpoint(
         tree,
         location=str(location),
         format="orbax",
         step=layout.step,
-        metadata=layout.custom_metadata,
+        custom_metadata=layout.custom_metadata,
     )
 
 
@@ -167,6 +168,7 @@ def _read_item_unchecked(folder: Location) -> Any:
         if value_type in ARRAY_VALUE_TYPES
     ]
     zarr_metadata = store.read_zarr_metadata(array_names, bool(metadata.get("use_zarr3", False)))
+    shardings = _RecordedShardings(folder)
 
     builder = _TreeBuilder()
     for keys, (key_kinds, value_type) in leaves.items():
@@ -185,6 +187,7 @@ def _read_item_unchecked(folder: Location) -> Any:
             source = TensorStoreSource(
                 store.opener(name, driver), shape, dtype, path, str(folder), chunks
             )
+            source.recorded_sharding = functools.partial(shardings.get, name)
             leaf: Any = LazyArray(source, path=path, stored_as=value_type)
         elif value_type == "string":
             leaf = strings.get(name, strings.get(path))
@@ -222,6 +225,39 @@ def _parse_entries(
             ) from error
         leaves[keys] = (kinds, value_type)
     return leaves
+
+
+class _RecordedShardings:
+    """Orbax's ``_sharding`` file of an item: each array's recorded sharding, read on first use.
+
+    Only a load that needs a sharding and was given none reads it, so opening and
+    inspecting never do (it holds a device list per array: megabytes for big trees).
+    """
+
+    def __init__(self, folder: Location) -> None:
+        self.folder = folder
+
+    def get(self, name: str) -> str | None:
+        """Orbax's JSON description of array `name`'s sharding, or None."""
+        return self._by_name.get(name)
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, str]:
+        sharding_file = self.folder / "_sharding"
+        if not sharding_file.is_file():
+            return {}
+        parsed = _parse_json(sharding_file.read_bytes(), sharding_file)
+        if not isinstance(parsed, dict):
+            return {}
+        shardings = {}
+        for encoded, description in parsed.items():
+            try:
+                name = base64.urlsafe_b64decode(encoded.encode()).decode()
+            except (ValueError, UnicodeDecodeError):
+                continue  # not an entry Orbax wrote: no recorded sharding for it
+            if isinstance(description, str):
+                shardings[name] = description
+        return shardings
 
 
 def _read_strings(folder: Location) -> dict[str, str]:
