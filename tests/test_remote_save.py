@@ -49,7 +49,7 @@ def test_save_to_gcs_is_read_back_by_stock_orbax(gcs: str) -> None:
         restored["params"]["layer1"]["kernel"], model()["params"]["layer1"]["kernel"]
     )
     assert restored["note"] == "hello" and int(restored["count"]) == 5
-    assert suture.open(url).metadata == {"run": "a"}
+    assert suture.open(url).custom_metadata == {"run": "a"}
 
 
 def test_existing_remote_destination_needs_overwrite(gcs: str, s3: str) -> None:
