@@ -101,8 +101,8 @@ def save(
             ending in ``.safetensors`` is one file; any other path is a folder laid out as
             Hugging Face's ``save_pretrained`` does (``model.safetensors``, or shards and
             ``model.safetensors.index.json``), which ``from_pretrained`` reads. A local
-            path, or a ``gs://`` or ``s3://`` URL (`suture._location.publish` says how a
-            remote result is committed).
+            path, or a ``gs://`` or ``s3://`` URL: there the result is committed as Orbax
+            commits on GCS, with ``commit_success.txt`` written last.
         format: ``"orbax"`` or ``"safetensors"``.
         overwrite: replace an existing `path` (atomically: the old one is removed only
             after the new one is in place).
