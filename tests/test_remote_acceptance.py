@@ -37,6 +37,7 @@ ROWS, COLUMNS = 4096, 4096  # float32: 64 MiB, 16 KiB a row
 
 def test_readme_tour_on_a_gcs_copy(gcs: str, tmp_path: Path, monkeypatch) -> None:
     make_files(tmp_path)
+    monkeypatch.chdir(tmp_path)  # nothing the tour names may land in the repository
     base = f"{gcs}/tour"
     for name in (
         "ckpt",
@@ -51,7 +52,7 @@ def test_readme_tour_on_a_gcs_copy(gcs: str, tmp_path: Path, monkeypatch) -> Non
     remote_names = [
         "runs/my_model/checkpoints", "ckpt_for_scan", "ckpt_bf16", "ckpt", "hf_out", "image_ckpt",
         "text_ckpt", "finetuned_a", "finetuned_b", "soup", "hf_model", "hf_as_orbax",
-        "hf_again", "merged",
+        "hf_again", "merged", "hf_copy",
     ]  # fmt: skip
     quoted = re.compile(r'"(' + "|".join(re.escape(n) for n in remote_names) + r')"')
     namespace: dict = {}
@@ -62,12 +63,12 @@ def test_readme_tour_on_a_gcs_copy(gcs: str, tmp_path: Path, monkeypatch) -> Non
     assert location_of(f"{base}/ckpt_for_scan/commit_success.txt").is_file()
     assert suture.open(f"{base}/hf_out").format == "safetensors"
     assert location_of(f"{base}/soup/_METADATA").is_file()
+    assert location_of(f"{base}/hf_copy").children() == ["config.json", "model.safetensors"]
 
     merge_config = (tmp_path / "merge.yaml").read_text()
     for name in ("finetuned_a", "finetuned_b", "ckpt"):
         merge_config = re.sub(rf"\b{name}\b", f"{base}/{name}", merge_config)
     (tmp_path / "merge.yaml").write_text(merge_config)
-    monkeypatch.chdir(tmp_path)
     commands = [line for block in blocks("bash") for line in block.splitlines()]
     commands = [line for line in commands if line.startswith("suture ")]
     assert len(commands) >= 8
