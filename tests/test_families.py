@@ -28,8 +28,13 @@ TOKENS = np.array([[1, 5, 9, 2, 33, 7, 60, 3]])
 
 def _llama_config(**extra):
     base = dict(
-        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
         rms_norm_eps=1e-5,
     )  # head_dim 16: sqrt is a power of two, so the query scale is exact
     return {**base, **extra}
@@ -97,21 +102,31 @@ def test_stock_orbax_restores_the_maxtext_tree(tmp_path):
     assert sorted(restored["params"]["params"]) == ["decoder", "token_embedder"]
     layers = restored["params"]["params"]["decoder"]["layers"]
     assert layers["mlp"]["wo"]["kernel"].shape == (96, 2, 64)  # (mlp, layer, embed)
-    assert layers["self_attention"]["out"]["kernel"].shape == (4, 2, 16, 64)  # (heads, layer, head_dim, embed)
+    assert layers["self_attention"]["out"]["kernel"].shape == (
+        4,
+        2,
+        16,
+        64,
+    )  # (heads, layer, head_dim, embed)
     np.testing.assert_array_equal(
-        layers["mlp"]["wo"]["kernel"], suture.open(tmp_path / "mt")["params/params/decoder/layers/mlp/wo/kernel"].read()
+        layers["mlp"]["wo"]["kernel"],
+        suture.open(tmp_path / "mt")["params/params/decoder/layers/mlp/wo/kernel"].read(),
     )
 
 
 def test_gemma2_round_trip_within_half_an_ulp_of_one(tmp_path):
     _save_model("gemma2", tmp_path / "hf")
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "gemma2:maxtext", progress=False)
-    convert_with_recipe(tmp_path / "mt", tmp_path / "back", "gemma2:maxtext", reverse=True, progress=False)
+    convert_with_recipe(
+        tmp_path / "mt", tmp_path / "back", "gemma2:maxtext", reverse=True, progress=False
+    )
     source, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
     assert sorted(source) == sorted(back)
     for key in source:
         if "norm" in key:  # stored as 1 + w in MaxText: (w + 1) - 1 is within half an ulp of 1
-            np.testing.assert_allclose(back[key], source[key], rtol=0, atol=np.spacing(np.float32(1)) / 2)
+            np.testing.assert_allclose(
+                back[key], source[key], rtol=0, atol=np.spacing(np.float32(1)) / 2
+            )
         else:  # embedding x sqrt(64) = x 8 and query x 1/4: powers of two, exact
             np.testing.assert_array_equal(back[key], source[key], err_msg=key)
 
@@ -129,7 +144,9 @@ def test_gemma2_maxtext_layout_pairs_layers_and_pads_the_vocabulary(tmp_path):
     np.testing.assert_array_equal(local_q[:, 0], q0)
     np.testing.assert_array_equal(global_q[:, 0], q1)
     norm = ckpt[f"{params}/pre_ffw_norm_global/scale"].read()
-    np.testing.assert_array_equal(norm[:, 0], hf["model.layers.1.pre_feedforward_layernorm.weight"] + 1)
+    np.testing.assert_array_equal(
+        norm[:, 0], hf["model.layers.1.pre_feedforward_layernorm.weight"] + 1
+    )
     embedding = ckpt["params/params/token_embedder/embedding"].read()
     np.testing.assert_array_equal(embedding, hf["model.embed_tokens.weight"] * np.float32(8))
 
@@ -159,7 +176,9 @@ def _rope(x, theta, interleaved):
 
 def _maxtext_logits(params, config, tokens, *, interleaved, qk_norm, runtime_query_scale):
     decoder, eps = params["decoder"], config["rms_norm_eps"]
-    theta = (config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta", 10000.0))
+    theta = (config.get("rope_parameters") or {}).get(
+        "rope_theta", config.get("rope_theta", 10000.0)
+    )
     layers = decoder["layers"]
     x = params["token_embedder"]["embedding"][tokens]
     seq = tokens.shape[1]
@@ -182,7 +201,9 @@ def _maxtext_logits(params, config, tokens, *, interleaved, qk_norm, runtime_que
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
         weights = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1)
         attended = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
-        x = x + jnp.einsum("bshd,hde->bse", attended, layers["self_attention"]["out"]["kernel"][:, i])
+        x = x + jnp.einsum(
+            "bshd,hde->bse", attended, layers["self_attention"]["out"]["kernel"][:, i]
+        )
         h = _rms_norm(x, layers["post_self_attention_layer_norm"]["scale"][:, i], eps)
         gate = jax.nn.silu(h @ mlp["wi_0"]["kernel"]) * (h @ mlp["wi_1"]["kernel"])
         x = x + gate @ layers["mlp"]["wo"]["kernel"][:, i]
@@ -200,15 +221,21 @@ def _maxtext_logits(params, config, tokens, *, interleaved, qk_norm, runtime_que
         ("qwen3", False, True, True),
     ],
 )
-def test_maxtext_layout_gives_transformers_logits(tmp_path, family, interleaved, qk_norm, runtime_query_scale):
+def test_maxtext_layout_gives_transformers_logits(
+    tmp_path, family, interleaved, qk_norm, runtime_query_scale
+):
     model = _save_model(family, tmp_path / "hf")
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", f"{family}:maxtext", progress=False)
     loaded = suture.load(tmp_path / "mt")
     params = jax.tree.map(jnp.asarray, loaded["params"]["params"])
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     ours = _maxtext_logits(
-        params, config, jnp.asarray(TOKENS),
-        interleaved=interleaved, qk_norm=qk_norm, runtime_query_scale=runtime_query_scale,
+        params,
+        config,
+        jnp.asarray(TOKENS),
+        interleaved=interleaved,
+        qk_norm=qk_norm,
+        runtime_query_scale=runtime_query_scale,
     )
     with torch.no_grad():
         theirs = model(torch.tensor(TOKENS)).logits.numpy()
@@ -227,9 +254,13 @@ def test_recipe_refuses_a_model_of_another_family(tmp_path):
 
 def test_recipe_refuses_attention_biases_naming_the_field(tmp_path):
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**_llama_config(attention_bias=True)))
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**_llama_config(attention_bias=True))
+    )
     model.save_pretrained(tmp_path / "hf")
-    with pytest.raises(families.ConfigMismatchError, match="'attention_bias' is True: MaxText's Llama has no"):
+    with pytest.raises(
+        families.ConfigMismatchError, match="'attention_bias' is True: MaxText's Llama has no"
+    ):
         convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "llama2:maxtext", progress=False)
 
 
@@ -238,12 +269,16 @@ def test_config_that_does_not_fit_the_weights_names_the_leaf(tmp_path):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     config["num_attention_heads"] = 8  # head_dim 16 x 8 heads = 128 != 64
     with pytest.raises(suture.SurgeryError, match="q_proj/weight.*expected 8 x 16 = 128"):
-        convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "llama2:maxtext", config=config, progress=False)
+        convert_with_recipe(
+            tmp_path / "hf", tmp_path / "mt", "llama2:maxtext", config=config, progress=False
+        )
     assert not (tmp_path / "mt").exists()
 
 
 def test_unknown_recipe_lists_the_built_in_ones():
-    with pytest.raises(suture.SurgeryError, match="(?i)did you mean 'llama3.1:maxtext'.*qwen3:maxtext"):
+    with pytest.raises(
+        suture.SurgeryError, match="(?i)did you mean 'llama3.1:maxtext'.*qwen3:maxtext"
+    ):
         families.get_recipe("llama3.1:maxtxt")
 
 
@@ -257,12 +292,18 @@ def test_missing_config_says_how_to_pass_it(tmp_path):
 def test_operations_table_says_how_close_a_round_trip_comes():
     config = _llama_config(model_type="llama", num_attention_heads=8)  # head_dim 8: sqrt(8) inexact
     rows = dict(
-        (maxtext, ops) for maxtext, _, ops in families.get_recipe("llama3.1:maxtext").operations_table(config)
+        (maxtext, ops)
+        for maxtext, _, ops in families.get_recipe("llama3.1:maxtext").operations_table(config)
     )
     assert "within 1 ulp" in rows["decoder/layers/self_attention/query/kernel"]
     assert "interleave" in rows["decoder/layers/self_attention/key/kernel"]
-    exact = families.get_recipe("llama3.1:maxtext").operations_table(_llama_config(model_type="llama"))
-    assert "exact round trip" in dict((m, o) for m, _, o in exact)["decoder/layers/self_attention/query/kernel"]
+    exact = families.get_recipe("llama3.1:maxtext").operations_table(
+        _llama_config(model_type="llama")
+    )
+    assert (
+        "exact round trip"
+        in dict((m, o) for m, _, o in exact)["decoder/layers/self_attention/query/kernel"]
+    )
 
 
 # The command line -----------------------------------------------------------------------------
@@ -278,30 +319,55 @@ def test_cli_lists_recipes_and_converts_both_ways(tmp_path):
     assert listed.exit_code == 0
     assert "llama3.1:maxtext " in listed.output and "gemma2:maxtext-unscanned" in listed.output
     _save_model("llama3.1", tmp_path / "hf")
-    shown = runner.invoke(app, ["recipes", "llama3.1:maxtext", "--config", str(tmp_path / "hf" / "config.json")])
-    assert shown.exit_code == 0 and "param_mapping.py" in shown.output and "interleave" in shown.output
+    shown = runner.invoke(
+        app, ["recipes", "llama3.1:maxtext", "--config", str(tmp_path / "hf" / "config.json")]
+    )
+    assert (
+        shown.exit_code == 0 and "param_mapping.py" in shown.output and "interleave" in shown.output
+    )
     forward = runner.invoke(
-        app, ["convert", str(tmp_path / "hf"), str(tmp_path / "mt"), "--recipe", "llama3.1:maxtext", "--no-progress"]
+        app,
+        [
+            "convert",
+            str(tmp_path / "hf"),
+            str(tmp_path / "mt"),
+            "--recipe",
+            "llama3.1:maxtext",
+            "--no-progress",
+        ],
     )
     assert forward.exit_code == 0, forward.output
     back = runner.invoke(
         app,
-        ["convert", str(tmp_path / "mt"), str(tmp_path / "back"), "--recipe", "llama3.1:maxtext",
-         "--reverse", "--no-progress"],
+        [
+            "convert",
+            str(tmp_path / "mt"),
+            str(tmp_path / "back"),
+            "--recipe",
+            "llama3.1:maxtext",
+            "--reverse",
+            "--no-progress",
+        ],
     )
     assert back.exit_code == 0, back.output
     assert sorted(p.name for p in (tmp_path / "back").iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors"
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
     ]
     source, restored = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
     assert all(np.array_equal(source[k], restored[k]) for k in source)
-    wrong = runner.invoke(app, ["convert", str(tmp_path / "hf"), str(tmp_path / "x"), "--recipe", "qwen3:maxtext"])
+    wrong = runner.invoke(
+        app, ["convert", str(tmp_path / "hf"), str(tmp_path / "x"), "--recipe", "qwen3:maxtext"]
+    )
     assert wrong.exit_code == 2 and "Error:" in wrong.output and "model_type" in wrong.output
 
 
 def test_python_convert_takes_built_in_recipe_names(tmp_path):
     _save_model("qwen3", tmp_path / "hf")
-    suture.convert(tmp_path / "hf", tmp_path / "mt", recipe="qwen3:maxtext-unscanned", progress=False)
+    suture.convert(
+        tmp_path / "hf", tmp_path / "mt", recipe="qwen3:maxtext-unscanned", progress=False
+    )
     ckpt = suture.open(tmp_path / "mt")
     assert "params/params/decoder/layers_1/self_attention/query_norm/scale" in ckpt.paths()
     assert "params/params/decoder/logits_dense/kernel" not in ckpt.paths()  # tied embeddings

@@ -33,7 +33,10 @@ def _layers(n=3, shape=(4, 6), dtype=np.float32):
     rng = np.random.default_rng(0)
     return {
         "model": {
-            f"layer{i}": {"attn": {"w": rng.standard_normal(shape).astype(dtype)}, "norm": rng.standard_normal(shape[-1]).astype(dtype)}
+            f"layer{i}": {
+                "attn": {"w": rng.standard_normal(shape).astype(dtype)},
+                "norm": rng.standard_normal(shape[-1]).astype(dtype),
+            }
             for i in range(n)
         },
         "embed": rng.standard_normal((10, shape[-1])).astype(dtype),
@@ -97,8 +100,14 @@ def test_a_downcast_comes_back_in_the_recorded_dtype_rounded_once():
         (rules.drop("embed"), r"drop\('embed'\) has no inverse: what it removes is gone"),
         (rules.keep("embed"), r"keep\('embed'\) has no inverse"),
         (rules.map_values("embed", np.tanh), r"give map_values\(\.\.\., inverse=fn\)"),
-        (rules.rename(r"model/.*", "x"), r"cannot be reversed: its pattern has '\.' outside a group"),
-        (rules.rename(r"model/layer(\d+)/attn", "attn"), r"group 1 of its pattern is not used by its template"),
+        (
+            rules.rename(r"model/.*", "x"),
+            r"cannot be reversed: its pattern has '\.' outside a group",
+        ),
+        (
+            rules.rename(r"model/layer(\d+)/attn", "attn"),
+            r"group 1 of its pattern is not used by its template",
+        ),
         (rules.stack(r"model/layer(?P<i>\d+)", into="layers", start=1), r"start= and fill="),
     ],
 )
@@ -107,7 +116,14 @@ def test_rules_without_an_inverse_are_named(rule, message):
         rules.reverse([rules.rename("embed", "e2"), rule])
 
 
-@pytest.mark.parametrize("rule", [rules.cast("embed", "float64"), rules.reshape("embed", (60,)), rules.concat(["embed", "model/layer0/norm"], into="x")])
+@pytest.mark.parametrize(
+    "rule",
+    [
+        rules.cast("embed", "float64"),
+        rules.reshape("embed", (60,)),
+        rules.concat(["embed", "model/layer0/norm"], into="x"),
+    ],
+)
 def test_inverses_that_need_the_input_say_to_pass_like(rule):
     with pytest.raises(RuleError, match=r"pass the recipe's input as like= \(--like SOURCE"):
         rules.reverse([rule])
@@ -138,14 +154,35 @@ def test_reverse_on_disk_with_the_command_line(tmp_path):
         "         rules.cast('embed', 'float64')]\n"
     )
     runner = CliRunner()
-    forward = runner.invoke(app, ["apply", str(recipe), str(tmp_path / "source"), "-o", str(tmp_path / "fwd"), "--no-progress"])
+    forward = runner.invoke(
+        app,
+        [
+            "apply",
+            str(recipe),
+            str(tmp_path / "source"),
+            "-o",
+            str(tmp_path / "fwd"),
+            "--no-progress",
+        ],
+    )
     assert forward.exit_code == 0, forward.output
-    missing = runner.invoke(app, ["apply", str(recipe), str(tmp_path / "fwd"), "-o", str(tmp_path / "x"), "--reverse"])
+    missing = runner.invoke(
+        app, ["apply", str(recipe), str(tmp_path / "fwd"), "-o", str(tmp_path / "x"), "--reverse"]
+    )
     assert missing.exit_code == 2 and "--like SOURCE" in missing.output
     back = runner.invoke(
         app,
-        ["apply", str(recipe), str(tmp_path / "fwd"), "-o", str(tmp_path / "back"), "--reverse",
-         "--like", str(tmp_path / "source"), "--no-progress"],
+        [
+            "apply",
+            str(recipe),
+            str(tmp_path / "fwd"),
+            "-o",
+            str(tmp_path / "back"),
+            "--reverse",
+            "--like",
+            str(tmp_path / "source"),
+            "--no-progress",
+        ],
     )
     assert back.exit_code == 0, back.output
     _assert_identical(tree, _read(suture.load(tmp_path / "back")))

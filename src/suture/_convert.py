@@ -66,8 +66,15 @@ def convert(
         from .families._convert import convert_with_recipe
 
         return convert_with_recipe(
-            source, destination, str(recipe), reverse=reverse, config=config, dtype=dtype,
-            overwrite=overwrite, max_memory=max_memory, max_shard_size=max_shard_size,
+            source,
+            destination,
+            str(recipe),
+            reverse=reverse,
+            config=config,
+            dtype=dtype,
+            overwrite=overwrite,
+            max_memory=max_memory,
+            max_shard_size=max_shard_size,
             progress=progress,
         )
     if reverse or config is not None:

@@ -27,8 +27,18 @@ from . import rules as rule_module
 from ._errors import SurgeryError
 
 RULE_NAMES = (
-    "rename", "drop", "keep", "stack", "unstack", "cast", "concat", "split",
-    "transpose", "reshape", "permute", "scale",
+    "rename",
+    "drop",
+    "keep",
+    "stack",
+    "unstack",
+    "cast",
+    "concat",
+    "split",
+    "transpose",
+    "reshape",
+    "permute",
+    "scale",
 )
 
 

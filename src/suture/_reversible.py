@@ -79,7 +79,9 @@ class Transpose(_ArrayRule):
     def change(self, array: LazyArray) -> LazyArray:
         axes = self.axes if self.axes is not None else tuple(reversed(range(array.ndim)))
         if sorted(a % max(array.ndim, 1) for a in axes) != list(range(array.ndim)):
-            raise RuleError(f"{self!r}: {array.path!r} has {array.ndim} axes; axes={axes} is not a permutation of them.")
+            raise RuleError(
+                f"{self!r}: {array.path!r} has {array.ndim} axes; axes={axes} is not a permutation of them."
+            )
         return array.transpose(axes)
 
     def __repr__(self) -> str:
@@ -94,7 +96,9 @@ class Reshape(_ArrayRule):
 
     def change(self, array: LazyArray) -> LazyArray:
         if math.prod(self.shape) != array.size:
-            raise RuleError(f"{self!r}: {array.path!r} has shape {array.shape} ({array.size} elements), which does not fit {self.shape}.")
+            raise RuleError(
+                f"{self!r}: {array.path!r} has shape {array.shape} ({array.size} elements), which does not fit {self.shape}."
+            )
         return array.reshape(self.shape)
 
     def __repr__(self) -> str:
@@ -110,7 +114,9 @@ class Permute(_ArrayRule):
 
     def change(self, array: LazyArray) -> LazyArray:
         if not -array.ndim <= self.axis < array.ndim:
-            raise RuleError(f"{self!r}: {array.path!r} has shape {array.shape}, no axis {self.axis}.")
+            raise RuleError(
+                f"{self!r}: {array.path!r} has shape {array.shape}, no axis {self.axis}."
+            )
         axis = self.axis % array.ndim
         if sorted(self.order) != list(range(array.shape[axis])):
             raise RuleError(
@@ -131,7 +137,9 @@ class Scale(_ArrayRule):
 
     def change(self, array: LazyArray) -> LazyArray:
         factor = self.factor
-        return elementwise(lambda x: (x * np.asarray(factor, x.dtype)).astype(x.dtype), array, name="scale")
+        return elementwise(
+            lambda x: (x * np.asarray(factor, x.dtype)).astype(x.dtype), array, name="scale"
+        )
 
     @property
     def exact(self) -> bool:
@@ -247,7 +255,9 @@ def _template_refs(template: str) -> list[str | _Ref]:
     return parts
 
 
-def _turn_around(pattern: str, template: str, rule: Rule, index_group: str | None = None) -> tuple[str, str]:
+def _turn_around(
+    pattern: str, template: str, rule: Rule, index_group: str | None = None
+) -> tuple[str, str]:
     """(new pattern, new template) that map what `template` wrote back to what `pattern` read."""
     pieces = _pattern_pieces(pattern, rule)
     groups = {p.group: p for p in pieces if p.group is not None}
@@ -260,7 +270,9 @@ def _turn_around(pattern: str, template: str, rule: Rule, index_group: str | Non
             continue
         piece = groups.get(part.group)
         if piece is None:
-            raise _irreversible(rule, f"its template refers to group {part.group!r}, which the pattern lacks")
+            raise _irreversible(
+                rule, f"its template refers to group {part.group!r}, which the pattern lacks"
+            )
         if piece.group in seen:
             new_pattern += f"(?P=g{piece.group})"
         else:
@@ -270,14 +282,17 @@ def _turn_around(pattern: str, template: str, rule: Rule, index_group: str | Non
     for piece in pieces:
         if piece.group is None:
             new_template += piece.text.replace("\\", "\\\\")
-        elif index_group is not None and (piece.name == index_group or (index_group == "1" and piece.group == 1)):
+        elif index_group is not None and (
+            piece.name == index_group or (index_group == "1" and piece.group == 1)
+        ):
             new_template += "{i}"
         elif piece.group in seen:
             new_template += f"\\g<g{piece.group}>"
         else:
             raise _irreversible(
-                rule, f"group {piece.name or piece.group} of its pattern is not used by its template, so "
-                "what it matched is lost"
+                rule,
+                f"group {piece.name or piece.group} of its pattern is not used by its template, so "
+                "what it matched is lost",
             )
     return new_pattern, new_template
 
@@ -324,11 +339,15 @@ def _inputs_of_each_rule(rules: list[Rule], like: Any) -> list[dict[str, Any] | 
 
 def _inverse(rule: Rule, leaves: dict[str, Any] | None) -> list[Rule]:
     if isinstance(rule, Drop | Keep):
-        raise RuleError(f"{rule!r} has no inverse: what it removes is gone. Reverse the recipe without it.")
+        raise RuleError(
+            f"{rule!r} has no inverse: what it removes is gone. Reverse the recipe without it."
+        )
     if isinstance(rule, MapValues):
         inverse = getattr(rule, "inverse", None)
         if inverse is None:
-            raise RuleError(f"{rule!r} has no inverse: give map_values(..., inverse=fn) to reverse it.")
+            raise RuleError(
+                f"{rule!r} has no inverse: give map_values(..., inverse=fn) to reverse it."
+            )
         return [MapValues(rule.pattern, inverse, rule.optional)]
     if isinstance(rule, Rename):
         pattern, template = _turn_around(rule.pattern, rule.to, rule)
@@ -354,9 +373,18 @@ def _inverse(rule: Rule, leaves: dict[str, Any] | None) -> list[Rule]:
     if isinstance(rule, Transpose):
         if rule.axes is None:
             return [rule]
-        return [Transpose(rule.pattern, tuple(int(a) for a in np.argsort(rule.axes)), rule.optional)]
+        return [
+            Transpose(rule.pattern, tuple(int(a) for a in np.argsort(rule.axes)), rule.optional)
+        ]
     if isinstance(rule, Permute):
-        return [Permute(rule.pattern, tuple(int(a) for a in np.argsort(rule.order)), rule.axis, rule.optional)]
+        return [
+            Permute(
+                rule.pattern,
+                tuple(int(a) for a in np.argsort(rule.order)),
+                rule.axis,
+                rule.optional,
+            )
+        ]
     if isinstance(rule, Scale):
         return [Scale(rule.pattern, 1.0 / rule.factor, rule.optional)]
     if isinstance(rule, Reshape):
@@ -389,7 +417,9 @@ def _inverse_concat(rule: Concat, leaves: dict[str, Any]) -> list[Rule]:
     inverses: list[Rule] = []
     for target, (value, _) in rule.edit(leaves).written.items():
         parts = [
-            m for pattern in rule.patterns for m in Rename(pattern, "").matches(leaves)
+            m
+            for pattern in rule.patterns
+            for m in Rename(pattern, "").matches(leaves)
             if m.expand(rule.into) == target
         ]
         axis = rule.axis % value.ndim
@@ -404,4 +434,3 @@ def _escape_template(pattern: str, rule: Rule) -> str:
     if any(piece.group is not None for piece in pieces):
         raise _irreversible(rule, "its pattern has groups, so the stacked name is not one path")
     return "".join(piece.text for piece in pieces)
-

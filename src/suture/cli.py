@@ -219,7 +219,10 @@ def apply(
     ] = False,
     like: Annotated[
         str | None,
-        typer.Option("--like", help="With --reverse: the recipe's original input (for casts, reshapes, concats)."),
+        typer.Option(
+            "--like",
+            help="With --reverse: the recipe's original input (for casts, reshapes, concats).",
+        ),
     ] = None,
 ) -> None:
     """Run a recipe on the source(s) and stream the result to OUTPUT.
@@ -281,37 +284,45 @@ def _prepare(
 @reports_errors
 def merge_command(
     config: Annotated[
-        str, typer.Argument(help="Merge config (.yaml or .toml): method, models, weights ...")
+        str,
+        typer.Argument(help="Merge config (.yaml or .toml): suture's (method:) or mergekit's."),
     ],
     output: Output,
-    format: OutputFormat = "orbax",  # noqa: A002
+    format: Annotated[  # noqa: A002
+        str | None,
+        typer.Option(
+            "--format",
+            help="orbax or safetensors (default: safetensors for mergekit configs, else orbax).",
+        ),
+    ] = None,
     max_memory: MaxMemory = None,
     overwrite: Overwrite = False,
     dry_run: DryRun = False,
     verify: Verify = False,
     progress: Progress = None,
 ) -> None:
-    """Merge several models (linear, slerp, task_arithmetic, ties, dare) and stream the result."""
-    from ._merge import load_merge_config, merge
-    from ._plan import plan as make_plan
-    from ._save import save
+    """Merge several models (linear, slerp, ties, dare_ties, della ...) and stream the result.
 
-    settings = load_merge_config(config)
-    models = settings.pop("models")
-    merged = merge(models, settings.pop("method"), **settings)
-    if dry_run:
-        typer.echo(str(make_plan(None, merged)))
-        return
-    result = save(
-        merged,
+    A mergekit config (merge_method:, models: or slices:) is read as it is; with Hugging Face
+    folders as inputs and safetensors output, the output is a Hugging Face folder with
+    config.json, the tokenizer files and a model card.
+    """
+    from ._merge_cli import run_merge
+
+    result = run_merge(
+        config,
         output,
         format=format,
-        overwrite=overwrite,
         max_memory=max_memory,
-        progress=progress,
+        overwrite=overwrite,
+        dry_run=dry_run,
         verify=verify,
+        progress=progress,
     )
-    _report_written(result, verify)
+    if isinstance(result, str):
+        typer.echo(result)
+    else:
+        _report_written(result, verify)
 
 
 @app.command()

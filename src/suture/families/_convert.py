@@ -59,7 +59,9 @@ def convert_with_recipe(
             progress=progress,
             **options,
         )
-    recorded = ckpt.custom_metadata.get(FAMILY_KEY) if isinstance(ckpt.custom_metadata, dict) else None
+    recorded = (
+        ckpt.custom_metadata.get(FAMILY_KEY) if isinstance(ckpt.custom_metadata, dict) else None
+    )
     if config is not None:
         settings = read_config(config)
     elif isinstance(recorded, dict) and isinstance(recorded.get("config"), dict):

@@ -93,7 +93,9 @@ class SplitAxis(Operation):
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
         count = len(self.sizes)
         merged = math.prod(array.shape[self.axis : self.axis + count])
-        return array.reshape(array.shape[: self.axis] + (merged,) + array.shape[self.axis + count :])
+        return array.reshape(
+            array.shape[: self.axis] + (merged,) + array.shape[self.axis + count :]
+        )
 
     def describe(self, names: dict[str, Any]) -> str:
         return f"split axis {self.axis} into {self._sizes(names)}"

@@ -260,7 +260,9 @@ def get_recipe(name: str) -> FamilyRecipe:
 
 def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     where = data["source_file"]
-    group_specs = data.get("layer_groups") or {"layer": {"count": "num_hidden_layers", "hf_index": "i"}}
+    group_specs = data.get("layer_groups") or {
+        "layer": {"count": "num_hidden_layers", "hf_index": "i"}
+    }
     groups = {
         name: LayerGroup(str(spec["count"]), str(spec["hf_index"]))
         for name, spec in group_specs.items()
