@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -12,6 +13,7 @@ import numpy as np
 
 from ._checkpoint import Checkpoint
 from ._combine import fit_shape
+from ._distributed import global_array
 from ._errors import ShapeMismatchError, SurgeryError
 from ._init import initialize
 from ._lazy import LazyArray
@@ -181,9 +183,18 @@ def _read_all(
     paths = list(jobs)
     arrays = [leaf for leaf, _ in jobs.values() if isinstance(leaf, LazyArray)]
     open_all([source for array in arrays for source in array.sources()])
+    # Arrays spread over processes are resharded with collectives, which every process must
+    # issue in the same order: one at a time, in tree order, on this thread.
+    results = {
+        path: _materialize(path, *jobs[path], pad_truncate, mesh)
+        for path in paths
+        if global_array(jobs[path][0]) is not None
+    }
+    rest = [path for path in paths if path not in results]
     with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
-        values = pool.map(lambda path: _materialize(path, *jobs[path], pad_truncate, mesh), paths)
-        return dict(zip(paths, values, strict=True))
+        values = pool.map(lambda path: _materialize(path, *jobs[path], pad_truncate, mesh), rest)
+        results.update(zip(rest, values, strict=True))
+    return {path: results[path] for path in paths}
 
 
 def _materialize(
@@ -192,6 +203,11 @@ def _materialize(
     ready = _already_in_place(leaf, wanted)
     if ready is not None:
         return ready
+    spanning = global_array(leaf)
+    if spanning is not None:
+        return _reshard(
+            path, spanning, wanted, pad_truncate, _concrete(wanted.sharding, mesh, path)
+        )
     if not isinstance(leaf, LazyArray):
         if hasattr(leaf, "shape") and hasattr(leaf, "dtype") and wanted.kind != "stored":
             leaf = LazyArray.from_array(leaf, path=path)
@@ -292,31 +308,101 @@ def _fitted(path: str, array: LazyArray, wanted: LeafTarget, pad_truncate: bool)
     shape_applies = pad_truncate or not wanted.shape_needs_pad_truncate
     if wanted.shape is not None and wanted.shape != array.shape and shape_applies:
         if not pad_truncate:
-            raise ShapeMismatchError(
-                f"Leaf {path!r}: the target wants shape {wanted.shape}, the checkpoint has "
-                f"{array.shape}. Pass pad_truncate=True to zero-pad or truncate each axis, or "
-                f"fix the target's shape."
-            )
+            raise _shape_error(path, wanted.shape, array.shape)
         array = fit_shape(array, wanted.shape)
     if wanted.dtype is not None:
         array = array.astype(wanted.dtype)
     return array
 
 
+def _shape_error(path: str, wanted: tuple[int, ...], stored: tuple[int, ...]) -> ShapeMismatchError:
+    return ShapeMismatchError(
+        f"Leaf {path!r}: the target wants shape {wanted}, the checkpoint has {stored}. Pass "
+        f"pad_truncate=True to zero-pad or truncate each axis, or fix the target's shape."
+    )
+
+
 def _to_jax(array: LazyArray, sharding: Any) -> Any:
-    """A jax.Array; with a sharding, each device's shard is read from disk as that slice."""
+    """A jax.Array; with a sharding, each process reads only what its devices hold.
+
+    When this process's shards tile one box (the usual case: a process's devices are
+    neighbours in the mesh), the box is read once and cut into shards, so a stored chunk
+    that several local devices need is decoded once; otherwise each distinct shard is read
+    on its own (replicated devices share one read).
+    """
     import jax
 
     if sharding is None:
         return jax.device_put(array.read())
+    if array.ndim == 0:
+        return jax.make_array_from_callback((), sharding, lambda _: array.read())
+    indices = sharding.addressable_devices_indices_map(array.shape).values()
+    ranges = {_ranges(index, array.shape) for index in indices}
+    box = tuple(
+        (min(r[axis][0] for r in ranges), max(r[axis][1] for r in ranges))
+        for axis in range(array.ndim)
+    )
+    if math.prod(stop - start for start, stop in box) <= sum(
+        math.prod(stop - start for start, stop in r) for r in ranges
+    ):
+        values = array[tuple(slice(start, stop) for start, stop in box)].read()
+
+        def cut(index: tuple) -> np.ndarray:
+            return values[
+                tuple(
+                    slice(start - low, stop - low)
+                    for (start, stop), (low, _) in zip(
+                        _ranges(index, array.shape), box, strict=True
+                    )
+                )
+            ]
+
+        return jax.make_array_from_callback(array.shape, sharding, cut)
     shards: dict[tuple, np.ndarray] = {}
     lock = threading.Lock()
 
     def read_shard(index: tuple) -> np.ndarray:
-        key = tuple((entry.start, entry.stop, entry.step) for entry in index)
+        key = _ranges(index, array.shape)
         with lock:  # replicated devices ask for the same slice: read it once
             if key not in shards:
                 shards[key] = array[index].read()
             return shards[key]
 
     return jax.make_array_from_callback(array.shape, sharding, read_shard)
+
+
+def _ranges(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """A shard's index (slices, perhaps open-ended) as ``(start, stop)`` on every axis."""
+    padded = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    return tuple(entry.indices(length)[:2] for entry, length in zip(padded, shape, strict=True))
+
+
+def _reshard(path: str, array: Any, wanted: LeafTarget, pad_truncate: bool, sharding: Any) -> Any:
+    """A jax.Array spread over several processes, fitted to the target by jax itself.
+
+    No process can read it whole, so it is cast, padded or truncated under ``jax.jit`` and
+    moved to the target's sharding with collectives.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    if wanted.kind == "stored":
+        return array
+    if wanted.kind != "jax":
+        raise SurgeryError(
+            f"Leaf {path!r} is a jax.Array sharded across processes, which no single process "
+            f"can hold as a {'number' if wanted.kind == 'python' else 'numpy array'}. Target "
+            f"a jax.ShapeDtypeStruct with a sharding, or gather it first "
+            f"(jax.experimental.multihost_utils.process_allgather)."
+        )
+    shape = tuple(array.shape) if wanted.shape is None else wanted.shape
+    if shape != tuple(array.shape) and not pad_truncate:
+        raise _shape_error(path, shape, tuple(array.shape))
+    dtype = array.dtype if wanted.dtype is None else wanted.dtype
+    target = sharding if sharding is not None else array.sharding
+    if shape == tuple(array.shape) and dtype == array.dtype:
+        return jax.device_put(array, target)
+    kept = tuple(slice(0, min(old, new)) for old, new in zip(array.shape, shape, strict=True))
+    padding = [(0, max(0, new - old)) for old, new in zip(array.shape, shape, strict=True)]
+    fit = jax.jit(lambda x: jnp.pad(x[kept], padding).astype(dtype), out_shardings=target)
+    return fit(array)

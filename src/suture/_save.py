@@ -10,25 +10,35 @@ opened for reading.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._checkpoint import Checkpoint
+from ._distributed import Group, collective, global_array, share_blocks
 from ._errors import SurgeryError
 from ._execute import DEFAULT_MAX_MEMORY, Block, block_budget, plan_blocks, run_blocks
 from ._format import parse_bytes
 from ._lazy import LazyArray, as_lazy
 from ._location import LocalLocation, Location, location_of
-from ._location.publish import begin, destination_exists, exclusive, is_unfinished
+from ._location.publish import TMP_MARKER as PUBLISH_TMP_MARKER
+from ._location.publish import (
+    begin,
+    destination_exists,
+    exclusive,
+    is_unfinished,
+    rename_into_place,
+)
 from ._paths import flatten
 from ._progress import progress_bar, wants_progress
 from ._sidefiles import model_folder_side_files
 from ._verify import check, with_digests, written_leaves
-from .sinks.orbax import DEFAULT_CHUNK_BYTES, OrbaxSink, keys_and_kinds
+from .sinks.orbax import DEFAULT_CHUNK_BYTES, OrbaxSink, keys_and_kinds, merge_process_databases
 from .sinks.safetensors import SafetensorsSink
 
 FORMATS = ("orbax", "safetensors")
@@ -94,6 +104,12 @@ def save(
 ) -> SaveResult | SaveHandle:
     """Writes `tree` to `path`, streaming lazy leaves under a memory budget.
 
+    Under ``jax.distributed`` with several processes this is a collective, like Orbax's
+    save: every process calls it with the same tree and path, and each writes only its
+    share (its shards of globally sharded jax.Arrays, about 1/N of the blocks of other
+    leaves); the primary commits once all have written. The result's counts are this
+    process's own. See docs/design.md, "Multi-host".
+
     Args:
         tree: an in-memory tree, a lazy tree (``suture.transform(...)``), an opened
             `Checkpoint`, or a checkpoint path (a copy, perhaps in another format).
@@ -158,7 +174,21 @@ def save(
         "verify": verify,
     }
 
+    group = collective()  # under jax.distributed every process writes its share
+
     def job() -> SaveResult:
+        if group is not None:
+            from ._save_collective import write_collective
+
+            if not isinstance(destination, LocalLocation):
+                raise SurgeryError(
+                    f"Cannot write {str(destination)!r} from several processes: a save under "
+                    f"jax.distributed writes local or mounted paths only. Save to a shared "
+                    f"mounted folder, or from one process."
+                )
+            return write_collective(
+                group, tree, destination.path, format, overwrite, separator, metadata, **options
+            )
         return _write(tree, destination, format, overwrite, separator, metadata, **options)
 
     return SaveHandle(job) if asynchronous else job()
@@ -279,29 +309,51 @@ def _call(finish: Any) -> BaseException | None:
 
 
 def _orbax_blocks(
-    tree: Any, folder: Location, chunk_bytes: int, max_memory: int, metadata: Any
+    tree: Any,
+    folder: Location | Path,
+    chunk_bytes: int,
+    max_memory: int,
+    metadata: Any,
+    group: Group | None = None,
 ) -> tuple[list[Block], Any]:
-    sink = OrbaxSink(folder, chunk_bytes)
-    sink.start()
-    blocks: list[Block] = []
+    """The blocks to write and the function that finishes the checkpoint.
+
+    With a `group` (under jax.distributed) the blocks are this process's share, written to
+    its own database, and the finish (for the primary, after every process has written)
+    also merges the processes' databases.
+    """
+    sink = OrbaxSink(folder, chunk_bytes, None if group is None else group.index)
+    if group is None:
+        sink.start()
+    arrays: list[tuple[str, LazyArray, Any]] = []
+    owned: list[Block] = []  # shards of global jax.Arrays that this process holds
     leaves = keys_and_kinds(tree)
     if len(leaves) == 1 and leaves[0][0] == ():
         raise SurgeryError("An Orbax checkpoint needs a tree; wrap the array: {'array': x}.")
     for keys, kinds, leaf in leaves:
         path = "/".join(keys)
+        if group is not None and global_array(leaf) is not None:
+            owned.extend(sink.add_sharded(keys, kinds, global_array(leaf)))
+            continue
         if isinstance(leaf, LazyArray) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
             array: LazyArray | None = as_lazy(leaf, path=path)
         else:
             array = sink.add_value(keys, kinds, leaf)
         if array is not None:
-            writer = sink.add_array(keys, kinds, array)
-            blocks.extend(plan_blocks(path, array, writer, block_budget(max_memory)))
-    return blocks, lambda: sink.finish(metadata)
+            arrays.append((path, array, sink.add_array(keys, kinds, array)))
+    if group is None:
+        blocks = [
+            block for leaf in arrays for block in plan_blocks(*leaf, block_budget(max_memory))
+        ]
+        return blocks, lambda: sink.finish(metadata)
+    blocks = owned + share_blocks(arrays, block_budget(max_memory), group.count, group.index)
+    return blocks, lambda: (sink.finish(metadata), merge_process_databases(folder))
 
 
-def _copy_extra_files(extra_files: dict[str, Location], folder: Location) -> None:
+def _copy_extra_files(extra_files: dict[str, Location], folder: Location | Path) -> None:
     if not extra_files:
         return
+    folder = location_of(folder)
     if isinstance(folder, LocalLocation) and not folder.is_dir():
         raise SurgeryError(
             "extra_files= needs a folder output: Orbax, or safetensors to a path that does not "
@@ -348,6 +400,24 @@ def _safetensors_blocks(
         for block in plan_blocks(name, array, writers[name], block_budget(max_memory))
     ]
     return blocks, sink.close
+
+
+# The collective writer (_save_collective) works on local paths through these.
+TMP_MARKER = PUBLISH_TMP_MARKER
+
+
+@contextlib.contextmanager
+def _exclusive(destination: Path) -> Iterator[None]:
+    with exclusive(location_of(destination)):
+        yield
+
+
+def _commit(temporary: Path, destination: Path, overwrite: bool) -> None:
+    rename_into_place(temporary, destination, overwrite)
+
+
+def _remove(path: Path) -> None:
+    LocalLocation(path).remove()
 
 
 def _is_io_failure(error: ValueError) -> bool:

@@ -49,7 +49,7 @@ class Publication:
         """Makes the written result the destination's finished content."""
         if isinstance(self.destination, LocalLocation):
             assert isinstance(self.temporary, LocalLocation)
-            _rename_into_place(self.temporary.path, self.destination.path, overwrite)
+            rename_into_place(self.temporary.path, self.destination.path, overwrite)
         elif self.staged:
             assert isinstance(self.temporary, LocalLocation)
             _upload(self.temporary.path, self.destination)
@@ -113,7 +113,8 @@ def is_unfinished(folder: Location) -> bool:
     return recorded.get("commit_timestamp_nsecs") is None and "init_timestamp_nsecs" in recorded
 
 
-def _rename_into_place(temporary: Path, destination: Path, overwrite: bool) -> None:
+def rename_into_place(temporary: Path, destination: Path, overwrite: bool) -> None:
+    """Moves a finished local result into place; an old one is removed only afterwards."""
     old = None
     if destination.exists():
         if not overwrite:
@@ -143,22 +144,31 @@ def _upload(staged: Path, destination: Location) -> None:
 
 @contextlib.contextmanager
 def exclusive(destination: Location) -> Iterator[None]:
-    """Holds the lock ``.NAME.suture-lock`` beside `destination` while the block runs.
+    """Holds the lock ``.NAME.suture-lock`` beside `destination`, naming its writer ``pid@host``.
+
+    A lock whose writer is gone is taken over, but only when that writer ran on this host:
+    on storage shared by several hosts (an object store, a network file system), another
+    host's process cannot be checked from here.
 
     Raises:
-        SurgeryError: another live process holds the lock.
+        SurgeryError: another live process, or a process on another host, holds the lock.
     """
     lock = destination.with_name(f".{destination.name}.suture-lock")
-    owner = f"{socket.gethostname()} {os.getpid()} {uuid.uuid4().hex}"
+    owner = f"{os.getpid()}@{socket.gethostname()} {uuid.uuid4().hex}"
     for _ in range(2):
         if _try_create(lock, owner):
             break
-        holder = _lock_holder(lock)
-        if holder is not None and not _is_stale(holder):
+        pid, host = _lock_owner(lock)
+        if pid is not None and host not in (None, socket.gethostname()):
             raise SurgeryError(
-                f"Another process (pid {holder[1]}) is writing {str(destination)!r} (on "
-                f"{holder[0]}). Wait for it to finish, or write elsewhere; if no such process "
-                f"runs, remove {str(lock)!r}."
+                f"Another process (pid {pid} on host {host!r}) is writing {str(destination)!r}. "
+                f"Wait for it to finish, or write elsewhere; if that writer is gone, remove "
+                f"{str(lock)!r}."
+            )
+        if pid is not None and _alive(pid):
+            raise SurgeryError(
+                f"Another process (pid {pid}) is writing {str(destination)!r}. Wait for it to "
+                f"finish, or write elsewhere."
             )
         lock.remove()  # stale: its writer died
     else:
@@ -188,26 +198,24 @@ def _try_create(lock: Location, owner: str) -> bool:
     return lock.read_bytes().decode(errors="replace") == owner
 
 
-def _lock_holder(lock: Location) -> tuple[str, int] | None:
+def _lock_owner(lock: Location) -> tuple[int | None, str | None]:
+    """The lock's writer: ``(pid, host)``; a lock from before hosts were recorded has no host."""
     try:
-        text = lock.read_bytes().decode(errors="replace").split()
+        words = lock.read_bytes().decode(errors="replace").split()
     except (OSError, SurgeryError):
-        return None
-    if len(text) == 1 and text[0].isdigit():  # written by an older suture: a pid only
-        return socket.gethostname(), int(text[0])
-    if len(text) >= 2 and text[1].isdigit():
-        return text[0], int(text[1])
-    return None
+        return None, None
+    pid_text, _, host = (words[0] if words else "").partition("@")
+    try:
+        return (int(pid_text or "0") or None), (host or None)
+    except ValueError:
+        return None, None
 
 
-def _is_stale(holder: tuple[str, int]) -> bool:
-    host, pid = holder
-    if host != socket.gethostname():
-        return False  # cannot tell whether a process on another machine lives
+def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return True
-    except PermissionError:
         return False
-    return False
+    except PermissionError:
+        return True
+    return True
