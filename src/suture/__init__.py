@@ -40,6 +40,8 @@ from ._paths import flatten as flatten
 from ._paths import unflatten as unflatten
 from ._plan import Plan as Plan
 from ._plan import plan as plan
+from ._products import einsum as einsum
+from ._products import matmul as matmul
 from ._save import SaveHandle as SaveHandle
 from ._save import SaveResult as SaveResult
 from ._save import save as save
@@ -79,10 +81,12 @@ __all__ = [
     "concatenate",
     "convert",
     "count_bytes_read",
+    "einsum",
     "flatten",
     "load",
     "load_and_transform",
     "map",
+    "matmul",
     "merge",
     "open",
     "plan",

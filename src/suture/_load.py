@@ -14,7 +14,7 @@ import numpy as np
 from ._checkpoint import Checkpoint
 from ._combine import fit_shape
 from ._distributed import global_array
-from ._errors import ShapeMismatchError, SurgeryError
+from ._errors import ShapeMismatchError, SurgeryError, raise_problems
 from ._init import initialize
 from ._lazy import LazyArray
 from ._nodes import MemorySource, open_all
@@ -100,7 +100,11 @@ def load(
     flat_source = flatten(tree)
     flat_target = {path: classify(leaf) for path, leaf in flatten(target).items()}
     _check_placeholders_on_subtrees(flat_target, flat_source)
-    _check_left_out(flat_target, flat_source, partial)
+    problems: list[SurgeryError] = []  # a misspelled key is two problems: report both
+    try:
+        _check_left_out(flat_target, flat_source, partial)
+    except SurgeryError as error:
+        problems.append(error)
     missing = {
         path: wanted
         for path, wanted in flat_target.items()
@@ -108,7 +112,12 @@ def load(
     }
     if partial:  # Orbax's partial_restore: a concrete target leaf stays as it is
         missing = {path: wanted for path, wanted in missing.items() if wanted.abstract}
-    initialized = initialize(init, missing, list(flat_source))
+    unmatched = [path for path in flat_source if path not in flat_target]
+    try:
+        initialized = initialize(init, missing, unmatched or list(flat_source))
+    except SurgeryError as error:
+        problems.append(error)
+    raise_problems(problems, "The load")
     jobs = {
         path: (flat_source[path] if path in flat_source else initialized[path], wanted)
         for path, wanted in flat_target.items()

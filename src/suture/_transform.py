@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import MissingLeafError, SurgeryError, did_you_mean
-from ._lazy import ImplicitReadError, LazyArray, call_lazily, no_implicit_reads
+from ._lazy import LazyArray, call_lazily
 from ._paths import flatten, jax_path, map_leaves_with_path, unflatten
 from ._targets import is_empty_container
 
@@ -214,11 +214,7 @@ def _call_value_fn(fn: Callable[[Any], Any], value: Any) -> Any:
 
 
 def _call_multi_value_fn(fn: Callable[[str, Any], Any], key: str, original_tree: Any) -> Any:
-    try:
-        with no_implicit_reads():
-            return fn(key, original_tree)
-    except ImplicitReadError:
-        return fn(key, original_tree)  # needs concrete values: read just what it touches
+    return call_lazily(fn, key, original_tree)
 
 
 def merge_trees(*trees: Any, target: Any = None) -> Any:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from ._cli_hints import check_recipe_first, for_command_line
 from ._errors import SurgeryError
 
 app = typer.Typer(
@@ -69,7 +70,7 @@ def reports_errors(command: F) -> F:
         except SurgeryError as error:
             if _state["debug"]:
                 raise
-            typer.echo(f"Error: {error}", err=True)
+            typer.echo(f"Error: {for_command_line(str(error))}", err=True)
             raise typer.Exit(code=2) from None
 
     return run  # type: ignore[return-value]
@@ -186,11 +187,11 @@ def plan(
     """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing."""
     from ._plan import plan as make_plan
 
-    surgery = _prepare(recipe, sources, target, allow_pickle)
+    surgery = _prepare(recipe, sources, target, allow_pickle, "plan")
     result = make_plan(
         surgery["transform"], *surgery["sources"], **surgery["arguments"], partial=partial
     )
-    typer.echo(result.to_json() if as_json else str(result))
+    typer.echo(result.to_json() if as_json else for_command_line(str(result)))
     if not result.ok:
         raise typer.Exit(code=2)
 
@@ -243,13 +244,16 @@ def apply(
     from ._save import save
     from ._surgery import transform
 
-    surgery = _prepare(recipe, sources, target, allow_pickle)
+    surgery = _prepare(recipe, sources, target, allow_pickle, "apply")
     if reverse:
         surgery["transform"] = reversed_rules(surgery["transform"], like)
     steps = with_cast(surgery["transform"], dtype) if dtype is not None else surgery["transform"]
     arguments = {**surgery["arguments"], "partial": partial}
     if dry_run:
-        typer.echo(str(make_plan(steps, *surgery["sources"], **arguments)))
+        planned = make_plan(steps, *surgery["sources"], **arguments)
+        typer.echo(for_command_line(str(planned)))
+        if not planned.ok:  # as `suture plan` does: scripts can stop on a bad recipe
+            raise typer.Exit(code=2)
         return
     result = save(
         transform(steps, *surgery["sources"], **arguments),
@@ -265,11 +269,12 @@ def apply(
 
 
 def _prepare(
-    recipe: str, sources: list[str], target: str | None, allow_pickle: bool
+    recipe: str, sources: list[str], target: str | None, allow_pickle: bool, command: str
 ) -> dict[str, Any]:
     from ._open import open as open_checkpoint
     from ._recipes import load_recipe
 
+    check_recipe_first(recipe, sources, command)
     loaded = load_recipe(recipe)
     opened = [open_checkpoint(source, allow_pickle=allow_pickle) for source in sources]
     target_tree = open_checkpoint(target).abstract() if target is not None else loaded.target
