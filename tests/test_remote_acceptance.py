@@ -47,12 +47,15 @@ def test_readme_tour_on_a_gcs_copy(gcs: str, tmp_path: Path, monkeypatch) -> Non
         "image_ckpt",
         "text_ckpt",
         "hf_model",
+        "base.safetensors",
+        "lora.safetensors",
     ):
         upload(tmp_path / name, f"{base}/{name}")
     remote_names = [
         "runs/my_model/checkpoints", "ckpt_for_scan", "ckpt_bf16", "ckpt", "hf_out", "image_ckpt",
         "text_ckpt", "finetuned_a", "finetuned_b", "soup", "hf_model", "hf_as_orbax",
-        "hf_again", "merged", "hf_copy",
+        "hf_again", "merged", "hf_copy", "base.safetensors", "lora.safetensors",
+        "merged.safetensors",
     ]  # fmt: skip
     quoted = re.compile(r'"(' + "|".join(re.escape(n) for n in remote_names) + r')"')
     namespace: dict = {}
@@ -64,6 +67,7 @@ def test_readme_tour_on_a_gcs_copy(gcs: str, tmp_path: Path, monkeypatch) -> Non
     assert suture.open(f"{base}/hf_out").format == "safetensors"
     assert location_of(f"{base}/soup/_METADATA").is_file()
     assert location_of(f"{base}/hf_copy").children() == ["config.json", "model.safetensors"]
+    assert suture.open(f"{base}/merged.safetensors")["w"].shape == (2048, 1024)
 
     merge_config = (tmp_path / "merge.yaml").read_text()
     for name in ("finetuned_a", "finetuned_b", "ckpt"):
