@@ -1,7 +1,7 @@
 """Arrays stored as raw bytes at a known place in a file (safetensors, uncompressed npz).
 
-`FileRangeSource` reads with positional reads (``os.preadv``) only the rows of the first
-axis that a selection spans. A read of whole rows lands straight in the result (no copy);
+`FileRangeSource` reads only the rows of the first axis that a selection spans (ranged
+reads of its `Location`: positional reads locally, ranged GETs remotely). A read of whole rows lands straight in the result (no copy);
 a read of some columns goes through a bounded strip of rows at a time, so its memory is
 the result plus one strip, never the whole span. `read_into` reads into a caller's array
 (a cast or transposed view of it) through a small per-thread tile, which fuses the read,
@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
-from ._errors import CorruptCheckpointError
-from ._iostats import record_read
+from ._location import Location
 from ._nodes import Node, ReadCost, SourceNode, aligned_empty, assign, scratch_buffer
 from ._selection import Selection, outer_index, selection_shape
 
@@ -51,7 +49,7 @@ class FileRangeSource(SourceNode):
 
     def __init__(
         self,
-        file: Path,
+        file: Location,
         offset: int,
         shape: tuple[int, ...],
         dtype: np.dtype,
@@ -85,19 +83,12 @@ class FileRangeSource(SourceNode):
             self._read_rows(*rows, out)
         else:  # a tile at a time through this thread's scratch: cast and transpose stay in cache
             step = max(1, TILE_BYTES // max(1, self._row_bytes))
-            with self._open() as stream:
-                # the kernel reads the rest of the block ahead while tiles are cast
-                _advise_willneed(
-                    stream,
-                    self.offset + rows[0] * self._row_bytes,
-                    (rows[1] - rows[0]) * self._row_bytes,
-                )
-                for start in range(rows[0], rows[1], step):
-                    stop = min(start + step, rows[1])
-                    tile = scratch_buffer("read", (stop - start) * self._row_bytes)
-                    tile = tile.view(self.dtype).reshape((stop - start, *self.shape[1:]))
-                    self._read_rows(start, stop, tile, stream)
-                    assign(out[start - rows[0] : stop - rows[0]], tile)
+            for start in range(rows[0], rows[1], step):
+                stop = min(start + step, rows[1])
+                tile = scratch_buffer("read", (stop - start) * self._row_bytes)
+                tile = tile.view(self.dtype).reshape((stop - start, *self.shape[1:]))
+                self._read_rows(start, stop, tile)
+                assign(out[start - rows[0] : stop - rows[0]], tile)
 
     def read_cost(self, selection: Selection, into: bool = False) -> ReadCost:
         """Bytes read from the file (whole row spans) and bytes held while reading."""
@@ -124,38 +115,13 @@ class FileRangeSource(SourceNode):
             block = self._read_rows(start, stop, rows.reshape((stop - start, *self.shape[1:])))
             yield targets, block, (local_rows, *selection[1:])
 
-    def _open(self) -> BinaryIO:
-        return open(self.file, "rb", buffering=0)
-
-    def _read_rows(
-        self, low: int, high: int, into: np.ndarray, stream: BinaryIO | None = None
-    ) -> np.ndarray:
+    def _read_rows(self, low: int, high: int, into: np.ndarray) -> np.ndarray:
         """Reads rows ``[low, high)`` into `into` (C-contiguous, exactly that size)."""
-        count = into.nbytes
-        offset = self.offset + low * self._row_bytes
-        if stream is None:
-            with self._open() as opened:
-                got = read_fully(opened.fileno(), into, offset) if count else 0
-        else:
-            got = read_fully(stream.fileno(), into, offset) if count else 0
-        if got != count:
-            raise CorruptCheckpointError(
-                f"{str(self.file)!r} is shorter than its header says: tensor {self.path!r} needs "
-                f"{count} bytes at offset {offset}, the file gave {got}. "
-                f"The file is truncated or was changed while being read."
-            )
-        record_read(count)
+        self.file.read_into(self.offset + low * self._row_bytes, into, self.path or "")
         return into
 
     def inputs(self) -> tuple[Node, ...]:
         return ()
-
-
-def _advise_willneed(stream: BinaryIO, offset: int, length: int) -> None:
-    """Asks the kernel to start reading a range now (where it takes advice)."""
-    advise = getattr(os, "posix_fadvise", None)
-    if advise is not None:
-        advise(stream.fileno(), offset, length, os.POSIX_FADV_WILLNEED)
 
 
 def _whole_rows(selection: Selection, shape: tuple[int, ...]) -> tuple[int, int] | None:

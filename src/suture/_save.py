@@ -1,21 +1,19 @@
 """`suture.save`: stream a tree (lazy or in memory) to an Orbax checkpoint or safetensors.
 
-The result is written into a temporary sibling of `path` and renamed into place only when
-complete, so `path` never holds a half-written result: a crash leaves at most the
-temporary sibling (named with Orbax's ``.orbax-checkpoint-tmp`` marker, so every
-Orbax-aware tool, suture included, sees it as unfinished). A lock file keeps two writers
-off one destination. Sources are only ever opened for reading.
+The result never appears half-written (`suture._location.publish` does the locking and the
+commit): locally it is written into a temporary sibling of `path` (named with Orbax's
+``.orbax-checkpoint-tmp`` marker, so every Orbax-aware tool sees it as unfinished) and
+renamed into place when complete; on ``gs://`` and ``s3://`` it is published with Orbax's
+commit marker. A lock keeps two writers off one destination. Sources are only ever
+opened for reading.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +32,15 @@ from ._execute import (
 )
 from ._format import parse_bytes
 from ._lazy import LazyArray, as_lazy
+from ._location import LocalLocation, Location, location_of
+from ._location.publish import TMP_MARKER as PUBLISH_TMP_MARKER
+from ._location.publish import (
+    begin,
+    destination_exists,
+    exclusive,
+    is_unfinished,
+    rename_into_place,
+)
 from ._paths import flatten
 from ._progress import progress_bar, wants_progress
 from ._sidefiles import model_folder_side_files
@@ -42,14 +49,13 @@ from .sinks.orbax import DEFAULT_CHUNK_BYTES, OrbaxSink, keys_and_kinds, merge_p
 from .sinks.safetensors import SafetensorsSink
 
 FORMATS = ("orbax", "safetensors")
-TMP_MARKER = ".orbax-checkpoint-tmp-suture-"
 
 
 @dataclass(frozen=True)
 class SaveResult:
-    """What a save wrote."""
+    """What a save wrote (`path`: a `Path`, or the URL of a remote destination)."""
 
-    path: Path
+    path: Path | str
     format: str
     bytes_written: int
     leaves: int
@@ -118,7 +124,9 @@ def save(
         path: the destination: a checkpoint folder for Orbax. For safetensors, a path
             ending in ``.safetensors`` is one file; any other path is a folder laid out as
             Hugging Face's ``save_pretrained`` does (``model.safetensors``, or shards and
-            ``model.safetensors.index.json``), which ``from_pretrained`` reads.
+            ``model.safetensors.index.json``), which ``from_pretrained`` reads. A local
+            path, or a ``gs://`` or ``s3://`` URL: there the result is committed as Orbax
+            commits on GCS, with ``commit_success.txt`` written last.
         format: ``"orbax"`` or ``"safetensors"``.
         overwrite: replace an existing `path` (atomically: the old one is removed only
             after the new one is in place).
@@ -138,7 +146,7 @@ def save(
         metadata: Orbax custom metadata, or safetensors ``__metadata__`` (strings only).
         shard_map: safetensors only: ``{tensor name: shard file}`` to reproduce a layout
             (e.g. ``ckpt.layout["weight_map"]``), instead of `max_shard_size`.
-        extra_files: ``{name: source file}`` copied into a folder output (``config.json``).
+        extra_files: ``{name: source file or URL}`` copied into a folder output (``config.json``).
             When `tree` is a Hugging Face folder (its path or its opened `Checkpoint`), its
             side files (``config.json``, tokenizer files ...) are copied by default.
         verify: read the output back before moving it into place and check every block's
@@ -158,9 +166,10 @@ def save(
         >>> float(suture.open(result.path)["w"].read().sum())
         4.0
     """
-    destination = Path(path)
+    destination = location_of(path)
     if format not in FORMATS:
         raise SurgeryError(f"Unknown output format {format!r}: use one of {', '.join(FORMATS)}.")
+    destination.require_writable()
     folder_output = format == "orbax" or not destination.name.endswith(".safetensors")
     if extra_files is None and folder_output:
         extra_files = _side_files_of(tree)
@@ -172,7 +181,7 @@ def save(
         "max_shard_size": parse_bytes(max_shard_size) if max_shard_size is not None else None,
         "show_progress": wants_progress(progress),
         "shard_map": shard_map,
-        "extra_files": {name: Path(file) for name, file in (extra_files or {}).items()},
+        "extra_files": {name: location_of(file) for name, file in (extra_files or {}).items()},
         "verify": verify,
     }
 
@@ -184,8 +193,14 @@ def save(
         if group is not None:
             from ._save_collective import write_collective
 
+            if not isinstance(destination, LocalLocation):
+                raise SurgeryError(
+                    f"Cannot write {str(destination)!r} from several processes: a save under "
+                    f"jax.distributed writes local or mounted paths only. Save to a shared "
+                    f"mounted folder, or from one process."
+                )
             return write_collective(
-                group, tree, destination, format, overwrite, separator, metadata, **options
+                group, tree, destination.path, format, overwrite, separator, metadata, **options
             )
         return _write(tree, destination, format, overwrite, separator, metadata, **options)
 
@@ -211,19 +226,20 @@ def _tree_of(tree: Any) -> Any:
     return tree
 
 
-def _check_destination(destination: Path, overwrite: bool, tree: Any) -> None:
-    if destination.exists() and not overwrite:
-        raise SurgeryError(
-            f"{str(destination)!r} already exists. Pass overwrite=True (--overwrite) to replace it (the old "
-            f"one is removed only once the new one is complete), or choose another path."
-        )
-    target = destination.resolve()
+def _check_destination(destination: Location, overwrite: bool, tree: Any) -> None:
+    if (
+        not overwrite
+        and destination.exists()
+        and not (destination.is_remote and is_unfinished(destination))
+    ):
+        raise destination_exists(destination)
+    target = str(destination.resolve())
     for leaf in flatten(tree).values():
         if not isinstance(leaf, LazyArray):
             continue
         for source in leaf.sources():
-            origin = Path(source.origin).resolve() if source.origin else None
-            if origin is not None and (origin == target or target in origin.parents):
+            origin = str(location_of(source.origin).resolve()) if source.origin else None
+            if origin is not None and (origin == target or origin.startswith(f"{target}/")):
                 raise SurgeryError(
                     f"{str(destination)!r} holds {source.path!r}, a source this save reads. Write "
                     f"to another path, then move it into place."
@@ -232,7 +248,7 @@ def _check_destination(destination: Path, overwrite: bool, tree: Any) -> None:
 
 def _write(
     tree: Any,
-    destination: Path,
+    destination: Location,
     format: str,  # noqa: A002
     overwrite: bool,
     separator: str,
@@ -242,20 +258,23 @@ def _write(
     max_shard_size: int | None,
     show_progress: bool,
     shard_map: dict[str, str] | None,
-    extra_files: dict[str, Path],
+    extra_files: dict[str, Location],
     verify: bool,
 ) -> SaveResult:
     started = time.perf_counter()
-    with _exclusive(destination):
-        temporary = destination.with_name(f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
+    with exclusive(destination):
+        # safetensors is written with positional writes: staged locally for an object store
+        publication = begin(destination, overwrite, staged=format == "safetensors")
+        temporary = publication.temporary
         try:
             if format == "orbax":
                 blocks, finish = _orbax_blocks(tree, temporary, chunk_bytes, max_memory, metadata)
             else:
+                assert isinstance(temporary, LocalLocation)
                 one_file = destination.name.endswith(".safetensors")
                 blocks, finish = _safetensors_blocks(
                     tree,
-                    temporary,
+                    temporary.path,
                     one_file,
                     separator,
                     max_shard_size,
@@ -277,17 +296,17 @@ def _write(
             if verify:
                 check(blocks, digests, written_leaves(temporary, format))
             _copy_extra_files(extra_files, temporary)
-            _commit(temporary, destination, overwrite)
+            publication.commit(overwrite)
         except (OSError, ValueError) as error:
-            _remove(temporary)
+            publication.abort()
             if isinstance(error, ValueError) and not _is_io_failure(error):
                 raise
             raise _as_surgery_error(error, destination) from error
         except BaseException:
-            _remove(temporary)
+            publication.abort()
             raise
     return SaveResult(
-        destination,
+        destination.path if isinstance(destination, LocalLocation) else str(destination),
         format,
         progress.written_bytes,
         progress.total_leaves,
@@ -306,7 +325,7 @@ def _call(finish: Any) -> BaseException | None:
 
 def _orbax_blocks(
     tree: Any,
-    folder: Path,
+    folder: Location | Path,
     chunk_bytes: int,
     max_memory: int,
     metadata: Any,
@@ -318,9 +337,9 @@ def _orbax_blocks(
     its own database, and the finish (for the primary, after every process has written)
     also merges the processes' databases.
     """
-    if group is None:
-        folder.mkdir()
     sink = OrbaxSink(folder, chunk_bytes, None if group is None else group.index)
+    if group is None:
+        sink.start()
     arrays: list[tuple[str, LazyArray, Any]] = []
     owned: list[Block] = []  # shards of global jax.Arrays that this process holds
     leaves = keys_and_kinds(tree)
@@ -346,10 +365,11 @@ def _orbax_blocks(
     return blocks, lambda: (sink.finish(metadata), merge_process_databases(folder))
 
 
-def _copy_extra_files(extra_files: dict[str, Path], folder: Path) -> None:
+def _copy_extra_files(extra_files: dict[str, Location], folder: Location | Path) -> None:
     if not extra_files:
         return
-    if not folder.is_dir():
+    folder = location_of(folder)
+    if isinstance(folder, LocalLocation) and not folder.is_dir():
         raise SurgeryError(
             "extra_files= needs a folder output: Orbax, or safetensors to a path that does not "
             "end in '.safetensors'."
@@ -357,7 +377,7 @@ def _copy_extra_files(extra_files: dict[str, Path], folder: Path) -> None:
     for name, source in extra_files.items():
         if "/" in name or name.startswith("."):
             raise SurgeryError(f"extra file name {name!r} must be a plain file name.")
-        shutil.copyfile(source, folder / name)
+        (folder / name).write_bytes(source.read_bytes())
 
 
 def _safetensors_blocks(
@@ -397,88 +417,22 @@ def _safetensors_blocks(
     return blocks, sink.close
 
 
-def _commit(temporary: Path, destination: Path, overwrite: bool) -> None:
-    """Moves the finished result into place; an old one is removed only afterwards."""
-    old = None
-    if destination.exists():
-        if not overwrite:
-            raise SurgeryError(
-                f"{str(destination)!r} appeared while writing; the new result was discarded."
-            )
-        old = destination.with_name(f"{destination.name}.suture-old-{uuid.uuid4().hex[:12]}")
-        os.rename(destination, old)
-    os.rename(temporary, destination)
-    if old is not None:
-        _remove(old)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+# The collective writer (_save_collective) works on local paths through these.
+TMP_MARKER = PUBLISH_TMP_MARKER
 
 
 @contextlib.contextmanager
 def _exclusive(destination: Path) -> Iterator[None]:
-    """A lock file beside `destination`, naming its writer as ``pid@host``.
-
-    A lock whose writer is gone is taken over, but only when that writer ran on this host:
-    on storage shared by several hosts, another host's process cannot be checked from here.
-    """
-    lock = destination.with_name(f".{destination.name}.suture-lock")
-    for _ in range(2):
-        try:
-            descriptor = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            break
-        except FileExistsError:
-            pid, host = _lock_owner(lock)
-            if pid is not None and host not in (None, socket.gethostname()):
-                raise SurgeryError(
-                    f"Another process (pid {pid} on host {host!r}) is writing "
-                    f"{str(destination)!r}. Wait for it to finish, or write elsewhere; if that "
-                    f"writer is gone, remove {str(lock)!r}."
-                ) from None
-            if pid is not None and _alive(pid):
-                raise SurgeryError(
-                    f"Another process (pid {pid}) is writing {str(destination)!r}. Wait for it "
-                    f"to finish, or write elsewhere."
-                ) from None
-            _remove(lock)  # stale: its writer died
-    else:
-        raise SurgeryError(
-            f"Could not lock {str(destination)!r} for writing; remove {str(lock)!r}."
-        )
-    try:
-        os.write(descriptor, f"{os.getpid()}@{socket.gethostname()}".encode())
-        os.close(descriptor)
+    with exclusive(location_of(destination)):
         yield
-    finally:
-        _remove(lock)
 
 
-def _lock_owner(lock: Path) -> tuple[int | None, str | None]:
-    """The lock's writer: ``(pid, host)``; a lock from before hosts were recorded has no host."""
-    try:
-        text = lock.read_text().strip()
-    except OSError:
-        return None, None
-    pid_text, _, host = text.partition("@")
-    try:
-        return (int(pid_text or "0") or None), (host or None)
-    except ValueError:
-        return None, None
+def _commit(temporary: Path, destination: Path, overwrite: bool) -> None:
+    rename_into_place(temporary, destination, overwrite)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _remove(path: Path) -> None:
+    LocalLocation(path).remove()
 
 
 def _is_io_failure(error: ValueError) -> bool:
@@ -487,7 +441,7 @@ def _is_io_failure(error: ValueError) -> bool:
     return "No space left" in text or "RESOURCE_EXHAUSTED" in text or "Error writing" in text
 
 
-def _as_surgery_error(error: Exception, destination: Path) -> SurgeryError:
+def _as_surgery_error(error: Exception, destination: Location) -> SurgeryError:
     import errno
 
     if getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error):

@@ -35,6 +35,7 @@ import numpy as np
 from .._errors import SurgeryError
 from .._execute import Block, chunk_rows
 from .._lazy import LazyArray
+from .._location import LocalLocation, Location, location_of, remote_context
 from .._nodes import CastNode, MapNode, Node, StackNode
 
 # glibc serves allocations over 32 MiB with fresh pages every time (a page fault per 4 KiB),
@@ -98,21 +99,53 @@ class OrbaxShardWriter:
 
 
 class OrbaxSink:
-    """Collects a checkpoint's leaves; `finish` writes its metadata."""
+    """Collects a checkpoint's leaves; `start` marks it begun, `finish` writes its metadata.
+
+    `folder` is a `Location` (or a local `Path`): a local folder, or a ``gs://``/``s3://``
+    prefix written through TensorStore's kvstore driver.
+    """
 
     def __init__(
-        self, folder: Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES, process: int | None = None
+        self,
+        folder: Location | Path,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        process: int | None = None,
     ) -> None:
         import tensorstore as ts
 
-        self.folder = folder
+        self.folder = location_of(folder)
         # Under jax.distributed each process writes its own database (merged by `merge`).
-        self._database = folder if process is None else folder / f"{PROCESS_PREFIX}{process}"
+        self._database = (
+            self.folder if process is None else self.folder / f"{PROCESS_PREFIX}{process}"
+        )
         self.chunk_bytes = chunk_bytes
         self._entries: dict[str, dict] = {}
         self._strings: dict[str, str] = {}
-        self._context = ts.Context({"file_io_concurrency": {"limit": 64}})
+        self._context = ts.Context(
+            {"file_io_concurrency": {"limit": 64}},
+            parent=remote_context() if self.folder.is_remote else None,
+        )
         self._started = time.time_ns()
+
+    def start(self) -> None:
+        """Creates the folder with a ``_CHECKPOINT_METADATA`` recording a start, no commit.
+
+        Until `finish` records the commit, suture and Orbax see the folder as unfinished
+        (this matters on object stores, where the folder is written in place).
+        """
+        if isinstance(self.folder, LocalLocation):
+            self.folder.path.mkdir()
+        _write_json(self.folder / "_CHECKPOINT_METADATA", self._checkpoint_metadata(None, None))
+
+    def _checkpoint_metadata(self, committed: int | None, custom: dict | None) -> dict:
+        return {
+            "item_handlers": _HANDLER,
+            "metrics": {},
+            "performance_metrics": {},
+            "init_timestamp_nsecs": self._started,
+            "commit_timestamp_nsecs": committed,
+            "custom_metadata": custom or {},
+        }
 
     def add_array(
         self, keys: tuple[str, ...], kinds: tuple[int, ...], array: LazyArray
@@ -157,7 +190,7 @@ class OrbaxSink:
             "driver": "zarr3",
             "kvstore": {
                 "driver": "ocdbt",
-                "base": f"file://{self._database.resolve()}/",
+                "base": self._database.resolve().kvstore_spec(),
                 "path": name,
             },
             "metadata": {
@@ -226,14 +259,7 @@ class OrbaxSink:
             _write_json(self.folder / "_strings.json", self._strings)
         _write_json(
             self.folder / "_CHECKPOINT_METADATA",
-            {
-                "item_handlers": _HANDLER,
-                "metrics": {},
-                "performance_metrics": {},
-                "init_timestamp_nsecs": self._started,
-                "commit_timestamp_nsecs": time.time_ns(),
-                "custom_metadata": custom_metadata or {},
-            },
+            self._checkpoint_metadata(time.time_ns(), custom_metadata),
         )
 
 
@@ -276,8 +302,8 @@ def _shard_chunk_shape(global_array: Any, chunk_bytes: int) -> tuple[int, ...]:
     return tuple(max(1, length) for length in (rows, *shard[1:]))
 
 
-def _write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value))
+def _write_json(path: Location, value: Any) -> None:
+    path.write_bytes(json.dumps(value).encode())
 
 
 def _zarr_dtype(dtype: np.dtype, keys: tuple[str, ...]) -> str:

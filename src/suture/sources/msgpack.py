@@ -9,7 +9,6 @@ arrays over 1 GiB split into ``__msgpack_chunked_array__`` parts), so Flax is no
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,18 +17,20 @@ from .._checkpoint import Checkpoint
 from .._dtypes import to_dtype
 from .._errors import CorruptCheckpointError, SurgeryError
 from .._iostats import record_read
+from .._location import Location
 from .memory import wrap_arrays
 
 _NDARRAY, _COMPLEX, _SCALAR = 1, 2, 3
 _CHUNKED = "__msgpack_chunked_array__"
 
 
-def open_msgpack(path: Path) -> Checkpoint:
+def open_msgpack(path: Location) -> Checkpoint:
     """Reads a Flax msgpack file (whole: the format has no index) as a tree."""
     import msgpack
 
     raw = path.read_bytes()
-    record_read(len(raw))
+    if not path.is_remote:  # remote reads are counted by TensorStore
+        record_read(len(raw))
     try:
         tree = msgpack.unpackb(raw, ext_hook=_decode_ext, raw=False, strict_map_key=False)
     except SurgeryError:
@@ -68,7 +69,7 @@ def _decode_ext(code: int, data: bytes) -> Any:
     )
 
 
-def _unchunk(node: Any, path: Path) -> Any:
+def _unchunk(node: Any, path: Location) -> Any:
     if isinstance(node, dict):
         if node.get(_CHUNKED) is True:
             try:

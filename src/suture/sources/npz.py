@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import zipfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ from .._errors import CorruptCheckpointError
 from .._filesource import FileRangeSource
 from .._iostats import record_read
 from .._lazy import LazyArray
+from .._location import Location
 from .._nodes import Node, ReadCost, SourceNode
 from .._paths import unflatten
 from .._selection import Selection, outer_index, selection_shape
@@ -29,7 +29,7 @@ class ZipMemberSource(SourceNode):
 
     def __init__(
         self,
-        file: Path,
+        file: Location,
         member: str,
         shape: tuple[int, ...],
         dtype: np.dtype,
@@ -48,9 +48,13 @@ class ZipMemberSource(SourceNode):
 
     def read(self, selection: Selection) -> np.ndarray:
         try:
-            with zipfile.ZipFile(self.file) as archive, archive.open(self.member) as stream:
+            with (
+                zipfile.ZipFile(self.file.open_reader()) as archive,
+                archive.open(self.member) as stream,
+            ):
                 array = np.lib.format.read_array(stream, allow_pickle=False)
-                record_read(archive.getinfo(self.member).compress_size)
+                if not self.file.is_remote:  # remote reads are counted by TensorStore
+                    record_read(archive.getinfo(self.member).compress_size)
         except Exception as error:  # zipfile, zlib and numpy raise many kinds on damage
             raise CorruptCheckpointError(
                 f"Member {self.member!r} of {str(self.file)!r} cannot be read: {error}. The archive "
@@ -67,11 +71,11 @@ class ZipMemberSource(SourceNode):
         return ()
 
 
-def open_npz(path: Path) -> Checkpoint:
+def open_npz(path: Location) -> Checkpoint:
     """Opens an ``.npz`` archive lazily."""
     flat: dict[str, Any] = {}
     try:
-        with zipfile.ZipFile(path) as archive, open(path, "rb") as raw:
+        with zipfile.ZipFile(path.open_reader()) as archive, path.open_reader() as raw:
             for info in archive.infolist():
                 if not info.filename.endswith(".npy"):
                     continue
@@ -87,7 +91,7 @@ def open_npz(path: Path) -> Checkpoint:
 
 
 def _member(
-    path: Path, archive: zipfile.ZipFile, raw: Any, info: zipfile.ZipInfo, name: str
+    path: Location, archive: zipfile.ZipFile, raw: Any, info: zipfile.ZipInfo, name: str
 ) -> LazyArray:
     with archive.open(info) as stream:
         major, minor = np.lib.format.read_magic(stream)
