@@ -171,3 +171,33 @@ def test_a_block_costs_what_its_column_read_holds(tmp_path: Path) -> None:
     assert planned.bytes_to_read == counter.bytes
     result = suture.save({"t": head.T.astype("bfloat16")}, tmp_path / "out", max_memory="8MiB")
     assert counter.bytes <= result.peak_in_flight <= 8 << 20  # the rows read were counted
+
+
+def test_a_stack_of_mapped_layers_counts_one_map_at_a_time(tmp_path: Path) -> None:
+    """MaxText's query kernel: per layer ``(w.T).reshape(...) / sqrt(d)``, stacked on axis 1.
+
+    The layers are computed one after another, so a block holds one layer's map working
+    memory, not one per layer at the size of the whole block (which made the block cost
+    many times the budget and run alone, outside it).
+    """
+    layers, heads, head_dim, width = 8, 4, 16, 96
+    rng = np.random.default_rng(0)
+    shape = (heads * head_dim, width)
+    tensors = {f"q.{i}": rng.standard_normal(shape).astype("float16") for i in range(layers)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    ckpt = suture.open(tmp_path / "model.safetensors")
+
+    def scaled(values: np.ndarray) -> np.ndarray:
+        return (values.astype(np.float32) / np.float32(4.0)).astype(values.dtype)
+
+    members = [
+        suture.map(scaled, ckpt[f"q/{i}"].T.reshape(width, heads, head_dim), elementwise=True)
+        for i in range(layers)
+    ]
+    tree = {"query": suture.stack(members, axis=1).astype("bfloat16")}
+    result = suture.save(tree, tmp_path / "out", max_memory="1MiB", progress=False)
+    assert 0 < result.peak_in_flight <= 1 << 20
+    expected = np.stack(
+        [scaled(tensors[f"q.{i}"].T.reshape(width, heads, head_dim)) for i in range(layers)], axis=1
+    ).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(np.asarray(suture.load(tmp_path / "out")["query"]), expected)

@@ -105,11 +105,12 @@ def _walk(node: Node) -> Iterator[Node]:
 
 def _cost(array: LazyArray, rows: slice, writer: LeafWriter) -> int:
     """Bytes a block holds at its peak: what reading it holds (decoded chunks, strips,
-    temporaries), the block itself, map working memory, and what the writer holds."""
+    temporaries, map working memory), the block itself, and what the writer holds."""
     view = array[rows] if array.ndim else array
+    # maps count their working memory in `read_memory`, at the selection each one computes
     working = sum(
-        (len(n.inputs()) + 1) * view.nbytes for n in _walk(view._node) if isinstance(n, MapNode)
-    ) + sum(n.working_bytes(view.nbytes) for n in _walk(view._node) if isinstance(n, ComputeNode))
+        n.working_bytes(view.nbytes) for n in _walk(view._node) if isinstance(n, ComputeNode)
+    )
     reading = read_memory(view._node, full(view.shape), into=True)
     return reading + view.nbytes + working + writer.held_while_writing(view.nbytes)
 

@@ -18,6 +18,7 @@ from ._nodes import (
     MapNode,
     Node,
     ReadCost,
+    ReshapeNode,
     SourceNode,
     StackNode,
     TransposeNode,
@@ -69,10 +70,30 @@ def read_memory(node: Node, selection: Selection, into: bool = False) -> int:
         held = sum(read_memory(m, c) for m, c in zip(node.inputs(), chosen, strict=True))
         return held + selected
     if isinstance(node, MapNode) and node.elementwise:
-        # the inputs, the function's result and a cast of it; working memory is the caller's
-        return sum(read_memory(member, selection) for member in node.members) + 2 * selected
+        # its inputs, then the function's temporaries (one per input and one more: see
+        # `map_working_bytes`), its result and a cast of it, all the size of the selection;
+        # counted here, at the selection the map sees: a stack of maps computes one at a time
+        inputs = sum(read_memory(member, selection) for member in node.members)
+        return inputs + map_working_bytes(node, selected) + 2 * selected
+    if isinstance(node, ReshapeNode) and node._kept_leading_axes:
+        # the kept leading axes are read selectively; the rest whole, then selected (a copy)
+        return read_memory(node.base, _reshaped(node, selection)) + selected
     # concat, reshape, pad, general maps: their inputs whole, and a result of their own
-    return sum(read_memory(member, full(member.shape)) for member in node.inputs()) + selected
+    held = sum(read_memory(member, full(member.shape)) for member in node.inputs()) + selected
+    if isinstance(node, MapNode):  # computed whole, whatever is selected
+        held += map_working_bytes(node, math.prod(node.shape) * node.dtype.itemsize)
+    return held
+
+
+def map_working_bytes(node: MapNode, output_bytes: int) -> int:
+    """Working memory of a map producing `output_bytes`: a temporary per input, and one more."""
+    return (len(node.members) + 1) * output_bytes
+
+
+def _reshaped(node: ReshapeNode, selection: Selection) -> Selection:
+    """What a reshape reads of its base for `selection` (as `ReshapeNode.read` does)."""
+    kept = node._kept_leading_axes
+    return tuple(selection[:kept]) + full(node.base.shape[kept:])
 
 
 def _transposed(node: TransposeNode, selection: Selection) -> Selection:
@@ -123,6 +144,8 @@ def _estimate(
     elif isinstance(node, MapNode) and node.elementwise:
         for member in node.members:
             _estimate(member, selection, costs)
+    elif isinstance(node, ReshapeNode) and node._kept_leading_axes:
+        _estimate(node.base, _reshaped(node, selection), costs)
     else:  # concat, reshape, pad and general maps: count their inputs whole (an upper bound)
         for member in node.inputs():
             _estimate(member, full(member.shape), costs)
