@@ -201,3 +201,28 @@ def test_a_stack_of_mapped_layers_counts_one_map_at_a_time(tmp_path: Path) -> No
         [scaled(tensors[f"q.{i}"].T.reshape(width, heads, head_dim)) for i in range(layers)], axis=1
     ).astype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(np.asarray(suture.load(tmp_path / "out")["query"]), expected)
+
+
+def test_a_block_of_rows_fills_the_output_in_place(tmp_path: Path) -> None:
+    """A block is a row slice of its leaf: the slice reads into the block's buffer directly
+    (cast and stacked as it is filled), with no block-sized temporary to copy from."""
+    from suture._selection import full
+
+    layers = {
+        f"w.{i}": np.random.default_rng(i).standard_normal((256, 96), np.float32) for i in range(4)
+    }
+    save_file(layers, str(tmp_path / "model.safetensors"))
+    ckpt = suture.open(tmp_path / "model.safetensors")
+    leaf = suture.stack([ckpt[f"w/{i}"] for i in range(4)], axis=1).astype("bfloat16")
+    block = leaf[64:192]
+    out = np.empty(block.shape, ml_dtypes.bfloat16)
+    block._node.read_into(full(block.shape), out)  # warms the per-thread read tiles
+    tracemalloc.start()
+    try:
+        block._node.read_into(full(block.shape), out)
+        _, traced_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert traced_peak < out.nbytes // 4, (traced_peak, out.nbytes)
+    expected = np.stack([layers[f"w.{i}"] for i in range(4)], axis=1)[64:192]
+    np.testing.assert_array_equal(out, expected.astype(ml_dtypes.bfloat16))

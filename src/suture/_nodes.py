@@ -319,11 +319,23 @@ class IndexNode(Node):
         for position in range(len(shape)):
             self._origin_axes.append(None if position in new_axes else next(kept))
 
-    def read(self, selection: Selection) -> np.ndarray:
+    def base_selection(self, selection: Selection) -> Selection:
+        """What `selection` of this view reads of `base`."""
         base_selection = list(self.selection)
         for position, base_axis in enumerate(self._origin_axes):
             if base_axis is not None:
                 base_selection[base_axis] = compose(self.selection[base_axis], selection[position])
+        return tuple(base_selection)
+
+    def read_into(self, selection: Selection, out: np.ndarray) -> None:
+        if self.new_axes:
+            super().read_into(selection, out)
+            return
+        # the dropped (integer-indexed) axes as length-1 axes of a view of `out`: no temporary
+        self.base.read_into(self.base_selection(selection), np.expand_dims(out, self.dropped_axes))
+
+    def read(self, selection: Selection) -> np.ndarray:
+        base_selection = list(self.base_selection(selection))
         values = self.base.read(tuple(base_selection))
         kept_shape = [
             len(base_selection[axis])

@@ -23,7 +23,7 @@ from ._nodes import (
     StackNode,
     TransposeNode,
 )
-from ._selection import Selection, compose, full, positions, selection_shape
+from ._selection import Selection, full, positions, selection_shape
 
 
 def estimate_reads(node: Node, selection: Selection) -> dict[int, tuple[SourceNode, int]]:
@@ -47,12 +47,9 @@ def read_memory(node: Node, selection: Selection, into: bool = False) -> int:
     if isinstance(node, SourceNode):
         return node.read_cost(selection, into=into).memory
     if isinstance(node, IndexNode):
-        base = list(node.selection)
-        for position, base_axis in enumerate(node._origin_axes):
-            if base_axis is not None:
-                base[base_axis] = compose(node.selection[base_axis], selection[position])
-        extra = selected if node.new_axes else 0  # np.take may copy
-        return read_memory(node.base, tuple(base)) + extra
+        if node.new_axes:  # built as a temporary (np.take may copy it again)
+            return read_memory(node.base, node.base_selection(selection)) + selected
+        return read_memory(node.base, node.base_selection(selection), into=into)
     if isinstance(node, CastNode):
         return read_memory(node.base, selection, into=True) + (0 if into else selected)
     if isinstance(node, TransposeNode):
@@ -125,11 +122,7 @@ def _estimate(
         )
         return
     if isinstance(node, IndexNode):
-        base = list(node.selection)
-        for position, base_axis in enumerate(node._origin_axes):
-            if base_axis is not None:
-                base[base_axis] = compose(node.selection[base_axis], selection[position])
-        _estimate(node.base, tuple(base), costs)
+        _estimate(node.base, node.base_selection(selection), costs)
     elif isinstance(node, CastNode):
         _estimate(node.base, selection, costs)
     elif isinstance(node, TransposeNode):
