@@ -24,6 +24,8 @@ from typing import Any
 from ._errors import SurgeryError, did_you_mean
 from ._lazy import ImplicitReadError, LazyArray, call_lazily, no_implicit_reads
 from ._paths import flatten, map_leaves_with_path
+from ._patterns import PatternError, compile_pattern
+from ._patterns import fullmatch as bounded_fullmatch
 
 
 class TransformError(SurgeryError, ValueError):
@@ -119,7 +121,7 @@ def apply_transformations(
             continue  # Orbax (through jax) does not see None or empty nodes of the new tree.
         found = False
         for pattern, transform in compiled:
-            match = pattern.fullmatch(key)
+            match = bounded_fullmatch(pattern, key)
             if not match:
                 continue
             found = True
@@ -195,11 +197,9 @@ def _is_empty_container(value: Any) -> bool:
 
 def _compile(key: str) -> re.Pattern[str]:
     try:
-        return re.compile(key)
-    except re.error as error:
-        raise TransformError(
-            f"Transformation key {key!r} is not a valid regular expression: {error}."
-        ) from error
+        return compile_pattern(key, f"Transformation key {key!r}")
+    except PatternError as error:
+        raise TransformError(str(error)) from error
 
 
 def _call_value_fn(fn: Callable[[Any], Any], value: Any) -> Any:

@@ -17,9 +17,10 @@ import numpy as np
 
 from .._checkpoint import Checkpoint
 from .._dtypes import from_zarr
-from .._errors import CorruptCheckpointError, SurgeryError
+from .._errors import CorruptCheckpointError, SurgeryError, check_shape
 from .._lazy import LazyArray
 from .._nodes import TensorStoreSource
+from .._paths import check_depth
 from . import orbax_layout
 from .orbax_layout import PYTREE_METADATA, resolve
 
@@ -162,6 +163,9 @@ def _read_item_unchecked(folder: Path) -> Any:
         for keys, (_, value_type) in leaves.items()
         if value_type in ARRAY_VALUE_TYPES
     ]
+    if not use_ocdbt:
+        for name in array_names:
+            _check_plain_name(name, folder)
     zarr_metadata = store.read_zarr_metadata(array_names, bool(metadata.get("use_zarr3", False)))
 
     builder = _TreeBuilder()
@@ -216,8 +220,20 @@ def _parse_entries(
                 f"{str(folder / PYTREE_METADATA)!r} has an entry without key_metadata or "
                 f"value_metadata ({entry!r:.200}). The checkpoint is damaged."
             ) from error
+        check_depth(len(keys), "/".join(keys))
         leaves[keys] = (kinds, value_type)
     return leaves
+
+
+def _check_plain_name(name: str, folder: Path) -> None:
+    """Without OCDBT an array's name is a folder name: it must stay inside the checkpoint."""
+    if name in ("", ".", "..") or any(c in name for c in "/\\\0") or len(name.encode()) > 255:
+        raise CorruptCheckpointError(
+            f"{str(folder / PYTREE_METADATA)!r} lists an array named {name[:200]!r}, which is "
+            f"not a plain folder name inside the checkpoint (it must not be empty, '.', '..', "
+            f"hold '/', '\\' or NUL, or exceed 255 bytes). The checkpoint is damaged or "
+            f"hostile; refusing to read outside it."
+        )
 
 
 def _read_strings(folder: Path) -> dict[str, str]:
@@ -232,16 +248,22 @@ def _shape_and_dtype(
     description: dict, path: str, folder: Path
 ) -> tuple[tuple[int, ...], np.dtype]:
     try:
-        shape = tuple(int(length) for length in description["shape"])
+        shape = description["shape"]
+        if not isinstance(shape, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in shape
+        ):
+            raise TypeError(f"shape {shape!r} is not a list of integers")
         dtype_name = description.get("data_type", description.get("dtype"))
         if not isinstance(dtype_name, str):
             raise TypeError(f"dtype {dtype_name!r}")
-        return shape, from_zarr(dtype_name)
+        dtype = from_zarr(dtype_name)
     except (KeyError, TypeError, ValueError, SurgeryError) as error:
         raise CorruptCheckpointError(
             f"Leaf {path!r} in {str(folder)!r}: its zarr metadata has no readable shape and "
             f"dtype ({error}). The checkpoint is damaged; restore it from a copy."
         ) from error
+    check_shape(tuple(shape), dtype, f"Leaf {path!r} in {str(folder)!r}")
+    return tuple(shape), dtype
 
 
 def _read_chunk_shape(description: dict, ndim: int) -> tuple[int, ...] | None:

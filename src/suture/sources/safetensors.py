@@ -26,7 +26,7 @@ import numpy as np
 
 from .._checkpoint import Checkpoint
 from .._dtypes import to_dtype
-from .._errors import CorruptCheckpointError, NotACheckpointError, SurgeryError
+from .._errors import CorruptCheckpointError, NotACheckpointError, SurgeryError, check_shape
 from .._filesource import FileRangeSource
 from .._lazy import LazyArray
 from .._paths import unflatten
@@ -210,7 +210,9 @@ def _shape_and_dtype(name: str, entry: Any, file: Path) -> tuple[tuple[int, ...]
         raise CorruptCheckpointError(
             f"Tensor {name!r} in {str(file)!r} has shape {shape!r}; expected a list of sizes."
         )
-    return tuple(shape), to_dtype(DTYPES[dtype_name])
+    dtype = to_dtype(DTYPES[dtype_name])
+    check_shape(tuple(shape), dtype, f"Tensor {name[:200]!r} in {str(file)!r}")
+    return tuple(shape), dtype
 
 
 def _check_layout(header: dict, data_size: int, file: Path) -> None:
