@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import rules
+from ._errors import CorruptCheckpointError
 from ._open import open as open_checkpoint
 from ._recipes import load_recipe
 from ._save import SaveResult, save
@@ -122,6 +123,7 @@ def _reuse_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[s
         layout = ckpt.metadata.get(LAYOUT_KEY)
         if not isinstance(layout, dict):
             return {}
+        _check_layout(layout, source)
         side = {
             name: source / name
             for name in layout.get("side_files", [])
@@ -138,3 +140,35 @@ def _reuse_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[s
     if ckpt.format == "safetensors" and ckpt.layout.get("weight_map"):
         return {"shard_map": ckpt.layout["weight_map"], "metadata": ckpt.metadata or None}
     return {}
+
+
+def _check_layout(layout: dict, source: Path) -> None:
+    """The recorded layout comes from a checkpoint's metadata: its values are checked, not trusted."""
+    expected = {
+        "metadata": (dict, type(None)),
+        "weight_map": (dict, type(None)),
+        "separator": (str,),
+        "side_files": (list,),
+    }
+    for key, types in expected.items():
+        value = layout.get(key)
+        strings = isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        )
+        if (key in layout and not isinstance(value, types)) or (
+            isinstance(value, dict) and not strings
+        ):
+            raise CorruptCheckpointError(
+                f"The {LAYOUT_KEY!r} custom metadata of {str(source)!r} has {key} = "
+                f"{value!r:.100}, which is not what suture records. Pass max_shard_size= "
+                f"(--max-shard-size) to lay the output out afresh, or fix the metadata."
+            )
+    if not all(isinstance(name, str) for name in layout.get("side_files", [])):
+        raise CorruptCheckpointError(
+            f"The {LAYOUT_KEY!r} custom metadata of {str(source)!r} lists side files that are "
+            f"not file names: {layout['side_files']!r:.100}."
+        )
+    if layout.get("separator") == "":
+        raise CorruptCheckpointError(
+            f"The {LAYOUT_KEY!r} custom metadata of {str(source)!r} records an empty separator."
+        )

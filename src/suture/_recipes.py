@@ -256,8 +256,8 @@ def _rule(item: Any, where: Callable[[str], str]) -> rule_module.Rule:
         raise RecipeError(
             f"Recipe {where('')}: unknown rule {name!r:.80}. Known rules: {', '.join(RULE_NAMES)}."
         )
-    if isinstance(arguments, str):
-        arguments = {"pattern": arguments}
+    if not isinstance(arguments, (dict, list)):
+        arguments = {positional_fields(name)[0]: arguments}
     elif isinstance(arguments, list):
         fields = positional_fields(name)
         if len(arguments) > len(fields):
@@ -266,11 +266,6 @@ def _rule(item: Any, where: Callable[[str], str]) -> rule_module.Rule:
                 f"({', '.join(fields)}); got {len(arguments)}."
             )
         arguments = dict(zip(fields, arguments, strict=False))
-    if not isinstance(arguments, dict):
-        raise RecipeError(
-            f"Recipe {where('')}: {name} takes a pattern or a mapping of arguments; got "
-            f"{arguments!r:.80}."
-        )
     check_arguments(name, arguments, where)
     try:
         return getattr(rule_module, name)(**arguments)

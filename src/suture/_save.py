@@ -138,6 +138,7 @@ def save(
     if format not in FORMATS:
         raise SurgeryError(f"Unknown output format {format!r}: use one of {', '.join(FORMATS)}.")
     tree = _tree_of(tree)
+    _check_writable_path(destination, format)
     _check_destination(destination, overwrite, tree)
     options = {
         "max_memory": parse_bytes(max_memory) if max_memory is not None else DEFAULT_MAX_MEMORY,
@@ -163,6 +164,23 @@ def _tree_of(tree: Any) -> Any:
 
         return open_checkpoint(tree).tree
     return tree
+
+
+def _check_writable_path(destination: Path, format: str) -> None:  # noqa: A002
+    """The destination's folder must exist; TensorStore (Orbax) takes only UTF-8 paths."""
+    if not destination.parent.is_dir():
+        raise SurgeryError(
+            f"The folder {str(destination.parent)!r} for {str(destination)!r} does not exist. "
+            f"Create it first, or write elsewhere."
+        )
+    if format == "orbax":
+        try:
+            str(destination.absolute()).encode("utf-8")
+        except UnicodeEncodeError:
+            raise SurgeryError(
+                f"{str(destination)!r} is not a UTF-8 path, and TensorStore (which writes Orbax "
+                f"checkpoints) takes only UTF-8 paths. Write to a UTF-8 path, or write safetensors."
+            ) from None
 
 
 def _check_destination(destination: Path, overwrite: bool, tree: Any) -> None:

@@ -29,6 +29,7 @@ from .._errors import SurgeryError
 from .._execute import chunk_rows
 from .._lazy import LazyArray
 from .._nodes import CastNode, MapNode, Node, StackNode
+from .names import OrbaxNames
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 _HANDLER = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
@@ -59,6 +60,7 @@ class OrbaxSink:
         self.chunk_bytes = chunk_bytes
         self._entries: dict[str, dict] = {}
         self._strings: dict[str, str] = {}
+        self._names = OrbaxNames()
         self._context = ts.Context({"file_io_concurrency": {"limit": 64}})
         self._started = time.time_ns()
 
@@ -124,6 +126,7 @@ class OrbaxSink:
         value_type: str,
         skip_deserialize: bool = False,
     ) -> None:
+        self._names.add(keys)
         self._entries[str(keys)] = {
             "key_metadata": [
                 {"key": key, "key_type": kind} for key, kind in zip(keys, kinds, strict=True)

@@ -55,6 +55,14 @@ class _ItemStore:
         import tensorstore as ts
 
         self.folder = folder.resolve()
+        try:
+            str(self.folder).encode("utf-8")
+        except UnicodeEncodeError:
+            raise SurgeryError(
+                f"{str(folder)!r} is not a UTF-8 path, and TensorStore (which reads Orbax "
+                f"checkpoints) takes only UTF-8 paths. Rename the folder or link it from a UTF-8 "
+                f"path."
+            ) from None
         self.use_ocdbt = use_ocdbt
         self.context = ts.Context(
             {

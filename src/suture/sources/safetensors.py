@@ -248,12 +248,19 @@ def _check_layout(header: dict, data_size: int, file: Path) -> None:
 
 
 def _tree(tensors: dict[str, LazyArray], separator: str, path: Path) -> Any:
-    flat = {}
+    flat, named = {}, {}
     for name, array in tensors.items():
         keys = name.split(separator) if separator else [name]
         if any(key == "" for key in keys):
             keys = [name]  # "a..b" or ".x": keep the name whole rather than invent empty keys
         tree_path = "/".join(keys)
+        if tree_path in named:
+            raise SurgeryError(
+                f"Tensors {named[tree_path]!r} and {name!r} of {str(path)!r} both "
+                f"become the tree path {tree_path!r} with separator {separator!r}. Open it with "
+                f"another separator, e.g. separator='/' to keep names whole."
+            )
+        named[tree_path] = name
         array.path = tree_path
         array._node.path = tree_path
         flat[tree_path] = array
