@@ -29,6 +29,7 @@ import numpy as np
 
 from ._dtypes import to_dtype
 from ._errors import InvalidIndexError, ShapeMismatchError, SurgeryError
+from ._interrupts import native_call
 from ._nodes import (
     CastNode,
     ConcatNode,
@@ -375,7 +376,8 @@ def _infer_shape_dtype(fn: Callable, arrays: list[LazyArray], name: str) -> tupl
 
     specs = [jax.ShapeDtypeStruct(array.shape, array.dtype) for array in arrays]
     try:
-        result = jax.eval_shape(fn, *specs)
+        with native_call():  # Ctrl-C inside jax's C++ tracing would abort the process
+            result = jax.eval_shape(fn, *specs)
     except Exception as error:  # any tracing failure means: tell us the shape
         raise SurgeryError(
             f"suture.map could not infer what {name} returns by tracing it with jax "

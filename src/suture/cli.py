@@ -1,12 +1,14 @@
 """The `suture` command line.
 
 Errors on bad input print ``Error: <message>`` on stderr and exit with status 2, without
-a traceback (``suture --debug ...`` shows it).
+a traceback (``suture --debug ...`` shows it). Ctrl-C and SIGTERM stop a write within about
+a block's time, remove its temporary output, and exit with 130 and 143.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,8 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from ._errors import SurgeryError
+from ._interrupts import Terminated
+from ._interrupts import install as install_interrupt_handlers
 
 app = typer.Typer(
     name="suture",
@@ -64,6 +68,14 @@ def reports_errors(command: F) -> F:
                 raise
             typer.echo(f"Error: {error}", err=True)
             raise typer.Exit(code=2) from None
+        except KeyboardInterrupt as interruption:
+            terminated = isinstance(interruption, Terminated)
+            typer.echo(
+                f"Stopped by {'SIGTERM' if terminated else 'Ctrl-C (SIGINT)'}; no output was "
+                f"written and the temporary files were removed.",
+                err=True,
+            )
+            raise typer.Exit(code=143 if terminated else 130) from None
 
     return run  # type: ignore[return-value]
 
@@ -331,4 +343,12 @@ def demo(
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `suture` script and of ``python -m suture``."""
-    app(args=argv if argv is not None else sys.argv[1:], prog_name="suture")
+    install_interrupt_handlers()
+    try:
+        app(args=argv if argv is not None else sys.argv[1:], prog_name="suture")
+    except SystemExit as exit_:
+        if exit_.code in (130, 143):  # interrupted: the output is cleaned up; skip the
+            sys.stdout.flush()  # libraries' exit handlers, which can take a second
+            sys.stderr.flush()
+            os._exit(exit_.code)
+        raise

@@ -27,6 +27,7 @@ import numpy as np
 
 from .._errors import SurgeryError
 from .._execute import chunk_rows
+from .._interrupts import native_call
 from .._lazy import LazyArray
 from .._nodes import CastNode, MapNode, Node, StackNode
 from .names import OrbaxNames
@@ -95,7 +96,8 @@ class OrbaxSink:
             # Orbax readers expect every chunk, zeros included (its _METADATA says so below).
             "store_data_equal_to_fill_value": True,
         }
-        store = ts.open(spec, context=self._context).result()
+        with native_call():  # interrupted, the open would go on writing into the folder
+            store = ts.open(spec, context=self._context).result()
         return OrbaxArrayWriter(store, chunk[0] if chunk else 1)
 
     def add_value(
