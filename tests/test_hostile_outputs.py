@@ -158,3 +158,67 @@ def test_hostile_recorded_safetensors_layout(tmp_path: Path, edit, message: str)
     recorded.write_text(json.dumps(metadata))
     _refused(_cli("convert", "ckpt", "back", "--format", "safetensors", cwd=tmp_path), message)
     assert not (tmp_path / "back").exists()
+
+
+def test_overwrite_never_leaves_the_destination_missing(tmp_path: Path, monkeypatch) -> None:
+    """Item 12: the old result used to be renamed away before the new one moved in."""
+    destination = tmp_path / "out"
+    suture.save({"w": np.zeros(2, np.float32)}, destination, progress=False)
+    missing_at: list[str] = []
+    real_rename, real_replace = os.rename, os.replace
+
+    def watching(operation):
+        def run(source, target, *args, **kwargs):
+            if not destination.exists():
+                missing_at.append(f"{operation.__name__}({source}, {target})")
+            return operation(source, target, *args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(os, "rename", watching(real_rename))
+    monkeypatch.setattr(os, "replace", watching(real_replace))
+    for value in (1, 2):  # folder over folder, twice
+        suture.save(
+            {"w": np.full(2, value, np.float32)}, destination, overwrite=True, progress=False
+        )
+        assert not missing_at, missing_at
+        assert destination.exists() and suture.open(destination)["w"].read()[0] == value
+    single = tmp_path / "m.safetensors"
+    for value in (1, 2):  # file over file
+        suture.save(
+            {"w": np.full(2, value, np.float32)},
+            single,
+            format="safetensors",
+            overwrite=True,
+            progress=False,
+        )
+        assert not missing_at, missing_at
+    assert load_file(single)["w"][0] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors", "out"]
+
+
+def test_overwrite_without_an_atomic_exchange_still_replaces(tmp_path: Path, monkeypatch) -> None:
+    from suture import _replace
+
+    monkeypatch.setattr(_replace, "_exchange", lambda first, second: False)
+    destination = tmp_path / "out"
+    suture.save({"w": np.zeros(2, np.float32)}, destination, progress=False)
+    suture.save({"w": np.ones(2, np.float32)}, destination, overwrite=True, progress=False)
+    assert suture.open(destination)["w"].read().tolist() == [1, 1]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_overwrite_refuses_what_is_not_a_checkpoint(tmp_path: Path, kind: str) -> None:
+    destination = tmp_path / "precious"
+    if kind == "folder":
+        destination.mkdir()
+        (destination / "thesis.tex").write_text("years of work")
+    else:
+        destination.write_text("years of work")
+    save_file({"w": np.ones(2, np.float32)}, tmp_path / "m.safetensors")
+    result = _cli("convert", "m.safetensors", "precious", "--overwrite", cwd=tmp_path)
+    _refused(result, "--overwrite replaces only a checkpoint, and")
+    assert "is not one that suture recognizes" in result.stderr.decode()
+    kept = destination / "thesis.tex" if kind == "folder" else destination
+    assert kept.read_text() == "years of work"

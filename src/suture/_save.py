@@ -27,6 +27,7 @@ from ._format import parse_bytes
 from ._lazy import LazyArray, as_lazy
 from ._paths import flatten
 from ._progress import progress_bar, wants_progress
+from ._replace import check_replaceable, replace
 from ._verify import check, with_digests, written_leaves
 from .sinks.orbax import DEFAULT_CHUNK_BYTES, OrbaxSink, keys_and_kinds
 from .sinks.safetensors import SafetensorsSink
@@ -101,8 +102,9 @@ def save(
         path: the destination: a checkpoint folder for Orbax; a ``.safetensors`` file, or a
             folder of shards when `max_shard_size` is given.
         format: ``"orbax"`` or ``"safetensors"``.
-        overwrite: replace an existing `path` (atomically: the old one is removed only
-            after the new one is in place).
+        overwrite: replace an existing checkpoint at `path` (atomically: the new one takes
+            its place in one rename or exchange; the old one is removed afterwards). Anything
+            else at `path` is refused.
         max_memory: bytes of array data in flight at once (``"4GiB"`` works); default 1 GiB.
             A leaf larger than the budget is written a block of chunks at a time.
         progress: a progress bar on stderr; None shows it when stderr is a terminal.
@@ -184,6 +186,8 @@ def _check_writable_path(destination: Path, format: str) -> None:  # noqa: A002
 
 
 def _check_destination(destination: Path, overwrite: bool, tree: Any) -> None:
+    if destination.exists() and overwrite:
+        check_replaceable(destination)
     if destination.exists() and not overwrite:
         raise SurgeryError(
             f"{str(destination)!r} already exists. Pass overwrite=True (--overwrite) to replace it (the old "
@@ -337,18 +341,17 @@ def _safetensors_blocks(
 
 
 def _commit(temporary: Path, destination: Path, overwrite: bool) -> None:
-    """Moves the finished result into place; an old one is removed only afterwards."""
-    old = None
-    if destination.exists():
+    """Moves the finished result into place, atomically replacing an old one (`_replace`)."""
+    if destination.exists() or destination.is_symlink():
         if not overwrite:
             raise SurgeryError(
                 f"{str(destination)!r} appeared while writing; the new result was discarded."
             )
-        old = destination.with_name(f"{destination.name}.suture-old-{uuid.uuid4().hex[:12]}")
-        os.rename(destination, old)
+        old = replace(temporary, destination)
+        if old is not None:
+            _remove(old)
+        return
     os.rename(temporary, destination)
-    if old is not None:
-        _remove(old)
 
 
 def _remove(path: Path) -> None:
