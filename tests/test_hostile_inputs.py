@@ -236,3 +236,37 @@ def test_pathological_rule_pattern_is_stopped(monkeypatch: pytest.MonkeyPatch) -
     tree = {"a" * 40 + "!": np.ones(2)}
     with pytest.raises(rules.RuleError, match=r"took over 0.2 s to match.*backtracks"):
         rules.apply_rules([rules.drop("(a|a)+c")], tree)
+
+
+def test_a_safetensors_file_replaced_between_reads_is_detected(tmp_path: Path) -> None:
+    """Item 13: a file renamed over the one opened used to mix old and new data silently."""
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "m.safetensors"
+    save_file({"w": np.zeros((4, 2), np.float32)}, path)
+    array = suture.open(path)["w"]
+    assert array[0].read().tolist() == [0, 0]
+    save_file({"w": np.ones((4, 2), np.float32)}, tmp_path / "new.safetensors")
+    (tmp_path / "new.safetensors").rename(path)  # same names, shapes and offsets
+    with pytest.raises(suture.CorruptCheckpointError, match="changed since it was opened"):
+        array[1].read()
+    assert suture.open(path)["w"][1].read().tolist() == [1, 1]  # opened again, it reads
+
+
+def test_the_newest_finished_step_of_a_manager_root_is_chosen(tmp_path: Path) -> None:
+    """Item 13: a newest step with a start but no commit time used to refuse the whole root."""
+    from tests.orbax_writers import save_manager
+
+    save_manager(tmp_path / "run", {"w": np.ones(2, np.float32)}, steps=(1, 5))
+    recorded = tmp_path / "run" / "5" / "_CHECKPOINT_METADATA"
+    metadata = json.loads(recorded.read_text())
+    metadata["commit_timestamp_nsecs"] = None
+    recorded.write_text(json.dumps(metadata))
+    ckpt = suture.open(tmp_path / "run")
+    assert ckpt.step == 1 and int(ckpt["step"].read()) == 1
+    # Stock Orbax goes by folder names only, so it still lists step 5 as its latest; suture
+    # deliberately passes over a save that recorded no commit.
+    with ocp.CheckpointManager(tmp_path / "run") as manager:
+        assert manager.latest_step() == 5
+    with pytest.raises(suture.UnfinishedCheckpointError, match="records a start but no commit"):
+        suture.open(tmp_path / "run", step=5)

@@ -2,7 +2,9 @@
 
 `FileRangeSource` reads with ``os.pread`` only the rows of the first axis that a selection
 spans, then indexes the other axes in memory, so slicing a row of a 1 GiB tensor reads
-about one row.
+about one row. Each read checks that the file is still the one opened (device, inode,
+size, modification time), so a file replaced or rewritten meanwhile is an error, not a mix
+of old and new data.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ class FileRangeSource(SourceNode):
         shape: tuple[int, ...],
         dtype: np.dtype,
         path: str | None = None,
+        identity: tuple[int, ...] | None = None,
     ) -> None:
         self.file, self.offset = file, offset
         self.shape, self.dtype = shape, dtype
         self.path, self.origin = path, str(file)
+        self.identity = identity  # the file as opened; a read of another one is an error
 
     def read(self, selection: Selection) -> np.ndarray:
         if not self.shape:
@@ -56,6 +60,7 @@ class FileRangeSource(SourceNode):
         count = (high - low) * row_bytes
         buffer = aligned_empty((count,), np.dtype(np.uint8))
         with open(self.file, "rb", buffering=0) as stream:
+            self._check_same_file(stream.fileno())
             got = (
                 os.preadv(stream.fileno(), [buffer], self.offset + low * row_bytes) if count else 0
             )
@@ -68,5 +73,18 @@ class FileRangeSource(SourceNode):
         record_read(count)
         return buffer.view(self.dtype)
 
+    def _check_same_file(self, descriptor: int) -> None:
+        if self.identity is not None and file_identity(os.fstat(descriptor)) != self.identity:
+            raise CorruptCheckpointError(
+                f"{str(self.file)!r} changed since it was opened (another file was moved into "
+                f"its place, or it was modified): tensor {self.path!r} would mix old and new "
+                f"data. Open the checkpoint again once it stops changing."
+            )
+
     def inputs(self) -> tuple[Node, ...]:
         return ()
+
+
+def file_identity(status: os.stat_result) -> tuple[int, ...]:
+    """What tells one file from its replacement: device, inode, size, modification time."""
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)

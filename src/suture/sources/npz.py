@@ -10,6 +10,7 @@ split into tree paths on ``/``.
 from __future__ import annotations
 
 import math
+import os
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 
 from .._checkpoint import Checkpoint
 from .._errors import CorruptCheckpointError, check_shape
-from .._filesource import FileRangeSource
+from .._filesource import FileRangeSource, file_identity
 from .._iostats import record_read
 from .._lazy import LazyArray
 from .._nodes import Node, SourceNode
@@ -157,8 +158,9 @@ def _member(
         name_length = int.from_bytes(local_header[26:28], "little")
         extra_length = int.from_bytes(local_header[28:30], "little")
         data_offset = info.header_offset + 30 + name_length + extra_length + header_size
+        identity = file_identity(os.fstat(raw.fileno()))
         return LazyArray(
-            FileRangeSource(path, data_offset, tuple(shape), dtype, path=name), path=name
+            FileRangeSource(path, data_offset, tuple(shape), dtype, name, identity), path=name
         )
     source = ZipMemberSource(path, info.filename, header_size, tuple(shape), dtype, name)
     return LazyArray(source, path=name)

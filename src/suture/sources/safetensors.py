@@ -27,7 +27,7 @@ import numpy as np
 from .._checkpoint import Checkpoint
 from .._dtypes import to_dtype
 from .._errors import CorruptCheckpointError, NotACheckpointError, SurgeryError, check_shape
-from .._filesource import FileRangeSource
+from .._filesource import FileRangeSource, file_identity
 from .._lazy import LazyArray
 from .._paths import unflatten
 
@@ -81,6 +81,7 @@ def _read_tensors(
     weight_map: dict[str, str] = {}
     metadata: dict[str, str] = {}
     for file in files:
+        identity = _identity(file)  # before the header: a swap in between fails the reads
         header, data_start = read_header(file)
         metadata = metadata or header.get("__metadata__") or {}
         for name, entry in header.items():
@@ -92,10 +93,17 @@ def _read_tensors(
                 )
             shape, dtype, begin = _entry(name, entry, file)
             tensors[name] = LazyArray(
-                FileRangeSource(file, data_start + begin, shape, dtype, path=name), path=name
+                FileRangeSource(file, data_start + begin, shape, dtype, name, identity), path=name
             )
             weight_map[name] = file.name
     return tensors, weight_map, metadata
+
+
+def _identity(file: Path) -> tuple[int, ...]:
+    try:
+        return file_identity(file.stat())
+    except OSError as error:
+        raise CorruptCheckpointError(f"Cannot read {str(file)!r}: {error}.") from error
 
 
 def _files_of(path: Path) -> tuple[list[Path], dict | None]:
