@@ -8,6 +8,9 @@ message naming what is wrong; where a stock reader exists, the test shows what i
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -270,3 +273,44 @@ def test_the_newest_finished_step_of_a_manager_root_is_chosen(tmp_path: Path) ->
         assert manager.latest_step() == 5
     with pytest.raises(suture.UnfinishedCheckpointError, match="records a start but no commit"):
         suture.open(tmp_path / "run", step=5)
+
+
+def test_a_fifo_given_as_a_checkpoint_is_refused_unopened(tmp_path: Path) -> None:
+    """Item 10: opening a FIFO waited forever for a writer."""
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(suture.NotACheckpointError, match="neither a regular file nor a folder"):
+        suture.open(fifo)
+
+
+HUGE_LEAF = """
+import json, resource, sys
+import numpy as np, orbax.checkpoint as ocp, suture
+path = sys.argv[1]
+ocp.PyTreeCheckpointer(use_ocdbt=False, use_zarr3=False).save(path, {"a": np.ones(4, np.float32)})
+zarray = f"{path}/a/.zarray"
+metadata = json.load(open(zarray))
+json.dump({**metadata, "shape": [2**34], "chunks": [2**20]}, open(zarray, "w"))
+resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # fail fast, whatever the machine
+ckpt = suture.open(path)
+for read in (lambda: ckpt["a"].read(), lambda: suture.load(path)):
+    try:
+        read()
+    except suture.SurgeryError as error:
+        print(error)
+"""
+
+
+def test_a_leaf_larger_than_memory_is_an_error_not_a_memory_error(tmp_path: Path) -> None:
+    """Item 9: a 64 GiB leaf used to end read() and load() in a bare MemoryError."""
+    result = subprocess.run(
+        [sys.executable, "-c", HUGE_LEAF, str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2, result.stdout
+    for line in lines:
+        assert "Reading 'a' (64.0 GiB, shape (17179869184,)) needs more memory" in line

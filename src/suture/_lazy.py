@@ -29,6 +29,7 @@ import numpy as np
 
 from ._dtypes import to_dtype
 from ._errors import InvalidIndexError, ShapeMismatchError, SurgeryError
+from ._format import human_bytes
 from ._interrupts import native_call
 from ._nodes import (
     CastNode,
@@ -115,7 +116,14 @@ class LazyArray:
 
     def read(self) -> np.ndarray:
         """Reads the array (only the bytes this view needs) into a numpy array."""
-        return self._node.read(full(self.shape))
+        try:
+            return self._node.read(full(self.shape))
+        except MemoryError:
+            raise SurgeryError(
+                f"Reading {self.path!r} ({human_bytes(self.nbytes)}, shape {self.shape}) needs "
+                f"more memory than this machine can give. Read a slice (x[:n].read()), or "
+                f"stream it to disk with suture.save, which works under a memory budget."
+            ) from None
 
     def item(self) -> Any:
         """The value of a one-element array as a Python number (for saved step counters)."""
