@@ -35,6 +35,7 @@ from ._errors import SurgeryError
 from ._recipe_schema import RULE_NAMES, check_arguments, positional_fields
 
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of rules; a larger file is a mistake or hostile
+MAX_NESTING = 64  # brackets; a rule's arguments nest two or three deep
 MAX_YAML_NODES = 100_000  # after alias expansion: stops "billion laughs" documents
 
 
@@ -63,9 +64,9 @@ def load_recipe(path: str | Path) -> Recipe:
     if suffix == ".py":
         return _python_recipe(file)
     if suffix in (".yaml", ".yml"):
-        return Recipe(_rules_from_yaml(file, _read_text(file)))
+        return Recipe(_rules_from_yaml(file, _checked_nesting(_read_text(file), file)))
     if suffix == ".toml":
-        return Recipe(_rules_from_toml(file, _read_text(file)))
+        return Recipe(_rules_from_toml(file, _checked_nesting(_read_text(file), file)))
     raise RecipeError(f"Recipe {str(file)!r}: expected a .py, .yaml, .yml or .toml file.")
 
 
@@ -97,6 +98,41 @@ def _read_text(file: Path) -> str:
             f"Recipe {str(file)!r}, line {line}: not UTF-8 text (byte {raw[error.start]:#04x} "
             f"at offset {error.start}). Save the recipe as UTF-8."
         ) from None
+
+
+def _checked_nesting(text: str, file: Path) -> str:
+    """Refuses brackets nested over `MAX_NESTING` deep, before a parser spends time on them.
+
+    PyYAML's scanner is quadratic in the nesting depth (10 KB of ``[`` takes seconds) and
+    both parsers recurse; quoted text and comments are skipped.
+    """
+    depth, quote, line = 0, "", 1
+    position = 0
+    while position < len(text):
+        char = text[position]
+        if char == "\n":
+            line += 1
+        if quote:
+            if char == "\\" and quote == '"':
+                position += 1
+            elif char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char == "#":
+            end = text.find("\n", position)
+            position = len(text) if end < 0 else end - 1
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise RecipeError(
+                    f"Recipe {str(file)!r}, line {line}: nests too deeply to be a recipe (over "
+                    f"{MAX_NESTING} brackets); a recipe is a flat list of rules."
+                )
+        elif char in "]}":
+            depth = max(0, depth - 1)
+        position += 1
+    return text
 
 
 def _python_recipe(file: Path) -> Recipe:
