@@ -17,6 +17,11 @@ BILLION_LAUGHS = "a: &a ['lol','lol','lol','lol','lol','lol','lol','lol','lol']\
 )
 
 
+def _recipe(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 def test_yaml_billion_laughs_is_refused_quickly(tmp_path: Path) -> None:
     """Item 10: 9**9 'lol's by aliases; PyYAML builds them shared, anything walking them hangs."""
     recipe = tmp_path / "laughs.yaml"
@@ -106,22 +111,19 @@ def test_toml_rule_name_must_be_a_string(tmp_path: Path) -> None:
 def test_yaml_fields_of_the_wrong_type_name_field_and_line(
     tmp_path: Path, text: str, message: str
 ) -> None:
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(text)
     with pytest.raises(suture.SurgeryError, match=message):
-        load_recipe(recipe)
+        load_recipe(_recipe(tmp_path / "r.yaml", text))
 
 
 def test_toml_fields_of_the_wrong_type_name_field_and_line(tmp_path: Path) -> None:
-    recipe = tmp_path / "r.toml"
-    recipe.write_text(
+    text = (
         '[[rules]]\nrule = "drop"\npattern = "a"\n\n'
         '[[rules]]\nrule = "unstack"\npattern = "b"\ninto = "l{i}"\naxis = 1.5\n'
     )
     with pytest.raises(
         suture.SurgeryError, match=r"r.toml, line 9: unstack: field 'axis' must be a whole number"
     ):
-        load_recipe(recipe)
+        load_recipe(_recipe(tmp_path / "r.toml", text))
 
 
 def test_a_valid_recipe_with_every_field_kind_loads(tmp_path: Path) -> None:
