@@ -1,11 +1,18 @@
-"""Merging three 1 GiB Orbax checkpoints (weighted average): suture streams, numpy loads all.
+"""Merging: suture against numpy on Orbax checkpoints, and against mergekit on HF models.
 
+Part 1 (issue 9), three 1 GiB Orbax checkpoints, weighted average:
 - suture: `suture.save(suture.merge([a, b, c], "linear", weights=...), out)`, default budget.
 - peer: stock Orbax restore of the three models, numpy weighted average, stock Orbax save.
-
 Each route runs in fresh processes after dropping the page cache, in blocks whose first run is
-discarded (see bench/partial_load.py). Goal (issue 9): suture's peak RSS under 1 GiB.
-Run from the repository root: `.venv/bin/python -m bench.merge`.
+discarded (see bench/partial_load.py). Goal: suture's peak RSS under 1 GiB.
+
+Part 2 (issue 17), three small Llama models as Hugging Face folders, linear and TIES, one
+mergekit config each: `suture merge CONFIG -o OUT` against `mergekit-yaml CONFIG OUT`
+(mergekit installed by the benchmark into its own venv), wall time, peak RSS, and the
+largest difference of the outputs. Goal: <= 1e-6 relative, faster and leaner than mergekit.
+
+Run from the repository root: `.venv/bin/python -m bench.merge` (both parts), or
+`.venv/bin/python -m bench.merge mergekit` (part 2 only).
 """
 
 from __future__ import annotations
@@ -127,5 +134,12 @@ Models: {MODELS} Orbax checkpoints of {LEAVES} float32 leaves of {SHAPE} (1 GiB 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
+    elif sys.argv[1:] == ["mergekit"]:
+        from bench.merge_mergekit import main as against_mergekit
+
+        against_mergekit()
     else:
         main()
+        from bench.merge_mergekit import main as against_mergekit
+
+        against_mergekit()

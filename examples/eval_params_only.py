@@ -15,7 +15,6 @@ import orbax.checkpoint as ocp
 from flax.training import train_state
 
 import suture
-from suture._iostats import count_bytes_read
 
 
 class Classifier(nn.Module):
@@ -36,7 +35,7 @@ def main(workdir: Path) -> None:
     checkpointer.wait_until_finished()
 
     ckpt = suture.open(workdir / "train_state")
-    with count_bytes_read() as reading:
+    with suture.count_bytes_read() as reading:
         params = suture.load(ckpt, suture.placeholders(ckpt, skip="opt_state"))["params"]
     total = ckpt.nbytes
     print(

@@ -168,3 +168,5 @@ def test_demo_in_a_real_process(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "Done: the optimizer state was never read." in done.stdout
+    # The first screen a newcomer sees carries no warnings (Orbax warns about tiny chunks).
+    assert "WARNING" not in done.stderr, done.stderr[:2000]

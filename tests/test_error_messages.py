@@ -184,14 +184,20 @@ def test_save_errors(tmp_path: Path) -> None:
 
 
 def test_merge_parameter_and_config_errors(tmp_path: Path) -> None:
+    from suture._merge_config import load_merge_config
+
     a, b = {"w": np.ones(4, np.float32)}, {"w": np.zeros(4, np.float32)}
-    with pytest.raises(suture.MergeError, match=r"ties: density must be in \(0, 1\]; got 0.0"):
-        suture.merge([a, b], "ties", base=a, params={"density": 0.0})
-    with pytest.raises(suture.MergeError, match=r"dare: drop must be in \[0, 1\); got 1.0"):
+    with pytest.raises(
+        suture.MergeError, match=r"ties parameter 'density' must be in \[0, 1\]; got -0.5"
+    ):
+        suture.merge([a, b], "ties", base=a, params={"density": -0.5})
+    with pytest.raises(
+        suture.MergeError, match=r"dare parameter 'drop' must be in \[0, 1\); got 1.0"
+    ):
         suture.merge([a, b], "dare", base=a, params={"drop": 1.0})
     with pytest.raises(
         suture.MergeError,
-        match=r"the weights sum to 0 and cannot be normalized; pass normalize=False",
+        match=r"Leaf 'w': linear merge weights sum to 0 and cannot be normalized; pass normalize",
     ):
         suture.merge([a, b], "linear", weights=[1, -1])
     with pytest.raises(suture.MergeError, match=r"Leaf 'w' is missing from the base model"):
@@ -201,17 +207,21 @@ def test_merge_parameter_and_config_errors(tmp_path: Path) -> None:
             [{"v": np.ones(2)}, {}], "linear", missing="available", per_leaf={"v": {"take": 1}}
         )
     with pytest.raises(suture.MergeError, match=r"Merge config .* does not exist"):
-        suture._merge.load_merge_config(str(tmp_path / "none.yaml"))
+        load_merge_config(str(tmp_path / "none.yaml"))
     config = tmp_path / "m.yaml"
     config.write_text("models: [a]\n")
     with pytest.raises(suture.MergeError, match=r"needs method:"):
-        suture._merge.load_merge_config(str(config))
+        load_merge_config(str(config))
     config.write_text("method: linear\nmodels: a\n")
-    with pytest.raises(suture.MergeError, match=r"models: must be a list of checkpoint paths"):
-        suture._merge.load_merge_config(str(config))
+    with pytest.raises(
+        suture.MergeError, match=r"line 2 \(models\): models: must be a list of checkpoint paths"
+    ):
+        load_merge_config(str(config))
     config.write_text("- just a list\n")
-    with pytest.raises(suture.MergeError, match=r"must be a mapping with method: and models:"):
-        suture._merge.load_merge_config(str(config))
+    with pytest.raises(
+        suture.MergeError, match=r"must be a mapping \(method: and models:, or mergekit's"
+    ):
+        load_merge_config(str(config))
 
 
 def test_dtype_cannot_follow_a_transformations_tree() -> None:

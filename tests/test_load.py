@@ -81,8 +81,10 @@ def test_every_dtype_and_python_values_round_trip(tmp_path: Path) -> None:
 def test_abstract_target_casts_dtype_on_the_host(state_path) -> None:
     state, path = state_path
     ckpt = suture.open(path)
-    target = jax.tree.map(
-        lambda s: jax.ShapeDtypeStruct(s.shape, jnp.bfloat16), ckpt.abstract()["params"]
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # saved as numpy: as Orbax,
+    target = jax.tree.map(  # a ShapeDtypeStruct with no sharding would give numpy back
+        lambda s: jax.ShapeDtypeStruct(s.shape, jnp.bfloat16, sharding=device),
+        ckpt.abstract()["params"],
     )
     loaded = suture.load(ckpt, {"params": target}, partial=True)
     kernel = loaded["params"]["dense"]["kernel"]

@@ -57,9 +57,13 @@ def test_keys_match_jax_keystr_for_every_container() -> None:
     assert suture.flatten(tree) == via_jax
 
 
-def test_dataclass_fields_are_keys_and_flax_metadata_fields_are_not() -> None:
-    flat = suture.flatten({"plain": Plain(np.zeros(1), [1]), "flax": FlaxState({"w": 1}, 2)})
-    assert list(flat) == ["plain/weight", "plain/extra/0", "flax/params/w", "flax/step"]
+def test_registered_dataclasses_are_nodes_and_unregistered_ones_leaves_as_in_orbax() -> None:
+    plain = Plain(np.zeros(1), [1])
+    tree = {"plain": plain, "flax": FlaxState({"w": 1}, 2)}
+    flat = suture.flatten(tree)
+    assert flat == orbax_tree.to_flat_dict(tree, sep="/")
+    assert list(flat) == ["plain", "flax/params/w", "flax/step"]  # static fields are not keys
+    assert flat["plain"] is plain
 
 
 def test_nnx_state_flattens_like_orbax_saves_it() -> None:

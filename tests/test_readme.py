@@ -7,6 +7,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import orbax.checkpoint as ocp
 import pytest
 from safetensors.numpy import save_file
 
+from suture import open as suture_open
 from tests.orbax_writers import save_standard
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -68,6 +70,14 @@ def make_files(root: Path) -> None:
         json.dumps({"metadata": {"total_size": 512}, "weight_map": weight_map})
     )
     (hf / "config.json").write_text("{}")
+    save_file({"w": rng.standard_normal((2048, 1024), dtype=np.float32)}, root / "base.safetensors")
+    save_file(
+        {
+            "a": rng.standard_normal((2048, 8), dtype=np.float32),
+            "b": rng.standard_normal((8, 1024), dtype=np.float32),
+        },
+        root / "lora.safetensors",
+    )
     (root / "recipe.yaml").write_text(next(b for b in blocks("yaml") if b.startswith("rules:")))
     (root / "merge.yaml").write_text(next(b for b in blocks("yaml") if b.startswith("method:")))
 
@@ -90,6 +100,40 @@ def test_python_examples_run(workdir: Path) -> None:
     assert namespace["renamed"]["params"]["layer_3"]["kernel"].shape == (64, 64)
     assert (workdir / "soup" / "_METADATA").is_file()
     assert namespace["tuned"]["params"]["linear0"]["kernel"] is not None
+    assert 0 < namespace["reading"].bytes < namespace["ckpt"].nbytes / 2
+    assert sorted(p.name for p in (workdir / "hf_copy").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+    ]
+    np.testing.assert_array_equal(
+        namespace["mlp"].layer1.kernel[...], np.asarray(namespace["ckpt"]["params/linear1/kernel"])
+    )
+    assert sorted(namespace["variables"]["params"]) == ["linear0", "linear1"]
+    assert sorted(namespace["resumed"]["opt_state"]["mu"]) == [f"layer{i}" for i in range(4)]
+    assert namespace["ready"]["kernels"].shape == (4, 64, 64)
+    assert namespace["ready"]["mean_bias"].shape == (64,)
+    merged = suture_open(workdir / "merged.safetensors")["w"].read()
+    base = suture_open(workdir / "base.safetensors")
+    adapter = suture_open(workdir / "lora.safetensors")
+    np.testing.assert_allclose(
+        merged, base["w"].read() + 0.5 * (adapter["a"].read() @ adapter["b"].read()), rtol=1e-5
+    )
+
+
+def test_the_lora_merge_streams_within_its_budget(workdir: Path) -> None:
+    """The tour's LoRA block: its peak memory (numpy's, traced) stays under max_memory."""
+    code = next(block for block in blocks("python") if "def merge_lora" in block)
+    leaf_bytes = 2048 * 1024 * 4
+    budget = 2 * 1024 * 1024
+    assert 'max_memory="2MiB"' in code and budget < leaf_bytes
+    namespace: dict = {"suture": __import__("suture"), "print": lambda *a: None}
+    tracemalloc.start()
+    try:
+        exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 (the README's own code)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= budget, f"peak {peak} bytes over the budget of {budget}"
 
 
 def test_shell_examples_run(workdir: Path) -> None:

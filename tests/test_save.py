@@ -86,7 +86,7 @@ def test_orbax_metadata_and_custom_metadata(tmp_path: Path) -> None:
         metadata={"source": "suture"},
         progress=False,
     )
-    assert suture.open(tmp_path / "out").metadata == {"source": "suture"}
+    assert suture.open(tmp_path / "out").custom_metadata == {"source": "suture"}
     metadata = ocp_v1.metadata(tmp_path / "out").metadata
     assert metadata["w"].shape == (4, 4)
 

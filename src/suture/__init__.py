@@ -11,6 +11,8 @@ Example:
     (2, 2, 2)
 """
 
+from importlib.metadata import version as _package_version
+
 from . import linen as linen
 from . import nnx as nnx
 from . import optax as optax
@@ -27,6 +29,7 @@ from ._errors import NotACheckpointError as NotACheckpointError
 from ._errors import ShapeMismatchError as ShapeMismatchError
 from ._errors import SurgeryError as SurgeryError
 from ._errors import UnfinishedCheckpointError as UnfinishedCheckpointError
+from ._iostats import count_bytes_read as count_bytes_read
 from ._lazy import LazyArray as LazyArray
 from ._lazy import map as map  # noqa: A004
 from ._load import load as load
@@ -37,6 +40,8 @@ from ._paths import flatten as flatten
 from ._paths import unflatten as unflatten
 from ._plan import Plan as Plan
 from ._plan import plan as plan
+from ._products import einsum as einsum
+from ._products import matmul as matmul
 from ._save import SaveHandle as SaveHandle
 from ._save import SaveResult as SaveResult
 from ._save import save as save
@@ -47,16 +52,20 @@ from ._targets import placeholders as placeholders
 from ._transform import Transform as Transform
 from ._transform import TransformError as TransformError
 from ._transform import apply_transformations as apply_transformations
+from ._transform import intersect_trees as intersect_trees
+from ._transform import merge_trees as merge_trees
 
-__version__ = "0.1.0"
+__version__ = _package_version("suture")
 
 __all__ = [
     "apply_transformations",
     "Checkpoint",
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
+    "intersect_trees",
     "InvalidIndexError",
     "LazyArray",
+    "merge_trees",
     "PLACEHOLDER",
     "Plan",
     "MergeError",
@@ -71,10 +80,13 @@ __all__ = [
     "UnfinishedCheckpointError",
     "concatenate",
     "convert",
+    "count_bytes_read",
+    "einsum",
     "flatten",
     "load",
     "load_and_transform",
     "map",
+    "matmul",
     "merge",
     "open",
     "plan",

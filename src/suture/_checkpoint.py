@@ -20,8 +20,9 @@ class Checkpoint:
         location: where it was opened from (a path, or ``"<memory>"``).
         format: ``"orbax"``, ``"memory"``, ...
         step: the CheckpointManager step that was opened, if any.
-        metadata: format-specific metadata (Orbax's custom metadata, safetensors'
-            ``__metadata__``), or an empty dict.
+        custom_metadata: the user's metadata saved with the checkpoint (Orbax's
+            ``custom_metadata``, safetensors' ``__metadata__``), or an empty dict. For the
+            tree's own metadata (shapes, dtypes), use `abstract`.
         layout: how the source was laid out on disk, where a writer can reproduce it (the
             ``weight_map`` of a sharded safetensors folder), or an empty dict.
 
@@ -41,14 +42,14 @@ class Checkpoint:
         location: str,
         format: str,  # noqa: A002 (the public word for it)
         step: int | None = None,
-        metadata: dict[str, Any] | None = None,
+        custom_metadata: dict[str, Any] | None = None,
         layout: dict[str, Any] | None = None,
     ) -> None:
         self.tree = tree
         self.location = location
         self.format = format
         self.step = step
-        self.metadata = metadata or {}
+        self.custom_metadata = custom_metadata or {}
         self.layout = layout or {}
 
     @cached_property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,11 @@ def _joined(arrays: Sequence[Any], axis: int, operation: str, new_axis: bool) ->
     return lazy, axis, dtype
 
 
+def _traced(arrays: Sequence[Any]) -> bool:
+    jax = sys.modules.get("jax")
+    return jax is not None and any(isinstance(array, jax.core.Tracer) for array in arrays)
+
+
 def stack(arrays: Sequence[Any], axis: int = 0) -> LazyArray:
     """Stacks equally shaped arrays along a new axis, lazily.
 
@@ -55,6 +61,10 @@ def stack(arrays: Sequence[Any], axis: int = 0) -> LazyArray:
         >>> suture.stack(layers)[2].read()
         array([2, 2])
     """
+    if _traced(arrays):  # inside a function jax traces (see suture._trace): jax's own stack
+        import jax.numpy as jnp
+
+        return jnp.stack(arrays, axis=axis)
     lazy, axis, dtype = _joined(arrays, axis, "stack", new_axis=True)
     return LazyArray(StackNode([array._node for array in lazy], axis, dtype), common_path(lazy))
 
@@ -68,6 +78,10 @@ def concatenate(arrays: Sequence[Any], axis: int = 0) -> LazyArray:
         >>> suture.concatenate([q, k], axis=1)[0].read()
         array([1, 1, 2, 2])
     """
+    if _traced(arrays):
+        import jax.numpy as jnp
+
+        return jnp.concatenate(arrays, axis=axis)
     lazy, axis, dtype = _joined(arrays, axis, "concatenate", new_axis=False)
     return LazyArray(ConcatNode([array._node for array in lazy], axis, dtype), common_path(lazy))
 

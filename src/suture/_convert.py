@@ -12,15 +12,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import rules
-from ._errors import CorruptCheckpointError
+from . import families, rules
+from ._errors import CorruptCheckpointError, SurgeryError
 from ._open import open as open_checkpoint
 from ._recipes import load_recipe
 from ._save import SaveResult, save
+from ._sidefiles import model_folder_side_files, side_file, side_files
 from ._surgery import transform
 
 LAYOUT_KEY = "suture.safetensors_layout"
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".npz")
 
 
 def convert(
@@ -30,6 +30,8 @@ def convert(
     format: str | None = None,  # noqa: A002
     dtype: str | None = None,
     recipe: str | os.PathLike | None = None,
+    reverse: bool = False,
+    config: str | os.PathLike | dict[str, Any] | None = None,
     overwrite: bool = False,
     max_memory: int | str | None = None,
     max_shard_size: int | str | None = None,
@@ -43,7 +45,13 @@ def convert(
         format: ``"orbax"`` or ``"safetensors"``; default from `destination`: a name ending in
             ``.safetensors`` means safetensors, anything else Orbax.
         dtype: cast floating-point leaves to this dtype (``"bfloat16"``).
-        recipe: a recipe file (see `suture._recipes`) applied before writing.
+        recipe: a recipe file applied before writing: YAML or TOML rules, or a Python
+            file (``RULES``, ``transform``, ``TARGET``, ``init``; see ``suture apply --help``),
+            or the name of a built-in model-family recipe (``llama3.1:maxtext``;
+            `suture.families`).
+        reverse: run a built-in family recipe backwards (MaxText -> Hugging Face folder).
+        config: the model's ``config.json`` (path or dict) for a family recipe; default: the
+            one in the source folder, or the one the forward conversion recorded.
         Other arguments as in `suture.open` and `suture.save`.
 
     Example:
@@ -54,6 +62,26 @@ def convert(
         >>> result.format
         'safetensors'
     """
+    if recipe is not None and families.is_recipe_name(str(recipe)):
+        from .families._convert import convert_with_recipe
+
+        return convert_with_recipe(
+            source,
+            destination,
+            str(recipe),
+            reverse=reverse,
+            config=config,
+            dtype=dtype,
+            overwrite=overwrite,
+            max_memory=max_memory,
+            max_shard_size=max_shard_size,
+            progress=progress,
+        )
+    if reverse or config is not None:
+        raise SurgeryError(
+            "reverse= and config= go with a built-in family recipe (recipe='llama3.1:maxtext'; "
+            "`suture recipes` lists them)."
+        )
     target_format = format or (
         "safetensors" if str(destination).endswith(".safetensors") else "orbax"
     )
@@ -69,7 +97,11 @@ def convert(
     if ckpt.format == "safetensors" and target_format == "orbax" and not renamed:
         options = _keep_safetensors_layout(ckpt, Path(source), separator)
     elif target_format == "safetensors" and max_shard_size is None and not renamed:
-        options = _reuse_safetensors_layout(ckpt, Path(source), separator)
+        one_file = str(destination).endswith(".safetensors")
+        options = _reuse_safetensors_layout(ckpt, Path(source), separator, one_file)
+    folder_output = target_format == "orbax" or not str(destination).endswith(".safetensors")
+    if folder_output and "extra_files" not in options:
+        options["extra_files"] = model_folder_side_files(source)
     separator = options.pop("separator", separator)
     return save(
         tree,
@@ -84,22 +116,6 @@ def convert(
     )
 
 
-def _side_files(folder: Path) -> dict[str, Path]:
-    """The files of a model folder that are not weights: config.json, tokenizer files ..."""
-    if not folder.is_dir():
-        return {}
-    return {
-        file.name: file
-        for file in sorted(folder.iterdir())
-        if file.is_file()
-        and not file.name.startswith(".")
-        and not file.name.endswith(_WEIGHT_SUFFIXES)
-        and not file.name.endswith(".index.json")
-        and not file.name.startswith("_")
-        and file.name not in ("commit_success.txt", "manifest.ocdbt")
-    }
-
-
 def _keep_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[str, Any]:
     folder = (
         source
@@ -108,9 +124,9 @@ def _keep_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[st
         if source.name.endswith(".index.json")
         else None
     )
-    side = _side_files(folder) if folder is not None else {}
+    side = side_files(folder) if folder is not None else {}
     layout = {
-        "metadata": ckpt.metadata,
+        "metadata": ckpt.custom_metadata,
         "weight_map": ckpt.layout.get("weight_map"),
         "separator": separator,
         "side_files": sorted(side),
@@ -118,28 +134,35 @@ def _keep_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[st
     return {"metadata": {LAYOUT_KEY: layout}, "extra_files": side}
 
 
-def _reuse_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[str, Any]:
+def _reuse_safetensors_layout(
+    ckpt: Any, source: Path, separator: str, one_file: bool
+) -> dict[str, Any]:
+    """Options that write `ckpt` back as the safetensors it came from (shards, side files)."""
     if ckpt.format == "orbax":
-        layout = ckpt.metadata.get(LAYOUT_KEY)
+        layout = ckpt.custom_metadata.get(LAYOUT_KEY)
         if not isinstance(layout, dict):
             return {}
         _check_layout(layout, source)
-        side = {
-            name: source / name
-            for name in layout.get("side_files", [])
-            if (source / name).is_file()
-        }
         options: dict[str, Any] = {
             "metadata": layout.get("metadata") or None,
             "separator": layout.get("separator", separator),
         }
-        if layout.get("weight_map"):
-            options["shard_map"] = layout["weight_map"]
-            options["extra_files"] = side
-        return options
-    if ckpt.format == "safetensors" and ckpt.layout.get("weight_map"):
-        return {"shard_map": ckpt.layout["weight_map"], "metadata": ckpt.metadata or None}
-    return {}
+        shard_map = layout.get("weight_map")
+        names = layout.get("side_files", [])
+        side = {name: side_file(source, name) for name in names if isinstance(name, str)}
+        side_paths = {name: path for name, path in side.items() if path is not None}
+    elif ckpt.format == "safetensors":
+        options = {"metadata": ckpt.custom_metadata or None}
+        shard_map = ckpt.layout.get("weight_map")
+        side_paths = {}  # convert() takes them from the Hugging Face folder itself
+    else:
+        return {}
+    if not one_file:
+        if shard_map:
+            options["shard_map"] = shard_map
+        if side_paths:
+            options["extra_files"] = side_paths
+    return options
 
 
 def _check_layout(layout: dict, source: Path) -> None:

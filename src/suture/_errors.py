@@ -91,3 +91,19 @@ def did_you_mean(wanted: str, candidates: Iterable[str], limit: int = 3) -> str:
     if not matches:
         return ""
     return " Did you mean " + " or ".join(repr(match) for match in matches) + "?"
+
+
+def raise_problems(problems: list[str] | list[SurgeryError], subject: str = "The surgery") -> None:
+    """Raises one `SurgeryError` listing every problem (nothing when there are none).
+
+    A single problem given as an error is raised as it is, keeping its class.
+
+    Example:
+        >>> raise_problems([])
+    """
+    if len(problems) == 1:
+        only = problems[0]
+        raise only if isinstance(only, SurgeryError) else SurgeryError(only)
+    if problems:
+        listed = "\n".join(f"  {i}. {problem}" for i, problem in enumerate(problems, 1))
+        raise SurgeryError(f"{subject} has {len(problems)} problems:\n{listed}")

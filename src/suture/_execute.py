@@ -21,6 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ._compute import ComputeNode
 from ._lazy import LazyArray
 from ._nodes import MapNode, Node
 from ._reads import bytes_read
@@ -82,7 +83,11 @@ def plan_blocks(
 
 
 def _computes_whole(node: Node) -> bool:
-    return any(isinstance(n, MapNode) and not n.elementwise for n in _walk(node))
+    return any(
+        (isinstance(n, MapNode) and not n.elementwise)
+        or (isinstance(n, ComputeNode) and not n.splits_rows)
+        for n in _walk(node)
+    )
 
 
 def _walk(node: Node) -> Iterator[Node]:
@@ -99,7 +104,7 @@ def _cost(array: LazyArray, rows: slice) -> int:
     selection: Selection = tuple(range(length) for length in view.shape)
     working = sum(
         (len(n.inputs()) + 1) * view.nbytes for n in _walk(view._node) if isinstance(n, MapNode)
-    )
+    ) + sum(n.working_bytes(view.nbytes) for n in _walk(view._node) if isinstance(n, ComputeNode))
     return bytes_read(view._node, selection) + view.nbytes + working
 
 

@@ -116,6 +116,9 @@ class LazyArray:
 
     def read(self) -> np.ndarray:
         """Reads the array (only the bytes this view needs) into a numpy array."""
+        log = getattr(_guard, "reads", None)
+        if log is not None:  # a user function reading eagerly: the plan counts what it reads
+            log.append(self)
         try:
             return self._node.read(full(self.shape))
         except MemoryError:
@@ -225,6 +228,54 @@ class LazyArray:
     def __neg__(self) -> LazyArray:
         return elementwise(operator.mul, self, -1)
 
+    def __floordiv__(self, other: Any) -> LazyArray:
+        return elementwise(operator.floordiv, self, other)
+
+    def __mod__(self, other: Any) -> LazyArray:
+        return elementwise(operator.mod, self, other)
+
+    def __abs__(self) -> LazyArray:
+        return elementwise(operator.abs, self)
+
+    def __gt__(self, other: Any) -> LazyArray:
+        return elementwise(operator.gt, self, other)
+
+    def __ge__(self, other: Any) -> LazyArray:
+        return elementwise(operator.ge, self, other)
+
+    def __lt__(self, other: Any) -> LazyArray:
+        return elementwise(operator.lt, self, other)
+
+    def __le__(self, other: Any) -> LazyArray:
+        return elementwise(operator.le, self, other)
+
+    def __eq__(self, other: Any) -> LazyArray:  # type: ignore[override] (numpy's meaning)
+        return elementwise(operator.eq, self, other)
+
+    def __ne__(self, other: Any) -> LazyArray:  # type: ignore[override]
+        return elementwise(operator.ne, self, other)
+
+    __hash__ = object.__hash__  # identity, as before: LazyArrays stay usable as dict keys
+
+    def __and__(self, other: Any) -> LazyArray:
+        return elementwise(operator.and_, self, other)
+
+    def __or__(self, other: Any) -> LazyArray:
+        return elementwise(operator.or_, self, other)
+
+    def __invert__(self) -> LazyArray:
+        return elementwise(operator.invert, self)
+
+    def __matmul__(self, other: Any) -> LazyArray:
+        from ._products import matmul
+
+        return matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> LazyArray:
+        from ._products import matmul
+
+        return matmul(other, self)
+
     def __jax_array__(self) -> Any:
         """Lets jax functions take a LazyArray (``jnp.stack([...])``); this reads it."""
         if getattr(_guard, "active", False):
@@ -237,7 +288,17 @@ class LazyArray:
         """numpy ufuncs (``np.sqrt(x)``, ``np.maximum(x, 0)``) stay lazy."""
         if method != "__call__" or "out" in kwargs or ufunc.nout != 1:
             return NotImplemented
+        if ufunc is np.matmul:
+            from ._products import matmul
+
+            return matmul(*inputs)
         return elementwise(functools.partial(ufunc, **kwargs), *inputs, name=ufunc.__name__)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        """numpy functions: the structural ones and products stay lazy, others read."""
+        from ._numpy_api import array_function
+
+        return array_function(func, args, kwargs)
 
 
 _NUMBER = (int, float, complex, np.generic)
@@ -296,18 +357,28 @@ def no_implicit_reads() -> Iterator[None]:
         _guard.active = previous
 
 
-def call_lazily(fn: Callable[..., Any], *arrays: LazyArray) -> Any:
-    """``fn(*arrays)`` without reading: directly when `fn` handles LazyArrays, else traced.
+@contextlib.contextmanager
+def logging_reads() -> Iterator[list[LazyArray]]:
+    """Inside this block every LazyArray read is appended to the list it yields."""
+    previous = getattr(_guard, "reads", None)
+    _guard.reads = log = []
+    try:
+        yield log
+    finally:
+        _guard.reads = previous
+
+
+def call_lazily(fn: Callable[..., Any], *arguments: Any) -> Any:
+    """``fn(*arguments)`` on LazyArrays (or trees of them), reading as little as possible.
 
     Functions built from LazyArray operations (arithmetic, numpy ufuncs, indexing,
-    ``astype``) run directly. A function that needs concrete arrays (``jnp.mean``) is
-    traced with ``jax.eval_shape`` and becomes a lazy `map`.
+    ``astype``) run directly. A function that needs jax arrays (``jnp.mean``, ``jax.nn``)
+    is traced by jax and its result built from lazy operations. Only a
+    function that neither allows reads the arrays it touches, and the plan says so.
     """
-    try:
-        with no_implicit_reads():
-            return fn(*arrays)
-    except (ImplicitReadError, TypeError, ValueError):  # how jax refuses non-jax arrays
-        return map(fn, *arrays)
+    from ._trace import call_function
+
+    return call_function(fn, *arguments)
 
 
 def _resolve_shape(shape: tuple[int, ...], size: int, path: str | None) -> tuple[int, ...]:

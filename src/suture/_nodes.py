@@ -73,7 +73,11 @@ class TensorStoreSource(SourceNode):
 
     The store is opened on first read, once, from any thread; `open_store` returns
     TensorStore's open future, so that many stores can be opened at once (`open_all`).
+    `recorded_sharding`, where set, returns the sharding Orbax recorded for the array (its
+    JSON description, see `_shardings`) or None.
     """
+
+    recorded_sharding: Callable[[], str | None] | None = None
 
     def __init__(
         self,

@@ -5,11 +5,13 @@ list and tuple positions as ``"0"``, ``"1"``, NamedTuple and dataclass fields by
 is the spelling of Orbax's flat keys and of ``jax.tree_util.keystr(..., simple=True)``.
 
 Containers understood natively: dicts and other mappings (``FrozenDict``, ``nnx.State``),
-lists, tuples, NamedTuples and dataclasses (for ``flax.struct`` dataclasses, the fields
-marked ``pytree_node=False`` are metadata, not children, as in jax). Any other pytree
-registered with jax (an ``nnx.Variable``, say) is opened one level at a time through
-``jax.tree_util``, so its keys are the ones jax and Orbax use. Empty containers are kept as
-leaves so that a round trip gives back the same tree.
+lists, tuples and NamedTuples. Anything else is a container exactly when jax's pytree
+registry says so, as in Orbax: a registered dataclass (``flax.struct``,
+``jax.tree_util.register_dataclass``; fields marked static are not children) or any other
+registered node (an ``nnx.Variable``, say) is opened one level at a time through
+``jax.tree_util``, so its keys are the ones jax and Orbax use; a dataclass jax does not know
+(a config object, Orbax's metadata classes) is a leaf. Empty containers are kept as leaves
+so that a round trip gives back the same tree.
 
 Example:
     >>> flatten({"params": {"dense": {"kernel": 1, "bias": 2}}, "opt": [3, 4]})
@@ -45,15 +47,6 @@ def _is_known_array(node: Any) -> bool:
     return type(node).__name__ in ("LazyArray", "ShapeDtypeStruct", "ArrayImpl")
 
 
-def _dataclass_children(node: Any) -> list[tuple[str, Any]]:
-    children = []
-    for field in dataclasses.fields(node):
-        if field.metadata.get("pytree_node", True) is False:
-            continue  # flax.struct metadata field: static, not part of the tree.
-        children.append((field.name, getattr(node, field.name)))
-    return children
-
-
 def _jax_children(node: Any) -> list[tuple[str, Any]] | None:
     """Children of a node registered with jax, keyed the way Orbax keys them."""
     if "jax" not in sys.modules:
@@ -63,14 +56,20 @@ def _jax_children(node: Any) -> list[tuple[str, Any]] | None:
     keyed_children, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
     if len(keyed_children) == 1 and keyed_children[0][1] is node:
         return None
-    return [(_jax_key_name(key_path[0]), child) for key_path, child in keyed_children]
+    return [(jax_key_name(key_path[0]), child) for key_path, child in keyed_children]
 
 
-def _jax_key_name(key: Any) -> str:
+def jax_key_name(key: Any) -> str:
+    """One entry of a jax key path as Orbax spells it (dict key, field name or index)."""
     for attribute in ("key", "name", "idx"):
         if hasattr(key, attribute):
             return str(getattr(key, attribute))
     return str(key)
+
+
+def jax_path(key_path: Iterable[Any], sep: str = "/") -> str:
+    """A whole jax key path as a '/' path (``(DictKey('a'), SequenceKey(0))`` -> ``"a/0"``)."""
+    return sep.join(jax_key_name(key) for key in key_path)
 
 
 def children(node: Any) -> list[tuple[str, Any]] | None:
@@ -90,10 +89,8 @@ def children(node: Any) -> list[tuple[str, Any]] | None:
         items = list(zip(type(node)._fields, node, strict=True))
     elif isinstance(node, (list, tuple)):
         items = [(str(index), value) for index, value in enumerate(node)]
-    elif dataclasses.is_dataclass(node) and not isinstance(node, type):
-        items = _dataclass_children(node)
     else:
-        return _jax_children(node)
+        return _jax_children(node) or None  # registered dataclasses, other jax pytree nodes
     return items or None  # An empty container is kept as a leaf.
 
 
@@ -295,7 +292,8 @@ def map_leaves_with_path(fn: Callable[[str, Any], Any], tree: Any, sep: str = "/
 def match_path_or_ancestor(pattern: re.Pattern[str], path: str) -> tuple[re.Match[str], str] | None:
     """The longest of `path` and its ancestor paths that `pattern` fully matches.
 
-    A pattern from `suture._patterns.compile_pattern` is matched under its time bound.
+    A pattern compiled with the `regex` module (as suture compiles users' patterns) is
+    matched under a time bound.
 
     Returns the match and the rest of `path` below the matched part ("" for the whole path),
     or None.

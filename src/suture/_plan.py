@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ._compute import BroadcastNode, ComputeNode
 from ._format import format_table, human_bytes
 from ._lazy import LazyArray
 from ._nodes import (
@@ -68,6 +69,8 @@ class Plan:
     initialized: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    constants: list[str] = field(default_factory=list)
+    bytes_read_by_functions: int = 0
 
     @property
     def ok(self) -> bool:
@@ -75,14 +78,14 @@ class Plan:
 
     @property
     def bytes_to_read(self) -> int:
-        return sum(output.bytes_to_read for output in self.outputs)
+        return sum(output.bytes_to_read for output in self.outputs) + self.bytes_read_by_functions
 
     @property
     def bytes_to_write(self) -> int:
         return sum(
-            math.prod(output.shape) * np.dtype(output.dtype).itemsize
+            math.prod(output.shape) * _itemsize(output.dtype)
             for output in self.outputs
-            if output.shape is not None and output.dtype is not None
+            if output.shape is not None
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,8 +123,18 @@ class Plan:
             lines.append(
                 f"Dropped (never read): {len(self.dropped)} leaves: {_listed(self.dropped)}"
             )
+        if self.bytes_read_by_functions:
+            lines.append(
+                f"The transform function reads {human_bytes(self.bytes_read_by_functions)} "
+                f"when it is called (see the note)."
+            )
         if self.initialized:
             lines.append(f"Created by init: {_listed(self.initialized)}")
+        if self.constants:
+            lines.append(
+                f"New, {CONSTANT} (no source; loaded as returned): {_listed(self.constants)}. "
+                f"To initialize them instead, name them in init=."
+            )
         lines.extend(f"Note: {note}" for note in self.notes)
         if self.problems:
             lines.append(f"{len(self.problems)} problem(s):")
@@ -129,6 +142,14 @@ class Plan:
         else:
             lines.append("No problems.")
         return "\n".join(lines)
+
+
+def _itemsize(dtype: str | None) -> int:
+    """Bytes per element of a plan row's dtype (0 for strings, None and unknown sizes)."""
+    try:
+        return np.dtype(dtype).itemsize if dtype not in (None, "str", "None") else 0
+    except TypeError:
+        return 0
 
 
 def _shorten(text: str, width: int) -> str:
@@ -141,20 +162,29 @@ def _listed(paths: Sequence[str], limit: int = 6) -> str:
 
 
 def plan(
-    transform: Any, *sources: Any, target: Any = None, init: Any = None, partial: bool = False
+    transform: Any,
+    *sources: Any,
+    target: Any = None,
+    init: Any = None,
+    partial: bool = False,
+    seed: Any = 0,
 ) -> Plan:
     """What `suture.transform` (and `load_and_transform`) would do, without reading arrays.
 
     Arguments as in `suture.transform`. Problems do not raise: they are listed in the plan.
     """
-    built = build(transform, sources, target, init, partial)
+    built = build(transform, sources, target, init, partial, seed)
     result = Plan(
         initialized=list(built.initialized), problems=list(built.problems), notes=list(built.notes)
     )
-    used: set[int] = set()
+    used: set[int] = set(built.eager_reads)
+    result.bytes_read_by_functions = sum(
+        count for source, count in built.eager_reads.values() if _stored(source)
+    )
     if built.tree is not None:
         for path, leaf in flatten(built.tree).items():
             result.outputs.append(_describe_leaf(path, leaf, path in built.initialized, used))
+        result.constants = [output.path for output in result.outputs if output.value == CONSTANT]
     for ckpt in built.sources:
         for path, leaf in ckpt.arrays().items():
             if not any(id(source) in used for source in leaf.sources()):
@@ -166,7 +196,8 @@ def plan(
 
 def _describe_leaf(path: str, leaf: Any, initialized: bool, used: set[int]) -> OutputLeaf:
     if not isinstance(leaf, LazyArray):
-        return OutputLeaf(path, None, None, [], [], 0, initialized, value=_shorten(repr(leaf), 40))
+        shape, dtype, value = _described_value(leaf)
+        return OutputLeaf(path, shape, dtype, [], [], 0, initialized, value=value)
     reads = estimate_reads(leaf._node, full(leaf.shape))
     used.update(reads)
     sources = [f"{source.path}" for source, _ in reads.values() if source.path]
@@ -176,9 +207,34 @@ def _describe_leaf(path: str, leaf: Any, initialized: bool, used: set[int]) -> O
         leaf.dtype.name,
         [] if initialized else sources,
         _operations(leaf._node),
-        0 if initialized else sum(count for _, count in reads.values()),
+        0 if initialized else sum(count for source, count in reads.values() if _stored(source)),
         initialized,
     )
+
+
+CONSTANT = "constant from the function"
+
+
+def _described_value(leaf: Any) -> tuple[list[int] | None, str, str]:
+    """Shape, dtype and a one-line description of a leaf that is not a LazyArray."""
+    wanted = getattr(leaf, "wanted", None)  # a target leaf that init was to create
+    if wanted is not None:
+        shape = None if wanted.shape is None else list(wanted.shape)
+        dtype = "as stored" if wanted.dtype is None else wanted.dtype.name
+        return shape, dtype, "to be created: needs init"
+    if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
+        if type(leaf).__name__ == "ShapeDtypeStruct":
+            return list(leaf.shape), np.dtype(leaf.dtype).name, "to be created: needs init"
+        return list(leaf.shape), np.dtype(leaf.dtype).name, CONSTANT
+    if isinstance(leaf, (bool, int, float, complex, np.generic)):
+        return [], np.asarray(leaf).dtype.name, _shorten(repr(leaf), 40)
+    one_line = " ".join(repr(leaf).split())
+    return [], "None" if leaf is None else type(leaf).__name__, _shorten(one_line, 40)
+
+
+def _stored(source: SourceNode) -> bool:
+    """Whether `source` is a leaf of a source (not a constant made by a function)."""
+    return source.path is not None or source.origin is not None
 
 
 def _operations(node: Node) -> list[str]:
@@ -186,10 +242,10 @@ def _operations(node: Node) -> list[str]:
     described: list[str] = []
     while not isinstance(node, SourceNode):
         described.append(_operation_name(node))
-        inputs = node.inputs()
-        if len(inputs) != 1:
+        computed = [member for member in node.inputs() if not isinstance(member, SourceNode)]
+        if len(computed) != 1:  # sources only, or several computed branches
             break
-        node = inputs[0]
+        node = computed[0]  # e.g. w + 0.5 * (a @ b): add <- mul <- matmul
     return described
 
 
@@ -204,5 +260,10 @@ def _operation_name(node: Node) -> str:
         return f"{verb} {len(node.members)} on axis {node.axis}{as_dtype}"
     if isinstance(node, MapNode):
         return f"map {node.name}"
+    if isinstance(node, ComputeNode):
+        whole = node.reads_whole and any(member.shape for member in node.members)
+        return f"{node.name} (reads inputs whole)" if whole else node.name
+    if isinstance(node, BroadcastNode):
+        return "broadcast"
     names = {IndexNode: "slice", TransposeNode: "transpose", ReshapeNode: "reshape", PadNode: "pad"}
     return names.get(type(node), type(node).__name__)

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import math
 
-from ._nodes import CastNode, IndexNode, MapNode, Node, SourceNode, StackNode, TransposeNode
+from ._compute import BroadcastNode, ComputeNode
+from ._nodes import (
+    CastNode,
+    IndexNode,
+    MapNode,
+    Node,
+    SourceNode,
+    StackNode,
+    TransposeNode,
+)
 from ._selection import Selection, compose, full, positions, selection_shape
 
 
@@ -52,6 +61,9 @@ def _estimate(node: Node, selection: Selection, reads: dict[int, tuple[SourceNod
         member_selection = selection[: node.axis] + selection[node.axis + 1 :]
         for member in sorted(set(positions(selection[node.axis]))):
             _estimate(node.members[member], member_selection, reads)
+    elif isinstance(node, (ComputeNode, BroadcastNode)):
+        for member, chosen in zip(node.inputs(), node.input_selections(selection), strict=True):
+            _estimate(member, chosen, reads)
     elif isinstance(node, MapNode) and node.elementwise:
         for member in node.members:
             _estimate(member, selection, reads)

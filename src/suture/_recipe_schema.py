@@ -24,7 +24,20 @@ from typing import Any
 from . import rules as rule_module
 from ._errors import SurgeryError
 
-RULE_NAMES = ("rename", "drop", "keep", "stack", "unstack", "cast", "concat", "split")
+RULE_NAMES = (
+    "rename",
+    "drop",
+    "keep",
+    "stack",
+    "unstack",
+    "cast",
+    "concat",
+    "split",
+    "transpose",
+    "reshape",
+    "permute",
+    "scale",
+)
 # Parameters typed Any in Python take richer values than a recipe can express.
 _RECIPE_HINTS: dict[tuple[str, str], Any] = {
     ("cast", "dtype"): str,

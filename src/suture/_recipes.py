@@ -309,6 +309,22 @@ def _rule(item: Any, where: Callable[[str], str]) -> rule_module.Rule:
         raise RecipeError(f"Recipe {where('')}: {name}: {error}.") from error
 
 
+def reversed_rules(transform: Any, like: str | None) -> list[rule_module.Rule]:
+    """The inverse of a rule recipe (`rules.reverse`); `like` is the forward input's path."""
+    if isinstance(transform, rule_module.Rule):
+        transform = [transform]
+    if not isinstance(transform, list | tuple) or not all(
+        isinstance(rule, rule_module.Rule) for rule in transform
+    ):
+        raise RecipeError(
+            "--reverse needs a recipe of rules (RULES = [...] or a YAML/TOML rule list): a "
+            "transform function or a transformations tree has no inverse."
+        )
+    from ._open import open as open_checkpoint
+
+    return rule_module.reverse(transform, like=open_checkpoint(like) if like else None)
+
+
 def with_cast(transform: Any, dtype: str) -> Any:
     """`transform` followed by a cast of every floating-point leaf to `dtype`."""
     cast = rule_module.cast(".*", dtype, optional=True)

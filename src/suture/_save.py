@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ._checkpoint import Checkpoint
+from ._distributed import Group, collective, global_array, share_blocks
 from ._errors import SurgeryError
 from ._execute import DEFAULT_MAX_MEMORY, Block, block_budget, plan_blocks, run_blocks
 from ._format import parse_bytes
@@ -28,8 +30,9 @@ from ._lazy import LazyArray, as_lazy
 from ._paths import flatten
 from ._progress import progress_bar, wants_progress
 from ._replace import check_replaceable, replace
+from ._sidefiles import model_folder_side_files
 from ._verify import check, with_digests, written_leaves
-from .sinks.orbax import DEFAULT_CHUNK_BYTES, OrbaxSink, keys_and_kinds
+from .sinks.orbax import DEFAULT_CHUNK_BYTES, OrbaxSink, keys_and_kinds, merge_process_databases
 from .sinks.safetensors import SafetensorsSink
 
 FORMATS = ("orbax", "safetensors")
@@ -96,11 +99,19 @@ def save(
 ) -> SaveResult | SaveHandle:
     """Writes `tree` to `path`, streaming lazy leaves under a memory budget.
 
+    Under ``jax.distributed`` with several processes this is a collective, like Orbax's
+    save: every process calls it with the same tree and path, and each writes only its
+    share (its shards of globally sharded jax.Arrays, about 1/N of the blocks of other
+    leaves); the primary commits once all have written. The result's counts are this
+    process's own. See docs/design.md, "Multi-host".
+
     Args:
         tree: an in-memory tree, a lazy tree (``suture.transform(...)``), an opened
             `Checkpoint`, or a checkpoint path (a copy, perhaps in another format).
-        path: the destination: a checkpoint folder for Orbax; a ``.safetensors`` file, or a
-            folder of shards when `max_shard_size` is given.
+        path: the destination: a checkpoint folder for Orbax. For safetensors, a path
+            ending in ``.safetensors`` is one file; any other path is a folder laid out as
+            Hugging Face's ``save_pretrained`` does (``model.safetensors``, or shards and
+            ``model.safetensors.index.json``), which ``from_pretrained`` reads.
         format: ``"orbax"`` or ``"safetensors"``.
         overwrite: replace an existing checkpoint at `path` (atomically: the new one takes
             its place in one rename or exchange; the old one is removed afterwards). Anything
@@ -112,13 +123,15 @@ def save(
             of an in-memory tree must not be modified until ``handle.wait()`` returns.
         chunk_bytes: Orbax only: the largest chunk (default 64 MiB); stacked arrays get one
             member per chunk.
-        max_shard_size: safetensors only: write Hugging Face style shards of at most this
-            size, with ``model.safetensors.index.json``.
+        max_shard_size: safetensors folders only: shards of at most this size, with
+            ``model.safetensors.index.json``.
         separator: safetensors only: joins the tree's keys into tensor names.
         metadata: Orbax custom metadata, or safetensors ``__metadata__`` (strings only).
         shard_map: safetensors only: ``{tensor name: shard file}`` to reproduce a layout
             (e.g. ``ckpt.layout["weight_map"]``), instead of `max_shard_size`.
         extra_files: ``{name: source file}`` copied into a folder output (``config.json``).
+            When `tree` is a Hugging Face folder (its path or its opened `Checkpoint`), its
+            side files (``config.json``, tokenizer files ...) are copied by default.
         verify: read the output back before moving it into place and check every block's
             digest against what was written; a mismatch discards the output.
 
@@ -139,6 +152,9 @@ def save(
     destination = Path(path)
     if format not in FORMATS:
         raise SurgeryError(f"Unknown output format {format!r}: use one of {', '.join(FORMATS)}.")
+    folder_output = format == "orbax" or not destination.name.endswith(".safetensors")
+    if extra_files is None and folder_output:
+        extra_files = _side_files_of(tree)
     tree = _tree_of(tree)
     _check_writable_path(destination, format)
     _check_destination(destination, overwrite, tree)
@@ -152,10 +168,27 @@ def save(
         "verify": verify,
     }
 
+    group = collective()  # under jax.distributed every process writes its share
+
     def job() -> SaveResult:
+        if group is not None:
+            from ._save_collective import write_collective
+
+            return write_collective(
+                group, tree, destination, format, overwrite, separator, metadata, **options
+            )
         return _write(tree, destination, format, overwrite, separator, metadata, **options)
 
     return SaveHandle(job) if asynchronous else job()
+
+
+def _side_files_of(tree: Any) -> dict[str, Path]:
+    """The side files (config.json ...) of a Hugging Face folder given as a path or opened."""
+    if isinstance(tree, (str, os.PathLike)):
+        return model_folder_side_files(tree)
+    if isinstance(tree, Checkpoint) and tree.format == "safetensors":
+        return model_folder_side_files(tree.location)
+    return {}
 
 
 def _tree_of(tree: Any) -> Any:
@@ -228,8 +261,16 @@ def _write(
             if format == "orbax":
                 blocks, finish = _orbax_blocks(tree, temporary, chunk_bytes, max_memory, metadata)
             else:
+                one_file = destination.name.endswith(".safetensors")
                 blocks, finish = _safetensors_blocks(
-                    tree, temporary, separator, max_shard_size, max_memory, metadata, shard_map
+                    tree,
+                    temporary,
+                    one_file,
+                    separator,
+                    max_shard_size,
+                    max_memory,
+                    metadata,
+                    shard_map,
                 )
             if verify:
                 blocks, digests = with_digests(blocks)
@@ -271,31 +312,55 @@ def _call(finish: Any) -> BaseException | None:
 
 
 def _orbax_blocks(
-    tree: Any, folder: Path, chunk_bytes: int, max_memory: int, metadata: Any
+    tree: Any,
+    folder: Path,
+    chunk_bytes: int,
+    max_memory: int,
+    metadata: Any,
+    group: Group | None = None,
 ) -> tuple[list[Block], Any]:
-    folder.mkdir()
-    sink = OrbaxSink(folder, chunk_bytes)
-    blocks: list[Block] = []
+    """The blocks to write and the function that finishes the checkpoint.
+
+    With a `group` (under jax.distributed) the blocks are this process's share, written to
+    its own database, and the finish (for the primary, after every process has written)
+    also merges the processes' databases.
+    """
+    if group is None:
+        folder.mkdir()
+    sink = OrbaxSink(folder, chunk_bytes, None if group is None else group.index)
+    arrays: list[tuple[str, LazyArray, Any]] = []
+    owned: list[Block] = []  # shards of global jax.Arrays that this process holds
     leaves = keys_and_kinds(tree)
     if len(leaves) == 1 and leaves[0][0] == ():
         raise SurgeryError("An Orbax checkpoint needs a tree; wrap the array: {'array': x}.")
     for keys, kinds, leaf in leaves:
         path = "/".join(keys)
+        if group is not None and global_array(leaf) is not None:
+            owned.extend(sink.add_sharded(keys, kinds, global_array(leaf)))
+            continue
         if isinstance(leaf, LazyArray) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
             array: LazyArray | None = as_lazy(leaf, path=path)
         else:
             array = sink.add_value(keys, kinds, leaf)
         if array is not None:
-            writer = sink.add_array(keys, kinds, array)
-            blocks.extend(plan_blocks(path, array, writer, block_budget(max_memory)))
-    return blocks, lambda: sink.finish(metadata)
+            arrays.append((path, array, sink.add_array(keys, kinds, array)))
+    if group is None:
+        blocks = [
+            block for leaf in arrays for block in plan_blocks(*leaf, block_budget(max_memory))
+        ]
+        return blocks, lambda: sink.finish(metadata)
+    blocks = owned + share_blocks(arrays, block_budget(max_memory), group.count, group.index)
+    return blocks, lambda: (sink.finish(metadata), merge_process_databases(folder))
 
 
 def _copy_extra_files(extra_files: dict[str, Path], folder: Path) -> None:
     if not extra_files:
         return
     if not folder.is_dir():
-        raise SurgeryError("extra_files= needs a folder output (Orbax, or sharded safetensors).")
+        raise SurgeryError(
+            "extra_files= needs a folder output: Orbax, or safetensors to a path that does not "
+            "end in '.safetensors'."
+        )
     for name, source in extra_files.items():
         if "/" in name or name.startswith("."):
             raise SurgeryError(f"extra file name {name!r} must be a plain file name.")
@@ -305,6 +370,7 @@ def _copy_extra_files(extra_files: dict[str, Path], folder: Path) -> None:
 def _safetensors_blocks(
     tree: Any,
     destination: Path,
+    one_file: bool,
     separator: str,
     max_shard_size: int | None,
     max_memory: int,
@@ -328,9 +394,7 @@ def _safetensors_blocks(
             f"safetensors holds only arrays, but {len(others)} leaves are not: "
             f"{', '.join(repr(p) for p in others[:5])}. Drop them (rules.drop) or save as Orbax."
         )
-    sink = SafetensorsSink(tensors, max_shard_size, metadata, shard_map)
-    if sink.sharded:
-        destination.mkdir()
+    sink = SafetensorsSink(tensors, max_shard_size, metadata, shard_map, folder=not one_file)
     writers = sink.open_writers(destination)
     blocks = [
         block
@@ -364,17 +428,27 @@ def _remove(path: Path) -> None:
 
 @contextlib.contextmanager
 def _exclusive(destination: Path) -> Iterator[None]:
-    """A lock file beside `destination`; a stale one (its process is gone) is taken over."""
+    """A lock file beside `destination`, naming its writer as ``pid@host``.
+
+    A lock whose writer is gone is taken over, but only when that writer ran on this host:
+    on storage shared by several hosts, another host's process cannot be checked from here.
+    """
     lock = destination.with_name(f".{destination.name}.suture-lock")
     for _ in range(2):
         try:
             descriptor = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             break
         except FileExistsError:
-            owner = _lock_owner(lock)
-            if owner is not None and _alive(owner):
+            pid, host = _lock_owner(lock)
+            if pid is not None and host not in (None, socket.gethostname()):
                 raise SurgeryError(
-                    f"Another process (pid {owner}) is writing {str(destination)!r}. Wait for it "
+                    f"Another process (pid {pid} on host {host!r}) is writing "
+                    f"{str(destination)!r}. Wait for it to finish, or write elsewhere; if that "
+                    f"writer is gone, remove {str(lock)!r}."
+                ) from None
+            if pid is not None and _alive(pid):
+                raise SurgeryError(
+                    f"Another process (pid {pid}) is writing {str(destination)!r}. Wait for it "
                     f"to finish, or write elsewhere."
                 ) from None
             _remove(lock)  # stale: its writer died
@@ -383,18 +457,24 @@ def _exclusive(destination: Path) -> Iterator[None]:
             f"Could not lock {str(destination)!r} for writing; remove {str(lock)!r}."
         )
     try:
-        os.write(descriptor, str(os.getpid()).encode())
+        os.write(descriptor, f"{os.getpid()}@{socket.gethostname()}".encode())
         os.close(descriptor)
         yield
     finally:
         _remove(lock)
 
 
-def _lock_owner(lock: Path) -> int | None:
+def _lock_owner(lock: Path) -> tuple[int | None, str | None]:
+    """The lock's writer: ``(pid, host)``; a lock from before hosts were recorded has no host."""
     try:
-        return int(lock.read_text().strip() or "0") or None
-    except (OSError, ValueError):
-        return None
+        text = lock.read_text().strip()
+    except OSError:
+        return None, None
+    pid_text, _, host = text.partition("@")
+    try:
+        return (int(pid_text or "0") or None), (host or None)
+    except ValueError:
+        return None, None
 
 
 def _alive(pid: int) -> bool:

@@ -3,7 +3,8 @@
 A surgery is a `transform` applied to one or more sources:
 
 - a list of rules (`suture.rules`), for one source;
-- an Orbax-style transformations tree of `suture.Transform`, for one source, with `target`
+- an Orbax-style transformations tree of `suture.Transform` (a dict, or a list, tuple,
+  NamedTuple or registered dataclass of them), for one source, with `target`
   as the new tree's structure;
 - a plain function ``fn(*trees) -> tree``, one lazy tree per source (merging models);
 - None: the source as it is.
@@ -14,17 +15,23 @@ The result may hold LazyArrays, arrays, values, and ``jax.ShapeDtypeStruct`` lea
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ._checkpoint import Checkpoint
-from ._errors import ShapeMismatchError, SurgeryError
-from ._init import initialize
-from ._lazy import ImplicitReadError, LazyArray, no_implicit_reads
+from ._errors import ShapeMismatchError, SurgeryError, raise_problems
+from ._init import covers, initialize
+from ._lazy import LazyArray
 from ._load import load
+from ._nodes import SourceNode
 from ._paths import flatten, map_leaves_with_path
-from ._targets import LeafTarget, classify, placeholders_as_stored
+from ._targets import LeafTarget, classify, placeholders_as_stored, unfilled_as_placeholders
+from ._trace import call_function, recording
+from ._transform import apply_transformations, is_transformations_tree
 from .rules import Rule, apply_rules
 from .sources import open_source
 
@@ -38,6 +45,8 @@ class Built:
     initialized: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    eager_reads: dict[int, tuple[SourceNode, int]] = field(default_factory=dict)
+    unmatched: list[str] = field(default_factory=list)  # result paths the target lacks
 
 
 def build(
@@ -46,22 +55,42 @@ def build(
     target: Any = None,
     init: Any = None,
     partial: bool = False,
+    seed: Any = 0,
 ) -> Built:
     """The lazy result of a surgery, with every problem found (see `transform`)."""
-    if isinstance(transform, dict) and target is not None:
+    if is_transformations_tree(transform) and target is not None:
         target = placeholders_as_stored(target)  # Orbax's new_tree: `...` is "any value"
+    _check_argument_order(transform, sources)
     checkpoints = [open_source(source) for source in sources]
     built = Built(tree=None, sources=checkpoints)
     trees = [ckpt.tree for ckpt in checkpoints]
     try:
-        result = _apply(transform, trees, target, built)
+        with recording() as record:  # what user functions read or could not keep lazy
+            result = _apply(transform, trees, target, built)
     except SurgeryError as error:
         built.problems.append(str(error))
         return built
+    finally:
+        built.notes.extend(record.notes)
+        built.eager_reads.update(record.eager_reads)
     if target is not None:
         result = _shaped_by_target(result, target, partial, built)
-    built.tree = _initialized(result, init, built)
+    built.tree = _initialized(result, init, built, seed)
     return built
+
+
+def _check_argument_order(transform: Any, sources: Sequence[Any]) -> None:
+    """A checkpoint passed where the transform goes (Orbax's order) gets a clear hint."""
+    if not isinstance(transform, (str, os.PathLike, Checkpoint)):
+        return
+    shown = repr(str(transform)) if not isinstance(transform, Checkpoint) else "ckpt"
+    swapped = any(callable(source) or isinstance(source, (list, tuple, Rule)) for source in sources)
+    raise SurgeryError(
+        f"Got the checkpoint {shown} where the transform goes: the transform comes first, "
+        f"then the sources, e.g. suture.load_and_transform(transform, {shown})"
+        + (" (the arguments look swapped)." if swapped else ".")
+        + " Pass transform=None to take a checkpoint as it is."
+    )
 
 
 def _apply(transform: Any, trees: list[Any], target: Any, built: Built) -> Any:
@@ -69,17 +98,16 @@ def _apply(transform: Any, trees: list[Any], target: Any, built: Built) -> Any:
         return _only_tree(trees, "transform=None")
     if isinstance(transform, Rule):
         transform = [transform]
-    if isinstance(transform, (list, tuple)):
-        return apply_rules(transform, _only_tree(trees, "A rule list"), built.problems)
-    if isinstance(transform, dict):
-        from ._transform import apply_transformations
-
+    if is_transformations_tree(transform):
         if target is None:
             raise SurgeryError(
                 "An Orbax-style transformations tree needs target= as the result's structure "
                 "(Orbax's new_tree). Pass target=, or use rules or a function instead."
             )
-        return apply_transformations(_only_tree(trees, "A transformations tree"), transform, target)
+        original = _only_tree(trees, "A transformations tree")
+        return unfilled_as_placeholders(apply_transformations(original, transform, target))
+    if isinstance(transform, (list, tuple)):
+        return apply_rules(transform, _only_tree(trees, "A rule list"), built.problems)
     if callable(transform):
         return _call_function(transform, trees, built)
     raise SurgeryError(
@@ -98,24 +126,14 @@ def _only_tree(trees: list[Any], what: str) -> Any:
 
 
 def _call_function(fn: Callable[..., Any], trees: list[Any], built: Built) -> Any:
-    try:
-        with no_implicit_reads():
-            return fn(*trees)
-    except (ImplicitReadError, TypeError, ValueError):
-        pass  # it needs concrete arrays: call it again, letting it read what it touches
-    name = getattr(fn, "__name__", "the transform function")
-    built.notes.append(
-        f"{name} reads the arrays it touches when it is called (it uses jax or numpy functions "
-        f"on them). Use suture.stack, suture.concatenate, suture.map and LazyArray arithmetic "
-        f"to keep it lazy."
-    )
-    return fn(*trees)
+    return call_function(fn, *trees)
 
 
 def _shaped_by_target(result: Any, target: Any, partial: bool, built: Built) -> Any:
     flat_result = flatten(result)
     flat_target = flatten(target)
     extra = [path for path in flat_result if path not in flat_target]
+    built.unmatched = extra
     if extra and not partial:
         shown = ", ".join(repr(path) for path in extra[:5])
         built.problems.append(
@@ -158,7 +176,7 @@ class _Create:
         self.wanted, self.target_leaf = wanted, target_leaf
 
 
-def _initialized(result: Any, init: Any, built: Built) -> Any:
+def _initialized(result: Any, init: Any, built: Built, seed: Any) -> Any:
     flat = flatten(result)
     missing: dict[str, LeafTarget] = {}
     for path, leaf in flat.items():
@@ -166,11 +184,13 @@ def _initialized(result: Any, init: Any, built: Built) -> Any:
             missing[path] = leaf.wanted
         elif type(leaf).__name__ == "ShapeDtypeStruct":
             missing[path] = classify(leaf)
+        elif _is_constant(leaf) and covers(init, path):  # np.empty(...) that init names
+            missing[path] = LeafTarget("numpy", tuple(leaf.shape), np.dtype(leaf.dtype))
     if not missing:
         return result
-    available = [path for path, leaf in flat.items() if path not in missing]
+    unmatched = built.unmatched or [path for path in flat if path not in missing]
     try:
-        values = initialize(init, missing, available)
+        values = initialize(init, missing, unmatched, seed)
     except SurgeryError as error:
         built.problems.append(str(error))
         return result
@@ -178,21 +198,32 @@ def _initialized(result: Any, init: Any, built: Built) -> Any:
     return map_leaves_with_path(lambda path, leaf: values.get(path, leaf), result)
 
 
+def _is_constant(leaf: Any) -> bool:
+    """An array in a result that no source gives (``np.empty(...)`` returned by a function)."""
+    return (
+        not isinstance(leaf, LazyArray)
+        and hasattr(leaf, "shape")
+        and hasattr(leaf, "dtype")
+        and type(leaf).__name__ != "ShapeDtypeStruct"
+    )
+
+
 def _checked_tree(
-    transform: Any, sources: Sequence[Any], target: Any, init: Any, partial: bool
+    transform: Any, sources: Sequence[Any], target: Any, init: Any, partial: bool, seed: Any
 ) -> Any:
     """The built tree, or a SurgeryError that lists every problem."""
-    built = build(transform, sources, target, init, partial)
-    if len(built.problems) == 1:
-        raise SurgeryError(built.problems[0])
-    if built.problems:
-        listed = "\n".join(f"  {i}. {problem}" for i, problem in enumerate(built.problems, 1))
-        raise SurgeryError(f"The surgery has {len(built.problems)} problems:\n{listed}")
+    built = build(transform, sources, target, init, partial, seed)
+    raise_problems(built.problems)
     return built.tree
 
 
 def transform(
-    transform: Any, *sources: Any, target: Any = None, init: Any = None, partial: bool = False
+    transform: Any,
+    *sources: Any,
+    target: Any = None,
+    init: Any = None,
+    partial: bool = False,
+    seed: Any = 0,
 ) -> Any:
     """The result of a surgery as a lazy tree; reads no array data.
 
@@ -202,8 +233,13 @@ def transform(
         *sources: checkpoint paths, opened checkpoints, or in-memory trees.
         target: optional tree giving the result's structure, dtypes and shapes (as in
             `suture.load`); leaves it has and the result lacks are created by `init`.
-        init: creates leaves that no source provides (see `suture.load`).
+        init: creates leaves that no source provides (see `suture.load`), and replaces
+            constants the function returns (``np.empty(...)``) at the paths it names.
+            Entries may be values, ``fn(shape, dtype)``, JAX/Flax initializers
+            ``fn(key, shape, dtype)``, or a no-argument function building the whole tree.
         partial: drop result leaves that `target` leaves out, instead of failing.
+        seed: an int or a jax PRNG key for initializers that take a key; each leaf gets
+            ``fold_in(seed, hash(path))``, so values do not depend on order.
 
     Returns:
         A tree of LazyArrays and values: load it with `suture.load`, or stream it to disk.
@@ -220,7 +256,7 @@ def transform(
         >>> lazy["layers"]["w"]
         LazyArray(path=None, shape=(2, 2), dtype=float64)
     """
-    return _checked_tree(transform, sources, target, init, partial)
+    return _checked_tree(transform, sources, target, init, partial, seed)
 
 
 def load_and_transform(
@@ -230,6 +266,7 @@ def load_and_transform(
     init: Any = None,
     partial: bool = False,
     as_jax: bool = False,
+    seed: Any = 0,
 ) -> Any:
     """`suture.load` of `suture.transform`: the surgery's result in memory.
 
@@ -242,7 +279,7 @@ def load_and_transform(
         >>> suture.load_and_transform([rules.rename("old", "new")], {"old": np.arange(3)})
         {'new': array([0, 1, 2])}
     """
-    result = _checked_tree(transform, sources, target, init, partial)
-    if isinstance(transform, dict) and target is not None:
+    result = _checked_tree(transform, sources, target, init, partial, seed)
+    if is_transformations_tree(transform) and target is not None:
         target = placeholders_as_stored(target)
     return load(result, target, partial=partial, as_jax=as_jax)

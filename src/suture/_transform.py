@@ -21,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import SurgeryError, did_you_mean
-from ._lazy import ImplicitReadError, LazyArray, call_lazily, no_implicit_reads
-from ._paths import flatten, map_leaves_with_path
+from ._errors import MissingLeafError, SurgeryError, did_you_mean
+from ._lazy import LazyArray, call_lazily
+from ._paths import flatten, jax_path, map_leaves_with_path, unflatten
 from ._patterns import PatternError, compile_pattern
 from ._patterns import fullmatch as bounded_fullmatch
+from ._targets import is_empty_container
 
 
 class TransformError(SurgeryError, ValueError):
@@ -89,7 +90,8 @@ def apply_transformations(
     Args:
         original_tree: the tree to take values from; in memory, or lazy (a
             ``suture.open(...).tree``), in which case nothing is read.
-        transformations: a tree (or flat dict) of `Transform`, keyed by full-match regexes.
+        transformations: a tree of `Transform` (dicts keyed by full-match regexes, or
+            lists, tuples, NamedTuples, registered dataclasses), or a flat dict of them.
         new_tree: the result's structure; its leaf values are kept where neither the
             transformations nor the original tree provide one.
         default_to_original: for keys no transformation matches, take the original's value
@@ -109,7 +111,7 @@ def apply_transformations(
         >>> suture.apply_transformations(original, transforms, {"dense_1_kernel": ..., "a": ...})
         {'dense_1_kernel': 2, 'a': 1}
     """
-    if new_tree is None or _is_empty_container(new_tree):
+    if new_tree is None or is_empty_container(new_tree):
         return {}
     original = flatten(original_tree)
     transforms = _flatten_in_jax_order(transformations)
@@ -117,7 +119,7 @@ def apply_transformations(
     compiled = [(_compile(key), transform) for key, transform in transforms.items()]
     result = dict(new)
     for key, new_value in new.items():
-        if new_value is None or _is_empty_container(new_value):
+        if new_value is None or is_empty_container(new_value):
             continue  # Orbax (through jax) does not see None or empty nodes of the new tree.
         found = False
         for pattern, transform in compiled:
@@ -156,19 +158,18 @@ def apply_transformations(
     return map_leaves_with_path(lambda path, leaf: result.get(path, leaf), new_tree)
 
 
-def _flatten_in_jax_order(transformations: Any, prefix: str = "") -> dict[str, Transform]:
-    """The transformations by '/'-joined key, dict keys sorted level by level as jax does.
+def _flatten_in_jax_order(transformations: Any) -> dict[str, Transform]:
+    """The transformations by '/'-joined key, in the order jax flattens them.
 
-    Orbax iterates the transformations in this order, so when several match one key, the
-    last one in this order wins.
+    Any pytree of `Transform` works: dicts (keys sorted level by level, as jax does),
+    lists, tuples, NamedTuples, registered dataclasses. Orbax iterates the transformations
+    in this order, so when several match one key, the last one in this order wins.
     """
-    if not isinstance(transformations, dict):
-        return {prefix: as_transform(prefix, transformations)}
-    flat: dict[str, Transform] = {}
-    for key in sorted(transformations):
-        path = f"{prefix}/{key}" if prefix else str(key)
-        flat.update(_flatten_in_jax_order(transformations[key], path))
-    return flat
+    import jax
+
+    keyed, _ = jax.tree_util.tree_flatten_with_path(transformations, is_leaf=is_transform)
+    flat = {jax_path(key_path): transform for key_path, transform in keyed}
+    return {key: as_transform(key, transform) for key, transform in flat.items()}
 
 
 def is_transform(value: Any) -> bool:
@@ -176,6 +177,16 @@ def is_transform(value: Any) -> bool:
     return isinstance(value, Transform) or (
         type(value).__name__ in ("Transform", "RestoreTransform") and hasattr(value, "use_fallback")
     )
+
+
+def is_transformations_tree(value: Any) -> bool:
+    """A dict (Orbax's usual form), or any other tree whose leaves are all Transforms."""
+    if isinstance(value, dict):
+        return True
+    if callable(value) or value is None:
+        return False
+    leaves = list(flatten(value).values())
+    return bool(leaves) and all(is_transform(leaf) for leaf in leaves)
 
 
 def as_transform(key: str, value: Any) -> Transform:
@@ -191,10 +202,6 @@ def as_transform(key: str, value: Any) -> Transform:
     )
 
 
-def _is_empty_container(value: Any) -> bool:
-    return isinstance(value, (dict, list, tuple)) and len(value) == 0
-
-
 def _compile(key: str) -> re.Pattern[str]:
     try:
         return compile_pattern(key, f"Transformation key {key!r}")
@@ -207,8 +214,73 @@ def _call_value_fn(fn: Callable[[Any], Any], value: Any) -> Any:
 
 
 def _call_multi_value_fn(fn: Callable[[str, Any], Any], key: str, original_tree: Any) -> Any:
-    try:
-        with no_implicit_reads():
-            return fn(key, original_tree)
-    except ImplicitReadError:
-        return fn(key, original_tree)  # needs concrete values: read just what it touches
+    return call_lazily(fn, key, original_tree)
+
+
+def merge_trees(*trees: Any, target: Any = None) -> Any:
+    """Merges trees leaf by leaf; where several have a path, the last one's leaf wins.
+
+    Orbax's ``transform_utils.merge_trees``: trees may be lazy (nothing is read), ``None``
+    leaves and empty containers are not leaves (as in jax).
+
+    Args:
+        *trees: the trees to merge.
+        target: optional tree giving the result's structure (its containers and paths);
+            without it the result is nested dicts (list positions become ``"0"``, ``"1"``
+            keys, as in Orbax).
+
+    Raises:
+        MissingLeafError: `target` has a path no tree provides.
+
+    Example:
+        >>> import suture
+        >>> suture.merge_trees({"a": 1, "b": {"c": 2}}, {"b": {"c": 3, "d": 4}})
+        {'a': 1, 'b': {'c': 3, 'd': 4}}
+    """
+    merged: dict[str, Any] = {}
+    for tree in trees:
+        merged.update(_jax_leaves(tree))
+    return _rebuild(merged, target)
+
+
+def intersect_trees(*trees: Any, target: Any = None) -> Any:
+    """The paths every tree has, with the last tree's leaves (Orbax's ``intersect_trees``).
+
+    Raises:
+        TransformError: no tree is given.
+        MissingLeafError: `target` has a path not in the intersection.
+
+    Example:
+        >>> import suture
+        >>> suture.intersect_trees({"a": 1, "b": 2}, {"b": 3, "c": 4})
+        {'b': 3}
+    """
+    if not trees:
+        raise TransformError("intersect_trees needs at least one tree; none was given.")
+    flats = [_jax_leaves(tree) for tree in trees]
+    common = set.intersection(*(set(flat) for flat in flats))
+    return _rebuild({path: leaf for path, leaf in flats[-1].items() if path in common}, target)
+
+
+def _jax_leaves(tree: Any) -> dict[str, Any]:
+    """``{path: leaf}`` without the None leaves and empty containers jax does not count."""
+    return {
+        path: leaf
+        for path, leaf in flatten(tree).items()
+        if leaf is not None and not is_empty_container(leaf)
+    }
+
+
+def _rebuild(flat: dict[str, Any], target: Any) -> Any:
+    if target is None:
+        return unflatten(flat) if flat else {}
+
+    def leaf_at(path: str, _: Any) -> Any:
+        if path not in flat:
+            raise MissingLeafError(
+                f"The target has a leaf at {path!r}, which none of the trees provides."
+                f"{did_you_mean(path, flat)}"
+            )
+        return flat[path]
+
+    return map_leaves_with_path(leaf_at, target)

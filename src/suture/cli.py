@@ -10,12 +10,14 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 
+from ._cli_hints import check_recipe_first, for_command_line
 from ._errors import SurgeryError
 from ._interrupts import Terminated
 from ._interrupts import install as install_interrupt_handlers
@@ -42,7 +44,13 @@ MaxShardSize = Annotated[
     str | None, typer.Option("--max-shard-size", help="safetensors: shard size, e.g. 5GB.")
 ]
 Output = Annotated[str, typer.Option("-o", "--output", help="Where to write the result.")]
-OutputFormat = Annotated[str, typer.Option("--format", help="orbax or safetensors.")]
+OutputFormat = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="orbax or safetensors (OUTPUT ending in .safetensors: one file; else a HF folder).",
+    ),
+]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output.")]
 Partial = Annotated[bool, typer.Option("--partial", help="Drop leaves the target leaves out.")]
 Progress = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")]
@@ -66,7 +74,7 @@ def reports_errors(command: F) -> F:
         except SurgeryError as error:
             if _state["debug"]:
                 raise
-            typer.echo(f"Error: {error}", err=True)
+            typer.echo(f"Error: {for_command_line(str(error))}", err=True)
             raise typer.Exit(code=2) from None
         except KeyboardInterrupt as interruption:
             terminated = isinstance(interruption, Terminated)
@@ -90,9 +98,23 @@ def _report_written(result: Any, verified: bool = False) -> None:
     )
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from . import __version__
+
+        typer.echo(f"suture {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """Model surgery for JAX checkpoints."""
     _state["debug"] = debug
@@ -177,11 +199,11 @@ def plan(
     """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing."""
     from ._plan import plan as make_plan
 
-    surgery = _prepare(recipe, sources, target, allow_pickle)
+    surgery = _prepare(recipe, sources, target, allow_pickle, "plan")
     result = make_plan(
         surgery["transform"], *surgery["sources"], **surgery["arguments"], partial=partial
     )
-    typer.echo(result.to_json() if as_json else str(result))
+    typer.echo(result.to_json() if as_json else for_command_line(str(result)))
     if not result.ok:
         raise typer.Exit(code=2)
 
@@ -205,18 +227,45 @@ def apply(
     verify: Verify = False,
     allow_pickle: AllowPickle = False,
     progress: Progress = None,
+    reverse: Annotated[
+        bool, typer.Option("--reverse", help="Apply the recipe's rules backwards (rules.reverse).")
+    ] = False,
+    like: Annotated[
+        str | None,
+        typer.Option(
+            "--like",
+            help="With --reverse: the recipe's original input (for casts, reshapes, concats).",
+        ),
+    ] = None,
 ) -> None:
-    """Run a recipe on the source(s) and stream the result to OUTPUT."""
+    """Run a recipe on the source(s) and stream the result to OUTPUT.
+
+    RECIPE is a YAML or TOML file with a list of rules (drop, keep, rename, stack, unstack,
+    cast, concat, split), or a Python file that defines RULES = [...] (suture.rules
+    objects) or a function transform(*trees) taking one lazy tree per source.
+
+    A Python recipe may also define TARGET, the tree to produce (arrays or
+    jax.ShapeDtypeStruct leaves; --target takes it from a checkpoint instead), and init,
+    the values of target leaves no source has: a tree of values, a tree of fn(shape, dtype)
+    initializers, or a function of no arguments returning the new leaves (run under
+    jax.jit; only the missing leaves are computed). A Python recipe is code: run only
+    recipes you trust.
+    """
     from ._plan import plan as make_plan
-    from ._recipes import with_cast
+    from ._recipes import reversed_rules, with_cast
     from ._save import save
     from ._surgery import transform
 
-    surgery = _prepare(recipe, sources, target, allow_pickle)
+    surgery = _prepare(recipe, sources, target, allow_pickle, "apply")
+    if reverse:
+        surgery["transform"] = reversed_rules(surgery["transform"], like)
     steps = with_cast(surgery["transform"], dtype) if dtype is not None else surgery["transform"]
     arguments = {**surgery["arguments"], "partial": partial}
     if dry_run:
-        typer.echo(str(make_plan(steps, *surgery["sources"], **arguments)))
+        planned = make_plan(steps, *surgery["sources"], **arguments)
+        typer.echo(for_command_line(str(planned)))
+        if not planned.ok:  # as `suture plan` does: scripts can stop on a bad recipe
+            raise typer.Exit(code=2)
         return
     result = save(
         transform(steps, *surgery["sources"], **arguments),
@@ -232,11 +281,12 @@ def apply(
 
 
 def _prepare(
-    recipe: str, sources: list[str], target: str | None, allow_pickle: bool
+    recipe: str, sources: list[str], target: str | None, allow_pickle: bool, command: str
 ) -> dict[str, Any]:
     from ._open import open as open_checkpoint
     from ._recipes import load_recipe
 
+    check_recipe_first(recipe, sources, command)
     loaded = load_recipe(recipe)
     opened = [open_checkpoint(source, allow_pickle=allow_pickle) for source in sources]
     target_tree = open_checkpoint(target).abstract() if target is not None else loaded.target
@@ -251,37 +301,45 @@ def _prepare(
 @reports_errors
 def merge_command(
     config: Annotated[
-        str, typer.Argument(help="Merge config (.yaml or .toml): method, models, weights ...")
+        str,
+        typer.Argument(help="Merge config (.yaml or .toml): suture's (method:) or mergekit's."),
     ],
     output: Output,
-    format: OutputFormat = "orbax",  # noqa: A002
+    format: Annotated[  # noqa: A002
+        str | None,
+        typer.Option(
+            "--format",
+            help="orbax or safetensors (default: safetensors for mergekit configs, else orbax).",
+        ),
+    ] = None,
     max_memory: MaxMemory = None,
     overwrite: Overwrite = False,
     dry_run: DryRun = False,
     verify: Verify = False,
     progress: Progress = None,
 ) -> None:
-    """Merge several models (linear, slerp, task_arithmetic, ties, dare) and stream the result."""
-    from ._merge import load_merge_config, merge
-    from ._plan import plan as make_plan
-    from ._save import save
+    """Merge several models (linear, slerp, ties, dare_ties, della ...) and stream the result.
 
-    settings = load_merge_config(config)
-    models = settings.pop("models")
-    merged = merge(models, settings.pop("method"), **settings)
-    if dry_run:
-        typer.echo(str(make_plan(None, merged)))
-        return
-    result = save(
-        merged,
+    A mergekit config (merge_method:, models: or slices:) is read as it is; with Hugging Face
+    folders as inputs and safetensors output, the output is a Hugging Face folder with
+    config.json, the tokenizer files and a model card.
+    """
+    from ._merge_cli import run_merge
+
+    result = run_merge(
+        config,
         output,
         format=format,
-        overwrite=overwrite,
         max_memory=max_memory,
-        progress=progress,
+        overwrite=overwrite,
+        dry_run=dry_run,
         verify=verify,
+        progress=progress,
     )
-    _report_written(result, verify)
+    if isinstance(result, str):
+        typer.echo(result)
+    else:
+        _report_written(result, verify)
 
 
 @app.command()
@@ -291,13 +349,31 @@ def convert(
     destination: Annotated[str, typer.Argument(help="Where to write it.")],
     format: Annotated[  # noqa: A002
         str | None,
-        typer.Option("--format", help="orbax or safetensors (default: from DESTINATION)."),
+        typer.Option(
+            "--format",
+            help="orbax or safetensors (default: from DESTINATION). safetensors to a path "
+            "ending in .safetensors is one file; any other path is a Hugging Face folder.",
+        ),
     ] = None,
     dtype: Annotated[
         str | None, typer.Option("--dtype", help="Cast floating-point leaves, e.g. bfloat16.")
     ] = None,
     recipe: Annotated[
-        str | None, typer.Option("--rules", help="A recipe file (.py, .yaml, .toml).")
+        str | None,
+        typer.Option(
+            "--rules",
+            "--recipe",
+            help="A recipe file (.py, .yaml, .toml), or a built-in one such as "
+            "llama3.1:maxtext (`suture recipes` lists them).",
+        ),
+    ] = None,
+    reverse: Annotated[
+        bool,
+        typer.Option("--reverse", help="Run a built-in recipe backwards (MaxText -> HF folder)."),
+    ] = False,
+    config: Annotated[
+        str | None,
+        typer.Option("--config", help="The model's config.json, for a built-in recipe."),
     ] = None,
     max_memory: MaxMemory = None,
     max_shard_size: MaxShardSize = None,
@@ -317,6 +393,8 @@ def convert(
         format=format,
         dtype=dtype,
         recipe=recipe,
+        reverse=reverse,
+        config=config,
         overwrite=overwrite,
         max_memory=max_memory,
         max_shard_size=max_shard_size,
@@ -325,6 +403,33 @@ def convert(
         progress=progress,
     )
     _report_written(result)
+
+
+@app.command()
+@reports_errors
+def recipes(
+    name: Annotated[
+        str | None, typer.Argument(help="Show one recipe's table for this config.json's model.")
+    ] = None,
+    config: Annotated[
+        str | None, typer.Option("--config", help="config.json to show the operations for.")
+    ] = None,
+) -> None:
+    """List the built-in model-family recipes (HF <-> MaxText), or show one's operations."""
+    from . import families
+    from .families._convert import read_config
+
+    if name is None:
+        for recipe_name in families.recipe_names():
+            recipe = families.get_recipe(recipe_name)
+            typer.echo(f"{recipe_name:28} {recipe.description}")
+        return
+    recipe = families.get_recipe(name)
+    typer.echo(f"{recipe.name}: {recipe.description}\nFollows {recipe.follows}.")
+    if config is None:
+        return
+    for maxtext, hf, operations in recipe.operations_table(read_config(config)):
+        typer.echo(f"  {maxtext:55} <- {hf:50} {operations}")
 
 
 @app.command()
@@ -341,8 +446,22 @@ def demo(
     run_demo(workdir, echo=typer.echo)
 
 
+def _show_warning(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+    """suture's own warnings as one ``Warning: ...`` line; others as Python shows them."""
+    from ._sidefiles import SideFileWarning
+
+    if issubclass(category, SideFileWarning):
+        typer.echo(f"Warning: {message}", err=True)
+    else:
+        _python_show_warning(message, category, *args, **kwargs)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `suture` script and of ``python -m suture``."""
+    warnings.showwarning = _show_warning
     install_interrupt_handlers()
     try:
         app(args=argv if argv is not None else sys.argv[1:], prog_name="suture")

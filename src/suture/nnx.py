@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import SurgeryError
+from ._errors import SurgeryError, did_you_mean
 from ._paths import flatten, unflatten
 from .sources import open_source
 
@@ -34,7 +34,10 @@ def load_into(
     *,
     init: Any = None,
     partial: bool = False,
+    pad_truncate: bool = False,
+    in_place: bool = False,
     mesh: Any = None,
+    seed: Any = 0,
 ) -> Any:
     """Returns a real NNX module holding `source`'s weights (after `transform`).
 
@@ -48,28 +51,116 @@ def load_into(
             values. From a factory they are computed under ``jax.jit`` with only the missing
             leaves as outputs, so only those are allocated (the LoRA case).
         partial: ignore checkpoint leaves the model has no place for.
+        pad_truncate: zero-pad or truncate leaves whose shape differs from the model's (a
+            bigger vocabulary), as `suture.load` does.
+        in_place: update the given live module's variables (as ``nnx.update`` does) and
+            return that same module, instead of a new one.
         mesh: a concrete mesh for shardings of an abstract model (default: ``jax.set_mesh``'s).
+        seed: seed or key for JAX initializers in `init` (see `suture.transform`).
 
     Raises:
-        SurgeryError: leaves the model needs that neither the checkpoint nor `init` provide,
-            shapes that differ, or checkpoint leaves left over without ``partial=True``.
+        SurgeryError: when the checkpoint gives the model nothing; leaves the model needs
+            that neither the checkpoint nor `init` provide; shapes that differ (without
+            `pad_truncate`); checkpoint leaves left over without ``partial=True``. Each
+            lists the model's and the checkpoint's unmatched paths, paired by similarity.
     """
     from flax import nnx
 
     from ._load import load
     from ._surgery import transform as lazy_transform
 
+    if in_place and not isinstance(model, nnx.Module):
+        raise SurgeryError(
+            f"load_into(in_place=True) updates a live nnx.Module; got "
+            f"{type(model).__name__}. Pass the module itself, or drop in_place=True to get a "
+            f"new module."
+        )
     factory = model if callable(model) and not isinstance(model, nnx.Module) else None
     abstract = nnx.eval_shape(factory) if factory is not None else model
     graphdef, state = nnx.split(abstract)
     target = _target_of(nnx.to_pure_dict(state))
     if init is None:
         init = _default_init(factory, model, nnx)
+    if in_place and init is None:
+        raise SurgeryError(
+            "load_into(in_place=True) got an abstract module (from nnx.eval_shape): it has no "
+            "values to update. Pass a live module, or drop in_place=True."
+        )
     tree = strip_variable_keys(open_source(source).tree)
-    result = lazy_transform(transform, tree, target=target, init=init, partial=partial)
-    loaded = load(result, target, partial=partial, mesh=mesh)
+    transformed = lazy_transform(transform, tree, seed=seed)
+    transformed = _matched(transformed, flatten(target), partial, pad_truncate, init)
+    result = lazy_transform(None, transformed, target=target, init=init, partial=partial, seed=seed)
+    loaded = load(result, target, partial=partial, pad_truncate=pad_truncate, mesh=mesh)
     nnx.replace_by_pure_dict(state, loaded)
+    if in_place:
+        nnx.update(model, state)
+        return model
     return nnx.merge(graphdef, state)
+
+
+def _matched(
+    transformed: Any, model: dict[str, Any], partial: bool, pad_truncate: bool, init: Any
+) -> Any:
+    """The checkpoint's tree, checked against the model's paths before anything is read."""
+    from ._combine import fit_shape
+    from ._lazy import LazyArray
+
+    flat = flatten(transformed)
+    shared = [path for path in model if path in flat]
+    missing = [path for path in model if path not in flat]
+    extra = [path for path in flat if path not in model]
+    if not shared:
+        raise SurgeryError(
+            "The checkpoint gives the model nothing: no checkpoint leaf has a model path, so "
+            "every value would stay as initialized.\n"
+            + _both_sides(missing, extra)
+            + "\nMap the names with a transform (suture.rules.rename), or check the checkpoint."
+        )
+    if extra and not partial:
+        raise SurgeryError(
+            f"The checkpoint covers {len(shared)} of the model's {len(model)} leaves, and has "
+            f"{len(extra)} leaf path(s) the model has no place for.\n"
+            + _both_sides(missing, extra)
+            + "\nRename them with a transform, or pass partial=True to leave them out."
+        )
+    if missing and init is None:
+        raise SurgeryError(
+            f"The model needs {len(missing)} leaf path(s) the checkpoint lacks, and an "
+            f"abstract model has no values for them.\n"
+            + _both_sides(missing, extra)
+            + "\nRename checkpoint leaves with a transform, pass a factory or a live module, "
+            "or pass init=."
+        )
+    if pad_truncate:
+        for path in shared:
+            value, wanted = flat[path], model[path]
+            if isinstance(value, LazyArray) and tuple(wanted.shape) != value.shape:
+                flat[path] = fit_shape(value, tuple(wanted.shape))
+        return unflatten(flat)
+    return transformed
+
+
+def _both_sides(model_only: list[str], checkpoint_only: list[str], limit: int = 8) -> str:
+    """The unmatched paths of both sides, each model path paired with its closest match."""
+
+    def listed(title: str, paths: list[str], hint: Callable[[str], str]) -> list[str]:
+        shown = [f"    {path!r}{hint(path)}" for path in paths[:limit]]
+        more = [f"    ... and {len(paths) - limit} more"] if len(paths) > limit else []
+        return [f"  {title} ({len(paths)}):", *shown, *more]
+
+    model_side = listed(
+        "model paths with no checkpoint leaf",
+        model_only,
+        lambda path: (
+            did_you_mean(path, checkpoint_only, limit=1)
+            .replace(" Did you mean", " (did you mean checkpoint")
+            .replace("?", "?)")
+        ),
+    )
+    checkpoint_side = listed(
+        "checkpoint leaves with no model path", checkpoint_only, lambda path: ""
+    )
+    return "\n".join(model_side + checkpoint_side)
 
 
 def _target_of(pure: Any) -> Any:

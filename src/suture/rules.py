@@ -397,6 +397,7 @@ class MapValues(Rule):
     pattern: str
     fn: Callable[[Any], Any]
     optional: bool = False
+    inverse: Callable[[Any], Any] | None = None  # what `reverse` applies to undo it
 
     def edit(self, leaves: dict[str, Any]) -> Edit:
         result = Edit()
@@ -477,9 +478,15 @@ def split(
     return Split(pattern, tuple(into), axis, None if sizes is None else tuple(sizes), optional)
 
 
-def map_values(pattern: str, fn: Callable[[Any], Any], *, optional: bool = False) -> Rule:
-    """Replaces matching leaves by ``fn(leaf)``, lazily for arrays."""
-    return MapValues(pattern, fn, optional)
+def map_values(
+    pattern: str,
+    fn: Callable[[Any], Any],
+    *,
+    optional: bool = False,
+    inverse: Callable[[Any], Any] | None = None,
+) -> Rule:
+    """Replaces matching leaves by ``fn(leaf)``, lazily for arrays; `inverse` undoes it."""
+    return MapValues(pattern, fn, optional, inverse)
 
 
 def apply_rules(rules: Sequence[Rule], tree: Any, problems: list[str] | None = None) -> Any:
@@ -535,3 +542,11 @@ def _applied(
         if path not in edit.removed:
             result[path] = leaf
     return result
+
+
+# Reversible rules (transpose, reshape, permute, scale) and `reverse` live in their own module.
+from ._reversible import permute as permute  # noqa: E402
+from ._reversible import reshape as reshape  # noqa: E402
+from ._reversible import reverse as reverse  # noqa: E402
+from ._reversible import scale as scale  # noqa: E402
+from ._reversible import transpose as transpose  # noqa: E402

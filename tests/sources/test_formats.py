@@ -47,7 +47,7 @@ def test_safetensors_every_dtype_value_exact(tmp_path: Path) -> None:
     tensors["model.empty"] = np.zeros((0, 3), np.float32)
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt", "note": "x"})
     ckpt = suture.open(tmp_path / "model.safetensors")
-    assert ckpt.format == "safetensors" and ckpt.metadata == {"format": "pt", "note": "x"}
+    assert ckpt.format == "safetensors" and ckpt.custom_metadata == {"format": "pt", "note": "x"}
     for name, value in tensors.items():
         leaf = ckpt[name.replace(".", "/")]
         assert leaf.dtype == value.dtype and leaf.shape == value.shape, name

@@ -124,7 +124,7 @@ def test_custom_metadata_is_available(tmp_path: Path) -> None:
         tmp_path / "ckpt", {"w": np.ones(2)}, custom_metadata={"model": "mlp", "version": 3}
     )
     checkpointer.wait_until_finished()
-    assert suture.open(tmp_path / "ckpt").metadata == {"model": "mlp", "version": 3}
+    assert suture.open(tmp_path / "ckpt").custom_metadata == {"model": "mlp", "version": 3}
 
 
 def test_slicing_a_row_reads_at_most_two_chunks(tmp_path: Path) -> None:

@@ -11,6 +11,11 @@ the memory budget (a stack of all layers, say) could not be written slice by sli
 through TensorStore lets a leaf be written one block of chunks at a time; measured in
 ``bench/streaming.py``.
 
+Under ``jax.distributed`` (see ``suture._distributed``) each process writes its share into its
+own OCDBT database, ``ocdbt.process_<index>/``, and the primary merges them into the
+checkpoint's root database, as Orbax's multi-process saves do; a globally sharded
+``jax.Array`` is chunked by its shards, each written by the process holding its first replica.
+
 Arrays are chunked along their first axis (rows per chunk so that a chunk holds at most
 `chunk_bytes`); a stacked array gets one member per chunk, so reading one layer back reads
 about one layer's bytes. Each chunk is zstd-compressed and carries a crc32c checksum.
@@ -26,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import SurgeryError
-from .._execute import chunk_rows
+from .._execute import Block, chunk_rows
 from .._interrupts import native_call
 from .._lazy import LazyArray
 from .._nodes import CastNode, MapNode, Node, StackNode
@@ -35,6 +40,7 @@ from .names import OrbaxNames
 DEFAULT_CHUNK_BYTES = 64 << 20
 _HANDLER = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
 _SEQUENCE_KEY, _DICT_KEY = 1, 2
+PROCESS_PREFIX = "ocdbt.process_"  # Orbax's name for one process's database
 
 
 class OrbaxArrayWriter:
@@ -51,13 +57,31 @@ class OrbaxArrayWriter:
         target.write(values).result()
 
 
+class OrbaxShardWriter:
+    """One shard of a globally sharded jax.Array: its chunks, written whole."""
+
+    def __init__(self, store: Any, index: tuple[slice, ...]) -> None:
+        self._store, self.index = store, index
+
+    def block_rows(self) -> int:
+        return 1
+
+    def write(self, rows: slice, values: np.ndarray) -> None:
+        target = self._store[self.index] if self._store.ndim else self._store
+        target.write(values).result()
+
+
 class OrbaxSink:
     """Collects a checkpoint's leaves; `finish` writes its metadata."""
 
-    def __init__(self, folder: Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(
+        self, folder: Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES, process: int | None = None
+    ) -> None:
         import tensorstore as ts
 
         self.folder = folder
+        # Under jax.distributed each process writes its own database (merged by `merge`).
+        self._database = folder if process is None else folder / f"{PROCESS_PREFIX}{process}"
         self.chunk_bytes = chunk_bytes
         self._entries: dict[str, dict] = {}
         self._strings: dict[str, str] = {}
@@ -68,17 +92,47 @@ class OrbaxSink:
     def add_array(
         self, keys: tuple[str, ...], kinds: tuple[int, ...], array: LazyArray
     ) -> OrbaxArrayWriter:
+        chunk = _chunk_shape(array, self.chunk_bytes)
+        return OrbaxArrayWriter(self._open(keys, kinds, array, chunk), chunk[0] if chunk else 1)
+
+    def add_sharded(
+        self, keys: tuple[str, ...], kinds: tuple[int, ...], global_array: Any
+    ) -> list[Block]:
+        """Blocks writing this process's shards of a jax.Array (those with replica_id 0).
+
+        Chunks follow the shards (their first axis split further to fit `chunk_bytes`), so
+        no chunk is written by two processes.
+        """
+        path = "/".join(keys)
+        array = LazyArray.from_array(global_array, path=path)  # shape and dtype only
+        chunk = _shard_chunk_shape(global_array, self.chunk_bytes)
+        store = self._open(keys, kinds, array, chunk)
+        blocks = []
+        for shard in global_array.addressable_shards:
+            if shard.replica_id != 0:
+                continue
+            data = LazyArray.from_array(shard.data, path=path)
+            writer = OrbaxShardWriter(store, shard.index)
+            blocks.append(Block(path, data, writer, slice(None), 2 * data.nbytes))
+        return blocks
+
+    def _open(
+        self,
+        keys: tuple[str, ...],
+        kinds: tuple[int, ...],
+        array: LazyArray,
+        chunk: tuple[int, ...],
+    ) -> Any:
         import tensorstore as ts
 
         name = ".".join(keys)
         value_type = "scalar" if array.stored_as == "scalar" else "np.ndarray"
         self._add_entry(keys, kinds, value_type)
-        chunk = _chunk_shape(array, self.chunk_bytes)
         spec = {
             "driver": "zarr3",
             "kvstore": {
                 "driver": "ocdbt",
-                "base": f"file://{self.folder.resolve()}/",
+                "base": f"file://{self._database.resolve()}/",
                 "path": name,
             },
             "metadata": {
@@ -97,8 +151,7 @@ class OrbaxSink:
             "store_data_equal_to_fill_value": True,
         }
         with native_call():  # interrupted, the open would go on writing into the folder
-            store = ts.open(spec, context=self._context).result()
-        return OrbaxArrayWriter(store, chunk[0] if chunk else 1)
+            return ts.open(spec, context=self._context).result()
 
     def add_value(
         self, keys: tuple[str, ...], kinds: tuple[int, ...], value: Any
@@ -159,6 +212,45 @@ class OrbaxSink:
                 "custom_metadata": custom_metadata or {},
             },
         )
+
+
+def merge_process_databases(folder: Path) -> None:
+    """Merges the per-process databases under `folder` into its root database, as Orbax does.
+
+    Only the databases' indexes are copied (in one atomic transaction); the data files stay
+    in the process folders, which the merged root refers to.
+    """
+    import tensorstore as ts
+
+    context = ts.Context()
+    children = [
+        ts.KvStore.open(_ocdbt_spec(child), context=context)
+        for child in sorted(folder.glob(f"{PROCESS_PREFIX}*"))
+    ]
+    root = ts.KvStore.open(_ocdbt_spec(folder), context=context).result()
+    transaction = ts.Transaction(atomic=True)
+    copies = [
+        child.result().experimental_copy_range_to(root.with_transaction(transaction))
+        for child in children
+    ]
+    for copy in copies:
+        copy.result()
+    transaction.commit_async().result()
+
+
+def _ocdbt_spec(folder: Path) -> dict[str, Any]:
+    return {"driver": "ocdbt", "base": f"file://{folder.resolve()}/"}
+
+
+def _shard_chunk_shape(global_array: Any, chunk_bytes: int) -> tuple[int, ...]:
+    """A shard's shape, its first axis cut to a divisor that keeps a chunk under `chunk_bytes`."""
+    shard = tuple(global_array.sharding.shard_shape(global_array.shape))  # jax shards evenly
+    if not shard:
+        return ()
+    rows = chunk_rows(shard, np.dtype(global_array.dtype).itemsize, chunk_bytes)
+    while shard[0] % rows:
+        rows -= 1
+    return tuple(max(1, length) for length in (rows, *shard[1:]))
 
 
 def _write_json(path: Path, value: Any) -> None:

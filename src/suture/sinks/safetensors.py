@@ -7,9 +7,9 @@ header is written first and each block of rows goes straight to its place in the
 (positional writes: several blocks can be written at once). Nothing is held beyond the
 blocks in flight.
 
-Sharded output follows Hugging Face: ``model-00001-of-00003.safetensors`` ... and
-``model.safetensors.index.json`` with ``metadata.total_size`` and ``weight_map``; a tree that
-fits one shard is written as ``model.safetensors``.
+Output is one file, or a folder laid out as Hugging Face's ``save_pretrained`` lays it out:
+``model.safetensors``, or shards ``model-00001-of-00003.safetensors`` ... with
+``model.safetensors.index.json`` (``metadata.total_size`` and ``weight_map``).
 """
 
 from __future__ import annotations
@@ -93,7 +93,11 @@ class _Shard:
 
 
 class SafetensorsSink:
-    """Lays tensors out in one file or in shards; `open_writers` creates the files."""
+    """Lays tensors out in one file or in a folder; `open_writers` creates the files.
+
+    `folder` False writes one file; True writes a Hugging Face folder: ``model.safetensors``,
+    or shards and their index when `max_shard_size` or `shard_map` splits the tensors.
+    """
 
     def __init__(
         self,
@@ -101,6 +105,7 @@ class SafetensorsSink:
         max_shard_size: int | None,
         metadata: dict[str, str] | None,
         shard_map: dict[str, str] | None = None,
+        folder: bool = True,
     ) -> None:
         for name, array in tensors.items():
             check_safetensors_name(name)
@@ -114,19 +119,26 @@ class SafetensorsSink:
         ):
             raise SurgeryError("safetensors metadata must map strings to strings.")
         self.metadata = metadata
+        self.folder = folder
         if shard_map:
             self.shards = _shards_from_map(tensors, shard_map)
-            self.sharded = True
         else:
             self.shards = _assign_shards(tensors, max_shard_size)
-            self.sharded = max_shard_size is not None
+        if not folder and len(self.shards) > 1:
+            raise SurgeryError(
+                f"The tensors need {len(self.shards)} shard files, but the output is one "
+                f"'.safetensors' file. Give a folder path (a name without '.safetensors') to "
+                f"write shards and their index, or leave out max_shard_size."
+            )
         self._descriptors: list[int] = []
 
     def open_writers(self, destination: Path) -> dict[str, SafetensorsTensorWriter]:
-        """Creates the file(s) under `destination` (a file, or a folder when sharded)."""
+        """Creates the file(s): `destination` itself, or files in the folder `destination`."""
         writers = {}
+        if self.folder:
+            destination.mkdir()
         for shard in self.shards:
-            file_path = destination / shard.filename if self.sharded else destination
+            file_path = destination / shard.filename if self.folder else destination
             header = _header(shard, self.metadata)
             descriptor = os.open(file_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             self._descriptors.append(descriptor)
@@ -136,7 +148,7 @@ class SafetensorsSink:
             for name, array in zip(shard.names, shard.arrays, strict=True):
                 writers[name] = SafetensorsTensorWriter(descriptor, offset, array)
                 offset += array.nbytes
-        if self.sharded and (len(self.shards) > 1 or self.shards[0].filename != SINGLE_NAME):
+        if self.folder and (len(self.shards) > 1 or self.shards[0].filename != SINGLE_NAME):
             index = {
                 "metadata": {"total_size": sum(shard.nbytes for shard in self.shards)},
                 "weight_map": {

@@ -8,6 +8,7 @@ No array data is read until a LazyArray is. Importing this module does not impor
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 from pathlib import Path
@@ -35,13 +36,13 @@ def open_orbax(path: str | Path, step: int | None = None) -> Checkpoint:
     location = Path(path)
     layout = resolve(location, step)
     trees = {name: _read_item(folder) for name, folder in layout.items.items()}
-    tree = trees[None] if list(trees) == [None] else trees
+    tree = trees[None] if list(trees) == [None] else {**trees, **layout.json_items}
     return Checkpoint(
         tree,
         location=str(path),
         format="orbax",
         step=layout.step,
-        metadata=layout.custom_metadata,
+        custom_metadata=layout.custom_metadata,
     )
 
 
@@ -175,6 +176,7 @@ def _read_item_unchecked(folder: Path) -> Any:
         for name in array_names:
             _check_plain_name(name, folder)
     zarr_metadata = store.read_zarr_metadata(array_names, bool(metadata.get("use_zarr3", False)))
+    shardings = _RecordedShardings(folder)
 
     builder = _TreeBuilder()
     for keys, (key_kinds, value_type) in leaves.items():
@@ -193,6 +195,7 @@ def _read_item_unchecked(folder: Path) -> Any:
             source = TensorStoreSource(
                 store.opener(name, driver), shape, dtype, path, str(folder), chunks
             )
+            source.recorded_sharding = functools.partial(shardings.get, name)
             leaf: Any = LazyArray(source, path=path, stored_as=value_type)
         elif value_type == "string":
             leaf = strings.get(name, strings.get(path))
@@ -242,6 +245,39 @@ def _check_plain_name(name: str, folder: Path) -> None:
             f"hold '/', '\\' or NUL, or exceed 255 bytes). The checkpoint is damaged or "
             f"hostile; refusing to read outside it."
         )
+
+
+class _RecordedShardings:
+    """Orbax's ``_sharding`` file of an item: each array's recorded sharding, read on first use.
+
+    Only a load that needs a sharding and was given none reads it, so opening and
+    inspecting never do (it holds a device list per array: megabytes for big trees).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def get(self, name: str) -> str | None:
+        """Orbax's JSON description of array `name`'s sharding, or None."""
+        return self._by_name.get(name)
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, str]:
+        sharding_file = self.folder / "_sharding"
+        if not sharding_file.is_file():
+            return {}
+        parsed = _parse_json(sharding_file.read_bytes(), sharding_file)
+        if not isinstance(parsed, dict):
+            return {}
+        shardings = {}
+        for encoded, description in parsed.items():
+            try:
+                name = base64.urlsafe_b64decode(encoded.encode()).decode()
+            except (ValueError, UnicodeDecodeError):
+                continue  # not an entry Orbax wrote: no recorded sharding for it
+            if isinstance(description, str):
+                shardings[name] = description
+        return shardings
 
 
 def _read_strings(folder: Path) -> dict[str, str]:

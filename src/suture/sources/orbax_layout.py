@@ -5,7 +5,10 @@ Layouts understood:
 - a pytree item folder, holding ``_METADATA`` (v0 ``StandardCheckpointer`` /
   ``PyTreeCheckpointer`` save folders, and items inside steps);
 - a checkpoint folder holding item folders (v1 ``ocp.save`` puts the tree in ``state/``
-  or ``pytree/``; a CheckpointManager step holds ``default/`` or named items);
+  or ``pytree/``; a CheckpointManager step holds ``default/`` or named items). A lone item
+  under one of those default names is the whole tree, as Orbax restores it; otherwise
+  every item is a subtree under its name, as a ``Composite`` restore names them, and JSON
+  items (``JsonSave``) are subtrees of their JSON values;
 - a CheckpointManager root holding step folders (``1/``, ``2/`` or ``prefix_3/``): the
   newest finished step, or the one asked for.
 
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._errors import (
@@ -30,16 +33,23 @@ from .._errors import (
 TMP_MARKER = ".orbax-checkpoint-tmp"
 PYTREE_METADATA = "_METADATA"
 CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
+DEFAULT_ITEM_NAMES = ("default", "state", "pytree")  # CheckpointManager's and v1's
+JSON_ITEM_FILE = "metadata"  # the file JsonCheckpointHandler writes
+V1_MARKER = "orbax.checkpoint"  # the file v1 writes into a checkpoint folder
 _STEP_NAME = re.compile(r"^(?:(?P<prefix>.*)_)?(?P<step>\d+)$")
 
 
 @dataclass(frozen=True)
 class OrbaxLayout:
-    """The pytree items to read: ``{item name: folder}`` (name None for a lone item)."""
+    """The pytree items to read: ``{item name: folder}`` (name None for a lone item).
+
+    `json_items` holds the values of JSON items, by item name.
+    """
 
     items: dict[str | None, Path]
     step: int | None
     custom_metadata: dict
+    json_items: dict[str, object] = field(default_factory=dict)
 
 
 def is_orbax_folder(path: Path) -> bool:
@@ -76,7 +86,8 @@ def resolve(path: Path, step: int | None = None) -> OrbaxLayout:
                 f"{str(path)!r} is one checkpoint step, so step={step} does not apply. Pass "
                 f"the CheckpointManager folder above it, or drop step=."
             )
-        return OrbaxLayout(items, _step_of(path), _custom_metadata(path))
+        json_items = {} if list(items) == [None] else _json_items_of(path)
+        return OrbaxLayout(items, _step_of(path), _custom_metadata(path), json_items)
     steps = _steps_of(path)
     if steps:
         return _resolve_step(path, steps, step)
@@ -113,8 +124,39 @@ def _items_of(path: Path) -> dict[str | None, Path]:
         if child.is_dir() and TMP_MARKER not in child.name and (child / PYTREE_METADATA).is_file():
             items[child.name] = child
     if len(items) == 1:
-        return {None: next(iter(items.values()))}
+        name, folder = next(iter(items.items()))
+        if _is_the_whole_tree(path, name):
+            return {None: folder}
     return items
+
+
+def _is_the_whole_tree(path: Path, name: str) -> bool:
+    """Whether Orbax restores the lone item `name` as the tree itself, not under its name.
+
+    A CheckpointManager's single ``default`` item is; so is v1's ``state`` (or ``pytree``)
+    when v1 wrote the step alone. A v0 ``Composite`` with one item named ``state`` is
+    restored under its name.
+    """
+    if name == "default":
+        return True
+    if name not in DEFAULT_ITEM_NAMES or _json_items_of(path):
+        return False
+    recorded = (
+        _read_json(path / CHECKPOINT_METADATA) if (path / CHECKPOINT_METADATA).is_file() else {}
+    )
+    handlers = recorded.get("item_handlers") if isinstance(recorded, dict) else None
+    handler = handlers.get(name) if isinstance(handlers, dict) else None
+    written_by_v1 = (path / V1_MARKER).is_file() or ".v1." in str(handler)
+    return handler is None or written_by_v1
+
+
+def _json_items_of(path: Path) -> dict[str, object]:
+    """The values of the JSON items in a step (``ocp.args.JsonSave``), by item name."""
+    values = {}
+    for child in sorted(path.iterdir()):
+        if child.is_dir() and TMP_MARKER not in child.name and (child / JSON_ITEM_FILE).is_file():
+            values[child.name] = _read_json(child / JSON_ITEM_FILE)
+    return values
 
 
 def _steps_of(path: Path) -> dict[int, Path]:
@@ -142,7 +184,7 @@ def _resolve_step(root: Path, steps: dict[int, Path], step: int | None) -> Orbax
             f"of them as step=, or leave step= out for the newest."
         )
     layout = resolve(steps[chosen])
-    return OrbaxLayout(layout.items, chosen, layout.custom_metadata)
+    return OrbaxLayout(layout.items, chosen, layout.custom_metadata, layout.json_items)
 
 
 def _newest_finished(steps: dict[int, Path]) -> int:

@@ -64,7 +64,7 @@ def open_safetensors(path: Path, separator: str = ".") -> Checkpoint:
         layout = {"weight_map": weight_map, "index_metadata": index.get("metadata", {})}
     tree = _tree(tensors, separator, path)
     return Checkpoint(
-        tree, location=str(path), format="safetensors", metadata=metadata, layout=layout
+        tree, location=str(path), format="safetensors", custom_metadata=metadata, layout=layout
     )
 
 

@@ -1,0 +1,201 @@
+"""HF Llama -> MaxText layout with a built-in family recipe, at 7B size, against MaxText's converter.
+
+    python -m bench.families [--dtype float32|float16] [--layers 32] [--maxtext-python PATH]
+
+Generates a random Llama-2-7B-shaped Hugging Face folder (hidden 4096, intermediate 11008,
+32 heads, vocab 32000) shard by shard (never more than one shard in memory), drops the page
+cache, and converts it with ``suture convert --recipe llama2:maxtext --dtype bfloat16`` (MaxText
+saves bfloat16 by default) in a fresh process: wall, CPU seconds, peak RSS. The floor is a
+cold read of the source (``cat > /dev/null``) in the same run. Values are checked against the
+HF tensors for the first and last layer. Everything it made is deleted at the end.
+
+MaxText's own converter (``maxtext.checkpoint_conversion.to_maxtext``) holds the whole model in
+memory: about 0.8 GB + 1.7x the model (measured by the issue on a 1.66 GB Llama). With
+``--maxtext-python`` (a Python with maxtext installed, in its own virtual environment, never a
+suture dependency) the benchmark runs it on the same folder when that estimate fits in this
+machine's memory, and records why not otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench._common import DATA_DIR, REPO_ROOT, drop_caches, machine, write_section
+
+WORK = DATA_DIR / "families"
+LLAMA2_7B = dict(
+    hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
+    vocab_size=32000, rms_norm_eps=1e-5, max_position_embeddings=4096, model_type="llama",
+    architectures=["LlamaForCausalLM"], tie_word_embeddings=False, rope_theta=10000.0,
+)
+GIB = 1024**3
+
+
+def _tensors_of_layer(i: int, config: dict) -> dict[str, tuple[int, ...]]:
+    e, m, h = config["hidden_size"], config["intermediate_size"], config["num_attention_heads"]
+    d = e // h
+    prefix = f"model.layers.{i}"
+    return {
+        f"{prefix}.self_attn.q_proj.weight": (h * d, e),
+        f"{prefix}.self_attn.k_proj.weight": (config["num_key_value_heads"] * d, e),
+        f"{prefix}.self_attn.v_proj.weight": (config["num_key_value_heads"] * d, e),
+        f"{prefix}.self_attn.o_proj.weight": (e, h * d),
+        f"{prefix}.mlp.gate_proj.weight": (m, e),
+        f"{prefix}.mlp.up_proj.weight": (m, e),
+        f"{prefix}.mlp.down_proj.weight": (e, m),
+        f"{prefix}.input_layernorm.weight": (e,),
+        f"{prefix}.post_attention_layernorm.weight": (e,),
+    }
+
+
+def generate(folder: Path, config: dict, dtype: str, layers_per_shard: int = 4) -> int:
+    """Writes the HF folder shard by shard; returns its size in bytes."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True)
+    # One random block, tiled: generation runs at memory speed, and no two rows of a tensor
+    # are equal (the block's length is not a multiple of any row length), so a wrong
+    # transpose or permutation shows in the value check.
+    block = (np.random.default_rng(0).standard_normal(1_000_003, dtype=np.float32) * 0.02).astype(dtype)
+    e, v = config["hidden_size"], config["vocab_size"]
+    layers = config["num_hidden_layers"]
+    groups = [list(range(i, min(i + layers_per_shard, layers))) for i in range(0, layers, layers_per_shard)]
+    shards = len(groups) + 1
+    weight_map, total = {}, 0
+    for number, group in enumerate([None, *groups], start=1):
+        if group is None:
+            shapes = {"model.embed_tokens.weight": (v, e), "lm_head.weight": (v, e), "model.norm.weight": (e,)}
+        else:
+            shapes = {name: shape for i in group for name, shape in _tensors_of_layer(i, config).items()}
+        tensors = {
+            name: np.resize(np.roll(block, 7919 * k), shape) for k, (name, shape) in enumerate(shapes.items())
+        }
+        name = f"model-{number:05d}-of-{shards:05d}.safetensors"
+        save_file(tensors, folder / name, metadata={"format": "pt"})
+        weight_map.update({tensor: name for tensor in tensors})
+        total += sum(t.nbytes for t in tensors.values())
+        del tensors
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": dtype}, indent=2))
+    return total
+
+
+_TIMED = r"""
+import json, resource, subprocess, sys, time
+started = time.perf_counter()
+done = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+wall = time.perf_counter() - started
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+if done.returncode:
+    sys.stderr.write(done.stderr.decode()[-3000:]); sys.exit(done.returncode)
+print(json.dumps({"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+                  "peak_rss_bytes": usage.ru_maxrss * 1024}))
+"""
+
+
+def timed(command: list[str], cwd: Path = REPO_ROOT) -> dict:
+    """Wall, CPU seconds and peak RSS of `command` run cold in a fresh process."""
+    cold = drop_caches()
+    done = subprocess.run([sys.executable, "-c", _TIMED, *command], capture_output=True, text=True, cwd=cwd)
+    if done.returncode:
+        raise RuntimeError(f"{command[:3]} failed:\n{done.stderr[-3000:]}")
+    return {**json.loads(done.stdout), "cold": cold}
+
+
+def check_values(hf: Path, out: Path, config: dict) -> float:
+    """Max abs difference of layer 0 and the last layer's q/o/gate against the HF tensors, in bf16."""
+    import ml_dtypes
+
+    import suture
+
+    ckpt, source = suture.open(out), suture.open(hf)
+    h = config["num_attention_heads"]
+    e = config["hidden_size"]
+    d = e // h
+    worst = 0.0
+    for layer in (0, config["num_hidden_layers"] - 1):
+        q_hf = np.asarray(source[f"model/layers/{layer}/self_attn/q_proj/weight"], np.float32)
+        expected = (q_hf.T.reshape(e, h, d) / np.float32(np.sqrt(d))).astype(ml_dtypes.bfloat16)
+        got = ckpt["params/params/decoder/layers/self_attention/query/kernel"][:, layer].read()
+        worst = max(worst, float(np.max(np.abs(got.astype(np.float32) - expected.astype(np.float32)))))
+        wo = np.asarray(source[f"model/layers/{layer}/mlp/down_proj/weight"]).T.astype(ml_dtypes.bfloat16)
+        got = ckpt["params/params/decoder/layers/mlp/wo/kernel"][:, layer].read()
+        worst = max(worst, float(np.max(np.abs(got.astype(np.float32) - wo.astype(np.float32)))))
+    return worst
+
+
+def maxtext_needs(model_bytes: int) -> float:
+    return 0.8e9 + 1.7 * model_bytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--maxtext-python", default=None)
+    args = parser.parse_args()
+    config = {**LLAMA2_7B, "num_hidden_layers": args.layers}
+    shutil.rmtree(WORK, ignore_errors=True)
+    hf, out = WORK / "hf", WORK / "maxtext"
+    try:
+        started = time.perf_counter()
+        size = generate(hf, config, args.dtype)
+        generated_s = time.perf_counter() - started
+        shards = sorted(str(p) for p in hf.glob("*.safetensors"))
+        floor = timed(["sh", "-c", 'cat "$@" > /dev/null', "sh", *shards])
+        suture_run = timed(
+            [str(Path(sys.executable).with_name("suture")), "convert", str(hf), str(out),
+             "--recipe", "llama2:maxtext", "--dtype", "bfloat16", "--no-progress"]
+        )
+        difference = check_values(hf, out, config)
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        needed = maxtext_needs(size)
+        if needed > memory:
+            maxtext_line = (
+                f"not run: its converter holds the model, about 0.8 GB + 1.7 x {size / GIB:.1f} GiB "
+                f"= {needed / GIB:.1f} GiB, more than this machine's {memory / GIB:.1f} GiB."
+            )
+        elif args.maxtext_python is None:
+            maxtext_line = "not run: pass --maxtext-python (a Python with maxtext 0.2.5 installed)."
+        else:
+            maxtext_line = "not run: this benchmark runs MaxText only where its memory estimate fits."
+        report(args, config, size, generated_s, floor, suture_run, difference, maxtext_line)
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)
+
+
+def report(args, config, size, generated_s, floor, suture_run, difference, maxtext_line) -> None:
+    rss = suture_run["peak_rss_bytes"] / GIB
+    body = f"""## Model families: HF Llama -> MaxText layout (`python -m bench.families --dtype {args.dtype}`)
+
+{machine()}. A random Llama-2-7B-shaped HF folder ({config['num_hidden_layers']} layers, hidden
+{config['hidden_size']}, {args.dtype}): {size / GIB:.2f} GiB in {config['num_hidden_layers'] // 4 + 1} shards (generated in
+{generated_s:.0f} s), converted cold with `suture convert --recipe llama2:maxtext --dtype bfloat16`
+(MaxText's default save dtype) into one scanned Orbax checkpoint.
+
+| route | wall | CPU s | peak RSS |
+| --- | --- | --- | --- |
+| cold read of the source (`cat > /dev/null`), the floor | {floor['wall_s']:.1f} s | {floor['cpu_s']:.1f} | {floor['peak_rss_bytes'] / 2**20:.0f} MiB |
+| suture convert --recipe llama2:maxtext | {suture_run['wall_s']:.1f} s ({suture_run['wall_s'] / floor['wall_s']:.2f}x the floor) | {suture_run['cpu_s']:.1f} | {rss:.2f} GiB |
+| MaxText `to_maxtext` | {maxtext_line} | | |
+
+Values checked against the HF tensors (query and MLP-out kernels of the first and last layer,
+in bfloat16): max abs difference {difference:g}. Page cache dropped before each route:
+{suture_run['cold']}.
+"""
+    write_section("families", body)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()

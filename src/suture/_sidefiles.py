@@ -1,0 +1,98 @@
+"""The files of a Hugging Face model folder that are not weights, safely.
+
+``config.json``, ``generation_config.json`` and the tokenizer files travel with the weights
+when a folder is converted or saved, so ``from_pretrained`` can load the output. Only
+regular files directly inside the folder are taken: a symbolic link, or a name that leads
+out of the folder, is skipped with a warning, so converting a folder someone else prepared
+never copies a file from elsewhere on the machine (``tokenizer.json -> ~/.ssh/id_rsa``).
+
+Example:
+    >>> import tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "config.json").write_text("{}")
+    >>> _ = (folder / "model.safetensors").write_bytes(b"")
+    >>> sorted(side_files(folder))
+    ['config.json']
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import warnings
+from pathlib import Path
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".npz")
+_CHECKPOINT_FILES = ("commit_success.txt", "manifest.ocdbt")
+
+
+class SideFileWarning(UserWarning):
+    """A file of a model folder that was not copied because it is not a plain file in it."""
+
+
+def side_files(folder: Path) -> dict[str, Path]:
+    """``{name: path}`` of the folder's regular files that are not weights or indexes."""
+    if not folder.is_dir():
+        return {}
+    found = {}
+    for entry in sorted(folder.iterdir()):
+        name = entry.name
+        if (
+            name.startswith((".", "_"))
+            or name.endswith(_WEIGHT_SUFFIXES)
+            or name.endswith(".index.json")
+            or name in _CHECKPOINT_FILES
+            or entry.is_dir()
+        ):
+            continue
+        checked = side_file(folder, name)
+        if checked is not None:
+            found[name] = checked
+    return found
+
+
+def model_folder_side_files(location: str | os.PathLike) -> dict[str, Path]:
+    """`side_files` of a Hugging Face folder (or of the folder of its ``*.index.json``).
+
+    Anything that is not such a folder has none.
+    """
+    folder = Path(location)
+    if folder.name.endswith(".index.json"):
+        folder = folder.parent
+    is_model_folder = folder.is_dir() and any(folder.glob("*.safetensors"))
+    return side_files(folder) if is_model_folder else {}
+
+
+def side_file(folder: Path, name: str) -> Path | None:
+    """`folder / name` when it is a regular file inside `folder`; otherwise None and a warning.
+
+    `name` may come from a checkpoint's metadata, so it is checked as untrusted: it must be
+    a plain file name, not a link, and resolve to a file inside `folder`.
+    """
+    path = folder / name
+    if not name or name in (".", "..") or os.sep in name or "/" in name:
+        _skip(path, "its name is not a plain file name")
+        return None
+    try:
+        status = path.lstat()
+    except OSError:
+        return None  # gone: nothing to copy
+    if stat.S_ISLNK(status.st_mode):
+        _skip(path, "it is a symbolic link")
+        return None
+    if not stat.S_ISREG(status.st_mode):
+        _skip(path, "it is not a regular file")
+        return None
+    if path.resolve().parent != folder.resolve():
+        _skip(path, "it resolves outside the model folder")
+        return None
+    return path
+
+
+def _skip(path: Path, why: str) -> None:
+    warnings.warn(
+        f"Not copying {str(path)!r}: {why}. Only regular files inside the model folder are "
+        f"copied; copy it by hand if you trust it.",
+        SideFileWarning,
+        stacklevel=4,
+    )

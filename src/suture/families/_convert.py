@@ -1,0 +1,122 @@
+"""`suture convert --recipe FAMILY:maxtext [--reverse]`: a family recipe run on a checkpoint.
+
+To MaxText, the source is a Hugging Face folder (or file) and its ``config.json``; the result
+is an Orbax checkpoint of MaxText's tree, which also keeps the HF side files (config,
+tokenizer) and the safetensors layout in its custom metadata. Back to HF, the config comes
+from that metadata (or `config=`), and the output is an HF folder with the same shards,
+index and side files as the source had.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .. import rules
+from .._convert import LAYOUT_KEY
+from .._convert import _keep_safetensors_layout as keep_safetensors_layout
+from .._convert import _reuse_safetensors_layout as reuse_safetensors_layout
+from .._errors import SurgeryError
+from .._open import open as open_checkpoint
+from .._paths import unflatten
+from .._save import SaveResult, save
+from ._recipe import get_recipe
+
+FAMILY_KEY = "suture.family"
+DEFAULT_SHARD_SIZE = "5GB"  # save_pretrained's default
+
+
+def convert_with_recipe(
+    source: str | os.PathLike,
+    destination: str | os.PathLike,
+    name: str,
+    *,
+    reverse: bool = False,
+    config: str | os.PathLike | dict[str, Any] | None = None,
+    dtype: str | None = None,
+    overwrite: bool = False,
+    max_memory: int | str | None = None,
+    max_shard_size: int | str | None = None,
+    progress: bool | None = None,
+) -> SaveResult:
+    """Converts `source` with the built-in recipe `name`; see `suture.convert`."""
+    recipe = get_recipe(name)
+    ckpt = open_checkpoint(source, separator=".")
+    if not reverse:
+        settings = read_config(config) if config is not None else _config_beside(source, name)
+        tree = recipe.to_maxtext(ckpt.tree, settings)
+        options = keep_safetensors_layout(ckpt, Path(source), ".")
+        options["metadata"][FAMILY_KEY] = {"recipe": recipe.name, "config": settings}
+        return save(
+            _cast(tree, dtype),
+            destination,
+            format="orbax",
+            overwrite=overwrite,
+            max_memory=max_memory,
+            progress=progress,
+            **options,
+        )
+    recorded = (
+        ckpt.custom_metadata.get(FAMILY_KEY) if isinstance(ckpt.custom_metadata, dict) else None
+    )
+    if config is not None:
+        settings = read_config(config)
+    elif isinstance(recorded, dict) and isinstance(recorded.get("config"), dict):
+        settings = recorded["config"]
+    else:
+        settings = _config_beside(source, name)
+    tensors = recipe.to_hf(ckpt.tree, settings)
+    recorded_layout = LAYOUT_KEY in ckpt.custom_metadata
+    options = reuse_safetensors_layout(ckpt, Path(source), ".", False) if recorded_layout else {}
+    options.pop("separator", None)
+    with tempfile.TemporaryDirectory() as scratch:
+        extra = dict(options.pop("extra_files", {}))  # the HF side files the forward run kept
+        if "config.json" not in extra:
+            extra["config.json"] = Path(scratch) / "config.json"
+            extra["config.json"].write_text(json.dumps(settings, indent=2) + "\n")
+        if "shard_map" not in options:
+            options["max_shard_size"] = max_shard_size or DEFAULT_SHARD_SIZE
+        return save(
+            _cast(unflatten(tensors, sep="."), dtype),
+            destination,
+            format="safetensors",
+            overwrite=overwrite,
+            max_memory=max_memory,
+            progress=progress,
+            separator=".",
+            extra_files=extra,
+            **options,
+        )
+
+
+def _cast(tree: Any, dtype: str | None) -> Any:
+    if dtype is None:
+        return tree
+    return rules.apply_rules([rules.cast(".*", dtype, optional=True)], tree)
+
+
+def read_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(config, dict):
+        return dict(config)
+    try:
+        loaded = json.loads(Path(config).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise SurgeryError(f"Cannot read the model config {str(config)!r}: {error}.") from None
+    if not isinstance(loaded, dict):
+        raise SurgeryError(f"{str(config)!r} is not a config.json: it holds no JSON object.")
+    return loaded
+
+
+def _config_beside(source: str | os.PathLike, name: str) -> dict[str, Any]:
+    folder = Path(source) if Path(source).is_dir() else Path(source).parent
+    candidate = folder / "config.json"
+    if not candidate.is_file():
+        raise SurgeryError(
+            f"Recipe {name!r} needs the model's config.json (head counts, head_dim, layers), "
+            f"and {str(folder)!r} has none. Pass it: --config path/to/config.json "
+            f"(config= in Python)."
+        )
+    return read_config(candidate)

@@ -1,0 +1,245 @@
+"""The operations a model-family recipe applies to one tensor, each with its exact inverse.
+
+An operation turns a Hugging Face tensor (one layer's) into its MaxText form (`forward`) and
+back (`backward`). All are lazy: they build `LazyArray` views and elementwise maps, so a
+recipe streams like any other surgery.
+
+| recipe word      | forward                                   | backward                     |
+| ---------------- | ----------------------------------------- | ---------------------------- |
+| ``transpose``    | reverse the axes (``w.T``)                | the same                     |
+| ``split_axis``   | one axis -> several (``(E, H*D) -> (E, H, D)``) | merge them again       |
+| ``interleave_rope`` | last axis halves -> pairs (``[a|b] -> a0 b0 a1 b1``) | pairs -> halves  |
+| ``scale``        | multiply or divide by a config expression | what the recipe says (MaxText's own inverse) |
+| ``add``          | add a constant (Gemma's ``1 + w`` norms)  | subtract it                  |
+| ``pad_rows``     | zero rows up to a size (a padded vocabulary) | drop them                 |
+
+Structural operations are exact. ``scale`` and ``add`` change values: a round trip is exact
+only when the factor is a power of two; otherwise it comes back within about 1 ulp, which
+`Operation.round_trip` says and the plan shows.
+
+Example:
+    >>> import numpy as np
+    >>> from suture import LazyArray
+    >>> op = parse_operation("interleave_rope", "q")
+    >>> x = LazyArray.from_array(np.arange(4.0))
+    >>> op.forward(x, {}).read().tolist(), op.backward(op.forward(x, {}), {}).read().tolist()
+    ([0.0, 2.0, 1.0, 3.0], [0.0, 1.0, 2.0, 3.0])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._combine import fit_shape
+from .._errors import SurgeryError
+from .._lazy import LazyArray, elementwise
+from ._expr import evaluate
+
+
+class RecipeFormatError(SurgeryError, ValueError):
+    """A family recipe file that does not follow the recipe schema."""
+
+
+class Operation:
+    """One invertible step of a family recipe."""
+
+    round_trip = "exact"
+
+    def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        raise NotImplementedError
+
+    def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        raise NotImplementedError
+
+    def describe(self, names: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Transpose(Operation):
+    def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        return array.T
+
+    backward = forward
+
+    def describe(self, names: dict[str, Any]) -> str:
+        return "transpose"
+
+
+@dataclass(frozen=True)
+class SplitAxis(Operation):
+    axis: int
+    sizes: tuple[Any, ...]
+
+    def _sizes(self, names: dict[str, Any]) -> tuple[int, ...]:
+        return tuple(int(evaluate(size, names)) for size in self.sizes)
+
+    def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        sizes = self._sizes(names)
+        if math.prod(sizes) != array.shape[self.axis]:
+            raise SurgeryError(
+                f"Leaf {array.path!r}: axis {self.axis} has length {array.shape[self.axis]}, "
+                f"expected {' x '.join(map(str, sizes))} = {math.prod(sizes)} from the config "
+                f"({', '.join(map(str, self.sizes))}). The checkpoint does not fit its "
+                f"config.json: check the head counts and head_dim."
+            )
+        shape = array.shape[: self.axis] + sizes + array.shape[self.axis + 1 :]
+        return array.reshape(shape)
+
+    def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        count = len(self.sizes)
+        merged = math.prod(array.shape[self.axis : self.axis + count])
+        return array.reshape(
+            array.shape[: self.axis] + (merged,) + array.shape[self.axis + count :]
+        )
+
+    def describe(self, names: dict[str, Any]) -> str:
+        return f"split axis {self.axis} into {self._sizes(names)}"
+
+
+@dataclass(frozen=True)
+class InterleaveRope(Operation):
+    """Hugging Face's rotary layout (two halves) <-> MaxText's Llama 3.1 layout (pairs)."""
+
+    def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        half = _even_half(array)
+        order = np.stack([np.arange(half), np.arange(half) + half], axis=-1).reshape(-1)
+        return array[..., order]
+
+    def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        _even_half(array)
+        order = np.concatenate([np.arange(0, array.shape[-1], 2), np.arange(1, array.shape[-1], 2)])
+        return array[..., order]
+
+    def describe(self, names: dict[str, Any]) -> str:
+        return "interleave rope halves"
+
+
+def _even_half(array: LazyArray) -> int:
+    if array.shape[-1] % 2:
+        raise SurgeryError(
+            f"Leaf {array.path!r}: the rotary layout needs an even last axis, found "
+            f"{array.shape[-1]}. The recipe does not fit this model."
+        )
+    return array.shape[-1] // 2
+
+
+@dataclass(frozen=True)
+class Scale(Operation):
+    """Multiply or divide by a config expression, computed in `compute` precision."""
+
+    forward_op: str  # "multiply" or "divide"
+    forward_by: Any
+    backward_op: str
+    backward_by: Any
+    compute: str = "float32"
+    back_compute: str = "float32"
+
+    @staticmethod
+    def _apply(array: LazyArray, op: str, by: Any, compute: str, names: dict) -> LazyArray:
+        factor = np.dtype(compute).type(evaluate(by, names))
+        dtype = array.dtype
+
+        def scaled(values: np.ndarray) -> np.ndarray:
+            wide = values.astype(compute)
+            return (wide * factor if op == "multiply" else wide / factor).astype(dtype)
+
+        return elementwise(scaled, array, name=f"{op} {float(factor):.6g}")
+
+    def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        return self._apply(array, self.forward_op, self.forward_by, self.compute, names)
+
+    def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        return self._apply(array, self.backward_op, self.backward_by, self.back_compute, names)
+
+    @property
+    def round_trip(self) -> str:  # type: ignore[override]
+        return "exact when the factor is a power of two, else within 1 ulp"
+
+    def exact_for(self, names: dict[str, Any]) -> bool:
+        factor = float(evaluate(self.forward_by, names))
+        mantissa, _ = math.frexp(factor)
+        return mantissa == 0.5 and float(evaluate(self.backward_by, names)) in (factor, 1 / factor)
+
+    def describe(self, names: dict[str, Any]) -> str:
+        factor = float(evaluate(self.forward_by, names))
+        closeness = "exact round trip" if self.exact_for(names) else "round trip within 1 ulp"
+        return f"{self.forward_op} by {self.forward_by} = {factor:.6g} ({closeness})"
+
+
+@dataclass(frozen=True)
+class Add(Operation):
+    value: float
+
+    def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        return elementwise(lambda x: x + np.asarray(self.value, x.dtype), array, name="add")
+
+    def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        return elementwise(lambda x: x - np.asarray(self.value, x.dtype), array, name="subtract")
+
+    round_trip = "within half an ulp of the constant"
+
+    def describe(self, names: dict[str, Any]) -> str:
+        return f"add {self.value:g} (round trip within half an ulp of {self.value:g})"
+
+
+@dataclass(frozen=True)
+class PadRows(Operation):
+    to: Any
+    back_to: Any
+
+    def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        rows = int(evaluate(self.to, names))
+        if rows < array.shape[0]:
+            raise SurgeryError(
+                f"Leaf {array.path!r} has {array.shape[0]} rows, more than the {rows} "
+                f"({self.to}) the recipe pads to. Pass a larger padded size."
+            )
+        return fit_shape(array, (rows,) + array.shape[1:])
+
+    def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        return fit_shape(array, (int(evaluate(self.back_to, names)),) + array.shape[1:])
+
+    def describe(self, names: dict[str, Any]) -> str:
+        return f"pad rows to {int(evaluate(self.to, names))}"
+
+
+def parse_operation(spec: Any, where: str) -> Operation:
+    """An `Operation` from its recipe form: a word, or a one-key mapping of word -> options."""
+    if spec == "transpose":
+        return Transpose()
+    if spec == "interleave_rope":
+        return InterleaveRope()
+    if isinstance(spec, dict) and len(spec) == 1:
+        ((word, options),) = spec.items()
+        if word == "split_axis" and isinstance(options, dict):
+            return SplitAxis(int(options.get("axis", 0)), tuple(options["sizes"]))
+        if word == "scale" and isinstance(options, dict):
+            return _scale(options, where)
+        if word == "add" and isinstance(options, int | float):
+            return Add(float(options))
+        if word == "pad_rows" and isinstance(options, dict):
+            return PadRows(options["to"], options["back_to"])
+    raise RecipeFormatError(
+        f"{where}: {spec!r} is not an operation. Use transpose, interleave_rope, "
+        "{split_axis: {axis, sizes}}, {scale: {multiply|divide, back_multiply|back_divide}}, "
+        "{add: NUMBER} or {pad_rows: {to, back_to}}."
+    )
+
+
+def _scale(options: dict[str, Any], where: str) -> Scale:
+    forward = [op for op in ("multiply", "divide") if op in options]
+    backward = [op for op in ("back_multiply", "back_divide") if op in options]
+    if len(forward) != 1:
+        raise RecipeFormatError(f"{where}: scale needs exactly one of multiply or divide.")
+    op = forward[0]
+    if backward:
+        back_op, back_by = backward[0].removeprefix("back_"), options[backward[0]]
+    else:
+        back_op, back_by = ("divide" if op == "multiply" else "multiply"), options[op]
+    compute = options.get("compute", "float32")
+    return Scale(op, options[op], back_op, back_by, compute, options.get("back_compute", compute))

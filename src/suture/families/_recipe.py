@@ -1,0 +1,291 @@
+"""A model-family recipe: a table of MaxText leaves, each with its Hugging Face source and
+the invertible operations between them, read from a YAML file of this package.
+
+The same table runs both ways. To MaxText, every HF tensor of a per-layer leaf goes through
+the operations and the layers are stacked on MaxText's scan axis (1), or kept as
+``layers_{i}`` subtrees when unscanned. Back to HF, the stack is unstacked and the inverse
+operations run in reverse order. Everything stays lazy, so a conversion streams.
+
+Example:
+    >>> recipe = get_recipe("llama3.1:maxtext")
+    >>> recipe.family, recipe.scanned
+    ('llama3.1', True)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from .._combine import stack as stack_arrays
+from .._errors import SurgeryError, did_you_mean
+from .._lazy import LazyArray, as_lazy
+from .._paths import flatten, unflatten
+from ._expr import evaluate
+from ._ops import Operation, RecipeFormatError, parse_operation
+
+MAXTEXT_ROOT = "params/params"
+SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of every scanned tensor
+LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
+
+
+class ConfigMismatchError(SurgeryError, ValueError):
+    """A model whose config.json does not fit the recipe asked for."""
+
+
+@dataclass(frozen=True)
+class Leaf:
+    maxtext: str  # path below params/params, e.g. "decoder/layers/mlp/wo/kernel"
+    hf: str  # tensor name, with {group} where the layer index goes
+    group: str | None
+    operations: tuple[Operation, ...]
+    when: str | None
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    count: str  # expression: how many MaxText layers
+    hf_index: str  # expression of i: the HF layer of MaxText layer i
+
+
+@dataclass(frozen=True)
+class FamilyRecipe:
+    """One family (``llama3.1``) in one layout (scanned or not): both directions."""
+
+    family: str
+    scanned: bool
+    follows: str
+    description: str
+    require: dict[str, list[Any]]
+    defaults: dict[str, Any]
+    checks: tuple[dict[str, str], ...]
+    groups: dict[str, LayerGroup]
+    leaves: tuple[Leaf, ...]
+    ignore: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}:{'maxtext' if self.scanned else 'maxtext-unscanned'}"
+
+    def config_names(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The config's fields with the recipe's defaults filled in, checked against it."""
+        names = dict(config)
+        for field, default in self.defaults.items():
+            if names.get(field) is None:
+                names[field] = evaluate(default, names)
+        for field, allowed in self.require.items():
+            if names.get(field) not in allowed:
+                raise ConfigMismatchError(
+                    f"config.json field {field!r} is {names.get(field)!r}; recipe {self.name!r} "
+                    f"fits {', '.join(map(repr, allowed))}. Pick the recipe of this model's "
+                    f"family (`suture recipes` lists them)."
+                )
+        for check in self.checks:
+            if not evaluate(check["test"], names):
+                field = check["field"]
+                raise ConfigMismatchError(
+                    f"config.json field {field!r} is {names.get(field)!r}: {check['message']} "
+                    f"(recipe {self.name!r}, which follows {self.follows})."
+                )
+        return names
+
+    # Hugging Face -> MaxText ---------------------------------------------------------------
+
+    def to_maxtext(self, tree: Any, config: dict[str, Any]) -> dict[str, Any]:
+        """The MaxText tree ``{"params": {"params": ...}, "step": 0}`` of an HF tree, lazily.
+
+        MaxText's converter also saves an empty ``opt_state``; suture's Orbax writer does not
+        write empty containers, and MaxText's ``load_parameters_path`` reads only ``params``.
+        """
+        names = self.config_names(config)
+        hf = _hf_leaves(tree)
+        used: set[str] = set()
+        out: dict[str, Any] = {}
+        for leaf in self._active(names):
+            for path, value in self._forward(leaf, hf, names, used).items():
+                out[f"{MAXTEXT_ROOT}/{path}"] = value
+        self._check_all_used(hf, used, names)
+        out["step"] = 0  # MaxText's TrainState starts a converted model at step 0
+        return unflatten(out)
+
+    def _forward(self, leaf: Leaf, hf: dict, names: dict, used: set[str]) -> dict[str, Any]:
+        if leaf.group is None:
+            return {leaf.maxtext: self._converted(leaf, leaf.hf, hf, names, used)}
+        members = [
+            self._converted(leaf, leaf.hf.replace(f"{{{leaf.group}}}", str(index)), hf, names, used)
+            for index in self._layer_indices(leaf.group, names)
+        ]
+        if self.scanned:
+            return {leaf.maxtext: stack_arrays(members, axis=SCAN_AXIS)}
+        return {_unscanned(leaf.maxtext, i): member for i, member in enumerate(members)}
+
+    def _converted(self, leaf: Leaf, name: str, hf: dict, names: dict, used: set) -> LazyArray:
+        if name not in hf:
+            raise ConfigMismatchError(
+                f"Recipe {self.name!r} needs tensor {name!r} for {leaf.maxtext!r}, which the "
+                f"checkpoint lacks.{did_you_mean(name, hf)} Check that config.json belongs to "
+                f"these weights (num_hidden_layers={names.get('num_hidden_layers')})."
+            )
+        used.add(name)
+        array = as_lazy(hf[name], path=name)
+        for operation in leaf.operations:
+            array = operation.forward(array, names)
+        return array
+
+    def _layer_indices(self, group: str, names: dict[str, Any]) -> list[int]:
+        spec = self.groups[group]
+        return [
+            int(evaluate(spec.hf_index, {**names, "i": i}))
+            for i in range(int(evaluate(spec.count, names)))
+        ]
+
+    def _check_all_used(self, hf: dict, used: set[str], names: dict) -> None:
+        left = sorted(
+            name
+            for name in hf
+            if name not in used and not any(re.fullmatch(p, name) for p in self.ignore)
+        )
+        if left:
+            raise ConfigMismatchError(
+                f"Recipe {self.name!r} has no place for {len(left)} tensor(s) of the checkpoint: "
+                f"{', '.join(left[:5])}{' ...' if len(left) > 5 else ''}. Converting would lose "
+                f"them; this model is not a plain {self.family} (see `suture recipes`)."
+            )
+
+    # MaxText -> Hugging Face ---------------------------------------------------------------
+
+    def to_hf(self, tree: Any, config: dict[str, Any]) -> dict[str, Any]:
+        """``{tensor name: LazyArray}`` of a MaxText tree (with or without its params/params)."""
+        names = self.config_names(config)
+        flat = flatten(tree)
+        prefix = f"{MAXTEXT_ROOT}/" if any(p.startswith(f"{MAXTEXT_ROOT}/") for p in flat) else ""
+        out: dict[str, LazyArray] = {}
+        for leaf in self._active(names):
+            if leaf.group is None:
+                out[leaf.hf] = self._restored(leaf, _take(flat, prefix + leaf.maxtext), names)
+                continue
+            indices = self._layer_indices(leaf.group, names)
+            for i, index in enumerate(indices):
+                if self.scanned:
+                    stacked = _take(flat, prefix + leaf.maxtext)
+                    _check_layers(stacked, len(indices), leaf.maxtext)
+                    member = stacked[(slice(None),) * SCAN_AXIS + (i,)]
+                else:
+                    member = _take(flat, prefix + _unscanned(leaf.maxtext, i))
+                name = leaf.hf.replace(f"{{{leaf.group}}}", str(index))
+                out[name] = self._restored(leaf, member, names)
+        return out
+
+    def _restored(self, leaf: Leaf, array: LazyArray, names: dict) -> LazyArray:
+        for operation in reversed(leaf.operations):
+            array = operation.backward(array, names)
+        return array
+
+    def _active(self, names: dict[str, Any]) -> list[Leaf]:
+        return [leaf for leaf in self.leaves if leaf.when is None or evaluate(leaf.when, names)]
+
+    def operations_table(self, config: dict[str, Any]) -> list[tuple[str, str, str]]:
+        """(MaxText leaf, HF tensor, operations) rows, for plans and `suture recipes`."""
+        names = self.config_names(config)
+        return [
+            (leaf.maxtext, leaf.hf, ", ".join(op.describe(names) for op in leaf.operations) or "-")
+            for leaf in self._active(names)
+        ]
+
+
+def _unscanned(maxtext_path: str, index: int) -> str:
+    return maxtext_path.replace("decoder/layers/", f"decoder/layers_{index}/", 1)
+
+
+def _take(flat: dict[str, Any], path: str) -> LazyArray:
+    if path not in flat:
+        raise ConfigMismatchError(
+            f"The MaxText checkpoint has no leaf {path!r}.{did_you_mean(path, flat)} Is it a "
+            f"checkpoint of this family and layout (scanned or not)?"
+        )
+    return as_lazy(flat[path], path=path)
+
+
+def _check_layers(stacked: LazyArray, expected: int, path: str) -> None:
+    if stacked.ndim <= SCAN_AXIS or stacked.shape[SCAN_AXIS] != expected:
+        raise ConfigMismatchError(
+            f"MaxText leaf {path!r} has shape {stacked.shape}; expected {expected} layers on axis "
+            f"{SCAN_AXIS} from config.json's num_hidden_layers. Pass the config of this model."
+        )
+
+
+def _hf_leaves(tree: Any) -> dict[str, Any]:
+    """HF tensor names (dotted) -> leaves, from a tree opened with the '.' separator."""
+    return {path.replace("/", "."): leaf for path, leaf in flatten(tree).items()}
+
+
+# The built-in recipes -------------------------------------------------------------------------
+
+
+@functools.cache
+def _families() -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for entry in sorted(importlib.resources.files(__package__).iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            data = yaml.safe_load(entry.read_text(encoding="utf-8"))
+            for family in data["names"]:
+                found[family] = {**data, "source_file": entry.name}
+    return found
+
+
+def recipe_names() -> list[str]:
+    """Every built-in recipe name, e.g. ``llama3.1:maxtext``."""
+    return [f"{family}:{layout}" for family in _families() for layout in LAYOUTS]
+
+
+def is_recipe_name(name: str) -> bool:
+    return isinstance(name, str) and ":" in name and name.split(":", 1)[0] in _families()
+
+
+def get_recipe(name: str) -> FamilyRecipe:
+    """The built-in recipe `name` (``FAMILY:maxtext`` or ``FAMILY:maxtext-unscanned``)."""
+    family, _, layout = name.partition(":")
+    if family not in _families() or layout not in LAYOUTS:
+        raise SurgeryError(
+            f"No built-in recipe {name!r}.{did_you_mean(name, recipe_names())} "
+            f"Built in: {', '.join(recipe_names())}."
+        )
+    return _parse(family, _families()[family], LAYOUTS[layout])
+
+
+def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
+    where = data["source_file"]
+    group_specs = data.get("layer_groups") or {
+        "layer": {"count": "num_hidden_layers", "hf_index": "i"}
+    }
+    groups = {
+        name: LayerGroup(str(spec["count"]), str(spec["hf_index"]))
+        for name, spec in group_specs.items()
+    }
+    leaves = []
+    for number, item in enumerate(data["leaves"]):
+        if not isinstance(item, dict) or not {"maxtext", "hf"} <= set(item):
+            raise RecipeFormatError(f"{where}: leaf {number} needs 'maxtext' and 'hf'.")
+        group = next((g for g in groups if f"{{{g}}}" in item["hf"]), None)
+        operations = tuple(
+            parse_operation(op, f"{where}: leaf {item['maxtext']!r}") for op in item.get("ops", [])
+        )
+        leaves.append(Leaf(item["maxtext"], item["hf"], group, operations, item.get("when")))
+    config = data.get("config", {})
+    return FamilyRecipe(
+        family=family,
+        scanned=scanned,
+        follows=data["follows"],
+        description=data["description"],
+        require={k: list(v) for k, v in (config.get("require") or {}).items()},
+        defaults=dict(config.get("defaults") or {}),
+        checks=tuple(config.get("checks") or ()),
+        groups=groups,
+        leaves=tuple(leaves),
+        ignore=tuple(data.get("ignore") or ()),
+    )
