@@ -185,3 +185,16 @@ def runs_line(runs: dict[str, list[dict]], key: str = "wall_s") -> str:
     return "; ".join(
         f"{route} " + ", ".join(f"{r[key]:.1f}" for r in results) for route, results in runs.items()
     )
+
+
+def orbax_load_params_only(path: object) -> dict:
+    """Orbax v1's partial load: `ocp.load` with PLACEHOLDER under opt_state (its guide's way)."""
+    import jax
+    from orbax.checkpoint import v1 as ocp
+
+    def placeholder(key_path, leaf):  # noqa: ANN001, ANN202
+        name = jax.tree_util.keystr(key_path, simple=True, separator="/")
+        return ocp.PLACEHOLDER if name.startswith("opt_state") else leaf
+
+    tree = jax.tree.map_with_path(placeholder, ocp.metadata(path).metadata)
+    return ocp.load(path, tree)

@@ -1,6 +1,6 @@
 """HF Llama -> MaxText layout with a built-in family recipe, at 7B size, against MaxText's converter.
 
-    python -m bench.families [--dtype float32|float16] [--layers 32] [--maxtext-python PATH]
+    python -m bench.families [--dtype float32|float16] [--layers 32] [--maxtext-venv PATH [--maxtext-only]]
 
 Generates a random Llama-2-7B-shaped Hugging Face folder (hidden 4096, intermediate 11008,
 32 heads, vocab 32000) shard by shard (never more than one shard in memory), drops the page
@@ -10,10 +10,13 @@ cold read of the source (``cat > /dev/null``) in the same run. Values are checke
 HF tensors for the first and last layer. Everything it made is deleted at the end.
 
 MaxText's own converter (``maxtext.checkpoint_conversion.to_maxtext``) holds the whole model in
-memory: about 0.8 GB + 1.7x the model (measured by the issue on a 1.66 GB Llama). With
-``--maxtext-python`` (a Python with maxtext installed, in its own virtual environment, never a
-suture dependency) the benchmark runs it on the same folder when that estimate fits in this
-machine's memory, and records why not otherwise.
+memory in its eager mode: about 0.8 GB + 1.7x the model (measured by the issue on a 1.66 GB
+Llama); the 7B row records that estimate. With ``--maxtext-venv PATH`` (created with Python
+3.12 and ``maxtext==0.2.5`` when missing; never a suture dependency) the benchmark also runs
+MaxText's converter and suture on one smaller random Llama 3.1 folder (MaxText's converter maps
+HF names from its built-in Llama-3.1-8B config, so the folder keeps its 32 layers and head_dim
+128 and shrinks the width) and compares wall, CPU seconds, peak RSS and the two output trees
+(paths, shapes, dtypes, values) in a section of its own (``--maxtext-only`` runs just that).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import _maxtext
 from bench._common import DATA_DIR, REPO_ROOT, drop_caches, machine, write_section
 
 WORK = DATA_DIR / "families"
@@ -142,8 +146,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--maxtext-python", default=None)
+    parser.add_argument("--maxtext-venv", type=Path, default=None,
+                        help="virtual environment with maxtext 0.2.5 (made when missing)")
+    parser.add_argument("--maxtext-only", action="store_true",
+                        help="run only the smaller side-by-side comparison with MaxText's converter")
     args = parser.parse_args()
+    if args.maxtext_venv is not None:
+        _maxtext.compare(_maxtext.ensure_venv(args.maxtext_venv), timed=timed, generate=generate)
+    if args.maxtext_only:
+        return
     config = {**LLAMA2_7B, "num_hidden_layers": args.layers}
     shutil.rmtree(WORK, ignore_errors=True)
     hf, out = WORK / "hf", WORK / "maxtext"
@@ -160,15 +171,19 @@ def main() -> None:
         difference = check_values(hf, out, config)
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         needed = maxtext_needs(size)
+        # MaxText 0.2.5's to_maxtext converts llama3.1 but not llama2; its Llama 2 route is
+        # standalone_scripts/llama_or_mistral_ckpt.py (torch, the whole model in memory).
         if needed > memory:
             maxtext_line = (
                 f"not run: its converter holds the model, about 0.8 GB + 1.7 x {size / GIB:.1f} GiB "
-                f"= {needed / GIB:.1f} GiB, more than this machine's {memory / GIB:.1f} GiB."
+                f"= {needed / GIB:.1f} GiB, more than this machine's {memory / GIB:.1f} GiB. "
+                "Measured side by side on a smaller Llama 3.1 below."
             )
-        elif args.maxtext_python is None:
-            maxtext_line = "not run: pass --maxtext-python (a Python with maxtext 0.2.5 installed)."
         else:
-            maxtext_line = "not run: this benchmark runs MaxText only where its memory estimate fits."
+            maxtext_line = (
+                f"not run at this size (estimate {needed / GIB:.1f} GiB on a shared machine); "
+                "measured side by side on a smaller Llama 3.1 below."
+            )
         report(args, config, size, generated_s, floor, suture_run, difference, maxtext_line)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

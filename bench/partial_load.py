@@ -23,6 +23,7 @@ from bench._common import (
     disk_bytes_read,
     machine,
     medians,
+    orbax_load_params_only,
     peak_rss_bytes,
     run_routes,
     write_adam_checkpoint,
@@ -63,18 +64,12 @@ def worker(route: str) -> None:
         loaded = suture.load(CHECKPOINT, suture.placeholders(CHECKPOINT, skip="opt_state"))
     else:
         import jax
-        from orbax.checkpoint import v1 as ocp
+        from orbax.checkpoint import v1  # noqa: F401 (imported before the clock starts)
 
         from suture._iostats import bytes_read as tensorstore_bytes
 
         begin_ts, begin_io, begin = tensorstore_bytes(), disk_bytes_read(), time.perf_counter()
-
-        def placeholder(path, leaf):
-            name = jax.tree_util.keystr(path, simple=True, separator="/")
-            return ocp.PLACEHOLDER if name.startswith("opt_state") else leaf
-
-        tree = jax.tree.map_with_path(placeholder, ocp.metadata(CHECKPOINT).metadata)
-        loaded = ocp.load(CHECKPOINT, tree)
+        loaded = orbax_load_params_only(CHECKPOINT)
     jax.block_until_ready(jax.tree.leaves(loaded["params"]))
     load_s = time.perf_counter() - begin
     read = disk_bytes_read() - begin_io

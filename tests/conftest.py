@@ -28,3 +28,32 @@ def small_tmpfs(tmp_path: Path):
         yield mount
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+# Remote-storage servers (tests/remote_servers.py), one of each per test session: TensorStore
+# reads the GCS endpoint from the environment once per process.
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory: pytest.TempPathFactory):
+    """A fake-gcs-server on 127.0.0.1; yields ``gs://BUCKET``."""
+    from tests.remote_servers import BUCKET, gcs_server
+
+    with gcs_server(tmp_path_factory.mktemp("gcs")):
+        yield f"gs://{BUCKET}"
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """moto's S3 server on 127.0.0.1; yields ``s3://BUCKET``."""
+    from tests.remote_servers import BUCKET, s3_server
+
+    with s3_server():
+        yield f"s3://{BUCKET}"
+
+
+@pytest.fixture(scope="session")
+def http(tmp_path_factory: pytest.TempPathFactory):
+    """A range-request HTTP server of a temporary folder (a `RangeServer`)."""
+    from tests.remote_servers import http_server
+
+    with http_server(tmp_path_factory.mktemp("http")) as server:
+        yield server

@@ -179,15 +179,16 @@ def test_a_leaf_larger_than_the_budget_is_written_in_blocks(tmp_path: Path, monk
     seen_blocks = []
     original = _execute.run_blocks
 
-    def recording(blocks, max_memory, on_progress=None, threads=_execute.WRITE_THREADS):
+    def recording(blocks, max_memory, on_progress=None, **options):
         seen_blocks.extend(blocks)
-        return original(blocks, max_memory, on_progress, threads)
+        return original(blocks, max_memory, on_progress, **options)
 
     monkeypatch.setattr("suture._save.run_blocks", recording)
     big = np.random.default_rng(0).standard_normal((64, 1024, 256), dtype=np.float32)  # 64 MiB
-    suture.save(
+    result = suture.save(
         {"big": big}, tmp_path / "out", max_memory="8MiB", chunk_bytes="1MiB", progress=False
     )
+    assert result.peak_in_flight <= 8 << 20
     assert (
         len(seen_blocks) > 16
         and max(block.nbytes for block in seen_blocks) <= 8 * 2**20 // 12 + 1024 * 256 * 4

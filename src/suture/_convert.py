@@ -9,11 +9,11 @@ reuses them, so the round trip gives the same names, the same shards and the sam
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from . import families, rules
 from ._errors import CorruptCheckpointError, SurgeryError
+from ._location import Location, location_of
 from ._open import open as open_checkpoint
 from ._recipes import load_recipe
 from ._save import SaveResult, save
@@ -95,10 +95,10 @@ def convert(
     options: dict[str, Any] = {}
     renamed = recipe is not None
     if ckpt.format == "safetensors" and target_format == "orbax" and not renamed:
-        options = _keep_safetensors_layout(ckpt, Path(source), separator)
+        options = _keep_safetensors_layout(ckpt, location_of(source), separator)
     elif target_format == "safetensors" and max_shard_size is None and not renamed:
         one_file = str(destination).endswith(".safetensors")
-        options = _reuse_safetensors_layout(ckpt, Path(source), separator, one_file)
+        options = _reuse_safetensors_layout(ckpt, location_of(source), separator, one_file)
     folder_output = target_format == "orbax" or not str(destination).endswith(".safetensors")
     if folder_output and "extra_files" not in options:
         options["extra_files"] = model_folder_side_files(source)
@@ -116,12 +116,14 @@ def convert(
     )
 
 
-def _keep_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[str, Any]:
+def _keep_safetensors_layout(ckpt: Any, source: Location, separator: str) -> dict[str, Any]:
     folder = (
-        source
-        if source.is_dir()
-        else source.parent
+        source.parent
         if source.name.endswith(".index.json")
+        else None
+        if source.name.endswith(".safetensors")
+        else source
+        if source.is_dir()
         else None
     )
     side = side_files(folder) if folder is not None else {}
@@ -135,7 +137,7 @@ def _keep_safetensors_layout(ckpt: Any, source: Path, separator: str) -> dict[st
 
 
 def _reuse_safetensors_layout(
-    ckpt: Any, source: Path, separator: str, one_file: bool
+    ckpt: Any, source: Location, separator: str, one_file: bool
 ) -> dict[str, Any]:
     """Options that write `ckpt` back as the safetensors it came from (shards, side files)."""
     if ckpt.format == "orbax":
@@ -165,7 +167,7 @@ def _reuse_safetensors_layout(
     return options
 
 
-def _check_layout(layout: dict, source: Path) -> None:
+def _check_layout(layout: dict, source: Location) -> None:
     """The recorded layout comes from a checkpoint's metadata: its values are checked, not trusted."""
     expected = {
         "metadata": (dict, type(None)),

@@ -11,7 +11,9 @@ budget).
 
 from __future__ import annotations
 
+import ctypes
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,9 +25,9 @@ import numpy as np
 
 from ._compute import ComputeNode
 from ._lazy import LazyArray
-from ._nodes import MapNode, Node
-from ._reads import bytes_read
-from ._selection import Selection
+from ._nodes import MapNode, Node, aligned_empty
+from ._reads import read_memory
+from ._selection import full
 
 DEFAULT_MAX_MEMORY = 1 << 30
 WRITE_THREADS = 4
@@ -40,6 +42,9 @@ class LeafWriter(Protocol):
     def write(self, rows: slice, values: np.ndarray) -> None:
         """Writes `values` as rows `rows` (along the first axis) of the leaf."""
 
+    def held_while_writing(self, nbytes: int) -> int:
+        """Bytes the writer holds besides `values` while writing a block of `nbytes`."""
+
 
 @dataclass(frozen=True)
 class Block:
@@ -47,7 +52,7 @@ class Block:
     array: LazyArray
     writer: LeafWriter
     rows: slice
-    cost: int  # bytes read + bytes produced
+    cost: int  # bytes held at the peak: reading, the block itself, writing it
 
     @property
     def nbytes(self) -> int:
@@ -65,21 +70,21 @@ def plan_blocks(
     elementwise) is one block: splitting it would compute the function once per block.
     """
     if array.ndim == 0 or array.shape[0] == 0 or _computes_whole(array._node):
-        yield Block(path, array, writer, slice(None), _cost(array, slice(None)))
+        yield Block(path, array, writer, slice(None), _cost(array, slice(None), writer))
         return
     unit = max(1, writer.block_rows())
     units = -(-array.shape[0] // unit)
     low, high = 1, units  # the most chunks per block whose cost fits, by bisection
     while low < high:
         middle = (low + high + 1) // 2
-        if _cost(array, slice(0, middle * unit)) <= block_budget:
+        if _cost(array, slice(0, middle * unit), writer) <= block_budget:
             low = middle
         else:
             high = middle - 1
     step = low * unit
     for start in range(0, array.shape[0], step):
         rows = slice(start, min(start + step, array.shape[0]))
-        yield Block(path, array, writer, rows, _cost(array, rows))
+        yield Block(path, array, writer, rows, _cost(array, rows, writer))
 
 
 def _computes_whole(node: Node) -> bool:
@@ -98,34 +103,65 @@ def _walk(node: Node) -> Iterator[Node]:
         pending.extend(current.inputs())
 
 
-def _cost(array: LazyArray, rows: slice) -> int:
-    """Bytes a block holds at its peak: decoded source chunks, output, and map working memory."""
+def _cost(array: LazyArray, rows: slice, writer: LeafWriter) -> int:
+    """Bytes a block holds at its peak: what reading it holds (decoded chunks, strips,
+    temporaries), the block itself, map working memory, and what the writer holds."""
     view = array[rows] if array.ndim else array
-    selection: Selection = tuple(range(length) for length in view.shape)
     working = sum(
         (len(n.inputs()) + 1) * view.nbytes for n in _walk(view._node) if isinstance(n, MapNode)
     ) + sum(n.working_bytes(view.nbytes) for n in _walk(view._node) if isinstance(n, ComputeNode))
-    return bytes_read(view._node, selection) + view.nbytes + working
+    reading = read_memory(view._node, full(view.shape), into=True)
+    return reading + view.nbytes + working + writer.held_while_writing(view.nbytes)
 
 
-class _Budget:
-    """Admits blocks while the bytes in flight stay under a limit (one oversized at a time)."""
+class Budget:
+    """Admits blocks while the bytes in flight stay under a limit (one oversized at a time).
 
-    def __init__(self, limit: int) -> None:
-        self.limit, self.in_flight = limit, 0
+    It also keeps the output arrays of finished blocks for the next blocks to reuse (fresh
+    arrays cost a page fault per 4 KiB). A kept array stays counted in `in_flight`; a block
+    that must wait first frees the kept arrays, so they never hold a block back. `peak` is
+    the most bytes ever in flight at once (the tests hold it to the limit).
+    """
+
+    def __init__(self, limit: int, keep: int = WRITE_THREADS) -> None:
+        self.limit, self.in_flight, self.peak = limit, 0, 0
+        self._keep = keep
+        self._kept: list[np.ndarray] = []
         self._condition = threading.Condition()
 
-    def acquire(self, cost: int) -> None:
-        with self._condition:
-            self._condition.wait_for(
-                lambda: self.in_flight == 0 or self.in_flight + cost <= self.limit
-            )
-            self.in_flight += cost
+    def acquire(self, cost: int, output_bytes: int = 0) -> tuple[int, np.ndarray | None]:
+        """Waits until `cost` fits; returns the cost taken and a kept array to reuse, if any.
 
-    def release(self, cost: int) -> None:
+        A reused array of ``n >= output_bytes`` bytes is charged as ``n`` instead.
+        """
+        with self._condition:
+            reused = self._take_kept(output_bytes) if output_bytes else None
+            if reused is not None:
+                self.in_flight -= reused.nbytes
+                cost += reused.nbytes - output_bytes
+            while not (self.in_flight == 0 or self.in_flight + cost <= self.limit):
+                if self._kept:
+                    self.in_flight -= self._kept.pop().nbytes
+                else:
+                    self._condition.wait()
+            self.in_flight += cost
+            self.peak = max(self.peak, self.in_flight)
+            return cost, reused
+
+    def release(self, cost: int, output: np.ndarray | None = None) -> None:
+        """Returns `cost`, keeping `output` (still counted) for another block to reuse."""
         with self._condition:
             self.in_flight -= cost
+            if output is not None and 0 < output.nbytes <= cost and len(self._kept) < self._keep:
+                self._kept.append(output)
+                self.in_flight += output.nbytes
             self._condition.notify_all()
+
+    def _take_kept(self, nbytes: int) -> np.ndarray | None:
+        fitting = [i for i, kept in enumerate(self._kept) if nbytes <= kept.nbytes <= 2 * nbytes]
+        if not fitting:
+            return None
+        return self._kept.pop(min(fitting, key=lambda i: self._kept[i].nbytes))
 
 
 @dataclass
@@ -149,6 +185,7 @@ def run_blocks(
     max_memory: int,
     on_progress: Callable[[Progress], None] | None = None,
     threads: int = WRITE_THREADS,
+    on_budget: Callable[[Budget], None] | None = None,
 ) -> Progress:
     """Reads, computes and writes every block; returns the final counts.
 
@@ -156,7 +193,8 @@ def run_blocks(
     interruption (KeyboardInterrupt, or SIGTERM turned into one by the CLI) drops every
     queued block, so the work stops as soon as the blocks running have finished.
     """
-    budget = _Budget(max_memory)
+    budget = Budget(max_memory, keep=threads)
+    baseline = resident_bytes()
     blocks_left: dict[str, int] = {}
     for block in blocks:
         blocks_left[block.path] = blocks_left.get(block.path, 0) + 1
@@ -169,17 +207,22 @@ def run_blocks(
     failed = threading.Event()
 
     def run(block: Block) -> None:
-        budget.acquire(block.cost)
+        view = block.array[block.rows] if block.array.ndim else block.array
+        cost, buffer = budget.acquire(block.cost, view.nbytes)
         try:
             if failed.is_set():
                 return
-            view = block.array[block.rows] if block.array.ndim else block.array
-            block.writer.write(block.rows, view.read())
+            if buffer is None:
+                buffer = aligned_empty((view.nbytes,), np.dtype(np.uint8), alignment=4096)
+            values = buffer[: view.nbytes].view(view.dtype).reshape(view.shape)
+            view._node.read_into(full(view.shape), values)
+            block.writer.write(block.rows, values)
         except BaseException:
             failed.set()
             raise
         finally:
-            budget.release(block.cost)
+            budget.release(cost, buffer)
+            trim_freed_memory(baseline, max_memory)
         with lock:
             progress.written_bytes += block.nbytes
             blocks_left[block.path] -= 1
@@ -197,6 +240,8 @@ def run_blocks(
         _stop(pool, failed)
         raise
     pool.shutdown(wait=True)
+    if on_budget is not None:
+        on_budget(budget)
     return progress
 
 
@@ -204,6 +249,44 @@ def _stop(pool: ThreadPoolExecutor, failed: threading.Event) -> None:
     """Drops the queued blocks and waits only for those running (each one block long)."""
     failed.set()
     pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def trim_freed_memory(baseline: int | None, max_memory: int) -> None:
+    """Hands memory that glibc keeps after `free` back to the system, once the process has
+    grown by three quarters of `max_memory` since `baseline` (its size when writing began).
+
+    TensorStore's threads encode chunks in buffers of their own; glibc keeps those it
+    frees in per-thread arenas, which grew the process by hundreds of MiB beyond the
+    blocks in flight (bench/larger_than_memory.py). Trimming only when the process nears
+    its budget spares the page faults of re-using trimmed memory otherwise.
+    """
+    if _TRIM is None:
+        return
+    resident = resident_bytes()
+    if resident is None or baseline is None or resident - baseline > max_memory * 3 // 4:
+        _TRIM(0)
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (None where /proc is not available)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * _PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def block_budget(max_memory: int, threads: int = WRITE_THREADS) -> int:

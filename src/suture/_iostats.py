@@ -1,8 +1,10 @@
 """How many bytes suture read from files: TensorStore's count plus suture's own reads.
 
 Orbax arrays are read through TensorStore's file key-value store, which keeps a running
-count of bytes read in this process; arrays in other formats (safetensors, npz) are read
-by suture itself, which counts them here. Tests and benchmarks use the total to prove that
+count of bytes read in this process; local arrays in other formats (safetensors, npz) are
+read by suture itself, which counts them here. Remote data (``gs://``, ``s3://``,
+``http(s)://``) is always fetched through TensorStore's kvstore drivers, whose counts of
+bytes read (and of requests) are added in. Tests and benchmarks use the total to prove that
 a view reads only its chunks and that opening a checkpoint reads no array data.
 
 Example:
@@ -19,7 +21,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-_METRIC = "/tensorstore/kvstore/file/bytes_read"
+_DRIVERS = ("file", "gcs", "s3", "http")
+_METRICS = tuple(f"/tensorstore/kvstore/{driver}/bytes_read" for driver in _DRIVERS)
+_REQUEST_METRICS = tuple(f"/tensorstore/kvstore/{driver}/read" for driver in _DRIVERS[1:])
 _own_reads = {"bytes": 0}
 _lock = threading.Lock()
 
@@ -32,11 +36,20 @@ def record_read(count: int) -> None:
 
 def bytes_read() -> int:
     """Bytes read from files in this process so far, by TensorStore and by suture."""
+    return _own_reads["bytes"] + _metric_total(_METRICS)
+
+
+def remote_requests() -> int:
+    """Read requests sent to remote stores (gcs, s3, http) in this process so far."""
+    return _metric_total(_REQUEST_METRICS)
+
+
+def _metric_total(names: tuple[str, ...]) -> int:
     import tensorstore as ts
 
-    total = _own_reads["bytes"]
-    for metric in ts.experimental_collect_matching_metrics(_METRIC):
-        if metric.get("name") == _METRIC:
+    total = 0
+    for metric in ts.experimental_collect_matching_metrics("/tensorstore/kvstore/"):
+        if metric.get("name") in names:
             total += int(sum(value.get("value", 0) for value in metric.get("values", [])))
     return total
 

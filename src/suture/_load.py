@@ -19,6 +19,7 @@ from ._init import initialize
 from ._lazy import LazyArray
 from ._nodes import MemorySource, open_all
 from ._paths import flatten, map_leaves_with_path
+from ._progress import leaf_progress, wants_progress
 from ._shardings import metadata_sharding, recorded_sharding
 from ._targets import AS_STORED, PLACEHOLDER, LeafTarget, classify, unwrap_metadata_tree
 
@@ -38,6 +39,7 @@ def load(
     as_jax: bool = False,
     mesh: Any = None,
     strict: bool | None = None,
+    progress: bool | None = None,
 ) -> Any:
     """Reads `source` into memory, shaped by `target`.
 
@@ -68,6 +70,7 @@ def load(
             ``nnx.eval_shape`` gives them); default: the mesh set with ``jax.set_mesh``.
         strict: Orbax's name for the opposite of `pad_truncate`: ``strict=False`` is
             ``pad_truncate=True``.
+        progress: a progress bar on stderr; None shows it when stderr is a terminal.
 
     Returns:
         A tree with the target's structure (the source's, when `target` is None).
@@ -92,7 +95,9 @@ def load(
         default = LeafTarget("jax") if as_jax else AS_STORED
         flat_source = flatten(tree)
         results = _read_all(
-            {path: (leaf, default) for path, leaf in flat_source.items()}, pad_truncate
+            {path: (leaf, default) for path, leaf in flat_source.items()},
+            pad_truncate,
+            show_progress=wants_progress(progress),
         )
         return map_leaves_with_path(lambda path, _: results[path], tree)
 
@@ -123,7 +128,7 @@ def load(
         for path, wanted in flat_target.items()
         if wanted.kind not in _NOT_READ and (path in flat_source or path in initialized)
     }
-    results = _read_all(jobs, pad_truncate, mesh)
+    results = _read_all(jobs, pad_truncate, mesh, wants_progress(progress))
 
     def result(path: str, target_leaf: Any) -> Any:
         if path in results:
@@ -186,23 +191,30 @@ def _check_left_out(flat_target: dict[str, LeafTarget], flat_source: dict, parti
 
 
 def _read_all(
-    jobs: dict[str, tuple[Any, LeafTarget]], pad_truncate: bool, mesh: Any = None
+    jobs: dict[str, tuple[Any, LeafTarget]],
+    pad_truncate: bool,
+    mesh: Any = None,
+    show_progress: bool = False,
 ) -> dict[str, Any]:
     """Materializes every job, reading arrays on a few threads (TensorStore releases the GIL)."""
     paths = list(jobs)
     arrays = [leaf for leaf, _ in jobs.values() if isinstance(leaf, LazyArray)]
     open_all([source for array in arrays for source in array.sources()])
-    # Arrays spread over processes are resharded with collectives, which every process must
-    # issue in the same order: one at a time, in tree order, on this thread.
-    results = {
-        path: _materialize(path, *jobs[path], pad_truncate, mesh)
-        for path in paths
-        if global_array(jobs[path][0]) is not None
-    }
-    rest = [path for path in paths if path not in results]
-    with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
-        values = pool.map(lambda path: _materialize(path, *jobs[path], pad_truncate, mesh), rest)
-        results.update(zip(rest, values, strict=True))
+    total = sum(array.nbytes for array in arrays)
+    with leaf_progress("Reading", total, len(paths), show_progress) as done:
+
+        def read(path: str) -> Any:
+            leaf, wanted = jobs[path]
+            value = _materialize(path, leaf, wanted, pad_truncate, mesh)
+            done(leaf.nbytes if isinstance(leaf, LazyArray) else 0)
+            return value
+
+        # Arrays spread over processes are resharded with collectives, which every process
+        # must issue in the same order: one at a time, in tree order, on this thread.
+        results = {path: read(path) for path in paths if global_array(jobs[path][0]) is not None}
+        rest = [path for path in paths if path not in results]
+        with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
+            results.update(zip(rest, pool.map(read, rest), strict=True))
     return {path: results[path] for path in paths}
 
 

@@ -49,7 +49,11 @@ class ConfigFile:
         return f"Merge config {str(self.path)!r}{at} ({field.lstrip('.') or 'top level'}): "
 
     def resolve(self, entry: str) -> str:
-        """A model path as written: absolute, relative to the working folder, or to the config."""
+        """A model path as written: a URL, absolute, relative to the working folder or the config."""
+        from ._location import is_remote
+
+        if is_remote(entry):
+            return entry
         candidate = Path(entry)
         if candidate.is_absolute() or candidate.exists():
             return str(candidate)

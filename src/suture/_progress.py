@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -50,3 +52,22 @@ def progress_bar(
             )
 
         yield update
+
+
+@contextmanager
+def leaf_progress(
+    description: str, total_bytes: int, total_leaves: int, enabled: bool
+) -> Iterator[Callable[[int], None]]:
+    """Yields ``done(nbytes)``, to call (from any thread) as each leaf is finished."""
+    progress = Progress(total_bytes, total_leaves, started=time.perf_counter())
+    lock = threading.Lock()
+    with progress_bar(description, total_bytes, enabled) as update:
+
+        def done(nbytes: int) -> None:
+            with lock:
+                progress.written_bytes += nbytes
+                progress.written_leaves += 1
+                if update is not None:
+                    update(progress)
+
+        yield done

@@ -19,6 +19,7 @@ import os
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 from ._errors import SurgeryError
 
@@ -26,7 +27,7 @@ _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
 
-def check_replaceable(destination: Path) -> None:
+def check_replaceable(destination: Any) -> None:
     """Refuses to overwrite anything that is not a checkpoint suture can open."""
     from .sources import detect
 

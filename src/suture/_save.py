@@ -1,21 +1,19 @@
 """`suture.save`: stream a tree (lazy or in memory) to an Orbax checkpoint or safetensors.
 
-The result is written into a temporary sibling of `path` and renamed into place only when
-complete, so `path` never holds a half-written result: a crash leaves at most the
-temporary sibling (named with Orbax's ``.orbax-checkpoint-tmp`` marker, so every
-Orbax-aware tool, suture included, sees it as unfinished). A lock file keeps two writers
-off one destination. Sources are only ever opened for reading.
+The result never appears half-written (`suture._location.publish` does the locking and the
+commit): locally it is written into a temporary sibling of `path` (named with Orbax's
+``.orbax-checkpoint-tmp`` marker, so every Orbax-aware tool sees it as unfinished) and
+renamed into place when complete; on ``gs://`` and ``s3://`` it is published with Orbax's
+commit marker. A lock keeps two writers off one destination. Sources are only ever
+opened for reading.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,30 +22,46 @@ from typing import Any
 from ._checkpoint import Checkpoint
 from ._distributed import Group, collective, global_array, share_blocks
 from ._errors import SurgeryError
-from ._execute import DEFAULT_MAX_MEMORY, Block, block_budget, plan_blocks, run_blocks
+from ._execute import (
+    DEFAULT_MAX_MEMORY,
+    Block,
+    Budget,
+    block_budget,
+    plan_blocks,
+    run_blocks,
+)
 from ._format import parse_bytes
 from ._lazy import LazyArray, as_lazy
+from ._location import LocalLocation, Location, location_of
+from ._location.publish import TMP_MARKER as PUBLISH_TMP_MARKER
+from ._location.publish import (
+    begin,
+    destination_exists,
+    exclusive,
+    is_unfinished,
+    rename_into_place,
+)
 from ._paths import flatten
 from ._progress import progress_bar, wants_progress
-from ._replace import check_replaceable, replace
+from ._replace import check_replaceable
 from ._sidefiles import model_folder_side_files
 from ._verify import check, with_digests, written_leaves
 from .sinks.orbax import DEFAULT_CHUNK_BYTES, OrbaxSink, keys_and_kinds, merge_process_databases
 from .sinks.safetensors import SafetensorsSink
 
 FORMATS = ("orbax", "safetensors")
-TMP_MARKER = ".orbax-checkpoint-tmp-suture-"
 
 
 @dataclass(frozen=True)
 class SaveResult:
-    """What a save wrote."""
+    """What a save wrote (`path`: a `Path`, or the URL of a remote destination)."""
 
-    path: Path
+    path: Path | str
     format: str
     bytes_written: int
     leaves: int
     seconds: float
+    peak_in_flight: int = 0  # the most bytes the blocks in flight held at once (<= max_memory)
 
 
 class SaveHandle:
@@ -111,25 +125,31 @@ def save(
         path: the destination: a checkpoint folder for Orbax. For safetensors, a path
             ending in ``.safetensors`` is one file; any other path is a folder laid out as
             Hugging Face's ``save_pretrained`` does (``model.safetensors``, or shards and
-            ``model.safetensors.index.json``), which ``from_pretrained`` reads.
+            ``model.safetensors.index.json``), which ``from_pretrained`` reads. A local
+            path, or a ``gs://`` or ``s3://`` URL: there the result is committed as Orbax
+            commits on GCS, with ``commit_success.txt`` written last.
         format: ``"orbax"`` or ``"safetensors"``.
         overwrite: replace an existing checkpoint at `path` (atomically: the new one takes
             its place in one rename or exchange; the old one is removed afterwards). Anything
-            else at `path` is refused.
-        max_memory: bytes of array data in flight at once (``"4GiB"`` works); default 1 GiB.
-            A leaf larger than the budget is written a block of chunks at a time.
+            else at `path` is refused. On object stores there is no rename: the old one is
+            deleted before the new one is written.
+        max_memory: bytes held at once by the blocks in flight (``"4GiB"`` works); default
+            1 GiB. Each block counts what reading it holds, its values and what writing it
+            holds, so the process grows by about this much at most. A leaf larger than the
+            budget is written a block of chunks at a time; only a single chunk (one member
+            of a stacked array) costing more than the budget runs alone, over it.
         progress: a progress bar on stderr; None shows it when stderr is a terminal.
         asynchronous: return a `SaveHandle` at once and write in the background; arrays
             of an in-memory tree must not be modified until ``handle.wait()`` returns.
-        chunk_bytes: Orbax only: the largest chunk (default 64 MiB); stacked arrays get one
-            member per chunk.
+        chunk_bytes: Orbax only: the largest chunk (default 16 MiB, or a sixteenth of
+            `max_memory` when that is less); stacked arrays get one member per chunk.
         max_shard_size: safetensors folders only: shards of at most this size, with
             ``model.safetensors.index.json``.
         separator: safetensors only: joins the tree's keys into tensor names.
         metadata: Orbax custom metadata, or safetensors ``__metadata__`` (strings only).
         shard_map: safetensors only: ``{tensor name: shard file}`` to reproduce a layout
             (e.g. ``ckpt.layout["weight_map"]``), instead of `max_shard_size`.
-        extra_files: ``{name: source file}`` copied into a folder output (``config.json``).
+        extra_files: ``{name: source file or URL}`` copied into a folder output (``config.json``).
             When `tree` is a Hugging Face folder (its path or its opened `Checkpoint`), its
             side files (``config.json``, tokenizer files ...) are copied by default.
         verify: read the output back before moving it into place and check every block's
@@ -149,9 +169,10 @@ def save(
         >>> float(suture.open(result.path)["w"].read().sum())
         4.0
     """
-    destination = Path(path)
+    destination = location_of(path)
     if format not in FORMATS:
         raise SurgeryError(f"Unknown output format {format!r}: use one of {', '.join(FORMATS)}.")
+    destination.require_writable()
     folder_output = format == "orbax" or not destination.name.endswith(".safetensors")
     if extra_files is None and folder_output:
         extra_files = _side_files_of(tree)
@@ -160,22 +181,30 @@ def save(
     _check_destination(destination, overwrite, tree)
     options = {
         "max_memory": parse_bytes(max_memory) if max_memory is not None else DEFAULT_MAX_MEMORY,
-        "chunk_bytes": parse_bytes(chunk_bytes) if chunk_bytes is not None else DEFAULT_CHUNK_BYTES,
+        "chunk_bytes": parse_bytes(chunk_bytes) if chunk_bytes is not None else None,
         "max_shard_size": parse_bytes(max_shard_size) if max_shard_size is not None else None,
         "show_progress": wants_progress(progress),
         "shard_map": shard_map,
-        "extra_files": {name: Path(file) for name, file in (extra_files or {}).items()},
+        "extra_files": {name: location_of(file) for name, file in (extra_files or {}).items()},
         "verify": verify,
     }
 
+    if options["chunk_bytes"] is None:  # small budgets get small chunks, so a block fits them
+        options["chunk_bytes"] = max(1 << 16, min(DEFAULT_CHUNK_BYTES, options["max_memory"] // 16))
     group = collective()  # under jax.distributed every process writes its share
 
     def job() -> SaveResult:
         if group is not None:
             from ._save_collective import write_collective
 
+            if not isinstance(destination, LocalLocation):
+                raise SurgeryError(
+                    f"Cannot write {str(destination)!r} from several processes: a save under "
+                    f"jax.distributed writes local or mounted paths only. Save to a shared "
+                    f"mounted folder, or from one process."
+                )
             return write_collective(
-                group, tree, destination, format, overwrite, separator, metadata, **options
+                group, tree, destination.path, format, overwrite, separator, metadata, **options
             )
         return _write(tree, destination, format, overwrite, separator, metadata, **options)
 
@@ -201,38 +230,42 @@ def _tree_of(tree: Any) -> Any:
     return tree
 
 
-def _check_writable_path(destination: Path, format: str) -> None:  # noqa: A002
-    """The destination's folder must exist; TensorStore (Orbax) takes only UTF-8 paths."""
-    if not destination.parent.is_dir():
+def _check_writable_path(destination: Location, format: str) -> None:  # noqa: A002
+    """A local destination's folder must exist; TensorStore (Orbax) takes only UTF-8 paths."""
+    if destination.is_remote:
+        return
+    path = Path(destination)
+    if not path.parent.is_dir():
         raise SurgeryError(
-            f"The folder {str(destination.parent)!r} for {str(destination)!r} does not exist. "
+            f"The folder {str(path.parent)!r} for {str(path)!r} does not exist. "
             f"Create it first, or write elsewhere."
         )
     if format == "orbax":
         try:
-            str(destination.absolute()).encode("utf-8")
+            str(path.absolute()).encode("utf-8")
         except UnicodeEncodeError:
             raise SurgeryError(
-                f"{str(destination)!r} is not a UTF-8 path, and TensorStore (which writes Orbax "
+                f"{str(path)!r} is not a UTF-8 path, and TensorStore (which writes Orbax "
                 f"checkpoints) takes only UTF-8 paths. Write to a UTF-8 path, or write safetensors."
             ) from None
 
 
-def _check_destination(destination: Path, overwrite: bool, tree: Any) -> None:
-    if destination.exists() and overwrite:
+def _check_destination(destination: Location, overwrite: bool, tree: Any) -> None:
+    if overwrite and destination.exists() and not destination.is_remote:
         check_replaceable(destination)
-    if destination.exists() and not overwrite:
-        raise SurgeryError(
-            f"{str(destination)!r} already exists. Pass overwrite=True (--overwrite) to replace it (the old "
-            f"one is removed only once the new one is complete), or choose another path."
-        )
-    target = destination.resolve()
+    if (
+        not overwrite
+        and destination.exists()
+        and not (destination.is_remote and is_unfinished(destination))
+    ):
+        raise destination_exists(destination)
+    target = str(destination.resolve())
     for leaf in flatten(tree).values():
         if not isinstance(leaf, LazyArray):
             continue
         for source in leaf.sources():
-            origin = Path(source.origin).resolve() if source.origin else None
-            if origin is not None and (origin == target or target in origin.parents):
+            origin = str(location_of(source.origin).resolve()) if source.origin else None
+            if origin is not None and (origin == target or origin.startswith(f"{target}/")):
                 raise SurgeryError(
                     f"{str(destination)!r} holds {source.path!r}, a source this save reads. Write "
                     f"to another path, then move it into place."
@@ -241,7 +274,7 @@ def _check_destination(destination: Path, overwrite: bool, tree: Any) -> None:
 
 def _write(
     tree: Any,
-    destination: Path,
+    destination: Location,
     format: str,  # noqa: A002
     overwrite: bool,
     separator: str,
@@ -251,20 +284,23 @@ def _write(
     max_shard_size: int | None,
     show_progress: bool,
     shard_map: dict[str, str] | None,
-    extra_files: dict[str, Path],
+    extra_files: dict[str, Location],
     verify: bool,
 ) -> SaveResult:
     started = time.perf_counter()
-    with _exclusive(destination):
-        temporary = destination.with_name(f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
+    with exclusive(destination):
+        # safetensors is written with positional writes: staged locally for an object store
+        publication = begin(destination, overwrite, staged=format == "safetensors")
+        temporary = publication.temporary
         try:
             if format == "orbax":
                 blocks, finish = _orbax_blocks(tree, temporary, chunk_bytes, max_memory, metadata)
             else:
+                assert isinstance(temporary, LocalLocation)
                 one_file = destination.name.endswith(".safetensors")
                 blocks, finish = _safetensors_blocks(
                     tree,
-                    temporary,
+                    temporary.path,
                     one_file,
                     separator,
                     max_shard_size,
@@ -276,8 +312,9 @@ def _write(
                 blocks, digests = with_digests(blocks)
             total = sum(block.nbytes for block in blocks)
             with progress_bar(f"Writing {destination.name}", total, show_progress) as on_progress:
+                budget: list[Budget] = []
                 try:
-                    progress = run_blocks(blocks, max_memory, on_progress)
+                    progress = run_blocks(blocks, max_memory, on_progress, on_budget=budget.append)
                 finally:
                     finish_error = _call(finish)
             if finish_error is not None:
@@ -285,21 +322,22 @@ def _write(
             if verify:
                 check(blocks, digests, written_leaves(temporary, format))
             _copy_extra_files(extra_files, temporary)
-            _commit(temporary, destination, overwrite)
+            publication.commit(overwrite)
         except (OSError, ValueError) as error:
-            _remove(temporary)
+            publication.abort()
             if isinstance(error, ValueError) and not _is_io_failure(error):
                 raise
             raise _as_surgery_error(error, destination) from error
         except BaseException:
-            _remove(temporary)
+            publication.abort()
             raise
     return SaveResult(
-        destination,
+        destination.path if isinstance(destination, LocalLocation) else str(destination),
         format,
         progress.written_bytes,
         progress.total_leaves,
         time.perf_counter() - started,
+        budget[0].peak if budget else 0,
     )
 
 
@@ -313,7 +351,7 @@ def _call(finish: Any) -> BaseException | None:
 
 def _orbax_blocks(
     tree: Any,
-    folder: Path,
+    folder: Location | Path,
     chunk_bytes: int,
     max_memory: int,
     metadata: Any,
@@ -325,9 +363,9 @@ def _orbax_blocks(
     its own database, and the finish (for the primary, after every process has written)
     also merges the processes' databases.
     """
-    if group is None:
-        folder.mkdir()
     sink = OrbaxSink(folder, chunk_bytes, None if group is None else group.index)
+    if group is None:
+        sink.start()
     arrays: list[tuple[str, LazyArray, Any]] = []
     owned: list[Block] = []  # shards of global jax.Arrays that this process holds
     leaves = keys_and_kinds(tree)
@@ -353,10 +391,11 @@ def _orbax_blocks(
     return blocks, lambda: (sink.finish(metadata), merge_process_databases(folder))
 
 
-def _copy_extra_files(extra_files: dict[str, Path], folder: Path) -> None:
+def _copy_extra_files(extra_files: dict[str, Location], folder: Location | Path) -> None:
     if not extra_files:
         return
-    if not folder.is_dir():
+    folder = location_of(folder)
+    if isinstance(folder, LocalLocation) and not folder.is_dir():
         raise SurgeryError(
             "extra_files= needs a folder output: Orbax, or safetensors to a path that does not "
             "end in '.safetensors'."
@@ -364,7 +403,7 @@ def _copy_extra_files(extra_files: dict[str, Path], folder: Path) -> None:
     for name, source in extra_files.items():
         if "/" in name or name.startswith("."):
             raise SurgeryError(f"extra file name {name!r} must be a plain file name.")
-        shutil.copyfile(source, folder / name)
+        (folder / name).write_bytes(source.read_bytes())
 
 
 def _safetensors_blocks(
@@ -404,87 +443,22 @@ def _safetensors_blocks(
     return blocks, sink.close
 
 
-def _commit(temporary: Path, destination: Path, overwrite: bool) -> None:
-    """Moves the finished result into place, atomically replacing an old one (`_replace`)."""
-    if destination.exists() or destination.is_symlink():
-        if not overwrite:
-            raise SurgeryError(
-                f"{str(destination)!r} appeared while writing; the new result was discarded."
-            )
-        old = replace(temporary, destination)
-        if old is not None:
-            _remove(old)
-        return
-    os.rename(temporary, destination)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+# The collective writer (_save_collective) works on local paths through these.
+TMP_MARKER = PUBLISH_TMP_MARKER
 
 
 @contextlib.contextmanager
 def _exclusive(destination: Path) -> Iterator[None]:
-    """A lock file beside `destination`, naming its writer as ``pid@host``.
-
-    A lock whose writer is gone is taken over, but only when that writer ran on this host:
-    on storage shared by several hosts, another host's process cannot be checked from here.
-    """
-    lock = destination.with_name(f".{destination.name}.suture-lock")
-    for _ in range(2):
-        try:
-            descriptor = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            break
-        except FileExistsError:
-            pid, host = _lock_owner(lock)
-            if pid is not None and host not in (None, socket.gethostname()):
-                raise SurgeryError(
-                    f"Another process (pid {pid} on host {host!r}) is writing "
-                    f"{str(destination)!r}. Wait for it to finish, or write elsewhere; if that "
-                    f"writer is gone, remove {str(lock)!r}."
-                ) from None
-            if pid is not None and _alive(pid):
-                raise SurgeryError(
-                    f"Another process (pid {pid}) is writing {str(destination)!r}. Wait for it "
-                    f"to finish, or write elsewhere."
-                ) from None
-            _remove(lock)  # stale: its writer died
-    else:
-        raise SurgeryError(
-            f"Could not lock {str(destination)!r} for writing; remove {str(lock)!r}."
-        )
-    try:
-        os.write(descriptor, f"{os.getpid()}@{socket.gethostname()}".encode())
-        os.close(descriptor)
+    with exclusive(location_of(destination)):
         yield
-    finally:
-        _remove(lock)
 
 
-def _lock_owner(lock: Path) -> tuple[int | None, str | None]:
-    """The lock's writer: ``(pid, host)``; a lock from before hosts were recorded has no host."""
-    try:
-        text = lock.read_text().strip()
-    except OSError:
-        return None, None
-    pid_text, _, host = text.partition("@")
-    try:
-        return (int(pid_text or "0") or None), (host or None)
-    except ValueError:
-        return None, None
+def _commit(temporary: Path, destination: Path, overwrite: bool) -> None:
+    rename_into_place(temporary, destination, overwrite)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _remove(path: Path) -> None:
+    LocalLocation(path).remove()
 
 
 def _is_io_failure(error: ValueError) -> bool:
@@ -493,7 +467,7 @@ def _is_io_failure(error: ValueError) -> bool:
     return "No space left" in text or "RESOURCE_EXHAUSTED" in text or "Error writing" in text
 
 
-def _as_surgery_error(error: Exception, destination: Path) -> SurgeryError:
+def _as_surgery_error(error: Exception, destination: Location) -> SurgeryError:
     import errno
 
     if getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error):

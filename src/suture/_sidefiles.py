@@ -21,6 +21,10 @@ import os
 import stat
 import warnings
 from pathlib import Path
+from typing import Any
+
+from ._errors import SurgeryError
+from ._location import LocalLocation, Location, RemoteLocation, location_of
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".npz")
 _CHECKPOINT_FILES = ("commit_success.txt", "manifest.ocdbt")
@@ -30,8 +34,14 @@ class SideFileWarning(UserWarning):
     """A file of a model folder that was not copied because it is not a plain file in it."""
 
 
-def side_files(folder: Path) -> dict[str, Path]:
-    """``{name: path}`` of the folder's regular files that are not weights or indexes."""
+def side_files(folder: Path | Location) -> dict[str, Any]:
+    """``{name: path}`` of the folder's regular files that are not weights or indexes.
+
+    A remote folder's are `RemoteLocation`s (none for an HTTP folder, which cannot be listed).
+    """
+    if isinstance(folder, RemoteLocation):
+        return _remote_side_files(folder)
+    folder = folder.path if isinstance(folder, LocalLocation) else folder
     if not folder.is_dir():
         return {}
     found = {}
@@ -51,28 +61,35 @@ def side_files(folder: Path) -> dict[str, Path]:
     return found
 
 
-def model_folder_side_files(location: str | os.PathLike) -> dict[str, Path]:
+def model_folder_side_files(location: str | os.PathLike | Location) -> dict[str, Any]:
     """`side_files` of a Hugging Face folder (or of the folder of its ``*.index.json``).
 
     Anything that is not such a folder has none.
     """
-    folder = Path(location)
+    where = location_of(location)
+    if isinstance(where, RemoteLocation):
+        folder_of = where.parent if where.name.endswith(".index.json") else where
+        return side_files(folder_of) if not folder_of.name.endswith(".safetensors") else {}
+    folder = Path(str(where))
     if folder.name.endswith(".index.json"):
         folder = folder.parent
     is_model_folder = folder.is_dir() and any(folder.glob("*.safetensors"))
     return side_files(folder) if is_model_folder else {}
 
 
-def side_file(folder: Path, name: str) -> Path | None:
+def side_file(folder: Path | Location, name: str) -> Any:
     """`folder / name` when it is a regular file inside `folder`; otherwise None and a warning.
 
     `name` may come from a checkpoint's metadata, so it is checked as untrusted: it must be
     a plain file name, not a link, and resolve to a file inside `folder`.
     """
-    path = folder / name
     if not name or name in (".", "..") or os.sep in name or "/" in name:
-        _skip(path, "its name is not a plain file name")
+        _skip(folder / name, "its name is not a plain file name")
         return None
+    if isinstance(folder, RemoteLocation):  # an object store has no links or special files
+        return folder / name if (folder / name).is_file() else None
+    folder = folder.path if isinstance(folder, LocalLocation) else folder
+    path = folder / name
     try:
         status = path.lstat()
     except OSError:
@@ -96,3 +113,21 @@ def _skip(path: Path, why: str) -> None:
         SideFileWarning,
         stacklevel=4,
     )
+
+
+def _remote_side_files(folder: RemoteLocation) -> dict[str, Any]:
+    try:
+        names, subfolders = folder.children(), set(folder.subfolders())
+    except SurgeryError:  # an HTTP folder cannot be listed
+        return {}
+    if not any(name.endswith(".safetensors") for name in names):
+        return {}
+    return {
+        name: folder / name
+        for name in names
+        if name not in subfolders
+        and not name.startswith((".", "_"))
+        and not name.endswith(_WEIGHT_SUFFIXES)
+        and not name.endswith(".index.json")
+        and name not in _CHECKPOINT_FILES
+    }

@@ -40,6 +40,9 @@ class DigestingWriter:
     def block_rows(self) -> int:
         return self._inner.block_rows()
 
+    def held_while_writing(self, nbytes: int) -> int:
+        return self._inner.held_while_writing(nbytes)
+
     def write(self, rows: slice, values: np.ndarray) -> None:
         value = digest(values)
         with self._lock:

@@ -18,12 +18,14 @@ checkpoint's root database, as Orbax's multi-process saves do; a globally sharde
 
 Arrays are chunked along their first axis (rows per chunk so that a chunk holds at most
 `chunk_bytes`); a stacked array gets one member per chunk, so reading one layer back reads
-about one layer's bytes. Each chunk is zstd-compressed and carries a crc32c checksum.
+about one layer's bytes (a layer larger than a chunk is cut along its first axis too).
+Each chunk is zstd-compressed and carries a crc32c checksum.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -34,27 +36,51 @@ from .._errors import SurgeryError
 from .._execute import Block, chunk_rows
 from .._interrupts import native_call
 from .._lazy import LazyArray
+from .._location import LocalLocation, Location, location_of, remote_context
 from .._nodes import CastNode, MapNode, Node, StackNode
 from .names import OrbaxNames
 
-DEFAULT_CHUNK_BYTES = 64 << 20
+# glibc serves allocations over 32 MiB with fresh pages every time (a page fault per 4 KiB),
+# and TensorStore allocates a copy and a compressed buffer per chunk: 64 MiB chunks cost
+# twice the system time of 16 MiB ones (bench/larger_than_memory.py).
+DEFAULT_CHUNK_BYTES = 16 << 20
 _HANDLER = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
 _SEQUENCE_KEY, _DICT_KEY = 1, 2
 PROCESS_PREFIX = "ocdbt.process_"  # Orbax's name for one process's database
 
 
 class OrbaxArrayWriter:
-    """One zarr3 array in the checkpoint's OCDBT database, written in blocks of rows."""
+    """One zarr3 array in the checkpoint's OCDBT database, written in blocks of rows.
 
-    def __init__(self, store: Any, rows_per_chunk: int) -> None:
-        self._store, self._rows_per_chunk = store, rows_per_chunk
+    A block is handed to TensorStore one chunk at a time: TensorStore holds a copy of what
+    it is given and its compressed bytes, so this keeps what it holds to two chunks.
+    """
+
+    def __init__(self, store: Any, chunk: tuple[int, ...]) -> None:
+        self._store, self._chunk = store, chunk
 
     def block_rows(self) -> int:
-        return self._rows_per_chunk
+        return self._chunk[0] if self._chunk else 1
+
+    def held_while_writing(self, nbytes: int) -> int:
+        chunk_bytes = math.prod(self._chunk) * self._store.dtype.numpy_dtype.itemsize
+        return 2 * min(nbytes, chunk_bytes)
 
     def write(self, rows: slice, values: np.ndarray) -> None:
-        target = self._store[rows] if self._store.ndim else self._store
-        target.write(values).result()
+        if not self._store.ndim:
+            self._store.write(values).result()
+            return
+        start = rows.start or 0
+        for offset in range(0, values.shape[0], self._chunk[0]):
+            height = min(self._chunk[0], values.shape[0] - offset)
+            target = self._store[start + offset : start + offset + height]
+            part = values[offset : offset + height]
+            if len(self._chunk) < 2 or self._chunk[1] >= values.shape[1]:
+                target.write(part).result()
+                continue
+            for column in range(0, values.shape[1], self._chunk[1]):
+                width = min(self._chunk[1], values.shape[1] - column)
+                target[:, column : column + width].write(part[:, column : column + width]).result()
 
 
 class OrbaxShardWriter:
@@ -66,34 +92,69 @@ class OrbaxShardWriter:
     def block_rows(self) -> int:
         return 1
 
+    def held_while_writing(self, nbytes: int) -> int:
+        return 2 * nbytes  # TensorStore's copy of the shard and its compressed bytes
+
     def write(self, rows: slice, values: np.ndarray) -> None:
         target = self._store[self.index] if self._store.ndim else self._store
         target.write(values).result()
 
 
 class OrbaxSink:
-    """Collects a checkpoint's leaves; `finish` writes its metadata."""
+    """Collects a checkpoint's leaves; `start` marks it begun, `finish` writes its metadata.
+
+    `folder` is a `Location` (or a local `Path`): a local folder, or a ``gs://``/``s3://``
+    prefix written through TensorStore's kvstore driver.
+    """
 
     def __init__(
-        self, folder: Path, chunk_bytes: int = DEFAULT_CHUNK_BYTES, process: int | None = None
+        self,
+        folder: Location | Path,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        process: int | None = None,
     ) -> None:
         import tensorstore as ts
 
-        self.folder = folder
+        self.folder = location_of(folder)
         # Under jax.distributed each process writes its own database (merged by `merge`).
-        self._database = folder if process is None else folder / f"{PROCESS_PREFIX}{process}"
+        self._database = (
+            self.folder if process is None else self.folder / f"{PROCESS_PREFIX}{process}"
+        )
         self.chunk_bytes = chunk_bytes
         self._entries: dict[str, dict] = {}
         self._strings: dict[str, str] = {}
         self._names = OrbaxNames()
-        self._context = ts.Context({"file_io_concurrency": {"limit": 64}})
+        self._context = ts.Context(
+            {"file_io_concurrency": {"limit": 64}},
+            parent=remote_context() if self.folder.is_remote else None,
+        )
         self._started = time.time_ns()
+
+    def start(self) -> None:
+        """Creates the folder with a ``_CHECKPOINT_METADATA`` recording a start, no commit.
+
+        Until `finish` records the commit, suture and Orbax see the folder as unfinished
+        (this matters on object stores, where the folder is written in place).
+        """
+        if isinstance(self.folder, LocalLocation):
+            self.folder.path.mkdir()
+        _write_json(self.folder / "_CHECKPOINT_METADATA", self._checkpoint_metadata(None, None))
+
+    def _checkpoint_metadata(self, committed: int | None, custom: dict | None) -> dict:
+        return {
+            "item_handlers": _HANDLER,
+            "metrics": {},
+            "performance_metrics": {},
+            "init_timestamp_nsecs": self._started,
+            "commit_timestamp_nsecs": committed,
+            "custom_metadata": custom or {},
+        }
 
     def add_array(
         self, keys: tuple[str, ...], kinds: tuple[int, ...], array: LazyArray
     ) -> OrbaxArrayWriter:
         chunk = _chunk_shape(array, self.chunk_bytes)
-        return OrbaxArrayWriter(self._open(keys, kinds, array, chunk), chunk[0] if chunk else 1)
+        return OrbaxArrayWriter(self._open(keys, kinds, array, chunk), chunk)
 
     def add_sharded(
         self, keys: tuple[str, ...], kinds: tuple[int, ...], global_array: Any
@@ -132,7 +193,7 @@ class OrbaxSink:
             "driver": "zarr3",
             "kvstore": {
                 "driver": "ocdbt",
-                "base": f"file://{self._database.resolve()}/",
+                "base": self._database.resolve().kvstore_spec(),
                 "path": name,
             },
             "metadata": {
@@ -203,14 +264,7 @@ class OrbaxSink:
             _write_json(self.folder / "_strings.json", self._strings)
         _write_json(
             self.folder / "_CHECKPOINT_METADATA",
-            {
-                "item_handlers": _HANDLER,
-                "metrics": {},
-                "performance_metrics": {},
-                "init_timestamp_nsecs": self._started,
-                "commit_timestamp_nsecs": time.time_ns(),
-                "custom_metadata": custom_metadata or {},
-            },
+            self._checkpoint_metadata(time.time_ns(), custom_metadata),
         )
 
 
@@ -253,8 +307,8 @@ def _shard_chunk_shape(global_array: Any, chunk_bytes: int) -> tuple[int, ...]:
     return tuple(max(1, length) for length in (rows, *shard[1:]))
 
 
-def _write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value))
+def _write_json(path: Location, value: Any) -> None:
+    path.write_bytes(json.dumps(value).encode())
 
 
 def _zarr_dtype(dtype: np.dtype, keys: tuple[str, ...]) -> str:
@@ -270,7 +324,8 @@ def _zarr_dtype(dtype: np.dtype, keys: tuple[str, ...]) -> str:
 
 
 def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
-    """Chunks along the first axis; a stack along axis 0 gets one member per chunk."""
+    """Chunks along the first axis; a stack along axis 0 gets one member per chunk (a
+    member larger than `chunk_bytes` is cut along its own first axis too)."""
     if array.ndim == 0:
         return ()
     stack_axis = _stack_axis(array._node)
@@ -278,7 +333,10 @@ def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
     if stack_axis is not None:
         shape[stack_axis] = 1
         if stack_axis == 0:
-            return tuple(max(1, length) for length in shape)
+            if len(shape) == 1:
+                return (1,)
+            rows = chunk_rows(tuple(shape[1:]), array.dtype.itemsize, chunk_bytes)
+            return tuple(max(1, length) for length in [1, rows, *shape[2:]])
     rows = chunk_rows(tuple(shape), array.dtype.itemsize, chunk_bytes)
     return tuple(max(1, length) for length in [rows, *shape[1:]])
 

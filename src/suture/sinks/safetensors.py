@@ -63,6 +63,9 @@ class SafetensorsTensorWriter:
     def block_rows(self) -> int:
         return 1
 
+    def held_while_writing(self, nbytes: int) -> int:
+        return 0  # written straight from the block (positional writes)
+
     def write(self, rows: slice, values: np.ndarray) -> None:
         start = rows.start or 0
         data = np.ascontiguousarray(values)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import zipfile
-from pathlib import Path
 from typing import Any
 
 from .._checkpoint import Checkpoint
 from .._errors import CheckpointNotFoundError, NotACheckpointError, SurgeryError
+from .._location import Location, RemoteLocation, location_of
 
 FORMATS = ("orbax", "safetensors", "msgpack", "npz", "torch", "memory")
 
@@ -26,7 +26,7 @@ def open_source(
         return source
     if format is not None and format not in FORMATS:
         raise SurgeryError(f"Unknown format {format!r}. Known formats: {', '.join(FORMATS)}.")
-    if not isinstance(source, (str, os.PathLike)):
+    if not isinstance(source, (str, os.PathLike, Location)):  # etils.epath.Path is PathLike
         if step is not None:
             raise SurgeryError("step= applies to CheckpointManager folders, not in-memory trees.")
         from .memory import open_memory
@@ -34,10 +34,10 @@ def open_source(
         return open_memory(source)
     if format == "memory":
         raise SurgeryError("format='memory' is for in-memory trees, not paths.")
-    path = Path(source)
-    if not path.exists():
+    path = location_of(source)
+    if format is not None and not path.exists():
         raise CheckpointNotFoundError(f"No such file or folder: {str(path)!r}. Check the path.")
-    if not (path.is_dir() or path.is_file()):
+    if not path.is_remote and path.exists() and not (path.is_dir() or path.is_file()):
         raise NotACheckpointError(
             f"{str(path)!r} is neither a regular file nor a folder (a pipe, socket or device), "
             f"so it cannot be read lazily, and reading it could wait forever. Save the stream "
@@ -62,36 +62,53 @@ def open_source(
         from .npz import open_npz
 
         return open_npz(path)
+    if path.is_remote:
+        raise SurgeryError(
+            f"{str(path)!r} is a PyTorch file, which suture opens only from a local path (torch "
+            f"memory-maps it). Copy it locally, or convert it to safetensors first."
+        )
     from .torch import open_torch
 
-    return open_torch(path, allow_pickle, separator)
+    return open_torch(path.path, allow_pickle, separator)  # type: ignore[attr-defined]
 
 
-def detect(path: Path) -> str:
+def detect(path: Location) -> str:
     """The format of `path`, from its content (and, for folders, what they hold).
 
+    A remote file is recognised by one small ranged read; a remote folder by the files its
+    format puts at known names, listing it only when those are absent.
+
     Raises:
+        CheckpointNotFoundError: `path` does not exist.
         NotACheckpointError: when no known format matches; the message says what was found.
     """
-    if path.is_dir():
+    if path.name.endswith(".safetensors.index.json"):
+        if not path.is_file():
+            raise CheckpointNotFoundError(f"No such file: {str(path)!r}. Check the path.")
+        return "safetensors"
+    is_file = path.is_file() if path.is_remote else not path.is_dir()
+    if not is_file:
         from .orbax_layout import is_orbax_folder, resolve
 
         if is_orbax_folder(path):
             return "orbax"
-        if any(path.glob("*.safetensors")) or any(path.glob("*.safetensors.index.json")):
+        from .safetensors import INDEX_SUFFIX
+
+        names = _safetensors_probe(path)
+        if any(name.endswith((".safetensors", f".safetensors{INDEX_SUFFIX}")) for name in names):
             return "safetensors"
         resolve(path)  # raises the Orbax layout's own explanation of what the folder holds
         return "orbax"
-    if path.name.endswith(".safetensors.index.json"):
-        return "safetensors"
-    with open(path, "rb") as stream:
-        head = stream.read(16)
+    if not path.exists():
+        raise CheckpointNotFoundError(f"No such file or folder: {str(path)!r}. Check the path.")
+    size = None if path.is_remote else path.size()
+    head = path.read_head(16)
     if head[:4] == b"PK\x03\x04":
         return _zip_kind(path)
     if (
         len(head) >= 9
         and head[8:9] == b"{"
-        and int.from_bytes(head[:8], "little") <= path.stat().st_size - 8
+        and (size is None or int.from_bytes(head[:8], "little") <= size - 8)
     ):
         return "safetensors"
     if head[:1] == b"\x80" and len(head) > 1 and head[1] in (2, 3, 4, 5):
@@ -105,9 +122,23 @@ def detect(path: Path) -> str:
     )
 
 
-def _zip_kind(path: Path) -> str:
+def _safetensors_probe(folder: Location) -> list[str]:
+    """Names telling whether `folder` holds safetensors; lists only when no usual name is there."""
+    from .safetensors import SINGLE_NAMES
+
+    found = [name for name in SINGLE_NAMES if (folder / name).is_file()]
+    if found:
+        return found
+    if isinstance(folder, RemoteLocation) and folder.scheme in ("http", "https"):
+        return folder.children()  # raises: says what to pass instead of an HTTP folder
+    if not folder.exists():
+        raise CheckpointNotFoundError(f"No such file or folder: {str(folder)!r}. Check the path.")
+    return folder.children()
+
+
+def _zip_kind(path: Location) -> str:
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(path.open_reader()) as archive:
             names = archive.namelist()
     except zipfile.BadZipFile as error:
         raise NotACheckpointError(

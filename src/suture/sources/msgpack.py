@@ -10,7 +10,6 @@ arrays over 1 GiB split into ``__msgpack_chunked_array__`` parts), so Flax is no
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ from .._checkpoint import Checkpoint
 from .._dtypes import to_dtype
 from .._errors import CorruptCheckpointError, SurgeryError, check_shape
 from .._iostats import record_read
+from .._location import Location
 from .._paths import MAX_DEPTH
 from .memory import wrap_arrays
 
@@ -26,12 +26,13 @@ _NDARRAY, _COMPLEX, _SCALAR = 1, 2, 3
 _CHUNKED = "__msgpack_chunked_array__"
 
 
-def open_msgpack(path: Path) -> Checkpoint:
+def open_msgpack(path: Location) -> Checkpoint:
     """Reads a Flax msgpack file (whole: the format has no index) as a tree."""
     import msgpack
 
     raw = path.read_bytes()
-    record_read(len(raw))
+    if not path.is_remote:  # remote reads are counted by TensorStore
+        record_read(len(raw))
     try:
         tree = msgpack.unpackb(raw, ext_hook=_decode_ext, raw=False, strict_map_key=False)
     except SurgeryError:
@@ -75,7 +76,7 @@ def _decode_ext(code: int, data: bytes) -> Any:
     )
 
 
-def _unchunk(node: Any, path: Path, depth: int = 0) -> Any:
+def _unchunk(node: Any, path: Location, depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
         raise CorruptCheckpointError(
             f"{str(path)!r} nests maps more than {MAX_DEPTH} levels deep; suture reads trees of "
@@ -100,7 +101,7 @@ def _unchunk(node: Any, path: Path, depth: int = 0) -> Any:
     return node
 
 
-def _join_chunks(node: dict, path: Path) -> np.ndarray:
+def _join_chunks(node: dict, path: Location) -> np.ndarray:
     """Flax's ``__msgpack_chunked_array__``: ``{"shape": {"0": n, ...}, "chunks": {"0": array, ...}}``."""
     try:
         shape = tuple(node["shape"][str(i)] for i in range(len(node["shape"])))

@@ -10,21 +10,20 @@ split into tree paths on ``/``.
 from __future__ import annotations
 
 import math
-import os
 import zipfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .._checkpoint import Checkpoint
 from .._errors import CorruptCheckpointError, check_shape
-from .._filesource import FileRangeSource, file_identity
+from .._filesource import FileRangeSource, local_identity
 from .._iostats import record_read
 from .._lazy import LazyArray
-from .._nodes import Node, SourceNode
+from .._location import Location
+from .._nodes import Node, ReadCost, SourceNode
 from .._paths import unflatten
-from .._selection import Selection, outer_index, positions
+from .._selection import Selection, outer_index, positions, selection_shape
 
 _INFLATE_PIECE = 1 << 20  # bytes inflated at a time while skipping rows a read does not need
 
@@ -38,16 +37,24 @@ class ZipMemberSource(SourceNode):
 
     def __init__(
         self,
-        file: Path,
+        file: Location,
         member: str,
         header_size: int,
         shape: tuple[int, ...],
         dtype: np.dtype,
         path: str,
+        compressed_bytes: int = 0,
     ) -> None:
         self.file, self.member, self.header_size = file, member, header_size
         self.shape, self.dtype = shape, dtype
         self.path, self.origin = path, str(file)
+        self.compressed_bytes = compressed_bytes
+
+    def read_cost(self, selection: Selection, into: bool = False) -> ReadCost:
+        """The whole member is read and inflated, whatever the selection; the result besides."""
+        whole = math.prod(self.shape) * self.dtype.itemsize
+        selected = math.prod(selection_shape(selection)) * self.dtype.itemsize
+        return ReadCost(self.compressed_bytes or whole, whole + selected)
 
     def read(self, selection: Selection) -> np.ndarray:
         if self.shape and len(selection[0]) == 0:
@@ -56,12 +63,16 @@ class ZipMemberSource(SourceNode):
         low, high = int(min(rows)), int(max(rows)) + 1
         row_bytes = self.dtype.itemsize * math.prod(self.shape[1:])
         try:
-            with zipfile.ZipFile(self.file) as archive, archive.open(self.member) as stream:
+            with (
+                zipfile.ZipFile(self.file.open_reader()) as archive,
+                archive.open(self.member) as stream,
+            ):
                 _skip(stream, self.header_size + low * row_bytes)
                 raw = _read_exactly(stream, (high - low) * row_bytes)
                 if high == (self.shape[0] if self.shape else 1) and stream.read(1):
                     raise ValueError("the member holds more data than its header declares")
-                record_read(archive.getinfo(self.member).compress_size)
+                if not self.file.is_remote:  # remote reads are counted by TensorStore
+                    record_read(archive.getinfo(self.member).compress_size)
         except Exception as error:  # zipfile, zlib and numpy raise many kinds on damage
             raise CorruptCheckpointError(
                 f"Member {self.member!r} of {str(self.file)!r} cannot be read: {error}. The archive "
@@ -104,11 +115,11 @@ def _read_exactly(stream: Any, count: int) -> np.ndarray:
     return buffer
 
 
-def open_npz(path: Path) -> Checkpoint:
+def open_npz(path: Location) -> Checkpoint:
     """Opens an ``.npz`` archive lazily."""
     flat: dict[str, Any] = {}
     try:
-        with zipfile.ZipFile(path) as archive, open(path, "rb") as raw:
+        with zipfile.ZipFile(path.open_reader()) as archive, path.open_reader() as raw:
             for info in archive.infolist():
                 if not info.filename.endswith(".npy"):
                     continue
@@ -124,7 +135,7 @@ def open_npz(path: Path) -> Checkpoint:
 
 
 def _member(
-    path: Path, archive: zipfile.ZipFile, raw: Any, info: zipfile.ZipInfo, name: str
+    path: Location, archive: zipfile.ZipFile, raw: Any, info: zipfile.ZipInfo, name: str
 ) -> LazyArray:
     with archive.open(info) as stream:
         major, minor = np.lib.format.read_magic(stream)
@@ -158,9 +169,11 @@ def _member(
         name_length = int.from_bytes(local_header[26:28], "little")
         extra_length = int.from_bytes(local_header[28:30], "little")
         data_offset = info.header_offset + 30 + name_length + extra_length + header_size
-        identity = file_identity(os.fstat(raw.fileno()))
+        identity = local_identity(path)
         return LazyArray(
             FileRangeSource(path, data_offset, tuple(shape), dtype, name, identity), path=name
         )
-    source = ZipMemberSource(path, info.filename, header_size, tuple(shape), dtype, name)
-    return LazyArray(source, path=name)
+    member = ZipMemberSource(
+        path, info.filename, header_size, tuple(shape), dtype, name, info.compress_size
+    )
+    return LazyArray(member, path=name)

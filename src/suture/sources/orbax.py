@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import functools
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +19,7 @@ from .._checkpoint import Checkpoint
 from .._dtypes import from_zarr
 from .._errors import CorruptCheckpointError, SurgeryError, check_shape
 from .._lazy import LazyArray
+from .._location import Location, location_of, remote_context
 from .._nodes import TensorStoreSource
 from .._paths import check_depth
 from . import orbax_layout
@@ -31,15 +31,15 @@ _SEQUENCE_KEY = 1
 _ZARR_METADATA_FILES = (".zarray", "zarr.json")
 
 
-def open_orbax(path: str | Path, step: int | None = None) -> Checkpoint:
-    """Opens the Orbax checkpoint at `path` lazily (see `suture.open`)."""
-    location = Path(path)
+def open_orbax(path: Any, step: int | None = None) -> Checkpoint:
+    """Opens the Orbax checkpoint at `path` (a path, URL or Location) lazily (see `suture.open`)."""
+    location = location_of(path)
     layout = resolve(location, step)
     trees = {name: _read_item(folder) for name, folder in layout.items.items()}
     tree = trees[None] if list(trees) == [None] else {**trees, **layout.json_items}
     return Checkpoint(
         tree,
-        location=str(path),
+        location=str(location),
         format="orbax",
         step=layout.step,
         custom_metadata=layout.custom_metadata,
@@ -52,7 +52,7 @@ is_orbax_folder = orbax_layout.is_orbax_folder
 class _ItemStore:
     """One pytree item folder: its TensorStore context and how to open each array."""
 
-    def __init__(self, folder: Path, use_ocdbt: bool) -> None:
+    def __init__(self, folder: Location, use_ocdbt: bool) -> None:
         import tensorstore as ts
 
         self.folder = folder.resolve()
@@ -70,19 +70,16 @@ class _ItemStore:
                 "cache_pool": {"total_bytes_limit": 0},
                 "cache_pool#ocdbt": {"total_bytes_limit": 64 * 1024 * 1024},
                 "file_io_concurrency": {"limit": 64},
-            }
+            },
+            parent=remote_context() if folder.is_remote else None,
         )
         self._kvstore: Any = None
 
     def kvstore_spec(self, name: str = "") -> dict:
+        base = self.folder.kvstore_spec()
         if self.use_ocdbt:
-            return {
-                "driver": "ocdbt",
-                "base": f"file://{self.folder}/",
-                "path": name,
-                "cache_pool": "cache_pool#ocdbt",
-            }
-        return {"driver": "file", "path": f"{self.folder}/{name}"}
+            return {"driver": "ocdbt", "base": base, "path": name, "cache_pool": "cache_pool#ocdbt"}
+        return (self.folder / name).kvstore_spec() if name else base
 
     def read_zarr_metadata(
         self, names: list[str], zarr3_first: bool
@@ -106,6 +103,8 @@ class _ItemStore:
         return found
 
     def _read_from_files(self, keys: list[str], names: list[str]) -> list[tuple[str, bytes]]:
+        if self.folder.is_remote:
+            return self._read_all(keys, names, "the array metadata")
         found = []
         for key, name in zip(keys, names, strict=True):
             candidate = self.folder / key
@@ -114,6 +113,10 @@ class _ItemStore:
         return found
 
     def _read_from_ocdbt(self, keys: list[str], names: list[str]) -> list[tuple[str, bytes]]:
+        return self._read_all(keys, names, "the OCDBT database")
+
+    def _read_all(self, keys: list[str], names: list[str], what: str) -> list[tuple[str, bytes]]:
+        """Reads `keys` through the item's kvstore, all requests in flight at once."""
         import tensorstore as ts
 
         try:
@@ -123,7 +126,7 @@ class _ItemStore:
             results = [future.result() for future in futures]
         except ValueError as error:
             raise CorruptCheckpointError(
-                f"Cannot read the OCDBT database of {str(self.folder)!r}: {error}. The checkpoint "
+                f"Cannot read {what} of {str(self.folder)!r}: {error}. The checkpoint "
                 f"is damaged or incomplete; restore it from a copy."
             ) from error
         return [
@@ -143,7 +146,8 @@ class _ItemStore:
         return open_store
 
 
-def _read_item(folder: Path) -> Any:
+def _read_item(folder: Any) -> Any:
+    folder = location_of(folder)
     try:
         return _read_item_unchecked(folder)
     except SurgeryError:
@@ -155,7 +159,7 @@ def _read_item(folder: Path) -> Any:
         ) from error
 
 
-def _read_item_unchecked(folder: Path) -> Any:
+def _read_item_unchecked(folder: Location) -> Any:
     metadata = _parse_json((folder / PYTREE_METADATA).read_bytes(), folder / PYTREE_METADATA)
     entries = metadata.get("tree_metadata") if isinstance(metadata, dict) else None
     if not isinstance(entries, dict):
@@ -163,7 +167,7 @@ def _read_item_unchecked(folder: Path) -> Any:
             f"{str(folder / PYTREE_METADATA)!r} has no 'tree_metadata': it was not written by a "
             f"supported orbax-checkpoint version (0.5 or newer), or it is damaged."
         )
-    use_ocdbt = bool(metadata.get("use_ocdbt", (folder / "manifest.ocdbt").exists()))
+    use_ocdbt = bool(metadata.get("use_ocdbt", (folder / "manifest.ocdbt").is_file()))
     store = _ItemStore(folder, use_ocdbt)
     leaves = _parse_entries(entries, folder)
     strings = _read_strings(folder) if any(kind == "string" for _, kind in leaves.values()) else {}
@@ -218,7 +222,7 @@ class UnsupportedLeaf:
 
 
 def _parse_entries(
-    entries: dict, folder: Path
+    entries: dict, folder: Location
 ) -> dict[tuple[str, ...], tuple[tuple[int, ...], str]]:
     leaves = {}
     for entry in entries.values():
@@ -236,7 +240,7 @@ def _parse_entries(
     return leaves
 
 
-def _check_plain_name(name: str, folder: Path) -> None:
+def _check_plain_name(name: str, folder: Location) -> None:
     """Without OCDBT an array's name is a folder name: it must stay inside the checkpoint."""
     if name in ("", ".", "..") or any(c in name for c in "/\\\0") or len(name.encode()) > 255:
         raise CorruptCheckpointError(
@@ -254,7 +258,7 @@ class _RecordedShardings:
     inspecting never do (it holds a device list per array: megabytes for big trees).
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Location) -> None:
         self.folder = folder
 
     def get(self, name: str) -> str | None:
@@ -280,7 +284,7 @@ class _RecordedShardings:
         return shardings
 
 
-def _read_strings(folder: Path) -> dict[str, str]:
+def _read_strings(folder: Location) -> dict[str, str]:
     strings_file = folder / "_strings.json"
     if not strings_file.is_file():
         return {}
@@ -289,7 +293,7 @@ def _read_strings(folder: Path) -> dict[str, str]:
 
 
 def _shape_and_dtype(
-    description: dict, path: str, folder: Path
+    description: dict, path: str, folder: Location
 ) -> tuple[tuple[int, ...], np.dtype]:
     try:
         shape = description["shape"]

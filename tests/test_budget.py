@@ -1,0 +1,173 @@
+"""`max_memory` is a promise: the blocks in flight never hold more than the budget.
+
+A matrix of Orbax and safetensors sources (written by orbax-checkpoint and safetensors) x
+surgeries (plain, stacked, transposed, column slice, concat, map, merge) x budgets. Each
+save reports the most bytes its blocks held at once (`SaveResult.peak_in_flight`), which
+must stay within the budget; numpy's own allocations (traced by tracemalloc) must too,
+give or take a small constant; and the values must be right.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import suture
+from suture import rules
+from suture._format import parse_bytes
+from suture._iostats import count_bytes_read
+from tests.orbax_writers import save_standard
+
+LAYERS = 4
+
+
+def model(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    tree = {"embed": rng.standard_normal((512, 96), dtype=np.float32)}
+    for i in range(LAYERS):
+        tree[f"layers.{i}.w"] = rng.standard_normal((160, 96), dtype=np.float32)
+        tree[f"layers.{i}.b"] = rng.standard_normal(96, dtype=np.float32)
+    return tree
+
+
+def write_source(kind: str, folder: Path, seed: int = 0) -> Path:
+    flat = model(seed)
+    if kind == "safetensors":
+        path = folder / f"model{seed}.safetensors"
+        save_file(flat, str(path))
+        return path
+    path = folder / f"orbax{seed}"
+    tree: dict[str, Any] = {"embed": flat["embed"], "layers": {}}
+    for i in range(LAYERS):
+        tree["layers"][str(i)] = {"w": flat[f"layers.{i}.w"], "b": flat[f"layers.{i}.b"]}
+    save_standard(path, tree)
+    return path
+
+
+def plain(ckpt: Any, _: Any) -> tuple[Any, Callable[[dict], dict]]:
+    return ckpt, lambda flat: flat
+
+
+def stacked(ckpt: Any, _: Any) -> tuple[Any, Callable[[dict], dict]]:
+    surgery = [
+        rules.stack(r"layers/(?P<i>\d+)/w", into="stacked/w"),
+        rules.stack(r"layers/(?P<i>\d+)/b", into="stacked/b"),
+        rules.cast(".*", "bfloat16"),
+    ]
+    expected = {
+        "stacked/w": np.stack([model()[f"layers.{i}.w"] for i in range(LAYERS)]),
+        "stacked/b": np.stack([model()[f"layers.{i}.b"] for i in range(LAYERS)]),
+    }
+    return suture.transform(surgery, ckpt), lambda _: {
+        "embed": model()["embed"].astype(ml_dtypes.bfloat16),
+        **{k: v.astype(ml_dtypes.bfloat16) for k, v in expected.items()},
+    }
+
+
+def transposed(ckpt: Any, _: Any) -> tuple[Any, Callable[[dict], dict]]:
+    tree = {"embed_t": ckpt["embed"].T.astype("bfloat16")}
+    return tree, lambda flat: {"embed_t": flat["embed"].T.astype(ml_dtypes.bfloat16)}
+
+
+def column_slice(ckpt: Any, _: Any) -> tuple[Any, Callable[[dict], dict]]:
+    tree = {"part": ckpt["embed"][:, 8:40], "strided": ckpt["embed"][::-3, ::5]}
+    return tree, lambda flat: {
+        "part": flat["embed"][:, 8:40],
+        "strided": flat["embed"][::-3, ::5],
+    }
+
+
+def concat(ckpt: Any, _: Any) -> tuple[Any, Callable[[dict], dict]]:
+    layers = [ckpt[f"layers/{i}/w"] for i in range(LAYERS)]
+    tree = {"fused": suture.concatenate(layers, axis=1)}
+    return tree, lambda flat: {
+        "fused": np.concatenate([flat[f"layers.{i}.w"] for i in range(LAYERS)], axis=1)
+    }
+
+
+def mapped(ckpt: Any, _: Any) -> tuple[Any, Callable[[dict], dict]]:
+    tree = {
+        "scaled": suture.map(lambda x: x * 2, ckpt["embed"], elementwise=True),
+        "normed": suture.map(
+            lambda x: x / np.linalg.norm(x), ckpt["layers/0/w"], shape=(160, 96), dtype="float32"
+        ),
+    }
+    return tree, lambda flat: {
+        "scaled": flat["embed"] * 2,
+        "normed": flat["layers.0.w"] / np.linalg.norm(flat["layers.0.w"]),
+    }
+
+
+def merged(ckpt: Any, other: Any) -> tuple[Any, Callable[[dict], dict]]:
+    tree = suture.merge([ckpt, other], "linear")
+    second = model(1)
+    return tree, lambda flat: {name: (value + second[name]) / 2 for name, value in flat.items()}
+
+
+SURGERIES = [plain, stacked, transposed, column_slice, concat, mapped, merged]
+BUDGETS = ["1MiB", "4MiB", "64MiB"]
+
+
+@pytest.fixture(scope="module", params=["orbax", "safetensors"])
+def sources(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    folder = tmp_path_factory.mktemp(request.param)
+    return (
+        request.param,
+        write_source(request.param, folder),
+        write_source(request.param, folder, 1),
+    )
+
+
+def by_name(tree: dict) -> dict[str, np.ndarray]:
+    return {
+        path.replace("/", "."): np.asarray(value) for path, value in suture.flatten(tree).items()
+    }
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("surgery", SURGERIES, ids=lambda surgery: surgery.__name__)
+def test_blocks_in_flight_stay_within_the_budget(
+    sources: tuple, surgery: Callable, budget: str, tmp_path: Path
+) -> None:
+    kind, first, second = sources
+    tree, expect = surgery(suture.open(first), suture.open(second))
+    limit = parse_bytes(budget)
+    tracemalloc.start()
+    try:
+        result = suture.save(tree, tmp_path / "out", max_memory=budget, progress=False)
+        _, traced_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert 0 < result.peak_in_flight <= limit
+    # numpy's allocations (TensorStore's own are not traced): the budget, plus the
+    # per-thread tiles and Python's bookkeeping
+    assert traced_peak <= limit + (2 << 20), (traced_peak, limit)
+    wanted = {name.replace("/", "."): value for name, value in expect(model()).items()}
+    got = by_name(suture.load(tmp_path / "out"))
+    assert sorted(got) == sorted(wanted)
+    for name, value in wanted.items():
+        np.testing.assert_allclose(
+            got[name].astype(np.float64), np.asarray(value).astype(np.float64), rtol=1e-6
+        )
+
+
+def test_a_block_costs_what_its_column_read_holds(tmp_path: Path) -> None:
+    """A transposed safetensors leaf reads whole rows: the plan and the budget count them."""
+    path = tmp_path / "model.safetensors"
+    save_file({"lm_head": np.ones((2048, 256), np.float32)}, str(path))
+    head = suture.open(path)["lm_head"]
+    column = head.T[:4]  # four columns of the stored tensor: every row is read
+    with count_bytes_read() as counter:
+        column.read()
+    assert counter.bytes == 2048 * 256 * 4
+    planned = suture.plan(lambda tree: tree, {"c": column})
+    assert planned.bytes_to_read == counter.bytes
+    result = suture.save({"t": head.T.astype("bfloat16")}, tmp_path / "out", max_memory="8MiB")
+    assert counter.bytes <= result.peak_in_flight <= 8 << 20  # the rows read were counted

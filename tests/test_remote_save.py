@@ -1,0 +1,135 @@
+"""Writing to gs:// and s3://: save, apply, convert and merge -o, read back by stock Orbax.
+
+A remote Orbax output is committed the way Orbax commits on GCS (``commit_success.txt``
+last); a safetensors output is uploaded object by object, its index last.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from etils import epath
+from safetensors.numpy import load_file, save_file
+from typer.testing import CliRunner
+
+import suture
+from suture._location import location_of
+from suture.cli import app
+from tests.remote_servers import upload
+
+runner = CliRunner()
+
+
+def model() -> dict:
+    rng = np.random.default_rng(2)
+    return {
+        "params": {
+            f"layer{i}": {"kernel": rng.standard_normal((8, 8), np.float32)} for i in range(3)
+        },
+        "note": "hello",
+        "count": 5,
+    }
+
+
+def restore_with_stock_orbax(url: str) -> dict:
+    with ocp.StandardCheckpointer() as checkpointer:
+        return checkpointer.restore(epath.Path(url))
+
+
+def test_save_to_gcs_is_read_back_by_stock_orbax(gcs: str) -> None:
+    url = f"{gcs}/out/model"
+    result = suture.save(model(), url, progress=False, metadata={"run": "a"})
+    assert result.path == url
+    assert location_of(f"{url}/commit_success.txt").is_file()
+    restored = restore_with_stock_orbax(url)
+    np.testing.assert_array_equal(
+        restored["params"]["layer1"]["kernel"], model()["params"]["layer1"]["kernel"]
+    )
+    assert restored["note"] == "hello" and int(restored["count"]) == 5
+    assert suture.open(url).custom_metadata == {"run": "a"}
+
+
+def test_existing_remote_destination_needs_overwrite(gcs: str, s3: str) -> None:
+    for base in (gcs, s3):
+        url = f"{base}/out/twice"
+        suture.save({"w": np.zeros(3)}, url, progress=False)
+        with pytest.raises(suture.SurgeryError, match=r"already exists\. Pass overwrite=True"):
+            suture.save({"w": np.ones(3)}, url, progress=False)
+        np.testing.assert_array_equal(suture.open(url)["w"].read(), np.zeros(3))
+        suture.save({"w": np.ones(3), "extra": np.ones(2)}, url, progress=False, overwrite=True)
+        replaced = suture.open(url)
+        assert sorted(replaced.paths()) == ["extra", "w"]
+        np.testing.assert_array_equal(replaced["w"].read(), np.ones(3))
+
+
+def test_save_to_s3_orbax_and_safetensors(s3: str, tmp_path: Path) -> None:
+    suture.save(model(), f"{s3}/out/orbax", progress=False)
+    back = suture.load(f"{s3}/out/orbax")
+    np.testing.assert_array_equal(
+        back["params"]["layer2"]["kernel"], model()["params"]["layer2"]["kernel"]
+    )
+    arrays = {"params": model()["params"]}
+    suture.save(arrays, f"{s3}/out/model.safetensors", format="safetensors", progress=False)
+    local = tmp_path / "copy.safetensors"
+    local.write_bytes(location_of(f"{s3}/out/model.safetensors").read_bytes())
+    assert sorted(load_file(local)) == [f"params.layer{i}.kernel" for i in range(3)]
+    suture.save(
+        arrays, f"{s3}/out/shards", format="safetensors", max_shard_size="300B", progress=False
+    )
+    sharded = suture.open(f"{s3}/out/shards")
+    assert len(set(sharded.layout["weight_map"].values())) == 3
+    np.testing.assert_array_equal(
+        sharded["params/layer0/kernel"].read(), model()["params"]["layer0"]["kernel"]
+    )
+
+
+def test_cli_commands_write_to_object_stores(gcs: str, s3: str, tmp_path: Path) -> None:
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    save_file(
+        {"model.w": np.arange(12.0, dtype=np.float32).reshape(3, 4)}, hf / "model.safetensors"
+    )
+    (hf / "config.json").write_text('{"hidden": 4}')
+    upload(hf, f"{gcs}/cli/hf")
+    converted = runner.invoke(app, ["convert", f"{gcs}/cli/hf", f"{gcs}/cli/orbax"])
+    assert converted.exit_code == 0, converted.output
+    assert location_of(f"{gcs}/cli/orbax/config.json").read_bytes() == b'{"hidden": 4}'
+    restored = restore_with_stock_orbax(f"{gcs}/cli/orbax")
+    np.testing.assert_array_equal(restored["model"]["w"], np.arange(12.0).reshape(3, 4))
+    back = runner.invoke(
+        app, ["convert", f"{gcs}/cli/orbax", f"{s3}/cli/hf_again", "--format", "safetensors"]
+    )
+    assert back.exit_code == 0, back.output
+    assert suture.open(f"{s3}/cli/hf_again").paths() == ["model/w"]
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("rules:\n  - cast: {pattern: model, dtype: bfloat16}\n")
+    applied = runner.invoke(app, ["apply", str(recipe), f"{gcs}/cli/orbax", "-o", f"{s3}/cli/bf16"])
+    assert applied.exit_code == 0, applied.output
+    assert suture.open(f"{s3}/cli/bf16")["model/w"].dtype.name == "bfloat16"
+
+    config = tmp_path / "merge.yaml"
+    config.write_text(
+        f"method: linear\nmodels: [{gcs}/cli/orbax, {s3}/cli/bf16]\nweights: [0.5, 0.5]\n"
+    )
+    merged = runner.invoke(app, ["merge", str(config), "-o", f"{gcs}/cli/merged"])
+    assert merged.exit_code == 0, merged.output
+    assert restore_with_stock_orbax(f"{gcs}/cli/merged")["model"]["w"].shape == (3, 4)
+
+    planned = runner.invoke(app, ["plan", str(recipe), f"{gcs}/cli/orbax"])
+    assert planned.exit_code == 0 and "model/w" in planned.output
+
+
+def test_http_is_read_only(tmp_path: Path) -> None:
+    with pytest.raises(suture.SurgeryError, match=r"http:// is read-only for suture"):
+        suture.save({"w": np.ones(2)}, "http://127.0.0.1:9/out", progress=False)
+
+
+def test_a_collective_save_refuses_remote_destinations(gcs: str, monkeypatch) -> None:
+    """Under jax.distributed (a group of processes) only local or mounted paths are written."""
+    monkeypatch.setattr("suture._save.collective", lambda: object())  # as if in a group
+    with pytest.raises(suture.SurgeryError, match=r"from several processes: a save under jax"):
+        suture.save({"w": np.ones(2)}, f"{gcs}/collective/out", progress=False)
