@@ -115,7 +115,10 @@ def test_rule_errors(ckpt: Path) -> None:
     tree = {"layers": np.ones((3, 2)), "layer1": np.ones(2), "layer01": np.ones(2)}
     with pytest.raises(rules.RuleError, match=r"into= must hold '\{i\}' where the index goes"):
         rules.apply_rules([rules.unstack("layers", into="layer")], tree)
-    with pytest.raises(rules.RuleError, match=r"'layers' has shape \(3, 2\), no axis 5"):
+    with pytest.raises(
+        rules.RuleError,
+        match=r"'layers' has shape \(3, 2\), which has no axis 5 \(valid: -2 to 1\)",
+    ):
         rules.apply_rules([rules.unstack("layers", into="l{i}", axis=5)], tree)
     with pytest.raises(
         rules.RuleError,

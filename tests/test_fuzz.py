@@ -5,6 +5,12 @@ dtypes, names, lengths past the end), mutated Orbax ``_METADATA`` and data files
 Flax msgpack bytes, mutated npz archives. `make test` runs a fast subset; `make fuzz` runs
 ``SUTURE_FUZZ_EXAMPLES`` (10,000) cases per reader and, with ``SUTURE_FUZZ_REPORT`` set,
 writes the counts of outcomes by kind to that file.
+
+The hostile kinds (names nested thousands of levels deep or made of ``..``, NUL and
+undecodable text; huge, negative and overflowing shapes; zip bombs; recipe files) run
+under an address-space limit (``RLIMIT_AS``, 2 GiB above what the process maps), so an
+input that makes a reader allocate what it declares fails fast instead of exhausting the
+machine, and it must fail as a SurgeryError.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import resource
 import shutil
 import struct
 import tempfile
@@ -47,11 +54,13 @@ def attempt(reader: str, path: Path, size: int, **open_options) -> None:
         outcome = "read"
     except suture.SurgeryError as error:
         outcome = type(error).__name__
+        if isinstance(error.__context__, MemoryError):  # stopped by the RLIMIT_AS cap
+            outcome += " (memory limit)"
     finally:
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     OUTCOMES.setdefault(reader, Counter())[outcome] += 1
-    assert peak < 64 * 2**20 + 16 * size, (
+    assert outcome.endswith("(memory limit)") or peak < 64 * 2**20 + 16 * size, (
         f"{reader}: {peak} bytes allocated for a {size}-byte input"
     )
 
@@ -64,6 +73,36 @@ def report():
         Path(target).write_text(
             json.dumps({reader: dict(counts) for reader, counts in OUTCOMES.items()}, indent=1)
         )
+
+
+MEMORY_HEADROOM = 2 << 30  # address space the fuzzing process may add to what it holds
+
+
+@pytest.fixture(scope="module", autouse=True)
+def memory_limit():
+    """Caps the process's address space (RLIMIT_AS) a little above what it already maps.
+
+    A hostile input that makes a reader allocate more fails at once with a MemoryError
+    (which suture reports as a SurgeryError) instead of filling the machine's memory.
+    """
+    import flax.serialization  # noqa: F401  (map the libraries before measuring)
+    import orbax.checkpoint  # noqa: F401
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = _mapped_bytes()
+    limit = mapped + MEMORY_HEADROOM
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    yield limit
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _mapped_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmSize in /proc/self/status")
 
 
 def _workdir() -> Path:
@@ -297,3 +336,252 @@ def test_fuzz_npz(data) -> None:
         attempt("npz", path, len(blob), format="npz")
     finally:
         shutil.rmtree(path.parent, ignore_errors=True)
+
+
+# Hostile kinds: deep nesting, huge and negative shapes, zip bombs, names, recipes -----------
+
+HOSTILE_NAMES = ["..", ".", "", "/", "a/../b", "\x00", "\udcff", "x" * 300, "é", "__metadata__"]
+
+
+@st.composite
+def tree_names(draw) -> list[str]:
+    """Tensor names nested from 1 to 3,000 levels, with hostile components."""
+    depth = draw(st.sampled_from([1, 2, 8, 300, 1100, 3000]))
+    component = draw(st.sampled_from(["k", *HOSTILE_NAMES]))
+    return [".".join([component] * depth), draw(st.sampled_from(["w", *HOSTILE_NAMES]))]
+
+
+@pytest.fixture(scope="module")
+def seeds() -> None:
+    """The Orbax seeds, written once before the timed cases."""
+    _orbax_seed()
+    _orbax_files_seed()
+
+
+@FUZZ
+@given(st.sampled_from(["safetensors", "npz", "msgpack", "orbax"]), tree_names())
+def test_fuzz_deep_and_hostile_names(seeds: None, reader: str, names: list[str]) -> None:
+    import msgpack
+
+    folder = _workdir()
+    arrays = {name: np.ones(2, np.float32) for name in names}
+    try:
+        if reader == "safetensors":
+            header, offset = {}, 0
+            for name in arrays:
+                header[name] = {"dtype": "F32", "shape": [2], "data_offsets": [offset, offset + 8]}
+                offset += 8
+            raw = json.dumps(header).encode()
+            path = folder / "m.safetensors"
+            path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+        elif reader == "npz":
+            path = folder / "m.npz"
+            with zipfile.ZipFile(path, "w") as archive:
+                for name, array in arrays.items():
+                    member = io.BytesIO()
+                    np.save(member, array)
+                    member_name = name.replace(".", "/").replace(
+                        "\x00", "0"
+                    )  # zip ends names at NUL
+                    member_name = member_name.encode("utf-8", "replace").decode() + ".npy"
+                    archive.writestr(member_name, member.getvalue())
+        elif reader == "msgpack":
+            node: object = {names[1].encode("utf-8", "replace").decode(): 1.0}
+            for _ in range(min(names[0].count(".") + 1, 1000)):  # msgpack's own limit is 1024
+                node = {"k": node}
+            path = folder / "m.msgpack"
+            path.write_bytes(msgpack.packb(node))
+        else:
+            path = folder / "ckpt"
+            shutil.copytree(_orbax_seed(), path)
+            metadata = json.loads((path / "_METADATA").read_text())
+            entry = next(iter(metadata["tree_metadata"].values()))
+            entry["key_metadata"] = [
+                {"key": key, "key_type": 2} for key in names[0].split(".") + [names[1]]
+            ]
+            (path / "_METADATA").write_text(json.dumps(metadata))
+        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        attempt(f"{reader} (names)", path, size, format=reader)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+shape_values = st.lists(
+    st.sampled_from([-1, -5, 0, 1, 3, 2**31, 2**34, 2**40, 2**62, 2**63 - 1, 2**70]),
+    min_size=0,
+    max_size=4,
+)
+
+
+_ORBAX_FILES_SEED = _workdir() / "seed-files"
+
+
+def _orbax_files_seed() -> Path:
+    if not (_ORBAX_FILES_SEED / "_METADATA").exists():
+        import orbax.checkpoint as ocp
+
+        ocp.PyTreeCheckpointer(use_ocdbt=False, use_zarr3=False).save(
+            _ORBAX_FILES_SEED, {"w": np.arange(6, dtype=np.float32)}
+        )
+    return _ORBAX_FILES_SEED
+
+
+@FUZZ
+@given(st.sampled_from(["safetensors", "orbax", "msgpack", "npz"]), shape_values)
+def test_fuzz_huge_and_negative_shapes(seeds: None, reader: str, shape: list[int]) -> None:
+    import msgpack
+
+    folder = _workdir()
+    try:
+        if reader == "safetensors":
+            header = {"w": {"dtype": "F32", "shape": shape, "data_offsets": [0, 24]}}
+            raw = json.dumps(header).encode()
+            path = folder / "m.safetensors"
+            path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(24))
+        elif reader == "orbax":
+            path = folder / "ckpt"
+            shutil.copytree(_orbax_files_seed(), path)
+            zarray = path / "w" / ".zarray"
+            described = json.loads(zarray.read_text())
+            zarray.write_text(json.dumps({**described, "shape": shape}))
+        elif reader == "msgpack":
+            path = folder / "m.msgpack"
+            packable = [min(n, 2**63 - 1) for n in shape]
+            array = msgpack.ExtType(1, msgpack.packb((packable, "float32", bytes(24))))
+            path.write_bytes(msgpack.packb({"w": array}))
+        else:
+            path = folder / "m.npz"
+            header = repr({"descr": "<f4", "fortran_order": False, "shape": tuple(shape)}).encode()
+            npy = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + bytes(24)
+            with zipfile.ZipFile(path, "w") as archive:
+                archive.writestr("w.npy", npy)
+        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        attempt(f"{reader} (shapes)", path, size, format=reader)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@FUZZ
+@given(
+    st.sampled_from(
+        [(1, 1 << 20), (64, 65536), (2**20, 8), (2**40, 1)]
+    ),  # declared rows, row bytes
+    st.integers(0, 8 << 20),  # bytes actually deflated into the member
+    st.booleans(),  # compressed
+)
+def test_fuzz_zip_bombs(declared: tuple[int, int], content: int, compressed: bool) -> None:
+    """Members of up to 8 MiB of zeros (a few KiB deflated) declaring up to 2**40 rows."""
+    rows, row_bytes = declared
+    folder = _workdir()
+    path = folder / "bomb.npz"
+    try:
+        header = repr({"descr": "|u1", "fortran_order": False, "shape": (rows, row_bytes)})
+        header = header.encode() + b" " * (-(len(header) + 11) % 64) + b"\n"
+        with (
+            zipfile.ZipFile(
+                path, "w", zipfile.ZIP_DEFLATED if compressed else zipfile.ZIP_STORED
+            ) as archive,
+            archive.open("w.npy", "w", force_zip64=True) as member,
+        ):
+            member.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header)
+            for start in range(0, content, 1 << 20):
+                member.write(bytes(min(1 << 20, content - start)))
+        attempt("npz (zip bombs)", path, path.stat().st_size, format="npz")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+recipe_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats() | st.text(max_size=12),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                ["pattern", "to", "into", "axis", "sizes", "dtype", "fill", "x", "rule"]
+            ),
+            children,
+            max_size=4,
+        )
+    ),
+    max_leaves=10,
+)
+
+
+@st.composite
+def recipe_files(draw) -> tuple[str, str]:
+    """YAML or TOML recipes: rule names with arguments of any type, aliases, deep nesting."""
+    from suture._recipe_schema import RULE_NAMES
+
+    suffix = draw(st.sampled_from(["yaml", "toml"]))
+    kind = draw(st.sampled_from(["rules", "rules", "aliases", "deep", "text"]))
+    if kind == "text":
+        return suffix, draw(st.text(max_size=200))
+    if kind == "deep":
+        depth = draw(st.sampled_from([10, 600, 5000]))
+        return suffix, ("rules = " if suffix == "toml" else "rules: ") + "[" * depth + "]" * depth
+    if kind == "aliases":
+        fan_out, levels = draw(st.integers(2, 12)), draw(st.integers(1, 9))
+        lines = ["a0: &a0 [x]"] + [
+            f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * fan_out)}]" for i in range(1, levels + 1)
+        ]
+        return "yaml", "\n".join(lines) + f"\nrules: [{{drop: *a{levels}}}]\n"
+    rules = [
+        {draw(st.sampled_from([*RULE_NAMES, "nope"])): draw(recipe_values)}
+        for _ in range(draw(st.integers(1, 3)))
+    ]
+    if suffix == "yaml":
+        import yaml
+
+        return suffix, yaml.safe_dump({"rules": rules})
+    tables = []
+    for rule in rules:
+        ((name, arguments),) = rule.items()
+        fields = arguments if isinstance(arguments, dict) else {"pattern": arguments}
+        fields = {key: value for key, value in fields.items() if value is not None}
+        tables.append(
+            "[[rules]]\n"
+            + f"rule = {json.dumps(name)}\n"
+            + "".join(f"{key} = {_toml_value(value)}\n" for key, value in fields.items())
+        )
+    return suffix, "\n".join(tables)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        inner = {k: v for k, v in value.items() if v is not None}
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in inner.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value if v is not None) + "]"
+    return json.dumps(value)
+
+
+@FUZZ
+@given(recipe_files())
+def test_fuzz_recipes(recipe: tuple[str, str]) -> None:
+    """A recipe loads into rules or is a SurgeryError naming where; never a crash or a hang."""
+    from suture._recipes import load_recipe
+
+    suffix, text = recipe
+    folder = _workdir()
+    path = folder / f"recipe.{suffix}"
+    path.write_text(text, errors="surrogateescape")
+    tracemalloc.start()
+    try:
+        built = load_recipe(path).transform
+        assert all(isinstance(rule, suture.rules.Rule) for rule in built)
+        outcome = "rules"
+    except suture.SurgeryError as error:
+        assert str(path) in str(error)
+        outcome = type(error).__name__
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    OUTCOMES.setdefault(f"{suffix} recipes", Counter())[outcome] += 1
+    assert peak < 64 * 2**20, f"{peak} bytes allocated for a {len(text)}-character recipe"

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from . import families, rules
-from ._errors import SurgeryError
+from ._errors import CorruptCheckpointError, SurgeryError
 from ._location import Location, location_of
 from ._open import open as open_checkpoint
 from ._recipes import load_recipe
@@ -144,6 +144,7 @@ def _reuse_safetensors_layout(
         layout = ckpt.custom_metadata.get(LAYOUT_KEY)
         if not isinstance(layout, dict):
             return {}
+        _check_layout(layout, source)
         options: dict[str, Any] = {
             "metadata": layout.get("metadata") or None,
             "separator": layout.get("separator", separator),
@@ -164,3 +165,35 @@ def _reuse_safetensors_layout(
         if side_paths:
             options["extra_files"] = side_paths
     return options
+
+
+def _check_layout(layout: dict, source: Location) -> None:
+    """The recorded layout comes from a checkpoint's metadata: its values are checked, not trusted."""
+    expected = {
+        "metadata": (dict, type(None)),
+        "weight_map": (dict, type(None)),
+        "separator": (str,),
+        "side_files": (list,),
+    }
+    for key, types in expected.items():
+        value = layout.get(key)
+        strings = isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        )
+        if (key in layout and not isinstance(value, types)) or (
+            isinstance(value, dict) and not strings
+        ):
+            raise CorruptCheckpointError(
+                f"The {LAYOUT_KEY!r} custom metadata of {str(source)!r} has {key} = "
+                f"{value!r:.100}, which is not what suture records. Pass max_shard_size= "
+                f"(--max-shard-size) to lay the output out afresh, or fix the metadata."
+            )
+    if not all(isinstance(name, str) for name in layout.get("side_files", [])):
+        raise CorruptCheckpointError(
+            f"The {LAYOUT_KEY!r} custom metadata of {str(source)!r} lists side files that are "
+            f"not file names: {layout['side_files']!r:.100}."
+        )
+    if layout.get("separator") == "":
+        raise CorruptCheckpointError(
+            f"The {LAYOUT_KEY!r} custom metadata of {str(source)!r} records an empty separator."
+        )

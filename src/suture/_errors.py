@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
 
 
 class SurgeryError(Exception):
@@ -54,6 +55,29 @@ class InvalidIndexError(SurgeryError, IndexError):
 
 class ShapeMismatchError(SurgeryError, ValueError):
     """Arrays whose shapes or dtypes cannot be combined as asked."""
+
+
+MAX_ARRAY_BYTES = 1 << 62  # TensorStore's index limit; numpy's is 2**63
+
+
+def check_shape(shape: tuple[int, ...], dtype: Any, where: str) -> None:
+    """Refuses a declared shape no array can have: negative sizes, or over 2**62 bytes.
+
+    Example:
+        >>> check_shape((2, 3), "float32", "x")
+    """
+    import math
+
+    import numpy as np
+
+    size = math.prod(shape) if shape else 1
+    nbytes = max(size, max(shape, default=0)) * np.dtype(dtype).itemsize
+    if any(n < 0 for n in shape) or nbytes >= MAX_ARRAY_BYTES:
+        problem = "a negative size" if any(n < 0 for n in shape) else "more than 2**62 bytes"
+        raise CorruptCheckpointError(
+            f"{where}: declares shape {shape} of {np.dtype(dtype).name}, which has {problem}; no "
+            f"array can. The checkpoint is damaged or hostile; restore it from a copy."
+        )
 
 
 def did_you_mean(wanted: str, candidates: Iterable[str], limit: int = 3) -> str:

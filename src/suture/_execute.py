@@ -190,7 +190,9 @@ def run_blocks(
 ) -> Progress:
     """Reads, computes and writes every block; returns the final counts.
 
-    Raises whatever the first failing block raised, after the others have stopped.
+    Raises whatever the first failing block raised, after the others have stopped. An
+    interruption (KeyboardInterrupt, or SIGTERM turned into one by the CLI) drops every
+    queued block, so the work stops as soon as the blocks running have finished.
     """
     budget = Budget(max_memory, keep=threads)
     baseline = resident_bytes()
@@ -230,13 +232,24 @@ def run_blocks(
             if on_progress is not None:
                 on_progress(progress)
 
-    with ThreadPoolExecutor(max_workers=threads) as pool:
+    pool = ThreadPoolExecutor(max_workers=threads)
+    try:
         futures = [pool.submit(run, block) for block in blocks]
-        for future in futures:  # after a failure the remaining blocks return at once
+        for future in futures:
             future.result()
+    except BaseException:  # a failed block, or Ctrl-C / SIGTERM raised in this thread
+        _stop(pool, failed)
+        raise
+    pool.shutdown(wait=True)
     if on_budget is not None:
         on_budget(budget)
     return progress
+
+
+def _stop(pool: ThreadPoolExecutor, failed: threading.Event) -> None:
+    """Drops the queued blocks and waits only for those running (each one block long)."""
+    failed.set()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _malloc_trim() -> Callable[[int], int] | None:

@@ -8,7 +8,9 @@ the result plus one strip, never the whole span. `read_into` reads into a caller
 the cast and the transpose without a full-size temporary.
 
 Linux returns at most 2,147,479,552 bytes from one ``preadv``; `read_fully` loops until
-every byte is read, so tensors over 2 GiB read like any other.
+every byte is read, so tensors over 2 GiB read like any other. Each read of a local file
+checks that the file is still the one opened (device, inode, size, modification time), so a
+file replaced or rewritten meanwhile is an error, not a mix of old and new data.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ._errors import CorruptCheckpointError
 from ._location import Location
 from ._nodes import Node, ReadCost, SourceNode, aligned_empty, assign, scratch_buffer
 from ._selection import Selection, outer_index, selection_shape
@@ -54,10 +57,12 @@ class FileRangeSource(SourceNode):
         shape: tuple[int, ...],
         dtype: np.dtype,
         path: str | None = None,
+        identity: tuple[int, ...] | None = None,
     ) -> None:
         self.file, self.offset = file, offset
         self.shape, self.dtype = shape, dtype
         self.path, self.origin = path, str(file)
+        self.identity = identity  # the file as opened; a read of another one is an error
 
     @property
     def _row_bytes(self) -> int:
@@ -117,11 +122,36 @@ class FileRangeSource(SourceNode):
 
     def _read_rows(self, low: int, high: int, into: np.ndarray) -> np.ndarray:
         """Reads rows ``[low, high)`` into `into` (C-contiguous, exactly that size)."""
+        self._check_same_file()
         self.file.read_into(self.offset + low * self._row_bytes, into, self.path or "")
+        self._check_same_file()  # a swap during the read would have mixed files
         return into
+
+    def _check_same_file(self) -> None:
+        if self.identity is not None and local_identity(self.file) != self.identity:
+            raise CorruptCheckpointError(
+                f"{str(self.file)!r} changed since it was opened (another file was moved into "
+                f"its place, or it was modified): tensor {self.path!r} would mix old and new "
+                f"data. Open the checkpoint again once it stops changing."
+            )
 
     def inputs(self) -> tuple[Node, ...]:
         return ()
+
+
+def file_identity(status: os.stat_result) -> tuple[int, ...]:
+    """What tells one file from its replacement: device, inode, size, modification time."""
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+def local_identity(file: Location) -> tuple[int, ...] | None:
+    """`file_identity` of a local file (None for remote objects, which have no inode)."""
+    if file.is_remote:
+        return None
+    try:
+        return file_identity(os.stat(file))
+    except OSError as error:
+        raise CorruptCheckpointError(f"Cannot read {str(file)!r}: {error}.") from error
 
 
 def _whole_rows(selection: Selection, shape: tuple[int, ...]) -> tuple[int, int] | None:

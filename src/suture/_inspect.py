@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._checkpoint import Checkpoint
-from ._errors import SurgeryError
 from ._format import format_table, human_bytes, human_count
 from ._lazy import LazyArray
+from ._patterns import compile_pattern
+from ._patterns import search as bounded_search
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def describe(ckpt: Checkpoint, pattern: str | None = None) -> Description:
     matcher = _compile(pattern)
     description = Description(ckpt.location, ckpt.format, ckpt.step)
     for path, leaf in ckpt.flat().items():
-        if matcher and not matcher.search(path):
+        if matcher and not bounded_search(matcher, path):
             continue
         if isinstance(leaf, LazyArray):
             info = LeafInfo(path, leaf.shape, _dtype_name(leaf.dtype), leaf.nbytes)
@@ -136,12 +137,7 @@ def _dtype_name(dtype: Any) -> str:
 def _compile(pattern: str | None) -> re.Pattern[str] | None:
     if pattern is None:
         return None
-    try:
-        return re.compile(pattern)
-    except re.error as error:
-        raise SurgeryError(
-            f"--filter {pattern!r} is not a valid regular expression: {error}."
-        ) from error
+    return compile_pattern(pattern, "--filter")
 
 
 def _value_text(value: Any, width: int = 60) -> str:

@@ -29,6 +29,8 @@ import numpy as np
 
 from ._dtypes import to_dtype
 from ._errors import InvalidIndexError, ShapeMismatchError, SurgeryError
+from ._format import human_bytes
+from ._interrupts import native_call
 from ._nodes import (
     CastNode,
     ConcatNode,
@@ -117,7 +119,14 @@ class LazyArray:
         log = getattr(_guard, "reads", None)
         if log is not None:  # a user function reading eagerly: the plan counts what it reads
             log.append(self)
-        return self._node.read(full(self.shape))
+        try:
+            return self._node.read(full(self.shape))
+        except MemoryError:
+            raise SurgeryError(
+                f"Reading {self.path!r} ({human_bytes(self.nbytes)}, shape {self.shape}) needs "
+                f"more memory than this machine can give. Read a slice (x[:n].read()), or "
+                f"stream it to disk with suture.save, which works under a memory budget."
+            ) from None
 
     def item(self) -> Any:
         """The value of a one-element array as a Python number (for saved step counters)."""
@@ -446,7 +455,8 @@ def _infer_shape_dtype(fn: Callable, arrays: list[LazyArray], name: str) -> tupl
 
     specs = [jax.ShapeDtypeStruct(array.shape, array.dtype) for array in arrays]
     try:
-        result = jax.eval_shape(fn, *specs)
+        with native_call():  # Ctrl-C inside jax's C++ tracing would abort the process
+            result = jax.eval_shape(fn, *specs)
     except Exception as error:  # any tracing failure means: tell us the shape
         raise SurgeryError(
             f"suture.map could not infer what {name} returns by tracing it with jax "

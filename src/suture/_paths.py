@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import MissingLeafError, SurgeryError, did_you_mean
+from ._patterns import fullmatch as bounded_fullmatch
 
 _SCALAR_TYPES = (str, bytes, int, float, complex, bool, type(None), type(Ellipsis))
 
@@ -169,6 +170,7 @@ def unflatten(flat: Mapping[str, Any], sep: str = "/", like: Any = None) -> Any:
     root: dict[str, Any] = {}
     for path, leaf in flat.items():
         keys = path.split(sep)
+        check_depth(len(keys), path)
         node = root
         for depth, key in enumerate(keys[:-1]):
             child = node.setdefault(key, {})
@@ -184,6 +186,23 @@ def unflatten(flat: Mapping[str, Any], sep: str = "/", like: Any = None) -> Any:
             )
         node[keys[-1]] = _LeafBox(leaf)
     return _unbox(root)
+
+
+MAX_DEPTH = 256  # tree levels; real checkpoints use under 20, Python's stack allows ~1000
+
+
+def check_depth(depth: int, where: str) -> None:
+    """Refuses a tree nested deeper than `MAX_DEPTH` (it would exhaust Python's stack).
+
+    Example:
+        >>> check_depth(3, "a/b/c")
+    """
+    if depth > MAX_DEPTH:
+        raise SurgeryError(
+            f"{where[:200]!r} is nested {depth} levels deep; suture reads trees of at most "
+            f"{MAX_DEPTH} levels. The input is damaged or hostile; real checkpoints nest a few "
+            f"levels."
+        )
 
 
 class _LeafBox:
@@ -273,6 +292,9 @@ def map_leaves_with_path(fn: Callable[[str, Any], Any], tree: Any, sep: str = "/
 def match_path_or_ancestor(pattern: re.Pattern[str], path: str) -> tuple[re.Match[str], str] | None:
     """The longest of `path` and its ancestor paths that `pattern` fully matches.
 
+    A pattern compiled with the `regex` module (as suture compiles users' patterns) is
+    matched under a time bound.
+
     Returns the match and the rest of `path` below the matched part ("" for the whole path),
     or None.
 
@@ -283,7 +305,7 @@ def match_path_or_ancestor(pattern: re.Pattern[str], path: str) -> tuple[re.Matc
     """
     parts = path.split("/")
     for depth in range(len(parts), 0, -1):
-        match = pattern.fullmatch("/".join(parts[:depth]))
+        match = bounded_fullmatch(pattern, "/".join(parts[:depth]))
         if match:
             return match, "/".join(parts[depth:])
     return None

@@ -43,6 +43,7 @@ from ._location.publish import (
 )
 from ._paths import flatten
 from ._progress import progress_bar, wants_progress
+from ._replace import check_replaceable
 from ._sidefiles import model_folder_side_files
 from ._verify import check, with_digests, written_leaves
 from .sinks.orbax import DEFAULT_CHUNK_BYTES, OrbaxSink, keys_and_kinds, merge_process_databases
@@ -128,8 +129,10 @@ def save(
             path, or a ``gs://`` or ``s3://`` URL: there the result is committed as Orbax
             commits on GCS, with ``commit_success.txt`` written last.
         format: ``"orbax"`` or ``"safetensors"``.
-        overwrite: replace an existing `path` (atomically: the old one is removed only
-            after the new one is in place).
+        overwrite: replace an existing checkpoint at `path` (atomically: the new one takes
+            its place in one rename or exchange; the old one is removed afterwards). Anything
+            else at `path` is refused. On object stores there is no rename: the old one is
+            deleted before the new one is written.
         max_memory: bytes held at once by the blocks in flight (``"4GiB"`` works); default
             1 GiB. Each block counts what reading it holds, its values and what writing it
             holds, so the process grows by about this much at most. A leaf larger than the
@@ -174,6 +177,7 @@ def save(
     if extra_files is None and folder_output:
         extra_files = _side_files_of(tree)
     tree = _tree_of(tree)
+    _check_writable_path(destination, format)
     _check_destination(destination, overwrite, tree)
     options = {
         "max_memory": parse_bytes(max_memory) if max_memory is not None else DEFAULT_MAX_MEMORY,
@@ -226,7 +230,29 @@ def _tree_of(tree: Any) -> Any:
     return tree
 
 
+def _check_writable_path(destination: Location, format: str) -> None:  # noqa: A002
+    """A local destination's folder must exist; TensorStore (Orbax) takes only UTF-8 paths."""
+    if destination.is_remote:
+        return
+    path = Path(destination)
+    if not path.parent.is_dir():
+        raise SurgeryError(
+            f"The folder {str(path.parent)!r} for {str(path)!r} does not exist. "
+            f"Create it first, or write elsewhere."
+        )
+    if format == "orbax":
+        try:
+            str(path.absolute()).encode("utf-8")
+        except UnicodeEncodeError:
+            raise SurgeryError(
+                f"{str(path)!r} is not a UTF-8 path, and TensorStore (which writes Orbax "
+                f"checkpoints) takes only UTF-8 paths. Write to a UTF-8 path, or write safetensors."
+            ) from None
+
+
 def _check_destination(destination: Location, overwrite: bool, tree: Any) -> None:
+    if overwrite and destination.exists() and not destination.is_remote:
+        check_replaceable(destination)
     if (
         not overwrite
         and destination.exists()

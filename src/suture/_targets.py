@@ -26,7 +26,6 @@ A stored ``None`` (an Optax-masked leaf) restores as ``None`` whatever the targe
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import numpy as np
 
 from ._errors import SurgeryError, did_you_mean
 from ._paths import ancestor_paths, flatten, map_leaves_with_path, match_path_or_ancestor
+from ._patterns import compile_pattern
 
 PLACEHOLDER = ...
 
@@ -204,10 +204,7 @@ def placeholders(tree: Any, skip: str) -> Any:
 
     if isinstance(tree, (Checkpoint, str)) or hasattr(tree, "__fspath__"):
         tree = open_checkpoint(tree).abstract()
-    try:
-        pattern = re.compile(skip)
-    except re.error as error:
-        raise SurgeryError(f"skip={skip!r} is not a valid regular expression: {error}.") from error
+    pattern = compile_pattern(skip, "skip=")
 
     def skipped(path: str) -> bool:
         return match_path_or_ancestor(pattern, path) is not None

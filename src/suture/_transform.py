@@ -24,6 +24,8 @@ from typing import Any
 from ._errors import MissingLeafError, SurgeryError, did_you_mean
 from ._lazy import LazyArray, call_lazily
 from ._paths import flatten, jax_path, map_leaves_with_path, unflatten
+from ._patterns import PatternError, compile_pattern
+from ._patterns import fullmatch as bounded_fullmatch
 from ._targets import is_empty_container
 
 
@@ -121,7 +123,7 @@ def apply_transformations(
             continue  # Orbax (through jax) does not see None or empty nodes of the new tree.
         found = False
         for pattern, transform in compiled:
-            match = pattern.fullmatch(key)
+            match = bounded_fullmatch(pattern, key)
             if not match:
                 continue
             found = True
@@ -202,11 +204,9 @@ def as_transform(key: str, value: Any) -> Transform:
 
 def _compile(key: str) -> re.Pattern[str]:
     try:
-        return re.compile(key)
-    except re.error as error:
-        raise TransformError(
-            f"Transformation key {key!r} is not a valid regular expression: {error}."
-        ) from error
+        return compile_pattern(key, f"Transformation key {key!r}")
+    except PatternError as error:
+        raise TransformError(str(error)) from error
 
 
 def _call_value_fn(fn: Callable[[Any], Any], value: Any) -> Any:

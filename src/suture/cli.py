@@ -1,12 +1,14 @@
 """The `suture` command line.
 
 Errors on bad input print ``Error: <message>`` on stderr and exit with status 2, without
-a traceback (``suture --debug ...`` shows it).
+a traceback (``suture --debug ...`` shows it). Ctrl-C and SIGTERM stop a write within about
+a block's time, remove its temporary output, and exit with 130 and 143.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -17,6 +19,8 @@ import typer
 
 from ._cli_hints import check_recipe_first, for_command_line
 from ._errors import SurgeryError
+from ._interrupts import Terminated
+from ._interrupts import install as install_interrupt_handlers
 
 app = typer.Typer(
     name="suture",
@@ -72,6 +76,14 @@ def reports_errors(command: F) -> F:
                 raise
             typer.echo(f"Error: {for_command_line(str(error))}", err=True)
             raise typer.Exit(code=2) from None
+        except KeyboardInterrupt as interruption:
+            terminated = isinstance(interruption, Terminated)
+            typer.echo(
+                f"Stopped by {'SIGTERM' if terminated else 'Ctrl-C (SIGINT)'}; no output was "
+                f"written and the temporary files were removed.",
+                err=True,
+            )
+            raise typer.Exit(code=143 if terminated else 130) from None
 
     return run  # type: ignore[return-value]
 
@@ -450,4 +462,12 @@ _python_show_warning = warnings.showwarning
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `suture` script and of ``python -m suture``."""
     warnings.showwarning = _show_warning
-    app(args=argv if argv is not None else sys.argv[1:], prog_name="suture")
+    install_interrupt_handlers()
+    try:
+        app(args=argv if argv is not None else sys.argv[1:], prog_name="suture")
+    except SystemExit as exit_:
+        if exit_.code in (130, 143):  # interrupted: the output is cleaned up; skip the
+            sys.stdout.flush()  # libraries' exit handlers, which can take a second
+            sys.stderr.flush()
+            os._exit(exit_.code)
+        raise

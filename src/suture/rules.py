@@ -36,6 +36,7 @@ from ._dtypes import to_dtype
 from ._errors import ShapeMismatchError, SurgeryError, did_you_mean
 from ._lazy import LazyArray, as_lazy, call_lazily
 from ._paths import ancestor_paths, flatten, match_path_or_ancestor, unflatten
+from ._patterns import PatternError, compile_pattern
 
 
 class RuleError(SurgeryError, ValueError):
@@ -72,7 +73,10 @@ class Rule:
 
     def matches(self, leaves: dict[str, Any]) -> list[Match]:
         compiled = _compile(self.pattern, self)
-        found = [m for m in (_match(compiled, path) for path in leaves) if m is not None]
+        try:
+            found = [m for m in (_match(compiled, path) for path in leaves) if m is not None]
+        except PatternError as error:
+            raise RuleError(f"{self!r}: {error}") from error
         if not found and not self.optional:
             hint = did_you_mean(self.pattern, ancestor_paths(leaves))
             raise RuleError(
@@ -85,17 +89,31 @@ class Rule:
 
 def _compile(pattern: str, rule: Rule) -> re.Pattern[str]:
     try:
-        return re.compile(pattern)
-    except re.error as error:
-        raise RuleError(
-            f"{rule!r}: {pattern!r} is not a valid regular expression: {error}."
-        ) from error
+        return compile_pattern(pattern, repr(rule))
+    except PatternError as error:
+        raise RuleError(str(error)) from error
 
 
 def _match(pattern: re.Pattern[str], path: str) -> Match | None:
     """The longest whole-path or subtree match of `pattern` on `path`."""
     found = match_path_or_ancestor(pattern, path)
     return Match(path, *found) if found else None
+
+
+def _axis(rule: Rule, axis: Any, array: LazyArray, path: str, new_axis: bool = False) -> int:
+    """`axis` as a non-negative axis of `array` (of its result, for a new axis), or a RuleError."""
+    ndim = array.ndim + (1 if new_axis else 0)
+    if (
+        isinstance(axis, bool)
+        or not isinstance(axis, (int, np.integer))
+        or not -ndim <= axis < ndim
+    ):
+        valid = f"{-ndim} to {ndim - 1}" if ndim else "none: it has no axes"
+        raise RuleError(
+            f"{rule!r}: {path!r} has shape {array.shape}, which has no axis {axis!r} (valid: "
+            f"{valid}). Give an axis the array has."
+        )
+    return int(axis) % ndim
 
 
 def _describe(name: str, *args: Any, **kwargs: Any) -> str:
@@ -208,6 +226,7 @@ class Stack(Rule):
                 f"them, or start= if the indices do not start at {self.start}."
             )
         first = next(iter(present.values()))
+        _axis(self, self.axis, first, target, new_axis=True)
         for index in missing:
             present[index] = _filled(self.fill, first.shape, first.dtype, f"{target}[{index}]")
         shapes = {array.shape for array in present.values()}
@@ -244,12 +263,8 @@ class Unstack(Rule):
         result = Edit()
         for m in self.matches(leaves):
             array = _array(leaves[m.path], m.path, self)
-            if not -array.ndim <= self.axis < max(array.ndim, 1):
-                raise RuleError(
-                    f"{self!r}: {m.path!r} has shape {array.shape}, no axis {self.axis}."
-                )
+            axis = _axis(self, self.axis, array, m.path)
             result.removed.add(m.path)
-            axis = self.axis % array.ndim
             for index in range(array.shape[axis]):
                 target = m.expand(self.into).replace("{i}", str(index))
                 result.written[target] = (array[(slice(None),) * axis + (index,)], m.path)
@@ -309,6 +324,7 @@ class Concat(Rule):
             if absent:
                 raise RuleError(f"{self!r}: {target!r} has no part matching {absent[0]!r}.")
             arrays = [_array(leaves[m.path], m.path, self) for m in parts if m is not None]
+            _axis(self, self.axis, arrays[0], parts[0].path)  # type: ignore[union-attr]
             result.removed.update(m.path for m in parts if m is not None)
             result.written[target] = (concatenate_arrays(arrays, axis=self.axis), parts[0].path)  # type: ignore[union-attr]
         return result
@@ -339,7 +355,7 @@ class Split(Rule):
         result = Edit()
         for m in self.matches(leaves):
             array = _array(leaves[m.path], m.path, self)
-            axis = self.axis % array.ndim
+            axis = _axis(self, self.axis, array, m.path)
             sizes = self._sizes(array.shape[axis], m.path)
             offset = 0
             for template, size in zip(self.into, sizes, strict=True):
@@ -351,6 +367,14 @@ class Split(Rule):
 
     def _sizes(self, length: int, path: str) -> tuple[int, ...]:
         if self.sizes is not None:
+            if any(
+                isinstance(size, bool) or not isinstance(size, int) or size < 0
+                for size in self.sizes
+            ):
+                raise RuleError(
+                    f"{self!r}: sizes {self.sizes} must be non-negative whole numbers, one per "
+                    f"output."
+                )
             if len(self.sizes) != len(self.into) or sum(self.sizes) != length:
                 raise RuleError(
                     f"{self!r}: sizes {self.sizes} must have one entry per output and sum to "

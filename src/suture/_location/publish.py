@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._errors import SurgeryError
+from .._replace import replace
 from .base import LocalLocation, Location
 
 TMP_MARKER = ".orbax-checkpoint-tmp-suture-"
@@ -114,18 +115,17 @@ def is_unfinished(folder: Location) -> bool:
 
 
 def rename_into_place(temporary: Path, destination: Path, overwrite: bool) -> None:
-    """Moves a finished local result into place; an old one is removed only afterwards."""
-    old = None
-    if destination.exists():
+    """Moves a finished local result into place, atomically replacing an old one (`_replace`)."""
+    if destination.exists() or destination.is_symlink():
         if not overwrite:
             raise SurgeryError(
                 f"{str(destination)!r} appeared while writing; the new result was discarded."
             )
-        old = destination.with_name(f"{destination.name}.suture-old-{uuid.uuid4().hex[:12]}")
-        os.rename(destination, old)
+        old = replace(temporary, destination)
+        if old is not None:
+            LocalLocation(old).remove()
+        return
     os.rename(temporary, destination)
-    if old is not None:
-        LocalLocation(old).remove()
 
 
 def _upload(staged: Path, destination: Location) -> None:

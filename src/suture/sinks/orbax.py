@@ -34,9 +34,11 @@ import numpy as np
 
 from .._errors import SurgeryError
 from .._execute import Block, chunk_rows
+from .._interrupts import native_call
 from .._lazy import LazyArray
 from .._location import LocalLocation, Location, location_of, remote_context
 from .._nodes import CastNode, MapNode, Node, StackNode
+from .names import OrbaxNames
 
 # glibc serves allocations over 32 MiB with fresh pages every time (a page fault per 4 KiB),
 # and TensorStore allocates a copy and a compressed buffer per chunk: 64 MiB chunks cost
@@ -121,6 +123,7 @@ class OrbaxSink:
         self.chunk_bytes = chunk_bytes
         self._entries: dict[str, dict] = {}
         self._strings: dict[str, str] = {}
+        self._names = OrbaxNames()
         self._context = ts.Context(
             {"file_io_concurrency": {"limit": 64}},
             parent=remote_context() if self.folder.is_remote else None,
@@ -208,7 +211,8 @@ class OrbaxSink:
             # Orbax readers expect every chunk, zeros included (its _METADATA says so below).
             "store_data_equal_to_fill_value": True,
         }
-        return ts.open(spec, context=self._context).result()
+        with native_call():  # interrupted, the open would go on writing into the folder
+            return ts.open(spec, context=self._context).result()
 
     def add_value(
         self, keys: tuple[str, ...], kinds: tuple[int, ...], value: Any
@@ -238,6 +242,7 @@ class OrbaxSink:
         value_type: str,
         skip_deserialize: bool = False,
     ) -> None:
+        self._names.add(keys)
         self._entries[str(keys)] = {
             "key_metadata": [
                 {"key": key, "key_type": kind} for key, kind in zip(keys, kinds, strict=True)

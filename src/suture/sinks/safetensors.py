@@ -25,6 +25,7 @@ import numpy as np
 
 from .._errors import SurgeryError
 from .._lazy import LazyArray
+from .names import check_safetensors_name, check_shard_file_name
 
 SAFETENSORS_DTYPES = {
     "float64": "F64",
@@ -46,6 +47,7 @@ SAFETENSORS_DTYPES = {
     "complex64": "C64",
 }
 INDEX_NAME = "model.safetensors.index.json"
+MAX_HEADER_BYTES = 100 << 20  # the safetensors library refuses larger headers
 SINGLE_NAME = "model.safetensors"
 
 
@@ -109,6 +111,7 @@ class SafetensorsSink:
         folder: bool = True,
     ) -> None:
         for name, array in tensors.items():
+            check_safetensors_name(name)
             if array.dtype.name not in SAFETENSORS_DTYPES:
                 raise SurgeryError(
                     f"Tensor {name!r} has dtype {array.dtype.name}, which safetensors cannot store. "
@@ -192,8 +195,7 @@ def _shards_from_map(tensors: dict[str, LazyArray], shard_map: dict[str, str]) -
     """Shards as `shard_map` (name -> file) lays them out; unmapped tensors join the last file."""
     files: dict[str, _Shard] = {}
     for filename in shard_map.values():
-        if "/" in filename or filename.startswith(".."):
-            raise SurgeryError(f"Shard file name {filename!r} must be a plain file name.")
+        check_shard_file_name(filename)
         files.setdefault(filename, _Shard(filename, [], []))
     last = list(files.values())[-1]
     for name, array in tensors.items():
@@ -216,4 +218,10 @@ def _header(shard: _Shard, metadata: dict[str, str] | None) -> bytes:
         }
         offset += array.nbytes
     header = json.dumps(entries, separators=(",", ":")).encode()
+    if len(header) > MAX_HEADER_BYTES:
+        raise SurgeryError(
+            f"The safetensors header of {shard.filename} would be {len(header):,} bytes; the "
+            f"safetensors library reads at most {MAX_HEADER_BYTES:,}. Shorten the tensor names, "
+            f"or shard the output (max_shard_size)."
+        )
     return header + b" " * (-len(header) % 8)

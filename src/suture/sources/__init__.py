@@ -37,6 +37,12 @@ def open_source(
     path = location_of(source)
     if format is not None and not path.exists():
         raise CheckpointNotFoundError(f"No such file or folder: {str(path)!r}. Check the path.")
+    if not path.is_remote and path.exists() and not (path.is_dir() or path.is_file()):
+        raise NotACheckpointError(
+            f"{str(path)!r} is neither a regular file nor a folder (a pipe, socket or device), "
+            f"so it cannot be read lazily, and reading it could wait forever. Save the stream "
+            f"to a file first."
+        )
     kind = format or detect(path)
     if step is not None and kind != "orbax":
         raise SurgeryError(f"step= applies to Orbax CheckpointManager folders, not {kind} files.")

@@ -1,8 +1,10 @@
 """numpy ``.npz`` archives (``np.savez``, ``np.savez_compressed``), one member at a time.
 
 Opening reads each member's ``.npy`` header only. A stored (uncompressed) member is read
-like a safetensors tensor, just the rows a view needs; a compressed member is inflated
-whole when first read. Member names split into tree paths on ``/``.
+like a safetensors tensor, just the rows a view needs; a compressed member is inflated as a
+stream up to the last row a read needs, never beyond what it declares. A member whose size
+in the archive differs from what its ``.npy`` header declares is refused. Member names
+split into tree paths on ``/``.
 """
 
 from __future__ import annotations
@@ -14,29 +16,37 @@ from typing import Any
 import numpy as np
 
 from .._checkpoint import Checkpoint
-from .._errors import CorruptCheckpointError
-from .._filesource import FileRangeSource
+from .._errors import CorruptCheckpointError, check_shape
+from .._filesource import FileRangeSource, local_identity
 from .._iostats import record_read
 from .._lazy import LazyArray
 from .._location import Location
 from .._nodes import Node, ReadCost, SourceNode
 from .._paths import unflatten
-from .._selection import Selection, outer_index, selection_shape
+from .._selection import Selection, outer_index, positions, selection_shape
+
+_INFLATE_PIECE = 1 << 20  # bytes inflated at a time while skipping rows a read does not need
 
 
 class ZipMemberSource(SourceNode):
-    """A compressed npz member: inflated whole on each read (the format allows nothing less)."""
+    """A compressed npz member, inflated as a stream: only up to the last row a read needs.
+
+    Inflating never yields more than the member declares (zipfile stops there) nor more
+    than the rows asked for plus one piece, so a zip bomb costs what its header declares.
+    """
 
     def __init__(
         self,
         file: Location,
         member: str,
+        header_size: int,
         shape: tuple[int, ...],
         dtype: np.dtype,
         path: str,
         compressed_bytes: int = 0,
     ) -> None:
-        self.file, self.member, self.shape, self.dtype = file, member, shape, dtype
+        self.file, self.member, self.header_size = file, member, header_size
+        self.shape, self.dtype = shape, dtype
         self.path, self.origin = path, str(file)
         self.compressed_bytes = compressed_bytes
 
@@ -47,12 +57,20 @@ class ZipMemberSource(SourceNode):
         return ReadCost(self.compressed_bytes or whole, whole + selected)
 
     def read(self, selection: Selection) -> np.ndarray:
+        if self.shape and len(selection[0]) == 0:
+            return np.empty(tuple(len(axis) for axis in selection), self.dtype)
+        rows = positions(selection[0]) if self.shape else range(1)
+        low, high = int(min(rows)), int(max(rows)) + 1
+        row_bytes = self.dtype.itemsize * math.prod(self.shape[1:])
         try:
             with (
                 zipfile.ZipFile(self.file.open_reader()) as archive,
                 archive.open(self.member) as stream,
             ):
-                array = np.lib.format.read_array(stream, allow_pickle=False)
+                _skip(stream, self.header_size + low * row_bytes)
+                raw = _read_exactly(stream, (high - low) * row_bytes)
+                if high == (self.shape[0] if self.shape else 1) and stream.read(1):
+                    raise ValueError("the member holds more data than its header declares")
                 if not self.file.is_remote:  # remote reads are counted by TensorStore
                     record_read(archive.getinfo(self.member).compress_size)
         except Exception as error:  # zipfile, zlib and numpy raise many kinds on damage
@@ -60,15 +78,41 @@ class ZipMemberSource(SourceNode):
                 f"Member {self.member!r} of {str(self.file)!r} cannot be read: {error}. The archive "
                 f"is damaged or was changed while being read."
             ) from error
-        if array.shape != self.shape or array.dtype != self.dtype:
-            raise CorruptCheckpointError(
-                f"Member {self.member!r} of {str(self.file)!r} changed: its header said {self.shape} "
-                f"{self.dtype}, it holds {array.shape} {array.dtype}."
-            )
-        return np.array(outer_index(array, selection), copy=True)
+        block = raw.view(self.dtype).reshape((high - low, *self.shape[1:]) if self.shape else ())
+        if not self.shape:
+            return block.copy()
+        first = selection[0]
+        local = _shifted(first, low) if isinstance(first, range) else first - low
+        return np.array(outer_index(block, (local, *selection[1:])), copy=True)
 
     def inputs(self) -> tuple[Node, ...]:
         return ()
+
+
+def _shifted(axis: range, low: int) -> range:
+    return range(axis.start - low, axis.stop - low, axis.step)
+
+
+def _skip(stream: Any, count: int) -> None:
+    while count > 0:
+        piece = stream.read(min(count, _INFLATE_PIECE))
+        if not piece:
+            raise ValueError("the member ends before the data its header declares")
+        count -= len(piece)
+
+
+def _read_exactly(stream: Any, count: int) -> np.ndarray:
+    buffer = np.empty(count, np.uint8)
+    view, filled = memoryview(buffer), 0
+    while filled < count:
+        piece = stream.read(min(count - filled, _INFLATE_PIECE))
+        if not piece:
+            raise ValueError(
+                f"the member ends {count - filled} bytes before the data its header declares"
+            )
+        view[filled : filled + len(piece)] = piece
+        filled += len(piece)
+    return buffer
 
 
 def open_npz(path: Location) -> Checkpoint:
@@ -103,6 +147,7 @@ def _member(
             )
         shape, fortran_order, dtype = read_header(stream, max_header_size=100_000)
         header_size = stream.tell()
+    check_shape(tuple(shape), dtype, f"Member {name[:200]!r} of {str(path)!r}")
     if dtype.hasobject:
         raise CorruptCheckpointError(
             f"Member {name!r} of {str(path)!r} holds Python objects (pickles); refusing to read it."
@@ -111,14 +156,24 @@ def _member(
         raise CorruptCheckpointError(
             f"Member {name!r} of {str(path)!r} is Fortran-ordered, which suture does not read."
         )
+    declared = header_size + math.prod(shape) * dtype.itemsize
+    if info.file_size != declared:
+        raise CorruptCheckpointError(
+            f"Member {name!r} of {str(path)!r}: its .npy header declares {tuple(shape)} {dtype} "
+            f"({declared} bytes with the header), but the archive says the member holds "
+            f"{info.file_size} bytes. The archive is damaged or hostile; numpy refuses it too."
+        )
     if info.compress_type == zipfile.ZIP_STORED:
         raw.seek(info.header_offset)
         local_header = raw.read(30)
         name_length = int.from_bytes(local_header[26:28], "little")
         extra_length = int.from_bytes(local_header[28:30], "little")
         data_offset = info.header_offset + 30 + name_length + extra_length + header_size
+        identity = local_identity(path)
         return LazyArray(
-            FileRangeSource(path, data_offset, tuple(shape), dtype, path=name), path=name
+            FileRangeSource(path, data_offset, tuple(shape), dtype, name, identity), path=name
         )
-    member = ZipMemberSource(path, info.filename, tuple(shape), dtype, name, info.compress_size)
+    member = ZipMemberSource(
+        path, info.filename, header_size, tuple(shape), dtype, name, info.compress_size
+    )
     return LazyArray(member, path=name)

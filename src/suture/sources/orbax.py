@@ -17,10 +17,11 @@ import numpy as np
 
 from .._checkpoint import Checkpoint
 from .._dtypes import from_zarr
-from .._errors import CorruptCheckpointError, SurgeryError
+from .._errors import CorruptCheckpointError, SurgeryError, check_shape
 from .._lazy import LazyArray
 from .._location import Location, location_of, remote_context
 from .._nodes import TensorStoreSource
+from .._paths import check_depth
 from . import orbax_layout
 from .orbax_layout import PYTREE_METADATA, resolve
 
@@ -55,6 +56,14 @@ class _ItemStore:
         import tensorstore as ts
 
         self.folder = folder.resolve()
+        try:
+            str(self.folder).encode("utf-8")
+        except UnicodeEncodeError:
+            raise SurgeryError(
+                f"{str(folder)!r} is not a UTF-8 path, and TensorStore (which reads Orbax "
+                f"checkpoints) takes only UTF-8 paths. Rename the folder or link it from a UTF-8 "
+                f"path."
+            ) from None
         self.use_ocdbt = use_ocdbt
         self.context = ts.Context(
             {
@@ -167,6 +176,9 @@ def _read_item_unchecked(folder: Location) -> Any:
         for keys, (_, value_type) in leaves.items()
         if value_type in ARRAY_VALUE_TYPES
     ]
+    if not use_ocdbt:
+        for name in array_names:
+            _check_plain_name(name, folder)
     zarr_metadata = store.read_zarr_metadata(array_names, bool(metadata.get("use_zarr3", False)))
     shardings = _RecordedShardings(folder)
 
@@ -223,8 +235,20 @@ def _parse_entries(
                 f"{str(folder / PYTREE_METADATA)!r} has an entry without key_metadata or "
                 f"value_metadata ({entry!r:.200}). The checkpoint is damaged."
             ) from error
+        check_depth(len(keys), "/".join(keys))
         leaves[keys] = (kinds, value_type)
     return leaves
+
+
+def _check_plain_name(name: str, folder: Location) -> None:
+    """Without OCDBT an array's name is a folder name: it must stay inside the checkpoint."""
+    if name in ("", ".", "..") or any(c in name for c in "/\\\0") or len(name.encode()) > 255:
+        raise CorruptCheckpointError(
+            f"{str(folder / PYTREE_METADATA)!r} lists an array named {name[:200]!r}, which is "
+            f"not a plain folder name inside the checkpoint (it must not be empty, '.', '..', "
+            f"hold '/', '\\' or NUL, or exceed 255 bytes). The checkpoint is damaged or "
+            f"hostile; refusing to read outside it."
+        )
 
 
 class _RecordedShardings:
@@ -272,16 +296,22 @@ def _shape_and_dtype(
     description: dict, path: str, folder: Location
 ) -> tuple[tuple[int, ...], np.dtype]:
     try:
-        shape = tuple(int(length) for length in description["shape"])
+        shape = description["shape"]
+        if not isinstance(shape, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) for n in shape
+        ):
+            raise TypeError(f"shape {shape!r} is not a list of integers")
         dtype_name = description.get("data_type", description.get("dtype"))
         if not isinstance(dtype_name, str):
             raise TypeError(f"dtype {dtype_name!r}")
-        return shape, from_zarr(dtype_name)
+        dtype = from_zarr(dtype_name)
     except (KeyError, TypeError, ValueError, SurgeryError) as error:
         raise CorruptCheckpointError(
             f"Leaf {path!r} in {str(folder)!r}: its zarr metadata has no readable shape and "
             f"dtype ({error}). The checkpoint is damaged; restore it from a copy."
         ) from error
+    check_shape(tuple(shape), dtype, f"Leaf {path!r} in {str(folder)!r}")
+    return tuple(shape), dtype
 
 
 def _read_chunk_shape(description: dict, ndim: int) -> tuple[int, ...] | None:

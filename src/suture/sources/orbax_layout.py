@@ -198,7 +198,7 @@ def _step_of(path: Location) -> int | None:
 
 def _resolve_step(root: Location, steps: dict[int, Location], step: int | None) -> OrbaxLayout:
     if step is None:
-        chosen = max(steps)
+        chosen = _newest_finished(steps)
     elif step in steps:
         chosen = step
     else:
@@ -208,6 +208,22 @@ def _resolve_step(root: Location, steps: dict[int, Location], step: int | None) 
         )
     layout = resolve(steps[chosen])
     return OrbaxLayout(layout.items, chosen, layout.custom_metadata, layout.json_items)
+
+
+def _newest_finished(steps: dict[int, Location]) -> int:
+    """The newest step whose save completed; a newer unfinished one is passed over.
+
+    Orbax lists every step whose folder was renamed into place; suture also passes over one
+    whose ``_CHECKPOINT_METADATA`` records a start but no commit (a save that stopped).
+    """
+    for candidate in sorted(steps, reverse=True):
+        try:
+            _refuse_unfinished(steps[candidate])
+        except UnfinishedCheckpointError:
+            continue
+        return candidate
+    _refuse_unfinished(steps[max(steps)])  # none finished: explain the newest
+    raise AssertionError("unreachable")
 
 
 def _list_steps(steps: dict[int, Location]) -> str:

@@ -25,8 +25,8 @@ import numpy as np
 
 from .._checkpoint import Checkpoint
 from .._dtypes import to_dtype
-from .._errors import CorruptCheckpointError, NotACheckpointError, SurgeryError
-from .._filesource import FileRangeSource
+from .._errors import CorruptCheckpointError, NotACheckpointError, SurgeryError, check_shape
+from .._filesource import FileRangeSource, local_identity
 from .._lazy import LazyArray
 from .._location import Location, location_of
 from .._paths import unflatten
@@ -84,6 +84,7 @@ def _read_tensors(
     weight_map: dict[str, str] = {}
     metadata: dict[str, str] = {}
     for file in files:
+        identity = local_identity(file)  # before the header: a swap in between fails the reads
         header, data_start = read_header(file)
         metadata = metadata or header.get("__metadata__") or {}
         for name, entry in header.items():
@@ -95,7 +96,7 @@ def _read_tensors(
                 )
             shape, dtype, begin = _entry(name, entry, file)
             tensors[name] = LazyArray(
-                FileRangeSource(file, data_start + begin, shape, dtype, path=name), path=name
+                FileRangeSource(file, data_start + begin, shape, dtype, name, identity), path=name
             )
             weight_map[name] = file.name
     return tensors, weight_map, metadata
@@ -246,7 +247,9 @@ def _shape_and_dtype(name: str, entry: Any, file: Location) -> tuple[tuple[int, 
         raise CorruptCheckpointError(
             f"Tensor {name!r} in {str(file)!r} has shape {shape!r}; expected a list of sizes."
         )
-    return tuple(shape), to_dtype(DTYPES[dtype_name])
+    dtype = to_dtype(DTYPES[dtype_name])
+    check_shape(tuple(shape), dtype, f"Tensor {name[:200]!r} in {str(file)!r}")
+    return tuple(shape), dtype
 
 
 def _check_layout(header: dict, data_size: int, file: Location) -> None:
@@ -282,12 +285,19 @@ def _check_layout(header: dict, data_size: int, file: Location) -> None:
 
 
 def _tree(tensors: dict[str, LazyArray], separator: str, path: Location) -> Any:
-    flat = {}
+    flat, named = {}, {}
     for name, array in tensors.items():
         keys = name.split(separator) if separator else [name]
         if any(key == "" for key in keys):
             keys = [name]  # "a..b" or ".x": keep the name whole rather than invent empty keys
         tree_path = "/".join(keys)
+        if tree_path in named:
+            raise SurgeryError(
+                f"Tensors {named[tree_path]!r} and {name!r} of {str(path)!r} both "
+                f"become the tree path {tree_path!r} with separator {separator!r}. Open it with "
+                f"another separator, e.g. separator='/' to keep names whole."
+            )
+        named[tree_path] = name
         array.path = tree_path
         array._node.path = tree_path
         flat[tree_path] = array

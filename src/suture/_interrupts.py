@@ -1,0 +1,59 @@
+"""Ctrl-C and SIGTERM on the command line: raised where Python can unwind, held over native calls.
+
+The CLI turns SIGINT into `KeyboardInterrupt` and SIGTERM into `Terminated`, raised in the
+main thread, so a write drops its queued blocks, removes its temporary output and exits
+(130 or 143). Raised inside a native call that runs Python (jax tracing) or that keeps
+working in the background once interrupted (TensorStore creating an array), the exception
+would abort the process or let files appear after the cleanup; so inside `native_call()`
+it waits until the call returns.
+
+Example:
+    >>> with native_call():
+    ...     pass
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+_held: dict[str, Any] = {"depth": 0, "pending": None}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C so that a write cleans up and stops."""
+
+
+def install() -> None:
+    """Routes SIGINT and SIGTERM through the handler (main thread only; the CLI calls it)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _handler)
+        signal.signal(signal.SIGTERM, _handler)
+
+
+def _handler(signum: int, frame: Any) -> None:
+    interruption = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    if _held["depth"]:
+        _held["pending"] = _held["pending"] or interruption
+        return
+    raise interruption
+
+
+@contextlib.contextmanager
+def native_call() -> Iterator[None]:
+    """Holds an interruption that arrives inside the block until the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _held["depth"] += 1
+    try:
+        yield
+    finally:
+        _held["depth"] -= 1
+        pending = _held["pending"]
+        if not _held["depth"] and pending is not None:
+            _held["pending"] = None
+            raise pending
