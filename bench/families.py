@@ -37,9 +37,17 @@ from bench._common import DATA_DIR, REPO_ROOT, drop_caches, machine, write_secti
 
 WORK = DATA_DIR / "families"
 LLAMA2_7B = dict(
-    hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
-    vocab_size=32000, rms_norm_eps=1e-5, max_position_embeddings=4096, model_type="llama",
-    architectures=["LlamaForCausalLM"], tie_word_embeddings=False, rope_theta=10000.0,
+    hidden_size=4096,
+    intermediate_size=11008,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    vocab_size=32000,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=4096,
+    model_type="llama",
+    architectures=["LlamaForCausalLM"],
+    tie_word_embeddings=False,
+    rope_theta=10000.0,
 )
 GIB = 1024**3
 
@@ -69,19 +77,31 @@ def generate(folder: Path, config: dict, dtype: str, layers_per_shard: int = 4) 
     # One random block, tiled: generation runs at memory speed, and no two rows of a tensor
     # are equal (the block's length is not a multiple of any row length), so a wrong
     # transpose or permutation shows in the value check.
-    block = (np.random.default_rng(0).standard_normal(1_000_003, dtype=np.float32) * 0.02).astype(dtype)
+    block = (np.random.default_rng(0).standard_normal(1_000_003, dtype=np.float32) * 0.02).astype(
+        dtype
+    )
     e, v = config["hidden_size"], config["vocab_size"]
     layers = config["num_hidden_layers"]
-    groups = [list(range(i, min(i + layers_per_shard, layers))) for i in range(0, layers, layers_per_shard)]
+    groups = [
+        list(range(i, min(i + layers_per_shard, layers)))
+        for i in range(0, layers, layers_per_shard)
+    ]
     shards = len(groups) + 1
     weight_map, total = {}, 0
     for number, group in enumerate([None, *groups], start=1):
         if group is None:
-            shapes = {"model.embed_tokens.weight": (v, e), "lm_head.weight": (v, e), "model.norm.weight": (e,)}
+            shapes = {
+                "model.embed_tokens.weight": (v, e),
+                "lm_head.weight": (v, e),
+                "model.norm.weight": (e,),
+            }
         else:
-            shapes = {name: shape for i in group for name, shape in _tensors_of_layer(i, config).items()}
+            shapes = {
+                name: shape for i in group for name, shape in _tensors_of_layer(i, config).items()
+            }
         tensors = {
-            name: np.resize(np.roll(block, 7919 * k), shape) for k, (name, shape) in enumerate(shapes.items())
+            name: np.resize(np.roll(block, 7919 * k), shape)
+            for k, (name, shape) in enumerate(shapes.items())
         }
         name = f"model-{number:05d}-of-{shards:05d}.safetensors"
         save_file(tensors, folder / name, metadata={"format": "pt"})
@@ -110,7 +130,9 @@ print(json.dumps({"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
 def timed(command: list[str], cwd: Path = REPO_ROOT) -> dict:
     """Wall, CPU seconds and peak RSS of `command` run cold in a fresh process."""
     cold = drop_caches()
-    done = subprocess.run([sys.executable, "-c", _TIMED, *command], capture_output=True, text=True, cwd=cwd)
+    done = subprocess.run(
+        [sys.executable, "-c", _TIMED, *command], capture_output=True, text=True, cwd=cwd
+    )
     if done.returncode:
         raise RuntimeError(f"{command[:3]} failed:\n{done.stderr[-3000:]}")
     return {**json.loads(done.stdout), "cold": cold}
@@ -131,8 +153,12 @@ def check_values(hf: Path, out: Path, config: dict) -> float:
         q_hf = np.asarray(source[f"model/layers/{layer}/self_attn/q_proj/weight"], np.float32)
         expected = (q_hf.T.reshape(e, h, d) / np.float32(np.sqrt(d))).astype(ml_dtypes.bfloat16)
         got = ckpt["params/params/decoder/layers/self_attention/query/kernel"][:, layer].read()
-        worst = max(worst, float(np.max(np.abs(got.astype(np.float32) - expected.astype(np.float32)))))
-        wo = np.asarray(source[f"model/layers/{layer}/mlp/down_proj/weight"]).T.astype(ml_dtypes.bfloat16)
+        worst = max(
+            worst, float(np.max(np.abs(got.astype(np.float32) - expected.astype(np.float32))))
+        )
+        wo = np.asarray(source[f"model/layers/{layer}/mlp/down_proj/weight"]).T.astype(
+            ml_dtypes.bfloat16
+        )
         got = ckpt["params/params/decoder/layers/mlp/wo/kernel"][:, layer].read()
         worst = max(worst, float(np.max(np.abs(got.astype(np.float32) - wo.astype(np.float32)))))
     return worst
@@ -146,10 +172,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--maxtext-venv", type=Path, default=None,
-                        help="virtual environment with maxtext 0.2.5 (made when missing)")
-    parser.add_argument("--maxtext-only", action="store_true",
-                        help="run only the smaller side-by-side comparison with MaxText's converter")
+    parser.add_argument(
+        "--maxtext-venv",
+        type=Path,
+        default=None,
+        help="virtual environment with maxtext 0.2.5 (made when missing)",
+    )
+    parser.add_argument(
+        "--maxtext-only",
+        action="store_true",
+        help="run only the smaller side-by-side comparison with MaxText's converter",
+    )
     args = parser.parse_args()
     if args.maxtext_venv is not None:
         _maxtext.compare(_maxtext.ensure_venv(args.maxtext_venv), timed=timed, generate=generate)
@@ -165,8 +198,17 @@ def main() -> None:
         shards = sorted(str(p) for p in hf.glob("*.safetensors"))
         floor = timed(["sh", "-c", 'cat "$@" > /dev/null', "sh", *shards])
         suture_run = timed(
-            [str(Path(sys.executable).with_name("suture")), "convert", str(hf), str(out),
-             "--recipe", "llama2:maxtext", "--dtype", "bfloat16", "--no-progress"]
+            [
+                str(Path(sys.executable).with_name("suture")),
+                "convert",
+                str(hf),
+                str(out),
+                "--recipe",
+                "llama2:maxtext",
+                "--dtype",
+                "bfloat16",
+                "--no-progress",
+            ]
         )
         difference = check_values(hf, out, config)
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -193,20 +235,20 @@ def report(args, config, size, generated_s, floor, suture_run, difference, maxte
     rss = suture_run["peak_rss_bytes"] / GIB
     body = f"""## Model families: HF Llama -> MaxText layout (`python -m bench.families --dtype {args.dtype}`)
 
-{machine()}. A random Llama-2-7B-shaped HF folder ({config['num_hidden_layers']} layers, hidden
-{config['hidden_size']}, {args.dtype}): {size / GIB:.2f} GiB in {config['num_hidden_layers'] // 4 + 1} shards (generated in
+{machine()}. A random Llama-2-7B-shaped HF folder ({config["num_hidden_layers"]} layers, hidden
+{config["hidden_size"]}, {args.dtype}): {size / GIB:.2f} GiB in {config["num_hidden_layers"] // 4 + 1} shards (generated in
 {generated_s:.0f} s), converted cold with `suture convert --recipe llama2:maxtext --dtype bfloat16`
 (MaxText's default save dtype) into one scanned Orbax checkpoint.
 
 | route | wall | CPU s | peak RSS |
 | --- | --- | --- | --- |
-| cold read of the source (`cat > /dev/null`), the floor | {floor['wall_s']:.1f} s | {floor['cpu_s']:.1f} | {floor['peak_rss_bytes'] / 2**20:.0f} MiB |
-| suture convert --recipe llama2:maxtext | {suture_run['wall_s']:.1f} s ({suture_run['wall_s'] / floor['wall_s']:.2f}x the floor) | {suture_run['cpu_s']:.1f} | {rss:.2f} GiB |
+| cold read of the source (`cat > /dev/null`), the floor | {floor["wall_s"]:.1f} s | {floor["cpu_s"]:.1f} | {floor["peak_rss_bytes"] / 2**20:.0f} MiB |
+| suture convert --recipe llama2:maxtext | {suture_run["wall_s"]:.1f} s ({suture_run["wall_s"] / floor["wall_s"]:.2f}x the floor) | {suture_run["cpu_s"]:.1f} | {rss:.2f} GiB |
 | MaxText `to_maxtext` | {maxtext_line} | | |
 
 Values checked against the HF tensors (query and MLP-out kernels of the first and last layer,
 in bfloat16): max abs difference {difference:g}. Page cache dropped before each route:
-{suture_run['cold']}.
+{suture_run["cold"]}.
 """
     write_section("families", body)
     print(body)
