@@ -15,7 +15,7 @@ recipe streams like any other surgery.
 
 Structural operations are exact. ``scale`` and ``add`` change values: a round trip is exact
 only when the factor is a power of two; otherwise it comes back within about 1 ulp, which
-`Operation.round_trip` says and the plan shows.
+each operation's `describe` says and `suture recipes NAME --config` shows.
 
 Example:
     >>> import numpy as np
@@ -46,8 +46,6 @@ class RecipeFormatError(SurgeryError, ValueError):
 
 class Operation:
     """One invertible step of a family recipe."""
-
-    round_trip = "exact"
 
     def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
         raise NotImplementedError
@@ -156,10 +154,6 @@ class Scale(Operation):
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
         return self._apply(array, self.backward_op, self.backward_by, self.back_compute, names)
 
-    @property
-    def round_trip(self) -> str:  # type: ignore[override]
-        return "exact when the factor is a power of two, else within 1 ulp"
-
     def exact_for(self, names: dict[str, Any]) -> bool:
         factor = float(evaluate(self.forward_by, names))
         mantissa, _ = math.frexp(factor)
@@ -180,8 +174,6 @@ class Add(Operation):
 
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
         return elementwise(lambda x: x - np.asarray(self.value, x.dtype), array, name="subtract")
-
-    round_trip = "within half an ulp of the constant"
 
     def describe(self, names: dict[str, Any]) -> str:
         return f"add {self.value:g} (round trip within half an ulp of {self.value:g})"
