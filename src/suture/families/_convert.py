@@ -20,6 +20,7 @@ from .._convert import LAYOUT_KEY
 from .._convert import _keep_safetensors_layout as keep_safetensors_layout
 from .._convert import _reuse_safetensors_layout as reuse_safetensors_layout
 from .._errors import SurgeryError
+from .._location import location_of
 from .._open import open as open_checkpoint
 from .._paths import unflatten
 from .._save import SaveResult, save
@@ -48,7 +49,7 @@ def convert_with_recipe(
     if not reverse:
         settings = read_config(config) if config is not None else _config_beside(source, name)
         tree = recipe.to_maxtext(ckpt.tree, settings)
-        options = keep_safetensors_layout(ckpt, Path(source), ".")
+        options = keep_safetensors_layout(ckpt, location_of(source), ".")
         options["metadata"][FAMILY_KEY] = {"recipe": recipe.name, "config": settings}
         return save(
             _cast(tree, dtype),
@@ -70,7 +71,7 @@ def convert_with_recipe(
         settings = _config_beside(source, name)
     tensors = recipe.to_hf(ckpt.tree, settings)
     recorded_layout = LAYOUT_KEY in ckpt.custom_metadata
-    options = reuse_safetensors_layout(ckpt, Path(source), ".", False) if recorded_layout else {}
+    options = reuse_safetensors_layout(ckpt, location_of(source), ".", False) if recorded_layout else {}
     options.pop("separator", None)
     with tempfile.TemporaryDirectory() as scratch:
         extra = dict(options.pop("extra_files", {}))  # the HF side files the forward run kept
@@ -98,12 +99,13 @@ def _cast(tree: Any, dtype: str | None) -> Any:
     return rules.apply_rules([rules.cast(".*", dtype, optional=True)], tree)
 
 
-def read_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
+def read_config(config: Any) -> dict[str, Any]:
+    """A model config: a dict, or a config.json path, URL or Location."""
     if isinstance(config, dict):
         return dict(config)
     try:
-        loaded = json.loads(Path(config).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
+        loaded = json.loads(location_of(config).read_bytes())
+    except (OSError, ValueError, SurgeryError) as error:
         raise SurgeryError(f"Cannot read the model config {str(config)!r}: {error}.") from None
     if not isinstance(loaded, dict):
         raise SurgeryError(f"{str(config)!r} is not a config.json: it holds no JSON object.")
@@ -111,7 +113,8 @@ def read_config(config: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:
 
 
 def _config_beside(source: str | os.PathLike, name: str) -> dict[str, Any]:
-    folder = Path(source) if Path(source).is_dir() else Path(source).parent
+    place = location_of(source)
+    folder = place if place.is_dir() else place.parent
     candidate = folder / "config.json"
     if not candidate.is_file():
         raise SurgeryError(
