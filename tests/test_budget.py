@@ -173,6 +173,25 @@ def test_a_block_costs_what_its_column_read_holds(tmp_path: Path) -> None:
     assert counter.bytes <= result.peak_in_flight <= 8 << 20  # the rows read were counted
 
 
+def test_a_transposed_leaf_is_read_once_when_it_fits_the_budget(tmp_path: Path) -> None:
+    """Blocks of a transposed safetensors leaf are column strips of the stored tensor, each
+    reading every row: when the whole leaf fits `max_memory`, it is one block, read once."""
+    path = tmp_path / "model.safetensors"
+    stored = np.random.default_rng(0).standard_normal((2048, 512), np.float32)
+    save_file({"lm_head": stored}, str(path))
+    head = suture.open(path)["lm_head"]
+    with count_bytes_read() as counter:
+        result = suture.save(
+            {"t": head.T.astype("bfloat16")}, tmp_path / "out", max_memory="16MiB", progress=False
+        )
+    # blocks of a thread's share of the budget would read it 2-4 times; the rest is the header
+    assert stored.nbytes <= counter.bytes < stored.nbytes + 4096
+    assert 0 < result.peak_in_flight <= 16 << 20
+    np.testing.assert_array_equal(
+        np.asarray(suture.load(tmp_path / "out")["t"]), stored.T.astype(ml_dtypes.bfloat16)
+    )
+
+
 def test_a_stack_of_mapped_layers_counts_one_map_at_a_time(tmp_path: Path) -> None:
     """MaxText's query kernel: per layer ``(w.T).reshape(...) / sqrt(d)``, stacked on axis 1.
 

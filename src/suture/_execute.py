@@ -26,7 +26,7 @@ import numpy as np
 from ._compute import ComputeNode
 from ._lazy import LazyArray
 from ._nodes import MapNode, Node, aligned_empty
-from ._reads import read_memory
+from ._reads import bytes_read, read_memory
 from ._selection import full
 
 DEFAULT_MAX_MEMORY = 1 << 30
@@ -60,7 +60,11 @@ class Block:
 
 
 def plan_blocks(
-    path: str, array: LazyArray, writer: LeafWriter, block_budget: int
+    path: str,
+    array: LazyArray,
+    writer: LeafWriter,
+    block_budget: int,
+    max_memory: int | None = None,
 ) -> Iterator[Block]:
     """The blocks of one leaf: whole numbers of the writer's chunks, as many rows as fit.
 
@@ -68,23 +72,50 @@ def plan_blocks(
     memory of any function that computes it) stays within `block_budget` when a single
     chunk allows. A leaf computed by a function of whole arrays (a map that is not
     elementwise) is one block: splitting it would compute the function once per block.
+
+    Where blocks of that size would read the same source bytes more than once (a transposed
+    safetensors tensor: each block of output rows is a column strip of the source, whose
+    rows are read whole; an Orbax array stored as one large chunk) and `max_memory` is
+    given, blocks grow up to `max_memory` instead: such a block waits until it can run
+    alone, which costs less than reading the source several times over.
     """
     if array.ndim == 0 or array.shape[0] == 0 or _computes_whole(array._node):
         yield Block(path, array, writer, slice(None), _cost(array, slice(None), writer))
         return
     unit = max(1, writer.block_rows())
-    units = -(-array.shape[0] // unit)
-    low, high = 1, units  # the most chunks per block whose cost fits, by bisection
-    while low < high:
-        middle = (low + high + 1) // 2
-        if _cost(array, slice(0, middle * unit), writer) <= block_budget:
-            low = middle
-        else:
-            high = middle - 1
-    step = low * unit
+    step = _rows_per_block(array, writer, unit, block_budget)
+    if max_memory is not None and max_memory > block_budget and _rereads(array, step):
+        step = max(step, _rows_per_block(array, writer, unit, max_memory))
     for start in range(0, array.shape[0], step):
         rows = slice(start, min(start + step, array.shape[0]))
         yield Block(path, array, writer, rows, _cost(array, rows, writer))
+
+
+def _rows_per_block(array: LazyArray, writer: LeafWriter, unit: int, budget: int) -> int:
+    """The most rows, a whole number of chunks of `unit` rows, whose block costs <= `budget`."""
+    units = -(-array.shape[0] // unit)
+    low, high = 1, units  # by bisection
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _cost(array, slice(0, middle * unit), writer) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return low * unit
+
+
+def _rereads(array: LazyArray, step: int) -> bool:
+    """Whether blocks of `step` rows read more from storage than the whole leaf at once."""
+    if step >= array.shape[0]:
+        return False
+    whole = bytes_read(array._node, full(array.shape))
+    split = 0
+    for start in range(0, array.shape[0], step):
+        block = array[start : start + step]
+        split += bytes_read(block._node, full(block.shape))
+        if split > whole * 9 // 8:  # a little overlap (a shared chunk at each edge) is fine
+            return True
+    return False
 
 
 def _computes_whole(node: Node) -> bool:

@@ -76,7 +76,7 @@ class OrbaxArrayWriter:
             target = self._store[start + offset : start + offset + height]
             part = values[offset : offset + height]
             if len(self._chunk) < 2 or self._chunk[1] >= values.shape[1]:
-                target.write(part).result()
+                target.write(part, can_reference_source_data_indefinitely=True).result()
                 continue
             for column in range(0, values.shape[1], self._chunk[1]):
                 width = min(self._chunk[1], values.shape[1] - column)
