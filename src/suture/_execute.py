@@ -25,7 +25,7 @@ import numpy as np
 
 from ._compute import ComputeNode
 from ._lazy import LazyArray
-from ._nodes import MapNode, Node, aligned_empty
+from ._nodes import CastNode, MapNode, Node, StackNode, aligned_empty
 from ._reads import bytes_read, read_memory
 from ._selection import full
 
@@ -42,21 +42,43 @@ class LeafWriter(Protocol):
     def write(self, rows: slice, values: np.ndarray) -> None:
         """Writes `values` as rows `rows` (along the first axis) of the leaf."""
 
+    # Optional, for writers that also take blocks along another axis (a stacking axis):
+    # ``unit_along(axis) -> int | None``, the chunk length along `axis` (None: not along
+    # it), and ``write_along(axis, rows, values)``, which writes `values` as the positions
+    # `rows` of `axis` (every position of the other axes).
+
     def held_while_writing(self, nbytes: int) -> int:
         """Bytes the writer holds besides `values` while writing a block of `nbytes`."""
 
 
 @dataclass(frozen=True)
 class Block:
+    """Positions `rows` of axis `axis` of a leaf (every position of its other axes)."""
+
     path: str
     array: LazyArray
     writer: LeafWriter
     rows: slice
     cost: int  # bytes held at the peak: reading, the block itself, writing it
+    axis: int = 0
+
+    @property
+    def index(self) -> tuple[slice, ...]:
+        return (slice(None),) * self.axis + (self.rows,)
+
+    @property
+    def view(self) -> LazyArray:
+        return self.array[self.index] if self.array.ndim else self.array
 
     @property
     def nbytes(self) -> int:
-        return self.array[self.rows].nbytes if self.array.ndim else self.array.nbytes
+        return self.view.nbytes
+
+    def write(self, values: np.ndarray) -> None:
+        if self.axis:
+            self.writer.write_along(self.axis, self.rows, values)  # type: ignore[attr-defined]
+        else:
+            self.writer.write(self.rows, values)
 
 
 def plan_blocks(
@@ -76,46 +98,74 @@ def plan_blocks(
     Where blocks of that size would read the same source bytes more than once (a transposed
     safetensors tensor: each block of output rows is a column strip of the source, whose
     rows are read whole; an Orbax array stored as one large chunk) and `max_memory` is
-    given, blocks grow up to `max_memory` instead: such a block waits until it can run
-    alone, which costs less than reading the source several times over.
+    given, a stack along another axis is cut along that axis instead (a few whole members
+    per block), or else the blocks grow up to `max_memory`: such a block waits until it can
+    run alone, which costs less than reading the source several times over.
     """
     if array.ndim == 0 or array.shape[0] == 0 or _computes_whole(array._node):
         yield Block(path, array, writer, slice(None), _cost(array, slice(None), writer))
         return
-    unit = max(1, writer.block_rows())
-    step = _rows_per_block(array, writer, unit, block_budget)
-    if max_memory is not None and max_memory > block_budget and _rereads(array, step):
-        step = max(step, _rows_per_block(array, writer, unit, max_memory))
-    for start in range(0, array.shape[0], step):
-        rows = slice(start, min(start + step, array.shape[0]))
-        yield Block(path, array, writer, rows, _cost(array, rows, writer))
+    axis, step = 0, _rows_per_block(array, writer, 0, block_budget)
+    if max_memory is not None and _rereads(array, 0, step):
+        axis, step = _without_rereads(array, writer, step, block_budget, max_memory)
+    for start in range(0, array.shape[axis], step):
+        rows = slice(start, min(start + step, array.shape[axis]))
+        yield Block(path, array, writer, rows, _cost(array, rows, writer, axis), axis)
 
 
-def _rows_per_block(array: LazyArray, writer: LeafWriter, unit: int, budget: int) -> int:
-    """The most rows, a whole number of chunks of `unit` rows, whose block costs <= `budget`."""
-    units = -(-array.shape[0] // unit)
+def _without_rereads(
+    array: LazyArray, writer: LeafWriter, step: int, block_budget: int, max_memory: int
+) -> tuple[int, int]:
+    """``(axis, positions per block)`` for a leaf whose row blocks would re-read its sources.
+
+    A stack along another axis (MaxText's layers on axis 1) is cut along its stacking axis,
+    a few whole members per block, when the writer takes such blocks; otherwise the row
+    blocks grow up to `max_memory`.
+    """
+    axis = stack_axis(array._node)
+    unit_along = getattr(writer, "unit_along", None)
+    if axis and unit_along is not None and unit_along(axis):
+        along = _rows_per_block(array, writer, axis, block_budget)
+        if not _rereads(array, axis, along):
+            return axis, along
+    return 0, max(step, _rows_per_block(array, writer, 0, max_memory))
+
+
+def _rows_per_block(array: LazyArray, writer: LeafWriter, axis: int, budget: int) -> int:
+    """The most positions of `axis`, whole chunks of the writer, whose block costs <= `budget`."""
+    unit = max(1, writer.unit_along(axis) if axis else writer.block_rows())  # type: ignore[attr-defined]
+    units = -(-array.shape[axis] // unit)
     low, high = 1, units  # by bisection
     while low < high:
         middle = (low + high + 1) // 2
-        if _cost(array, slice(0, middle * unit), writer) <= budget:
+        if _cost(array, slice(0, middle * unit), writer, axis) <= budget:
             low = middle
         else:
             high = middle - 1
     return low * unit
 
 
-def _rereads(array: LazyArray, step: int) -> bool:
-    """Whether blocks of `step` rows read more from storage than the whole leaf at once."""
-    if step >= array.shape[0]:
+def _rereads(array: LazyArray, axis: int, step: int) -> bool:
+    """Whether blocks of `step` positions of `axis` read more than the whole leaf at once."""
+    if step >= array.shape[axis]:
         return False
     whole = bytes_read(array._node, full(array.shape))
     split = 0
-    for start in range(0, array.shape[0], step):
-        block = array[start : start + step]
+    for start in range(0, array.shape[axis], step):
+        block = array[(slice(None),) * axis + (slice(start, start + step),)]
         split += bytes_read(block._node, full(block.shape))
         if split > whole * 9 // 8:  # a little overlap (a shared chunk at each edge) is fine
             return True
     return False
+
+
+def stack_axis(node: Node) -> int | None:
+    """The stacking axis of a stacked array (seen through casts and one-input elementwise maps)."""
+    while isinstance(node, (CastNode, MapNode)):
+        if isinstance(node, MapNode) and (not node.elementwise or len(node.members) != 1):
+            return None
+        node = node.inputs()[0]
+    return node.axis if isinstance(node, StackNode) else None
 
 
 def _computes_whole(node: Node) -> bool:
@@ -134,10 +184,10 @@ def _walk(node: Node) -> Iterator[Node]:
         pending.extend(current.inputs())
 
 
-def _cost(array: LazyArray, rows: slice, writer: LeafWriter) -> int:
+def _cost(array: LazyArray, rows: slice, writer: LeafWriter, axis: int = 0) -> int:
     """Bytes a block holds at its peak: what reading it holds (decoded chunks, strips,
     temporaries, map working memory), the block itself, and what the writer holds."""
-    view = array[rows] if array.ndim else array
+    view = array[(slice(None),) * axis + (rows,)] if array.ndim else array
     # maps count their working memory in `read_memory`, at the selection each one computes
     working = sum(
         n.working_bytes(view.nbytes) for n in _walk(view._node) if isinstance(n, ComputeNode)
@@ -239,7 +289,7 @@ def run_blocks(
     failed = threading.Event()
 
     def run(block: Block) -> None:
-        view = block.array[block.rows] if block.array.ndim else block.array
+        view = block.view
         cost, buffer = budget.acquire(block.cost, view.nbytes)
         try:
             if failed.is_set():
@@ -248,7 +298,7 @@ def run_blocks(
                 buffer = aligned_empty((view.nbytes,), np.dtype(np.uint8), alignment=4096)
             values = buffer[: view.nbytes].view(view.dtype).reshape(view.shape)
             view._node.read_into(full(view.shape), values)
-            block.writer.write(block.rows, values)
+            block.write(values)
         except BaseException:
             failed.set()
             raise

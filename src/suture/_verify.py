@@ -32,7 +32,7 @@ class DigestingWriter:
         self,
         inner: LeafWriter,
         path: str,
-        digests: dict[tuple[str, int], str],
+        digests: dict[tuple[str, int, int], str],
         lock: threading.Lock,
     ) -> None:
         self._inner, self._path, self._digests, self._lock = inner, path, digests, lock
@@ -43,16 +43,27 @@ class DigestingWriter:
     def held_while_writing(self, nbytes: int) -> int:
         return self._inner.held_while_writing(nbytes)
 
+    def unit_along(self, axis: int) -> int | None:
+        unit_along = getattr(self._inner, "unit_along", None)
+        return None if unit_along is None else unit_along(axis)
+
     def write(self, rows: slice, values: np.ndarray) -> None:
-        value = digest(values)
-        with self._lock:
-            self._digests[(self._path, rows.start or 0)] = value
+        self._record(0, rows, values)
         self._inner.write(rows, values)
 
+    def write_along(self, axis: int, rows: slice, values: np.ndarray) -> None:
+        self._record(axis, rows, values)
+        self._inner.write_along(axis, rows, values)  # type: ignore[attr-defined]
 
-def with_digests(blocks: list[Block]) -> tuple[list[Block], dict[tuple[str, int], str]]:
+    def _record(self, axis: int, rows: slice, values: np.ndarray) -> None:
+        value = digest(values)
+        with self._lock:
+            self._digests[(self._path, axis, rows.start or 0)] = value
+
+
+def with_digests(blocks: list[Block]) -> tuple[list[Block], dict[tuple[str, int, int], str]]:
     """`blocks` whose writers record digests, and the dict they record into."""
-    digests: dict[tuple[str, int], str] = {}
+    digests: dict[tuple[str, int, int], str] = {}
     lock = threading.Lock()
     wrapped: dict[int, DigestingWriter] = {}
     result = []
@@ -65,7 +76,7 @@ def with_digests(blocks: list[Block]) -> tuple[list[Block], dict[tuple[str, int]
 
 
 def check(
-    blocks: list[Block], digests: dict[tuple[str, int], str], written: dict[str, LazyArray]
+    blocks: list[Block], digests: dict[tuple[str, int, int], str], written: dict[str, LazyArray]
 ) -> None:
     """Reads every block back from `written` (by block path) and compares digests."""
     for block in blocks:
@@ -74,12 +85,13 @@ def check(
             raise SurgeryError(
                 f"Verification failed: {block.path!r} is missing from the written output."
             )
-        values = leaf[block.rows].read() if leaf.ndim else leaf.read()
+        values = leaf[block.index].read() if leaf.ndim else leaf.read()
         if values.dtype != block.array.dtype or digest(values) != digests.get(
-            (block.path, block.rows.start or 0)
+            (block.path, block.axis, block.rows.start or 0)
         ):
+            where = "rows" if block.axis == 0 else f"positions of axis {block.axis}"
             raise SurgeryError(
-                f"Verification failed: rows {block.rows.start or 0} to {block.rows.stop} of "
+                f"Verification failed: {where} {block.rows.start or 0} to {block.rows.stop} of "
                 f"{block.path!r} read back differently from what was written. Nothing was "
                 f"written to the destination; check the disk and try again."
             )

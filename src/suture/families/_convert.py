@@ -71,7 +71,9 @@ def convert_with_recipe(
         settings = _config_beside(source, name)
     tensors = recipe.to_hf(ckpt.tree, settings)
     recorded_layout = LAYOUT_KEY in ckpt.custom_metadata
-    options = reuse_safetensors_layout(ckpt, location_of(source), ".", False) if recorded_layout else {}
+    options = (
+        reuse_safetensors_layout(ckpt, location_of(source), ".", False) if recorded_layout else {}
+    )
     options.pop("separator", None)
     with tempfile.TemporaryDirectory() as scratch:
         extra = dict(options.pop("extra_files", {}))  # the HF side files the forward run kept

@@ -24,6 +24,7 @@ Each chunk is zstd-compressed and carries a crc32c checksum.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -33,11 +34,10 @@ from typing import Any
 import numpy as np
 
 from .._errors import SurgeryError
-from .._execute import Block, chunk_rows
+from .._execute import Block, chunk_rows, stack_axis
 from .._interrupts import native_call
 from .._lazy import LazyArray
 from .._location import LocalLocation, Location, location_of, remote_context
-from .._nodes import CastNode, MapNode, Node, StackNode
 from .names import OrbaxNames
 
 # glibc serves allocations over 32 MiB with fresh pages every time (a page fault per 4 KiB),
@@ -50,10 +50,11 @@ PROCESS_PREFIX = "ocdbt.process_"  # Orbax's name for one process's database
 
 
 class OrbaxArrayWriter:
-    """One zarr3 array in the checkpoint's OCDBT database, written in blocks of rows.
+    """One zarr3 array in the checkpoint's OCDBT database, written in blocks.
 
-    A block is handed to TensorStore one chunk at a time: TensorStore holds a copy of what
-    it is given and its compressed bytes, so this keeps what it holds to two chunks.
+    A block (rows of the first axis, or positions of a stacking axis) is handed to
+    TensorStore one chunk at a time: TensorStore holds what it is given and its compressed
+    bytes, so this keeps what it holds to two chunks.
     """
 
     def __init__(self, store: Any, chunk: tuple[int, ...]) -> None:
@@ -62,25 +63,36 @@ class OrbaxArrayWriter:
     def block_rows(self) -> int:
         return self._chunk[0] if self._chunk else 1
 
+    def unit_along(self, axis: int) -> int | None:
+        return self._chunk[axis] if axis < len(self._chunk) else None
+
     def held_while_writing(self, nbytes: int) -> int:
         chunk_bytes = math.prod(self._chunk) * self._store.dtype.numpy_dtype.itemsize
         return 2 * min(nbytes, chunk_bytes)
 
     def write(self, rows: slice, values: np.ndarray) -> None:
+        self.write_along(0, rows, values)
+
+    def write_along(self, axis: int, rows: slice, values: np.ndarray) -> None:
         if not self._store.ndim:
             self._store.write(values).result()
             return
         start = rows.start or 0
-        for offset in range(0, values.shape[0], self._chunk[0]):
-            height = min(self._chunk[0], values.shape[0] - offset)
-            target = self._store[start + offset : start + offset + height]
-            part = values[offset : offset + height]
-            if len(self._chunk) < 2 or self._chunk[1] >= values.shape[1]:
-                target.write(part, can_reference_source_data_indefinitely=True).result()
-                continue
-            for column in range(0, values.shape[1], self._chunk[1]):
-                width = min(self._chunk[1], values.shape[1] - column)
-                target[:, column : column + width].write(part[:, column : column + width]).result()
+        ranges = [
+            [(offset, min(offset + step, length)) for offset in range(0, length, max(1, step))]
+            for step, length in zip(self._chunk, values.shape, strict=True)
+        ]
+        for cell in itertools.product(*ranges):
+            part = values[tuple(slice(low, high) for low, high in cell)]
+            target = self._store[
+                tuple(
+                    slice(low + start, high + start) if dimension == axis else slice(low, high)
+                    for dimension, (low, high) in enumerate(cell)
+                )
+            ]
+            # The block is not touched until the write is committed, so TensorStore may
+            # encode straight from it instead of copying it first.
+            target.write(part, can_reference_source_data_indefinitely=True).result()
 
 
 class OrbaxShardWriter:
@@ -328,26 +340,17 @@ def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
     member larger than `chunk_bytes` is cut along its own first axis too)."""
     if array.ndim == 0:
         return ()
-    stack_axis = _stack_axis(array._node)
+    axis = stack_axis(array._node)
     shape = list(array.shape)
-    if stack_axis is not None:
-        shape[stack_axis] = 1
-        if stack_axis == 0:
+    if axis is not None:
+        shape[axis] = 1
+        if axis == 0:
             if len(shape) == 1:
                 return (1,)
             rows = chunk_rows(tuple(shape[1:]), array.dtype.itemsize, chunk_bytes)
             return tuple(max(1, length) for length in [1, rows, *shape[2:]])
     rows = chunk_rows(tuple(shape), array.dtype.itemsize, chunk_bytes)
     return tuple(max(1, length) for length in [rows, *shape[1:]])
-
-
-def _stack_axis(node: Node) -> int | None:
-    """The stacking axis of a stacked array (seen through casts and elementwise maps)."""
-    while isinstance(node, (CastNode, MapNode)):
-        if isinstance(node, MapNode) and (not node.elementwise or len(node.members) != 1):
-            return None
-        node = node.inputs()[0]
-    return node.axis if isinstance(node, StackNode) else None
 
 
 def keys_and_kinds(tree: Any) -> list[tuple[tuple[str, ...], tuple[int, ...], Any]]:
