@@ -73,7 +73,9 @@ def test_a_truncated_file_is_an_error_naming_the_tensor(tmp_path: Path) -> None:
     with pytest.raises(suture.CorruptCheckpointError, match=r"changed since it was opened.*'w'"):
         weights.read()  # the file's identity check (issue 19) catches it first
     source = weights._node
-    unchecked = _filesource.FileRangeSource(source.file, source.offset, source.shape, source.dtype, "w")
+    unchecked = _filesource.FileRangeSource(
+        source.file, source.offset, source.shape, source.dtype, "w"
+    )
     with pytest.raises(suture.CorruptCheckpointError, match=r"'w' needs 16384 bytes.*truncated"):
         unchecked.read((range(64), range(64)))  # the read loop's own check, without identity
 

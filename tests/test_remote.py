@@ -202,7 +202,8 @@ def test_a_lock_held_on_another_machine_is_respected(gcs: str) -> None:
     lock = suture._location.location_of(f"{gcs}/locked/.out.suture-lock")
     lock.write_bytes(b"12345@another-host")
     with pytest.raises(
-        suture.SurgeryError, match=r"Another process \(pid 12345 on host 'another-host'\) is writing"
+        suture.SurgeryError,
+        match=r"Another process \(pid 12345 on host 'another-host'\) is writing",
     ):
         suture.save({"w": np.ones(2)}, f"{gcs}/locked/out", progress=False)
     lock.remove()
