@@ -116,9 +116,12 @@ def assign(out: np.ndarray, values: np.ndarray) -> None:
     tile_rows = max(1, min(_TILE, _CAST_TILE_BYTES // (columns * out.dtype.itemsize)))
     for row in range(0, rows, tile_rows):
         height = min(tile_rows, rows - row)
-        tile = scratch_buffer("cast", height * columns * out.dtype.itemsize)
-        tile = tile.view(out.dtype).reshape(height, columns)
-        np.copyto(tile, values[row : row + height], casting="unsafe")
+        if values.dtype == out.dtype and values.flags.c_contiguous:  # nothing to cast
+            tile = values[row : row + height]
+        else:
+            tile = scratch_buffer("cast", height * columns * out.dtype.itemsize)
+            tile = tile.view(out.dtype).reshape(height, columns)
+            np.copyto(tile, values[row : row + height], casting="unsafe")
         for column in range(0, columns, _TILE):
             out[row : row + height, column : column + _TILE] = tile[:, column : column + _TILE]
 
