@@ -215,7 +215,8 @@ def share_blocks(
     The blocks are first cut small (a sixteenth of an even share, or `block_budget` if
     less) so that the shares come out even; then each process joins its neighbouring small
     blocks of one leaf back into blocks of up to `block_budget`, so that a stored chunk
-    under several of them is read once.
+    under several of them is read once. (Unlike a single process's, these blocks are never
+    grown to avoid re-reads: shares would come out uneven.)
     """
     from ._execute import plan_blocks
 
@@ -242,7 +243,7 @@ def _weights(arrays: Sequence[tuple[str, Any, Any]], blocks: list[Any]) -> list[
     reads = {path: bytes_read(array._node, full(array.shape)) for path, array, _ in arrays}
     weights = []
     for block in blocks:
-        rows = block.array.shape[0] if block.array.ndim else 1
+        rows = block.array.shape[block.axis] if block.array.ndim else 1
         part = len(range(*block.rows.indices(rows))) / rows if rows else 1.0
         weights.append(block.nbytes + int(reads[block.path] * part))
     return weights
@@ -257,6 +258,7 @@ def _joined(blocks: list[Any], block_budget: int) -> list[Any]:
             last is not None
             and last.path == block.path
             and last.writer is block.writer
+            and last.axis == block.axis
             and last.rows.stop is not None
             and last.rows.stop == block.rows.start
             and last.cost + block.cost <= block_budget

@@ -175,6 +175,10 @@ class _StoppingWriter:
         self._group.raise_if_failed()
         self._inner.write(rows, values)
 
+    def write_along(self, axis: int, rows: slice, values: np.ndarray) -> None:
+        self._group.raise_if_failed()
+        self._inner.write_along(axis, rows, values)
+
 
 def _stopping_on_failure(block: Block, group: Group) -> Block:
     from dataclasses import replace
