@@ -15,16 +15,23 @@ file replaced or rewritten meanwhile is an error, not a mix of old and new data.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._errors import CorruptCheckpointError
 from ._location import Location
-from ._nodes import Node, ReadCost, SourceNode, aligned_empty, assign, scratch_buffer
-from ._selection import Selection, outer_index, selection_shape
+from ._location.direct import direct_reads, should_read_direct
+from ._nodes import Node, ReadCost, SourceNode, aligned_empty, assign
+from ._reads import estimate_reads
+from ._selection import Selection, full, outer_index, selection_shape
+
+if TYPE_CHECKING:
+    from ._lazy import LazyArray
 
 # A column read holds one strip of rows at a time; `read_into` one tile (kept per thread).
 STRIP_BYTES = 32 << 20
@@ -90,10 +97,7 @@ class FileRangeSource(SourceNode):
             step = max(1, TILE_BYTES // max(1, self._row_bytes))
             for start in range(rows[0], rows[1], step):
                 stop = min(start + step, rows[1])
-                tile = scratch_buffer("read", (stop - start) * self._row_bytes)
-                tile = tile.view(self.dtype).reshape((stop - start, *self.shape[1:]))
-                self._read_rows(start, stop, tile)
-                assign(out[start - rows[0] : stop - rows[0]], tile)
+                assign(out[start - rows[0] : stop - rows[0]], self._read_rows_scratch(start, stop))
 
     def read_cost(self, selection: Selection, into: bool = False) -> ReadCost:
         """Bytes read from the file (whole row spans) and bytes held while reading."""
@@ -126,6 +130,15 @@ class FileRangeSource(SourceNode):
         self.file.read_into(self.offset + low * self._row_bytes, into, self.path or "")
         self._check_same_file()  # a swap during the read would have mixed files
         return into
+
+    def _read_rows_scratch(self, low: int, high: int) -> np.ndarray:
+        """Rows ``[low, high)`` in this thread's read buffer (valid until its next read)."""
+        self._check_same_file()
+        raw = self.file.read_scratch(
+            self.offset + low * self._row_bytes, (high - low) * self._row_bytes, self.path or ""
+        )
+        self._check_same_file()
+        return raw.view(self.dtype).reshape((high - low, *self.shape[1:]))
 
     def _check_same_file(self) -> None:
         if self.identity is not None and local_identity(self.file) != self.identity:
@@ -201,3 +214,20 @@ def _row_groups(first: Any, strip_rows: int) -> Any:
         stop = int(ordered[end - 1]) + 1
         yield start, stop, (order[index:end], ordered[index:end] - start)
         index = end
+
+
+def bytes_from_local_files(arrays: Iterable[LazyArray]) -> int:
+    """Bytes that reading all of `arrays` takes from local files (each source counted once)."""
+    sources: dict[int, int] = {}
+    for array in arrays:
+        for key, (source, disk) in estimate_reads(array._node, full(array.shape)).items():
+            if isinstance(source, FileRangeSource) and not source.file.is_remote:
+                sources[key] = max(disk, sources.get(key, 0))
+    return sum(sources.values())
+
+
+def reading_directly(arrays: Iterable[LazyArray]) -> contextlib.AbstractContextManager[None]:
+    """A block in which large reads of local files go around the page cache, if reading all
+    of `arrays` takes a quarter of the machine's memory or more (see `_location.direct`)."""
+    unique = {id(array): array for array in arrays}.values()
+    return direct_reads(should_read_direct(bytes_from_local_files(unique)))

@@ -30,6 +30,7 @@ from ._execute import (
     plan_blocks,
     run_blocks,
 )
+from ._filesource import reading_directly
 from ._format import parse_bytes
 from ._lazy import LazyArray, as_lazy
 from ._location import LocalLocation, Location, location_of
@@ -314,7 +315,10 @@ def _write(
             with progress_bar(f"Writing {destination.name}", total, show_progress) as on_progress:
                 budget: list[Budget] = []
                 try:
-                    progress = run_blocks(blocks, max_memory, on_progress, on_budget=budget.append)
+                    with reading_directly(block.array for block in blocks):
+                        progress = run_blocks(
+                            blocks, max_memory, on_progress, on_budget=budget.append
+                        )
                 finally:
                     finish_error = _call(finish)
             if finish_error is not None:

@@ -31,6 +31,7 @@ import numpy as np
 from ._distributed import Group, global_array
 from ._errors import SurgeryError
 from ._execute import Block, run_blocks
+from ._filesource import reading_directly
 from ._paths import flatten
 from ._progress import progress_bar
 from ._save import (
@@ -103,7 +104,8 @@ def write_collective(
                 f"Writing {destination.name}", total, options["show_progress"]
             ) as on_progress:
                 try:
-                    progress = run_blocks(blocks, max_memory, on_progress)
+                    with reading_directly(block.array for block in blocks):
+                        progress = run_blocks(blocks, max_memory, on_progress)
                 finally:  # safetensors: each process closes what it opened
                     closing_error = _call(finish) if format != "orbax" else None
             if closing_error is not None:

@@ -11,6 +11,7 @@ import numpy as np
 
 from .._errors import CorruptCheckpointError
 from .._iostats import record_read
+from . import direct
 
 
 class Location:
@@ -78,6 +79,19 @@ class Location:
             CorruptCheckpointError: the file holds fewer bytes; `what` names the data.
         """
         into.reshape(-1).view(np.uint8)[:] = self.read_range(offset, into.nbytes, what)
+
+    def read_scratch(self, offset: int, count: int, what: str = "") -> np.ndarray:
+        """`count` bytes at `offset` as a view of a per-thread buffer, valid until this
+        thread's next `read_scratch` (for reads that are cast or copied into place at once).
+
+        Raises:
+            CorruptCheckpointError: the file holds fewer bytes; `what` names the data.
+        """
+        from .._nodes import scratch_buffer
+
+        buffer = scratch_buffer("read", count)
+        self.read_into(offset, buffer, what)
+        return buffer
 
     def read_head(self, count: int) -> bytes:
         """The first `count` bytes, or the whole file when it is shorter."""
@@ -162,11 +176,22 @@ class LocalLocation(Location):
         from .._filesource import read_fully  # loops: one preadv returns at most ~2 GiB
 
         count = into.nbytes
-        with open(self.path, "rb", buffering=0) as stream:
-            got = read_fully(stream.fileno(), into, offset) if count else 0
+        got = direct.read_direct(self.path, offset, into) if direct.wanted(count) else None
+        if got is None:
+            with open(self.path, "rb", buffering=0) as stream:
+                got = read_fully(stream.fileno(), into, offset) if count else 0
         if got != count:
             raise short_read(self, what, count, offset, got)
         record_read(count)
+
+    def read_scratch(self, offset: int, count: int, what: str = "") -> np.ndarray:
+        view = direct.read_direct_view(self.path, offset, count) if direct.wanted(count) else None
+        if view is None:
+            return super().read_scratch(offset, count, what)
+        if len(view) != count:
+            raise short_read(self, what, count, offset, len(view))
+        record_read(count)
+        return view
 
     def read_head(self, count: int) -> bytes:
         with open(self.path, "rb") as stream:
