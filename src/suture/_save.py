@@ -295,7 +295,9 @@ def _write(
         temporary = publication.temporary
         try:
             if format == "orbax":
-                blocks, finish = _orbax_blocks(tree, temporary, chunk_bytes, max_memory, metadata)
+                blocks, finish, _ = _orbax_blocks(
+                    tree, temporary, chunk_bytes, max_memory, metadata
+                )
             else:
                 assert isinstance(temporary, LocalLocation)
                 one_file = destination.name.endswith(".safetensors")
@@ -360,12 +362,13 @@ def _orbax_blocks(
     max_memory: int,
     metadata: Any,
     group: Group | None = None,
-) -> tuple[list[Block], Any]:
-    """The blocks to write and the function that finishes the checkpoint.
+) -> tuple[list[Block], Any, Any]:
+    """The blocks to write, the function that finishes the checkpoint, and the one that
+    makes this process's writes durable (the finish does it for a single process).
 
     With a `group` (under jax.distributed) the blocks are this process's share, written to
-    its own database, and the finish (for the primary, after every process has written)
-    also merges the processes' databases.
+    its own database (each process syncs its own), and the finish (for the primary, after
+    every process has written) also merges the processes' databases.
     """
     sink = OrbaxSink(folder, chunk_bytes, None if group is None else group.index)
     if group is None:
@@ -392,9 +395,9 @@ def _orbax_blocks(
             for leaf in arrays
             for block in plan_blocks(*leaf, block_budget(max_memory), max_memory)
         ]
-        return blocks, lambda: sink.finish(metadata)
+        return blocks, lambda: sink.finish(metadata), sink.sync
     blocks = owned + share_blocks(arrays, block_budget(max_memory), group.count, group.index)
-    return blocks, lambda: (sink.finish(metadata), merge_process_databases(folder))
+    return blocks, lambda: (sink.finish(metadata), merge_process_databases(folder)), sink.sync
 
 
 def _copy_extra_files(extra_files: dict[str, Location], folder: Location | Path) -> None:

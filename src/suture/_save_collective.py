@@ -80,10 +80,11 @@ def write_collective(
         temporary = destination.with_name(group.agree("temporary", prepare))
         try:
             if format == "orbax":
-                blocks, finish = _orbax_blocks(
+                blocks, finish, sync = _orbax_blocks(
                     tree, temporary, options["chunk_bytes"], max_memory, metadata, group
                 )
             else:
+                sync = None
                 blocks, finish = _primary_safetensors(
                     group,
                     tree,
@@ -110,6 +111,8 @@ def write_collective(
                     closing_error = _call(finish) if format != "orbax" else None
             if closing_error is not None:
                 raise closing_error
+            if sync is not None:  # this process's Orbax database, durable before "written"
+                sync()
             group.barrier("written")
             if group.is_primary:
                 if format == "orbax":

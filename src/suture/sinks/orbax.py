@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -136,8 +137,10 @@ class OrbaxSink:
         self._entries: dict[str, dict] = {}
         self._strings: dict[str, str] = {}
         self._names = OrbaxNames()
+        # Chunks are not fsync'd one by one (TensorStore's default): that stalls each writing
+        # thread on the disk. `sync` makes everything durable once, before publication.
         self._context = ts.Context(
-            {"file_io_concurrency": {"limit": 64}},
+            {"file_io_concurrency": {"limit": 64}, "file_io_sync": False},
             parent=remote_context() if self.folder.is_remote else None,
         )
         self._started = time.time_ns()
@@ -262,8 +265,15 @@ class OrbaxSink:
             "value_metadata": {"value_type": value_type, "skip_deserialize": skip_deserialize},
         }
 
+    def sync(self) -> None:
+        """Makes this sink's database durable: fsyncs its files and folders (local only;
+        an object store has nothing to sync)."""
+        if isinstance(self._database, LocalLocation):
+            fsync_tree(self._database.path)
+
     def finish(self, custom_metadata: dict | None = None) -> None:
-        """Writes `_METADATA`, `_strings.json` and `_CHECKPOINT_METADATA`."""
+        """Writes `_METADATA`, `_strings.json` and `_CHECKPOINT_METADATA`, then fsyncs the
+        whole checkpoint (so that it is durable before it is published)."""
         metadata = {
             "tree_metadata": self._entries,
             "use_ocdbt": True,
@@ -278,6 +288,8 @@ class OrbaxSink:
             self.folder / "_CHECKPOINT_METADATA",
             self._checkpoint_metadata(time.time_ns(), custom_metadata),
         )
+        if isinstance(self.folder, LocalLocation):
+            fsync_tree(self.folder.path)
 
 
 def merge_process_databases(folder: Path) -> None:
@@ -302,6 +314,25 @@ def merge_process_databases(folder: Path) -> None:
     for copy in copies:
         copy.result()
     transaction.commit_async().result()
+
+
+def fsync_tree(folder: Path) -> None:
+    """fsyncs every file under `folder`, then every folder (so that new names are durable)."""
+    folders = []
+    for root, _, files in os.walk(folder):
+        folders.append(root)
+        for name in files:
+            _fsync(os.path.join(root, name))
+    for root in reversed(folders):
+        _fsync(root)
+
+
+def _fsync(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _ocdbt_spec(folder: Path) -> dict[str, Any]:
