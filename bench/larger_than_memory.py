@@ -15,7 +15,8 @@ Floors, in the same run: ``cp -r`` of the source (of its first shards, scaled, w
 whole copy would leave less than 15 GiB free), a cold read of the source, and an fsync'd
 write of the plain output's size. Values are checked with stock Orbax and safetensors.
 Everything made is deleted at the end. Run from the repository root:
-``.venv/bin/python -m bench.larger_than_memory [GiB]``.
+``.venv/bin/python -m bench.larger_than_memory [GiB [ROUNDS]]`` (30 GiB and 2 rounds by
+default: each round measures the floors and every route once; the report takes medians).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -360,7 +362,7 @@ def check_reverse() -> None:
 # ---- the run ----
 
 
-def main(size_gib: float) -> None:
+def main(size_gib: float, repeats: int) -> None:
     shutil.rmtree(ROOT, ignore_errors=True)
     ROOT.mkdir(parents=True)
     layers = layer_count(size_gib)
@@ -378,25 +380,64 @@ def main(size_gib: float) -> None:
             f"generated {source_bytes / GiB:.1f} GiB in {time.perf_counter() - started:.0f} s",
             flush=True,
         )
-        floors = {"cp": cp_floor(source_bytes), "read_s": cold_read()}
-        print("floors", json.dumps(floors), flush=True)
-        runs = {"plain": run_route("plain")}
-        check_orbax(transposed=False)
-        floors["write_s"] = fsynced_write(runs["plain"]["written"])
-        for budget in ("256MiB", "4GiB"):
-            runs[f"plain, max_memory {budget}"] = run_route("plain", budget)
-        runs["transposed"] = run_route("transposed")
-        check_orbax(transposed=True)
-        shutil.rmtree(SOURCE)  # room for the reverse output
-        runs["reverse"] = run_route("reverse")
+        # The disk's speed drifts on a shared machine: each round measures the floors and
+        # then every route once, and the report takes the medians of the rounds.
+        rounds: list[tuple[dict, dict]] = []
+        for number in range(repeats):
+            floors = {"cp": cp_floor(source_bytes), "read_s": cold_read()}
+            print("floors", json.dumps(floors), flush=True)
+            runs = {"plain": run_route("plain")}
+            if number == 0:
+                check_orbax(transposed=False)
+            floors["write_s"] = fsynced_write(runs["plain"]["written"])
+            for budget in ("256MiB", "4GiB"):
+                runs[f"plain, max_memory {budget}"] = run_route("plain", budget)
+            runs["transposed"] = run_route("transposed")
+            if number == 0:
+                check_orbax(transposed=True)
+            rounds.append((floors, runs))
+        shutil.rmtree(SOURCE)  # room for the reverse output (written from the transposed one)
+        reverse = [run_route("reverse") for _ in range(repeats)]
         check_reverse()
         print("checked with stock Orbax and safetensors", flush=True)
-        write_section("larger_than_memory", report(size_gib, layers, source_bytes, floors, runs))
+        floors, runs = _medians(rounds)
+        runs["reverse"] = _median_run(reverse)
+        write_section(
+            "larger_than_memory", report(size_gib, layers, source_bytes, floors, runs, repeats)
+        )
     finally:
         shutil.rmtree(ROOT, ignore_errors=True)
 
 
-def report(size: float, layers: int, source_bytes: int, floors: dict, runs: dict) -> str:
+def _medians(rounds: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+    """The floors and each route's run, as medians over the rounds (peak RSS: the largest)."""
+    floors = {
+        "cp": {
+            **rounds[0][0]["cp"],
+            **{
+                key: statistics.median(r[0]["cp"][key] for r in rounds)
+                for key in ("wall_s", "cpu_s", "sync_s")
+            },
+        },
+        **{key: statistics.median(r[0][key] for r in rounds) for key in ("read_s", "write_s")},
+    }
+    runs = {name: _median_run([r[1][name] for r in rounds]) for name in rounds[0][1]}
+    return floors, runs
+
+
+def _median_run(runs: list[dict]) -> dict:
+    return {
+        "wall_s": statistics.median(run["wall_s"] for run in runs),
+        "cpu_s": statistics.median(run["cpu_s"] for run in runs),
+        "peak_rss": max(run["peak_rss"] for run in runs),
+        "baseline_rss": min(run["baseline_rss"] for run in runs),
+        "walls": [run["wall_s"] for run in runs],
+    }
+
+
+def report(
+    size: float, layers: int, source_bytes: int, floors: dict, runs: dict, repeats: int
+) -> str:
     cp = floors["cp"]
     gib = source_bytes / GiB
     lines = [
@@ -404,7 +445,9 @@ def report(size: float, layers: int, source_bytes: int, floors: dict, runs: dict
         "",
         f"`python -m bench.larger_than_memory {size:g}` on {machine()}, "
         f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / GiB:.0f} GiB RAM; "
-        "page cache dropped before every route; one run each (other jobs shared the machine).",
+        f"page cache dropped before every route; medians of {repeats} "
+        f"round{'s' if repeats != 1 else ''}, each measuring "
+        "the floors and then every route once (the shared disk's speed drifts between runs).",
         "",
         "Floors: `cp -r` of the source "
         + (f"(measured on {cp['shards']} of {cp['of']} shards, scaled) " if cp["scaled"] else "")
@@ -413,14 +456,16 @@ def report(size: float, layers: int, source_bytes: int, floors: dict, runs: dict
         f"{floors['read_s']:.1f} s ({gib / floors['read_s']:.2f} GiB/s); fsync'd write of the "
         f"plain output's size {floors['write_s']:.1f} s.",
         "",
-        "| route | wall s | vs cp -r | CPU s | CPU s / GiB | peak RSS | RSS over baseline |",
-        "|---|---|---|---|---|---|---|",
+        "| route | wall s | vs cp -r | CPU s | CPU s / GiB | peak RSS | RSS over baseline "
+        "| wall s, each run |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, run in runs.items():
         lines.append(
             f"| {name} | {run['wall_s']:.1f} | {run['wall_s'] / cp['wall_s']:.2f}x | "
             f"{run['cpu_s']:.1f} | {run['cpu_s'] / gib:.2f} | {run['peak_rss'] / GiB:.2f} GiB | "
-            f"{(run['peak_rss'] - run['baseline_rss']) / GiB:.2f} GiB |"
+            f"{(run['peak_rss'] - run['baseline_rss']) / GiB:.2f} GiB | "
+            f"{', '.join(f'{wall:.1f}' for wall in run['walls'])} |"
         )
     lines += [
         "",
@@ -436,4 +481,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "")
     else:
-        main(float(sys.argv[1]) if len(sys.argv) > 1 else 30.0)
+        arguments = sys.argv[1:]
+        main(
+            float(arguments[0]) if arguments else 30.0,
+            int(arguments[1]) if len(arguments) > 1 else 2,
+        )
