@@ -217,10 +217,10 @@ def share_blocks(
     blocks of one leaf back into blocks of up to `block_budget`, so that a stored chunk
     under several of them is read once.
     """
-    from ._execute import plan_blocks
+    from ._execute import leaf_blocks
 
     def plan(budget: int) -> list[Any]:
-        return [block for leaf in arrays for block in plan_blocks(*leaf, budget)]
+        return [block for leaf in arrays for block in leaf_blocks(*leaf, budget)]
 
     blocks = plan(block_budget)
     finer = max(1, sum(block.cost for block in blocks) // (16 * count))
@@ -240,10 +240,10 @@ def _weights(arrays: Sequence[tuple[str, Any, Any]], blocks: list[Any]) -> list[
     from ._selection import full
 
     reads = {path: bytes_read(array._node, full(array.shape)) for path, array, _ in arrays}
+    sizes = {path: array.nbytes for path, array, _ in arrays}
     weights = []
-    for block in blocks:
-        rows = block.array.shape[0] if block.array.ndim else 1
-        part = len(range(*block.rows.indices(rows))) / rows if rows else 1.0
+    for block in blocks:  # a block's part of its leaf (of a row of it, with `outer`)
+        part = block.nbytes / sizes[block.path] if sizes[block.path] else 1.0
         weights.append(block.nbytes + int(reads[block.path] * part))
     return weights
 

@@ -17,8 +17,9 @@ checkpoint's root database, as Orbax's multi-process saves do; a globally sharde
 ``jax.Array`` is chunked by its shards, each written by the process holding its first replica.
 
 Arrays are chunked along their first axis (rows per chunk so that a chunk holds at most
-`chunk_bytes`); a stacked array gets one member per chunk, so reading one layer back reads
-about one layer's bytes (a layer larger than a chunk is cut along its first axis too).
+`chunk_bytes`; a row longer than that is cut along its own axes); a stacked array gets one
+member per chunk, so reading one layer back reads about one layer's bytes (a layer larger
+than a chunk is cut along its first axis too).
 Each chunk is zstd-compressed and carries a crc32c checksum.
 """
 
@@ -66,21 +67,30 @@ class OrbaxArrayWriter:
         chunk_bytes = math.prod(self._chunk) * self._store.dtype.numpy_dtype.itemsize
         return 2 * min(nbytes, chunk_bytes)
 
+    def row(self, index: int) -> OrbaxArrayWriter:
+        """The writer of row `index` alone (its chunks are one row high)."""
+        return OrbaxArrayWriter(self._store[index], self._chunk[1:])
+
     def write(self, rows: slice, values: np.ndarray) -> None:
         if not self._store.ndim:
             self._store.write(values).result()
             return
         start = rows.start or 0
-        for offset in range(0, values.shape[0], self._chunk[0]):
-            height = min(self._chunk[0], values.shape[0] - offset)
-            target = self._store[start + offset : start + offset + height]
-            part = values[offset : offset + height]
-            if len(self._chunk) < 2 or self._chunk[1] >= values.shape[1]:
-                target.write(part).result()
-                continue
-            for column in range(0, values.shape[1], self._chunk[1]):
-                width = min(self._chunk[1], values.shape[1] - column)
-                target[:, column : column + width].write(part[:, column : column + width]).result()
+        target = self._store[start : start + values.shape[0]].translate_to[0]
+        _write_by_chunks(target, values, self._chunk)
+
+
+def _write_by_chunks(target: Any, values: np.ndarray, chunk: tuple[int, ...]) -> None:
+    """Writes `values` into `target` (of its shape, origin 0) one chunk at a time: cut along
+    the first axis a chunk does not cover whole, each part cut further along the next one."""
+    cut = [axis for axis, length in enumerate(chunk) if length < values.shape[axis]]
+    if not cut:
+        target.write(values).result()
+        return
+    axis = cut[0]
+    for start in range(0, values.shape[axis], chunk[axis]):
+        part = (slice(None),) * axis + (slice(start, start + chunk[axis]),)
+        _write_by_chunks(target[part].translate_to[0], values[part], chunk)
 
 
 class OrbaxShardWriter:
@@ -324,21 +334,24 @@ def _zarr_dtype(dtype: np.dtype, keys: tuple[str, ...]) -> str:
 
 
 def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
-    """Chunks along the first axis; a stack along axis 0 gets one member per chunk (a
-    member larger than `chunk_bytes` is cut along its own first axis too)."""
+    """The chunk of `array`: whole trailing axes while they fit `chunk_bytes`, then as many
+    as fit along the next axis, and 1 along the axes before it (so a row longer than a
+    chunk is cut along its own axes). A stacked array gets one member per chunk."""
     if array.ndim == 0:
         return ()
+    shape = [max(1, length) for length in array.shape]
     stack_axis = _stack_axis(array._node)
-    shape = list(array.shape)
     if stack_axis is not None:
         shape[stack_axis] = 1
-        if stack_axis == 0:
-            if len(shape) == 1:
-                return (1,)
-            rows = chunk_rows(tuple(shape[1:]), array.dtype.itemsize, chunk_bytes)
-            return tuple(max(1, length) for length in [1, rows, *shape[2:]])
-    rows = chunk_rows(tuple(shape), array.dtype.itemsize, chunk_bytes)
-    return tuple(max(1, length) for length in [rows, *shape[1:]])
+    chunk = [1] * len(shape)
+    inner = array.dtype.itemsize
+    for axis in reversed(range(len(shape))):
+        if inner * shape[axis] > chunk_bytes:
+            chunk[axis] = max(1, chunk_bytes // inner)
+            break
+        chunk[axis] = shape[axis]
+        inner *= shape[axis]
+    return tuple(chunk)
 
 
 def _stack_axis(node: Node) -> int | None:
