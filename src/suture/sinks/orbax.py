@@ -87,9 +87,9 @@ def _write_by_chunks(target: Any, values: np.ndarray, chunk: tuple[int, ...]) ->
     if not cut:
         target.write(values).result()
         return
-    axis = cut[0]
-    for start in range(0, values.shape[axis], chunk[axis]):
-        part = (slice(None),) * axis + (slice(start, start + chunk[axis]),)
+    axis, extent = cut[0], values.shape[cut[0]]
+    for start in range(0, extent, chunk[axis]):
+        part = (slice(None),) * axis + (slice(start, min(start + chunk[axis], extent)),)
         _write_by_chunks(target[part].translate_to[0], values[part], chunk)
 
 
