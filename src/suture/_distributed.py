@@ -220,7 +220,7 @@ def share_blocks(
     from ._execute import leaf_blocks
 
     def plan(budget: int) -> list[Any]:
-        return [block for leaf in arrays for block in leaf_blocks(*leaf, budget)]
+        return [block for leaf in arrays for block in leaf_blocks(*leaf, budget, 4 * block_budget)]
 
     blocks = plan(block_budget)
     finer = max(1, sum(block.cost for block in blocks) // (16 * count))

@@ -4,9 +4,9 @@ Each array leaf is cut into blocks along its first axis, each a whole number of 
 chunks (so no chunk is written twice). Blocks are read (only the source bytes they need),
 computed and handed to the sink on a few threads. A block's cost is the bytes it reads
 plus the bytes it produces; the blocks in flight never cost more than `max_memory`. A row
-(a layer of a stacked array) whose smallest block would cost more than a thread's share is
-written in parts, a block of its own rows at a time (`leaf_blocks`); a block that still
-costs more than the whole budget is refused before anything is written (`check_blocks_fit`).
+(a layer of a stacked array) that would cost more than the whole budget is written in
+parts, a block of its own rows at a time (`leaf_blocks`); a block that still costs more
+than the budget is refused before anything is written (`check_blocks_fit`).
 
 The process's growth is the blocks in flight plus what the allocator keeps after `free`:
 glibc is limited to one malloc arena (`limit_malloc_arenas`), so memory freed by one thread
@@ -99,14 +99,15 @@ def plan_blocks(
 
 
 def leaf_blocks(
-    path: str, array: LazyArray, writer: LeafWriter, block_budget: int
+    path: str, array: LazyArray, writer: LeafWriter, block_budget: int, max_memory: int
 ) -> Iterator[Block]:
-    """The blocks of one leaf (`plan_blocks`); a row too costly for one block is cut further.
+    """The blocks of one leaf (`plan_blocks`); a row too costly for the budget is cut further.
 
     When one row (a layer of a stacked array, a row longer than a chunk) costs more than
-    `block_budget` and the writer can write a row alone (`row`), each row is planned as a
+    `max_memory` and the writer can write a row alone (`row`), each row is planned as a
     leaf of its own, cut along its own first axis: its blocks carry the row's index in
-    `Block.outer`.
+    `Block.outer`. Rows that fit are not cut (they run with fewer blocks beside them):
+    a block of part of a transposed row would read the source's rows once per block.
     """
     row_writer = getattr(writer, "row", None)
     if (
@@ -115,12 +116,13 @@ def leaf_blocks(
         or array.shape[0] == 0
         or writer.block_rows() != 1
         or _computes_whole(array._node)
-        or _cost(array, slice(0, 1), writer) <= block_budget
+        or _cost(array, slice(0, 1), writer) <= max_memory
     ):
         yield from plan_blocks(path, array, writer, block_budget)
         return
     for index in range(array.shape[0]):
-        for block in leaf_blocks(path, array[index], row_writer(index), block_budget):
+        rows = leaf_blocks(path, array[index], row_writer(index), block_budget, max_memory)
+        for block in rows:
             yield replace(block, outer=(index, *block.outer))
 
 

@@ -389,7 +389,9 @@ def _orbax_blocks(
             arrays.append((path, array, sink.add_array(keys, kinds, array)))
     if group is None:
         blocks = [
-            block for leaf in arrays for block in leaf_blocks(*leaf, block_budget(max_memory))
+            block
+            for leaf in arrays
+            for block in leaf_blocks(*leaf, block_budget(max_memory), max_memory)
         ]
         return blocks, lambda: sink.finish(metadata)
     blocks = owned + share_blocks(arrays, block_budget(max_memory), group.count, group.index)
@@ -443,7 +445,7 @@ def _safetensors_blocks(
     blocks = [
         block
         for name, array in tensors.items()
-        for block in leaf_blocks(name, array, writers[name], block_budget(max_memory))
+        for block in leaf_blocks(name, array, writers[name], block_budget(max_memory), max_memory)
     ]
     return blocks, sink.close
 
