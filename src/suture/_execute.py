@@ -32,7 +32,7 @@ from ._errors import SurgeryError
 from ._format import human_bytes
 from ._lazy import LazyArray
 from ._nodes import MapNode, Node, aligned_empty
-from ._reads import read_memory
+from ._reads import bytes_read, read_memory
 from ._selection import full
 
 DEFAULT_MAX_MEMORY = 1 << 30
@@ -106,8 +106,9 @@ def leaf_blocks(
     When one row (a layer of a stacked array, a row longer than a chunk) costs more than
     `max_memory` and the writer can write a row alone (`row`), each row is planned as a
     leaf of its own, cut along its own first axis: its blocks carry the row's index in
-    `Block.outer`. Rows that fit are not cut (they run with fewer blocks beside them):
-    a block of part of a transposed row would read the source's rows once per block.
+    `Block.outer`. Rows that fit are not cut (they run with fewer blocks beside them), nor
+    rows whose parts would read the source again and again (part of a transposed row
+    reads whole source rows): their blocks are refused by `check_blocks_fit`.
     """
     row_writer = getattr(writer, "row", None)
     if (
@@ -117,6 +118,7 @@ def leaf_blocks(
         or writer.block_rows() != 1
         or _computes_whole(array._node)
         or _cost(array, slice(0, 1), writer) <= max_memory
+        or not _reads_once_in_parts(array[0], row_writer(0), block_budget)
     ):
         yield from plan_blocks(path, array, writer, block_budget)
         return
@@ -124,6 +126,16 @@ def leaf_blocks(
         rows = leaf_blocks(path, array[index], row_writer(index), block_budget, max_memory)
         for block in rows:
             yield replace(block, outer=(index, *block.outer))
+
+
+def _reads_once_in_parts(row: LazyArray, writer: LeafWriter, block_budget: int) -> bool:
+    """Whether the blocks of `row` read at most twice what reading it whole reads."""
+    whole = bytes_read(row._node, full(row.shape))
+    parts = sum(
+        bytes_read(block.array[block.rows]._node, full(block.array[block.rows].shape))
+        for block in plan_blocks("", row, writer, block_budget)
+    )
+    return parts <= 2 * whole
 
 
 def check_blocks_fit(blocks: list[Block], max_memory: int) -> None:
