@@ -273,3 +273,93 @@ def test_a_block_of_rows_fills_the_output_in_place(tmp_path: Path) -> None:
     assert traced_peak < out.nbytes // 4, (traced_peak, out.nbytes)
     expected = np.stack([layers[f"w.{i}"] for i in range(4)], axis=1)[64:192]
     np.testing.assert_array_equal(out, expected.astype(ml_dtypes.bfloat16))
+
+
+def test_a_row_longer_than_the_budget_is_written_in_parts(tmp_path: Path) -> None:
+    """A row larger than the whole budget (one chunk of the default Orbax layout) is chunked
+    along its own axis and written a block of that axis at a time, within the budget."""
+    row = 300_001  # 1.2 MB of float32, not a whole number of 64 KiB chunks
+    values = np.random.default_rng(0).standard_normal((2, row), dtype=np.float32)
+    tree = {"long": values, "stacked": suture.stack([values, values + 1], axis=1)}
+    for format_name, name in (("orbax", "out"), ("safetensors", "out.safetensors")):
+        result = suture.save(
+            tree, tmp_path / name, format=format_name, max_memory="1MiB", verify=True
+        )
+        assert 0 < result.peak_in_flight <= 1 << 20, format_name
+        written = suture.open(tmp_path / name)
+        np.testing.assert_array_equal(written["long"].read(), values)
+        np.testing.assert_array_equal(
+            written["stacked"].read(), np.stack([values, values + 1], axis=1)
+        )
+
+
+def test_a_block_that_cannot_fit_the_budget_is_refused_before_writing(tmp_path: Path) -> None:
+    """A map of a whole array is one block; over the budget it is an error naming the leaf,
+    the budget that works and the fix, and nothing is written."""
+    path = tmp_path / "model.safetensors"
+    save_file({"w": np.ones((512, 1024), np.float32)}, str(path))
+    w = suture.open(path)["w"]
+    tree = {"normed": suture.map(lambda x: x / np.linalg.norm(x), w, shape=w.shape, dtype=w.dtype)}
+    with pytest.raises(
+        suture.SurgeryError, match=r"'normed'.*max_memory='\d+MiB' or more.*elementwise"
+    ):
+        suture.save(tree, tmp_path / "out", max_memory="1MiB")
+    assert not (tmp_path / "out").exists()
+
+
+RSS_DRIVER = """
+import json, sys
+import ml_dtypes, numpy, tensorstore
+import suture
+
+def status(key):
+    with open("/proc/self/status") as lines:
+        return int(next(l for l in lines if l.startswith(key + ":")).split()[1]) << 10
+
+source, out, route, budget = sys.argv[1:]
+ckpt = suture.open(source)
+layers = [ckpt[f"layers/{i}/w"] for i in range(len(ckpt["layers"]))]
+tree = {"stacked": suture.stack(layers).astype("bfloat16"), "embed_t": ckpt["embed"].T}
+with open("/proc/self/clear_refs", "w") as clear:
+    clear.write("5")  # the peak RSS starts again from here
+baseline = status("VmRSS")
+result = suture.save(tree, out, format=route, max_memory=budget, progress=False)
+print(json.dumps({"growth": status("VmHWM") - baseline, "in_flight": result.peak_in_flight}))
+"""
+RSS_SLACK = 64 << 20  # allocator slack, per-thread tiles, TensorStore's own state
+
+
+@pytest.fixture(scope="module")
+def rss_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 300 MiB of float32 (random, so chunks do not compress to nothing); a layer
+    (128 MiB, 64 MiB in bfloat16) costs more than the whole budget."""
+    path = tmp_path_factory.mktemp("rss") / "model.safetensors"
+    rng = np.random.default_rng(0)
+    tensors = {"embed": rng.standard_normal((8192, 1024), dtype=np.float32)}
+    for i in range(2):
+        tensors[f"layers.{i}.w"] = rng.standard_normal((4096, 8192), dtype=np.float32)
+    save_file(tensors, str(path))
+    return path
+
+
+@pytest.mark.parametrize("route", ["orbax", "safetensors"])
+def test_the_process_grows_by_at_most_the_budget(
+    route: str, rss_source: Path, tmp_path: Path
+) -> None:
+    """The promise itself: peak RSS (VmHWM) of a fresh process saving 300 MiB under a
+    64 MiB budget grows by at most the budget plus a small constant."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / ("out" if route == "orbax" else "out.safetensors")
+    done = subprocess.run(
+        [sys.executable, "-c", RSS_DRIVER, str(rss_source), str(out), route, "64MiB"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["in_flight"] <= 64 << 20
+    assert 32 << 20 < report["growth"] <= (64 << 20) + RSS_SLACK, report["growth"] >> 20

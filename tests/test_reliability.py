@@ -119,7 +119,7 @@ STREAMING_WRITER = """
 import sys, suture
 from suture import rules
 lazy = suture.transform([rules.stack(r"layer(?P<i>\\d+)", into="layers"), rules.cast(".*", "bfloat16")], sys.argv[1])
-suture.save(lazy, sys.argv[2], max_memory="1MiB", chunk_bytes="64KiB", progress=False, overwrite=True)
+suture.save(lazy, sys.argv[2], max_memory="16MiB", chunk_bytes="64KiB", progress=False, overwrite=True)
 print("done", flush=True)
 """
 

@@ -218,10 +218,14 @@ def share_blocks(
     under several of them is read once. (Unlike a single process's, these blocks are never
     grown to avoid re-reads: shares would come out uneven.)
     """
-    from ._execute import plan_blocks
+    from ._execute import leaf_blocks
 
     def plan(budget: int) -> list[Any]:
-        return [block for leaf in arrays for block in plan_blocks(*leaf, budget)]
+        return [
+            block
+            for leaf in arrays
+            for block in leaf_blocks(*leaf, budget, 4 * block_budget, avoid_rereads=False)
+        ]
 
     blocks = plan(block_budget)
     finer = max(1, sum(block.cost for block in blocks) // (16 * count))
@@ -241,10 +245,10 @@ def _weights(arrays: Sequence[tuple[str, Any, Any]], blocks: list[Any]) -> list[
     from ._selection import full
 
     reads = {path: bytes_read(array._node, full(array.shape)) for path, array, _ in arrays}
+    sizes = {path: array.nbytes for path, array, _ in arrays}
     weights = []
-    for block in blocks:
-        rows = block.array.shape[block.axis] if block.array.ndim else 1
-        part = len(range(*block.rows.indices(rows))) / rows if rows else 1.0
+    for block in blocks:  # a block's part of its leaf (of a row of it, with `outer`)
+        part = block.nbytes / sizes[block.path] if sizes[block.path] else 1.0
         weights.append(block.nbytes + int(reads[block.path] * part))
     return weights
 

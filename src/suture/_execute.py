@@ -3,10 +3,14 @@
 Each array leaf is cut into blocks along its first axis, each a whole number of the sink's
 chunks (so no chunk is written twice). Blocks are read (only the source bytes they need),
 computed and handed to the sink on a few threads. A block's cost is the bytes it reads
-plus the bytes it produces; the blocks in flight never cost more than `max_memory`. A block
-larger than the budget is not refused: it waits until nothing else is in flight and runs
-alone (with the default block size this only happens for a single chunk larger than the
-budget).
+plus the bytes it produces; the blocks in flight never cost more than `max_memory`. A row
+(a layer of a stacked array) that would cost more than the whole budget is written in
+parts, a block of its own rows at a time (`leaf_blocks`); a block that still costs more
+than the budget is refused before anything is written (`check_blocks_fit`).
+
+The process's growth is the blocks in flight plus what the allocator keeps after `free`:
+glibc is limited to one malloc arena (`limit_malloc_arenas`), so memory freed by one thread
+is re-used by the next, and trimmed when the process nears its budget.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
 
 from ._compute import ComputeNode
+from ._errors import SurgeryError
+from ._format import human_bytes
 from ._lazy import LazyArray
 from ._nodes import CastNode, MapNode, Node, StackNode, aligned_empty
 from ._reads import bytes_read, read_memory
@@ -50,10 +56,15 @@ class LeafWriter(Protocol):
     def held_while_writing(self, nbytes: int) -> int:
         """Bytes the writer holds besides `values` while writing a block of `nbytes`."""
 
+    # Optional: `row(index) -> LeafWriter`, the writer of one row (index along the first
+    # axis) alone, whose rows are along the leaf's second axis; writers that have it let a
+    # row too large for one block be written in parts (`leaf_blocks`).
+
 
 @dataclass(frozen=True)
 class Block:
-    """Positions `rows` of axis `axis` of a leaf (every position of its other axes)."""
+    """Positions `rows` of axis `axis` of `array` (every position of its other axes);
+    `array` is the leaf, or its row `outer` when a row is written in parts."""
 
     path: str
     array: LazyArray
@@ -61,6 +72,7 @@ class Block:
     rows: slice
     cost: int  # bytes held at the peak: reading, the block itself, writing it
     axis: int = 0
+    outer: tuple[int, ...] = ()  # leading indices of the row of the leaf `rows` are within
 
     @property
     def index(self) -> tuple[slice, ...]:
@@ -166,6 +178,73 @@ def stack_axis(node: Node) -> int | None:
             return None
         node = node.inputs()[0]
     return node.axis if isinstance(node, StackNode) else None
+
+
+def leaf_blocks(
+    path: str,
+    array: LazyArray,
+    writer: LeafWriter,
+    block_budget: int,
+    max_memory: int,
+    avoid_rereads: bool = True,
+) -> Iterator[Block]:
+    """The blocks of one leaf (`plan_blocks`); a row too costly for the budget is cut further.
+
+    When one row (a layer of a stacked array, a row longer than a chunk) costs more than
+    `max_memory` and the writer can write a row alone (`row`), each row is planned as a
+    leaf of its own, cut along its own first axis: its blocks carry the row's index in
+    `Block.outer`. Rows that fit are not cut (they run with fewer blocks beside them), nor
+    rows whose parts would read the source again and again (part of a transposed row
+    reads whole source rows): their blocks are refused by `check_blocks_fit`.
+    `avoid_rereads` lets `plan_blocks` cut along a stacking axis or grow blocks where row
+    blocks would re-read the sources (not for shares of several processes: uneven).
+    """
+    row_writer = getattr(writer, "row", None)
+    if (
+        row_writer is None
+        or array.ndim < 2
+        or array.shape[0] == 0
+        or writer.block_rows() != 1
+        or _computes_whole(array._node)
+        or _cost(array, slice(0, 1), writer) <= max_memory
+        or not _reads_once_in_parts(array[0], row_writer(0), block_budget)
+    ):
+        yield from plan_blocks(
+            path, array, writer, block_budget, max_memory if avoid_rereads else None
+        )
+        return
+    for index in range(array.shape[0]):
+        rows = leaf_blocks(
+            path, array[index], row_writer(index), block_budget, max_memory, avoid_rereads
+        )
+        for block in rows:
+            yield replace(block, outer=(index, *block.outer))
+
+
+def _reads_once_in_parts(row: LazyArray, writer: LeafWriter, block_budget: int) -> bool:
+    """Whether the blocks of `row` read at most twice what reading it whole reads."""
+    whole = bytes_read(row._node, full(row.shape))
+    parts = sum(
+        bytes_read(block.view._node, full(block.view.shape))
+        for block in plan_blocks("", row, writer, block_budget)
+    )
+    return parts <= 2 * whole
+
+
+def check_blocks_fit(blocks: list[Block], max_memory: int) -> None:
+    """Refuses, before anything is written, a block that alone costs more than `max_memory`."""
+    over = [block for block in blocks if block.cost > max_memory]
+    if not over:
+        return
+    worst = max(over, key=lambda block: block.cost)
+    needed = -(-worst.cost // (1 << 20))
+    raise SurgeryError(
+        f"Leaf {worst.path!r} cannot be written within max_memory={human_bytes(max_memory)}: "
+        f"its smallest block holds {human_bytes(worst.cost)} at once (reading, computing and "
+        f"writing it). Pass max_memory='{needed}MiB' or more, or make the leaf's blocks "
+        f"smaller: a smaller chunk_bytes, or an elementwise map (suture.map(..., "
+        f"elementwise=True)) instead of one of the whole array."
+    )
 
 
 def _computes_whole(node: Node) -> bool:
@@ -333,29 +412,54 @@ def _stop(pool: ThreadPoolExecutor, failed: threading.Event) -> None:
     pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
+def _glibc() -> ctypes.CDLL | None:
     try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim, libc.mallopt  # noqa: B018 (both exist: glibc)
     except (OSError, AttributeError):  # not glibc
         return None
+    return libc
 
 
-_TRIM = _malloc_trim()
+_LIBC = _glibc()
+_TRIM = _LIBC.malloc_trim if _LIBC is not None else None
+_M_ARENA_MAX = -8
+
+
+def limit_malloc_arenas() -> None:
+    """Limits glibc to one malloc arena for threads started from now on (unless the
+    environment sets ``MALLOC_ARENA_MAX``).
+
+    glibc gives threads arenas of their own (up to 8 per core), and memory freed in one
+    arena is re-used only by the threads of that arena. TensorStore's threads encode and
+    write chunks in buffers they allocate and free, so each of its arenas kept a few chunks'
+    worth after `free`: the process grew by 0.1 to 0.4 GiB beyond the blocks in flight
+    (bench/larger_than_memory.py). With one arena the next chunk re-uses those pages, which
+    also spares their page faults; the save's threads spend their time in numpy and
+    TensorStore's codecs, not in `malloc`. Threads that already have an arena keep it, so
+    this runs when suture is imported.
+    """
+    if _LIBC is not None and "MALLOC_ARENA_MAX" not in os.environ:
+        _LIBC.mallopt(_M_ARENA_MAX, 1)
+
+
+limit_malloc_arenas()
 
 
 def trim_freed_memory(baseline: int | None, max_memory: int) -> None:
     """Hands memory that glibc keeps after `free` back to the system, once the process has
-    grown by three quarters of `max_memory` since `baseline` (its size when writing began).
+    grown by more than `max_memory` since `baseline` (its size when writing began).
 
-    TensorStore's threads encode chunks in buffers of their own; glibc keeps those it
-    frees in per-thread arenas, which grew the process by hundreds of MiB beyond the
-    blocks in flight (bench/larger_than_memory.py). Trimming only when the process nears
-    its budget spares the page faults of re-using trimmed memory otherwise.
+    TensorStore's threads encode chunks in buffers of their own; glibc keeps what it frees
+    (below the top of its heap, or in holes between live blocks) for re-use. Trimming only
+    when the process nears its budget spares the page faults of re-using trimmed memory
+    otherwise: with one malloc arena the next chunk re-uses what the last one freed, and
+    trimming at three quarters of the budget tripled the page faults of a 256 MiB budget.
     """
     if _TRIM is None:
         return
     resident = resident_bytes()
-    if resident is None or baseline is None or resident - baseline > max_memory * 3 // 4:
+    if resident is None or baseline is None or resident - baseline > max_memory:
         _TRIM(0)
 
 

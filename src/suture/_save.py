@@ -27,7 +27,8 @@ from ._execute import (
     Block,
     Budget,
     block_budget,
-    plan_blocks,
+    check_blocks_fit,
+    leaf_blocks,
     run_blocks,
 )
 from ._filesource import reading_directly
@@ -134,11 +135,14 @@ def save(
             its place in one rename or exchange; the old one is removed afterwards). Anything
             else at `path` is refused. On object stores there is no rename: the old one is
             deleted before the new one is written.
-        max_memory: bytes held at once by the blocks in flight (``"4GiB"`` works); default
-            1 GiB. Each block counts what reading it holds, its values and what writing it
-            holds, so the process grows by about this much at most. A leaf larger than the
-            budget is written a block of chunks at a time; only a single chunk (one member
-            of a stacked array) costing more than the budget runs alone, over it.
+        max_memory: how much the process may grow while writing (``"4GiB"`` works);
+            default 1 GiB. Each block counts what reading it holds, its values and what
+            writing it holds, and the blocks in flight stay within the budget, so the
+            process grows by at most this plus a few tens of MiB (docs/design.md,
+            "Writing"). A leaf larger than the budget is written a block of chunks at a
+            time (a layer, or a row, too large for one block in parts); a leaf whose
+            smallest block alone would exceed the budget (a map of whole arrays, say) is a
+            `SurgeryError` before anything is written.
         progress: a progress bar on stderr; None shows it when stderr is a terminal.
         asynchronous: return a `SaveHandle` at once and write in the background; arrays
             of an in-memory tree must not be modified until ``handle.wait()`` returns.
@@ -311,6 +315,7 @@ def _write(
                     metadata,
                     shard_map,
                 )
+            check_blocks_fit(blocks, max_memory)
             if verify:
                 blocks, digests = with_digests(blocks)
             total = sum(block.nbytes for block in blocks)
@@ -393,7 +398,7 @@ def _orbax_blocks(
         blocks = [
             block
             for leaf in arrays
-            for block in plan_blocks(*leaf, block_budget(max_memory), max_memory)
+            for block in leaf_blocks(*leaf, block_budget(max_memory), max_memory)
         ]
         return blocks, lambda: sink.finish(metadata), sink.sync
     blocks = owned + share_blocks(arrays, block_budget(max_memory), group.count, group.index)
@@ -447,7 +452,7 @@ def _safetensors_blocks(
     blocks = [
         block
         for name, array in tensors.items()
-        for block in plan_blocks(name, array, writers[name], block_budget(max_memory), max_memory)
+        for block in leaf_blocks(name, array, writers[name], block_budget(max_memory), max_memory)
     ]
     return blocks, sink.close
 

@@ -3,6 +3,7 @@
 While writing, each block's bytes are hashed (BLAKE2b) on their way to the sink; before the
 result is moved into place, each block is read back from the temporary output and hashed
 again. A mismatch is a `SurgeryError` naming the leaf and rows, and the output is discarded.
+Digests are keyed by leaf path, the row a block is within (`Block.outer`) and its first row.
 """
 
 from __future__ import annotations
@@ -25,17 +26,21 @@ def digest(values: np.ndarray) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
+# by leaf path, the row a block is within (`Block.outer`), its axis and its first position
+Digests = dict[tuple[str, tuple[int, ...], int, int], str]
+
+
 class DigestingWriter:
     """A writer that records a digest of every block before handing it on."""
 
     def __init__(
         self,
         inner: LeafWriter,
-        path: str,
-        digests: dict[tuple[str, int, int], str],
+        key: tuple[str, tuple[int, ...]],
+        digests: Digests,
         lock: threading.Lock,
     ) -> None:
-        self._inner, self._path, self._digests, self._lock = inner, path, digests, lock
+        self._inner, self._key, self._digests, self._lock = inner, key, digests, lock
 
     def block_rows(self) -> int:
         return self._inner.block_rows()
@@ -58,26 +63,25 @@ class DigestingWriter:
     def _record(self, axis: int, rows: slice, values: np.ndarray) -> None:
         value = digest(values)
         with self._lock:
-            self._digests[(self._path, axis, rows.start or 0)] = value
+            self._digests[(*self._key, axis, rows.start or 0)] = value
 
 
-def with_digests(blocks: list[Block]) -> tuple[list[Block], dict[tuple[str, int, int], str]]:
+def with_digests(blocks: list[Block]) -> tuple[list[Block], Digests]:
     """`blocks` whose writers record digests, and the dict they record into."""
-    digests: dict[tuple[str, int, int], str] = {}
+    digests: Digests = {}
     lock = threading.Lock()
     wrapped: dict[int, DigestingWriter] = {}
     result = []
     for block in blocks:
         writer = wrapped.setdefault(
-            id(block.writer), DigestingWriter(block.writer, block.path, digests, lock)
+            id(block.writer),
+            DigestingWriter(block.writer, (block.path, block.outer), digests, lock),
         )
         result.append(dataclasses.replace(block, writer=writer))
     return result, digests
 
 
-def check(
-    blocks: list[Block], digests: dict[tuple[str, int, int], str], written: dict[str, LazyArray]
-) -> None:
+def check(blocks: list[Block], digests: Digests, written: dict[str, LazyArray]) -> None:
     """Reads every block back from `written` (by block path) and compares digests."""
     for block in blocks:
         leaf = written.get(block.path)
@@ -85,14 +89,17 @@ def check(
             raise SurgeryError(
                 f"Verification failed: {block.path!r} is missing from the written output."
             )
-        values = leaf[block.index].read() if leaf.ndim else leaf.read()
+        part = leaf[block.outer] if block.outer else leaf
+        values = part[block.index].read() if part.ndim else part.read()
         if values.dtype != block.array.dtype or digest(values) != digests.get(
-            (block.path, block.axis, block.rows.start or 0)
+            (block.path, block.outer, block.axis, block.rows.start or 0)
         ):
             where = "rows" if block.axis == 0 else f"positions of axis {block.axis}"
+            within = f" of row {list(block.outer)}" if block.outer else ""
             raise SurgeryError(
-                f"Verification failed: {where} {block.rows.start or 0} to {block.rows.stop} of "
-                f"{block.path!r} read back differently from what was written. Nothing was "
+                f"Verification failed: {where} {block.rows.start or 0} to {block.rows.stop}"
+                f"{within} of {block.path!r} read back differently from what was written. "
+                f"Nothing was "
                 f"written to the destination; check the disk and try again."
             )
 

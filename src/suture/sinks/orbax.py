@@ -17,14 +17,14 @@ checkpoint's root database, as Orbax's multi-process saves do; a globally sharde
 ``jax.Array`` is chunked by its shards, each written by the process holding its first replica.
 
 Arrays are chunked along their first axis (rows per chunk so that a chunk holds at most
-`chunk_bytes`); a stacked array gets one member per chunk, so reading one layer back reads
-about one layer's bytes (a layer larger than a chunk is cut along its first axis too).
+`chunk_bytes`; a row longer than that is cut along its own axes); a stacked array gets one
+member per chunk, so reading one layer back reads about one layer's bytes (a layer larger
+than a chunk is cut along its first axis too).
 Each chunk is zstd-compressed and carries a crc32c checksum.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -71,6 +71,10 @@ class OrbaxArrayWriter:
         chunk_bytes = math.prod(self._chunk) * self._store.dtype.numpy_dtype.itemsize
         return 2 * min(nbytes, chunk_bytes)
 
+    def row(self, index: int) -> OrbaxArrayWriter:
+        """The writer of row `index` alone (its chunks are one row high)."""
+        return OrbaxArrayWriter(self._store[index], self._chunk[1:])
+
     def write(self, rows: slice, values: np.ndarray) -> None:
         self.write_along(0, rows, values)
 
@@ -79,21 +83,23 @@ class OrbaxArrayWriter:
             self._store.write(values).result()
             return
         start = rows.start or 0
-        ranges = [
-            [(offset, min(offset + step, length)) for offset in range(0, length, max(1, step))]
-            for step, length in zip(self._chunk, values.shape, strict=True)
-        ]
-        for cell in itertools.product(*ranges):
-            part = values[tuple(slice(low, high) for low, high in cell)]
-            target = self._store[
-                tuple(
-                    slice(low + start, high + start) if dimension == axis else slice(low, high)
-                    for dimension, (low, high) in enumerate(cell)
-                )
-            ]
-            # The block is not touched until the write is committed, so TensorStore may
-            # encode straight from it instead of copying it first.
-            target.write(part, can_reference_source_data_indefinitely=True).result()
+        span = (slice(None),) * axis + (slice(start, start + values.shape[axis]),)
+        _write_by_chunks(self._store[span].translate_to[0], values, self._chunk)
+
+
+def _write_by_chunks(target: Any, values: np.ndarray, chunk: tuple[int, ...]) -> None:
+    """Writes `values` into `target` (of its shape, origin 0) one chunk at a time: cut along
+    the first axis a chunk does not cover whole, each part cut further along the next one."""
+    cut = [axis for axis, length in enumerate(chunk) if length < values.shape[axis]]
+    if not cut:
+        # The block is not touched until the write is committed, so TensorStore may encode
+        # straight from it instead of copying it first.
+        target.write(values, can_reference_source_data_indefinitely=True).result()
+        return
+    axis, extent = cut[0], values.shape[cut[0]]
+    for start in range(0, extent, chunk[axis]):
+        part = (slice(None),) * axis + (slice(start, min(start + chunk[axis], extent)),)
+        _write_by_chunks(target[part].translate_to[0], values[part], chunk)
 
 
 class OrbaxShardWriter:
@@ -367,21 +373,24 @@ def _zarr_dtype(dtype: np.dtype, keys: tuple[str, ...]) -> str:
 
 
 def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
-    """Chunks along the first axis; a stack along axis 0 gets one member per chunk (a
-    member larger than `chunk_bytes` is cut along its own first axis too)."""
+    """The chunk of `array`: whole trailing axes while they fit `chunk_bytes`, then as many
+    as fit along the next axis, and 1 along the axes before it (so a row longer than a
+    chunk is cut along its own axes). A stacked array gets one member per chunk."""
     if array.ndim == 0:
         return ()
-    axis = stack_axis(array._node)
-    shape = list(array.shape)
-    if axis is not None:
-        shape[axis] = 1
-        if axis == 0:
-            if len(shape) == 1:
-                return (1,)
-            rows = chunk_rows(tuple(shape[1:]), array.dtype.itemsize, chunk_bytes)
-            return tuple(max(1, length) for length in [1, rows, *shape[2:]])
-    rows = chunk_rows(tuple(shape), array.dtype.itemsize, chunk_bytes)
-    return tuple(max(1, length) for length in [rows, *shape[1:]])
+    shape = [max(1, length) for length in array.shape]
+    stacked = stack_axis(array._node)
+    if stacked is not None:
+        shape[stacked] = 1
+    chunk = [1] * len(shape)
+    inner = array.dtype.itemsize
+    for axis in reversed(range(len(shape))):
+        if inner * shape[axis] > chunk_bytes:
+            chunk[axis] = max(1, chunk_bytes // inner)
+            break
+        chunk[axis] = shape[axis]
+        inner *= shape[axis]
+    return tuple(chunk)
 
 
 def keys_and_kinds(tree: Any) -> list[tuple[tuple[str, ...], tuple[int, ...], Any]]:

@@ -55,7 +55,7 @@ class SafetensorsTensorWriter:
     """One tensor's byte range in an open file, written in blocks of rows."""
 
     def __init__(self, descriptor: int, offset: int, array: LazyArray) -> None:
-        self._descriptor, self._offset = descriptor, offset
+        self._descriptor, self._offset, self._array = descriptor, offset, array
         self._row_bytes = (
             array.nbytes // array.shape[0] if array.ndim and array.shape[0] else array.nbytes
         )
@@ -65,6 +65,12 @@ class SafetensorsTensorWriter:
 
     def held_while_writing(self, nbytes: int) -> int:
         return 0  # written straight from the block (positional writes)
+
+    def row(self, index: int) -> SafetensorsTensorWriter:
+        """The writer of row `index` alone: its bytes, in blocks of the row's own rows."""
+        return SafetensorsTensorWriter(
+            self._descriptor, self._offset + index * self._row_bytes, self._array[index]
+        )
 
     def write(self, rows: slice, values: np.ndarray) -> None:
         start = rows.start or 0
