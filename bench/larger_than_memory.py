@@ -384,6 +384,7 @@ def main(size_gib: float, repeats: int) -> None:
         # then every route once, and the report takes the medians of the rounds.
         rounds: list[tuple[dict, dict]] = []
         for number in range(repeats):
+            shutil.rmtree(OUTPUT, ignore_errors=True)  # the last round's: room for the copy
             floors = {"cp": cp_floor(source_bytes), "read_s": cold_read()}
             print("floors", json.dumps(floors), flush=True)
             runs = {"plain": run_route("plain")}
