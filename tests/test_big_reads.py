@@ -143,6 +143,27 @@ def test_assign_casts_into_transposed_views_as_astype_does() -> None:
     assert single.tobytes() == values[1].T.astype(np.float16).tobytes()
 
 
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16, np.float32, np.int8, np.float64])
+@pytest.mark.parametrize(
+    ("rows", "columns", "start", "spare"),
+    [(300, 500, 0, 0), (257, 301, 1, 3), (1024, 700, 4, 4), (513, 1100, 2, 1), (260, 260, 0, 0)],
+)
+def test_transposed_copies_are_exact_at_any_shape_and_offset(
+    dtype: np.dtype, rows: int, columns: int, start: int, spare: int
+) -> None:
+    """Rows interleaved into 64-bit lanes where the view is aligned, element copies where it
+    is not (odd offsets, row counts that are not a multiple of the lanes): the same bytes."""
+    rng = np.random.default_rng(rows)
+    stored = np.zeros((columns, start + rows + spare), dtype)
+    out = stored.T[start : start + rows]  # rows adjacent in memory, maybe off 8 bytes
+    for source_dtype in (np.float32, dtype):
+        values = (rng.standard_normal((rows, columns)) * 50).astype(source_dtype)
+        stored[...] = 0
+        assign(out, values)
+        assert out.tobytes() == values.astype(dtype).tobytes()
+        assert not stored.T[:start].any() and not stored.T[start + rows :].any()
+
+
 def test_a_compressed_npz_member_costs_the_whole_member(tmp_path: Path) -> None:
     values = np.zeros((400, 100), np.float32)
     np.savez_compressed(tmp_path / "m.npz", w=values)
