@@ -474,8 +474,35 @@ def report(
         "MaxText's kernel layout; reverse: that Orbax output back to Hugging Face shards "
         "(bfloat16). CPU per GiB is per GiB of the float32 source. Values checked with stock "
         "Orbax (`ocp.load`) and `safetensors.safe_open`.",
+        "",
+        _against_goals(runs, cp["wall_s"], gib),
     ]
     return "\n".join(lines)
+
+
+def _against_goals(runs: dict, cp_wall: float, gib: float) -> str:
+    """Issue 18's goals, each with this run's figure and whether it was met."""
+
+    def check(met: bool) -> str:
+        return "met" if met else "NOT met"
+
+    def over(name: str) -> float:
+        return (runs[name]["peak_rss"] - runs[name]["baseline_rss"]) / GiB
+
+    plain, transposed = runs["plain"], runs["transposed"]
+    small, large = over("plain, max_memory 256MiB"), over("plain, max_memory 4GiB")
+    return (
+        "Against the goals of issue 18: wall within 1.0x of `cp -r`: plain "
+        f"{plain['wall_s'] / cp_wall:.2f}x, transposed {transposed['wall_s'] / cp_wall:.2f}x "
+        f"({check(max(plain['wall_s'], transposed['wall_s']) <= cp_wall)}); CPU s per GiB at "
+        f"most 1.0 plain and 1.5 transposed: {plain['cpu_s'] / gib:.2f} and "
+        f"{transposed['cpu_s'] / gib:.2f} "
+        f"({check(plain['cpu_s'] / gib <= 1.0 and transposed['cpu_s'] / gib <= 1.5)}); peak "
+        f"RSS under 1.5 GiB at the default budget: {plain['peak_rss'] / GiB:.2f} GiB "
+        f"({check(plain['peak_rss'] < 1.5 * GiB)}); growth within the budget plus 64 MiB at "
+        f"256 MiB and 4 GiB: {small * 1024:.0f} MiB and {large:.2f} GiB "
+        f"({check(small <= 0.3125 and large <= 4 + 1 / 16)})."
+    )
 
 
 if __name__ == "__main__":
