@@ -20,7 +20,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -161,14 +161,27 @@ def _rereads(array: LazyArray, axis: int, step: int) -> bool:
     """Whether blocks of `step` positions of `axis` read more than the whole leaf at once."""
     if step >= array.shape[axis]:
         return False
-    whole = bytes_read(array._node, full(array.shape))
-    split = 0
-    for start in range(0, array.shape[axis], step):
-        block = array[(slice(None),) * axis + (slice(start, start + step),)]
-        split += bytes_read(block._node, full(block.shape))
-        if split > whole * 9 // 8:  # a little overlap (a shared chunk at each edge) is fine
+    parts = (
+        array[(slice(None),) * axis + (slice(start, start + step),)]
+        for start in range(0, array.shape[axis], step)
+    )
+    # a little overlap (a shared chunk at each edge) is fine
+    return _read_more_than(parts, _bytes_read(array) * 9 // 8)
+
+
+def _read_more_than(parts: Iterable[LazyArray], limit: int) -> bool:
+    """Whether reading `parts` one after another takes more than `limit` bytes from storage
+    (stops counting as soon as it does)."""
+    total = 0
+    for part in parts:
+        total += _bytes_read(part)
+        if total > limit:
             return True
     return False
+
+
+def _bytes_read(array: LazyArray) -> int:
+    return bytes_read(array._node, full(array.shape))
 
 
 def stack_axis(node: Node) -> int | None:
@@ -223,12 +236,8 @@ def leaf_blocks(
 
 def _reads_once_in_parts(row: LazyArray, writer: LeafWriter, block_budget: int) -> bool:
     """Whether the blocks of `row` read at most twice what reading it whole reads."""
-    whole = bytes_read(row._node, full(row.shape))
-    parts = sum(
-        bytes_read(block.view._node, full(block.view.shape))
-        for block in plan_blocks("", row, writer, block_budget)
-    )
-    return parts <= 2 * whole
+    parts = (block.view for block in plan_blocks("", row, writer, block_budget))
+    return not _read_more_than(parts, 2 * _bytes_read(row))
 
 
 def check_blocks_fit(blocks: list[Block], max_memory: int) -> None:

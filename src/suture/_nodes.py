@@ -161,7 +161,6 @@ def _lanes_aligned(out: np.ndarray) -> bool:
         out.strides[0] == out.dtype.itemsize
         and out.ctypes.data % 8 == 0
         and out.strides[1] % 8 == 0
-        and not out.dtype.hasobject
     )
 
 
