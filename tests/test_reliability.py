@@ -46,6 +46,34 @@ def test_verify_passes_for_both_formats(tmp_path: Path) -> None:
     np.testing.assert_array_equal(suture.open(tmp_path / "out")["w"].read(), tree["w"])
 
 
+def test_verify_names_the_axis_of_a_block_of_layers(tmp_path: Path, monkeypatch) -> None:
+    """Layers stacked on axis 1 are written a few whole layers at a time; a block read back
+    wrong is named by its positions along that axis."""
+    from safetensors.numpy import save_file
+
+    from suture.sinks import orbax as sink
+
+    layers = {f"w.{i}": np.full((512, 384), i, np.float32) for i in range(12)}
+    save_file(layers, str(tmp_path / "model.safetensors"))
+    ckpt = suture.open(tmp_path / "model.safetensors")
+    tree = {"kernel": suture.stack([ckpt[f"w/{i}"].T for i in range(12)], axis=1)}
+    original = sink.OrbaxArrayWriter.write_along
+
+    def corrupting(self, axis, rows, values):
+        damaged = np.array(values, copy=True)
+        if axis:
+            damaged.reshape(-1)[:1] += 1
+        original(self, axis, rows, damaged)
+
+    monkeypatch.setattr(sink.OrbaxArrayWriter, "write_along", corrupting)
+    with pytest.raises(
+        suture.SurgeryError,
+        match=r"Verification failed: positions of axis 1 0 to \d+ of 'kernel' read back",
+    ):
+        suture.save(tree, tmp_path / "bad", max_memory="2MiB", verify=True, progress=False)
+    assert not (tmp_path / "bad").exists()
+
+
 def test_verify_catches_a_corrupting_writer(tmp_path: Path, monkeypatch) -> None:
     from suture.sinks import safetensors as sink
 
