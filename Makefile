@@ -4,7 +4,23 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test fuzz lint docs bench clean
+# `make test` runs the suite a second time, on the newest Python the dependencies have wheels
+# for, in its own environment: the dev extra without torch, whose pinned build is a 3.11 wheel
+# on this machine (any other Python would download a CUDA build of several GB), so the tests
+# that need torch skip there. NEWEST_PYTHON=/path/to/python picks the interpreter by hand.
+NEWEST_VENV := .venv-newest
+NEWEST_BIN := $(NEWEST_VENV)/bin
+NEWEST_STAMP := $(NEWEST_VENV)/.installed
+NEWEST_VERSIONS ?= 3.14 3.13 3.12
+# The first of NEWEST_VERSIONS that runs. pyenv puts a shim on PATH for each version it has
+# but runs only the selected ones, so its versions/ folder is tried too; none: a loud failure.
+find_newest = for v in $(or $(NEWEST_PYTHON),$(NEWEST_VERSIONS)); do \
+	  for p in $$v python$$v $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.*/bin/python$$v; do \
+	    $$p -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { echo $$p; exit 0; }; \
+	  done; \
+	done; \
+	echo "make: none of $(or $(NEWEST_PYTHON),$(NEWEST_VERSIONS)) is a Python 3.12 or newer that runs here: install one, or set NEWEST_PYTHON" >&2; exit 1
+.PHONY: demo test test-newest fuzz lint docs bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,12 +31,27 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
 
+$(NEWEST_STAMP): pyproject.toml
+	test -x $(NEWEST_BIN)/python || { py=$$($(find_newest)) && $$py -m venv $(NEWEST_VENV); }
+	$(NEWEST_BIN)/python -m pip install --quiet --upgrade pip
+	$(NEWEST_BIN)/python -m pip install --quiet -e '.[test]'
+	$(NEWEST_BIN)/python -m compileall -q src
+	touch $(NEWEST_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/suture demo
 
-test: $(STAMP)
+# The suite on Python 3.11 with every extra, then on the newest Python (test-newest).
+test: $(STAMP) $(NEWEST_STAMP)
 	$(BIN)/ruff check src tests bench examples
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python --version
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory test-newest
+
+test-newest: $(NEWEST_STAMP)
+	$(NEWEST_BIN)/python --version
+	$(NEWEST_BIN)/python -m pytest -q
 
 # 10,000 hostile inputs per reader and 20 SIGKILLs of a streaming save; counts in docs/reliability.md.
 fuzz: $(STAMP)
@@ -46,4 +77,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.convert
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(NEWEST_VENV) build src/*.egg-info .pytest_cache

@@ -54,7 +54,7 @@ def write_checkpoints() -> None:
 
 
 def suture_route() -> None:
-    from suture._diff import diff
+    from suture.cli.diff import diff
 
     result = diff(FIRST, SECOND, values=True, progress=False)
     assert [path for path, d in result.values.items() if not d.equal] == ["layer7/kernel"]

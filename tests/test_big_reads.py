@@ -12,9 +12,10 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import suture
-from suture import _filesource
 from suture._iostats import count_bytes_read
-from suture._nodes import assign
+from suture._lazy.graph import assign
+from suture._location.base import read_fully
+from suture.sources import filesource as _filesource
 
 # Linux returns at most this many bytes from one read call.
 LINUX_READ_LIMIT = 2_147_479_552
@@ -60,7 +61,7 @@ def test_read_fully_reports_the_end_of_a_short_file(tmp_path: Path) -> None:
     path.write_bytes(b"abc")
     buffer = np.zeros(8, np.uint8)
     with open(path, "rb") as stream:
-        assert _filesource.read_fully(stream.fileno(), buffer, 1) == 2
+        assert read_fully(stream.fileno(), buffer, 1) == 2
     assert bytes(buffer[:2]) == b"bc"
 
 
@@ -72,7 +73,7 @@ def test_a_truncated_file_is_an_error_naming_the_tensor(tmp_path: Path) -> None:
         stream.truncate(path.stat().st_size - 100)
     with pytest.raises(suture.CorruptCheckpointError, match=r"changed since it was opened.*'w'"):
         weights.read()  # the file's identity check (issue 19) catches it first
-    source = weights._node
+    source = weights.node
     unchecked = _filesource.FileRangeSource(
         source.file, source.offset, source.shape, source.dtype, "w"
     )
@@ -125,7 +126,7 @@ def test_fused_cast_transpose_and_stack_equal_numpy(small_strips: None, tmp_path
 
 def test_a_column_read_costs_whole_rows_and_holds_one_strip(tmp_path: Path) -> None:
     save_file({"w": np.ones((1000, 256), np.float32)}, str(tmp_path / "m.safetensors"))
-    source = suture.open(tmp_path / "m.safetensors")["w"]._node
+    source = suture.open(tmp_path / "m.safetensors")["w"].node
     cost = source.read_cost((range(1000), range(0, 2)))
     assert cost.disk == 1000 * 256 * 4
     assert cost.memory == 1000 * 2 * 4 + 1000 * 256 * 4  # the result and one strip (< 32 MiB)
@@ -168,7 +169,7 @@ def test_a_compressed_npz_member_costs_the_whole_member(tmp_path: Path) -> None:
     values = np.zeros((400, 100), np.float32)
     np.savez_compressed(tmp_path / "m.npz", w=values)
     leaf = suture.open(tmp_path / "m.npz")["w"]
-    cost = leaf._node.read_cost((range(2), range(100)))
+    cost = leaf.node.read_cost((range(2), range(100)))
     assert cost.memory == values.nbytes + 2 * 100 * 4  # inflated whole, whatever is picked
     with count_bytes_read() as counter:
         leaf[:2].read()

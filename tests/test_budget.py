@@ -253,7 +253,7 @@ def test_a_stack_of_mapped_layers_counts_one_map_at_a_time(tmp_path: Path) -> No
 def test_a_block_of_rows_fills_the_output_in_place(tmp_path: Path) -> None:
     """A block is a row slice of its leaf: the slice reads into the block's buffer directly
     (cast and stacked as it is filled), with no block-sized temporary to copy from."""
-    from suture._selection import full
+    from suture._lazy.selection import full
 
     layers = {
         f"w.{i}": np.random.default_rng(i).standard_normal((256, 96), np.float32) for i in range(4)
@@ -263,10 +263,10 @@ def test_a_block_of_rows_fills_the_output_in_place(tmp_path: Path) -> None:
     leaf = suture.stack([ckpt[f"w/{i}"] for i in range(4)], axis=1).astype("bfloat16")
     block = leaf[64:192]
     out = np.empty(block.shape, ml_dtypes.bfloat16)
-    block._node.read_into(full(block.shape), out)  # warms the per-thread read tiles
+    block.node.read_into(full(block.shape), out)  # warms the per-thread read tiles
     tracemalloc.start()
     try:
-        block._node.read_into(full(block.shape), out)
+        block.node.read_into(full(block.shape), out)
         _, traced_peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -316,14 +316,17 @@ def status(key):
     with open("/proc/self/status") as lines:
         return int(next(l for l in lines if l.startswith(key + ":")).split()[1]) << 10
 
-source, out, route, budget = sys.argv[1:]
+source, out, route, budget, tuning = sys.argv[1:]
 ckpt = suture.open(source)
 layers = [ckpt[f"layers/{i}/w"] for i in range(len(ckpt["layers"]))]
 tree = {"stacked": suture.stack(layers).astype("bfloat16"), "embed_t": ckpt["embed"].T}
 with open("/proc/self/clear_refs", "w") as clear:
     clear.write("5")  # the peak RSS starts again from here
 baseline = status("VmRSS")
-result = suture.save(tree, out, format=route, max_memory=budget, progress=False)
+tune_allocator = {"keyword": True, "environment": None}[tuning]
+result = suture.save(
+    tree, out, format=route, max_memory=budget, progress=False, tune_allocator=tune_allocator
+)
 print(json.dumps({"growth": status("VmHWM") - baseline, "in_flight": result.peak_in_flight}))
 """
 RSS_SLACK = 64 << 20  # allocator slack, per-thread tiles, TensorStore's own state
@@ -343,21 +346,29 @@ def rss_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("route", ["orbax", "safetensors"])
+@pytest.mark.parametrize("tuning", ["keyword", "environment"])
 def test_the_process_grows_by_at_most_the_budget(
-    route: str, rss_source: Path, tmp_path: Path
+    route: str, tuning: str, rss_source: Path, tmp_path: Path
 ) -> None:
     """The promise itself: peak RSS (VmHWM) of a fresh process saving 300 MiB under a
-    64 MiB budget grows by at most the budget plus a small constant."""
+    64 MiB budget grows by at most the budget plus a small constant, when the library is
+    asked to tune the allocator (``tune_allocator=True``, or ``SUTURE_TUNE_ALLOCATOR=1``)."""
     import json
+    import os
     import subprocess
     import sys
 
     out = tmp_path / ("out" if route == "orbax" else "out.safetensors")
+    environment = dict(os.environ)
+    environment.pop("SUTURE_TUNE_ALLOCATOR", None)
+    if tuning == "environment":
+        environment["SUTURE_TUNE_ALLOCATOR"] = "1"
     done = subprocess.run(
-        [sys.executable, "-c", RSS_DRIVER, str(rss_source), str(out), route, "64MiB"],
+        [sys.executable, "-c", RSS_DRIVER, str(rss_source), str(out), route, "64MiB", tuning],
         capture_output=True,
         text=True,
         timeout=120,
+        env=environment,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 from typer.testing import CliRunner
 
 import suture
-from suture._recipes import load_recipe
+from suture._surgery.recipes import load_recipe
 from suture.cli import app
 from tests.orbax_writers import save_standard
 from tests.sources.test_formats import hf_folder

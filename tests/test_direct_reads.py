@@ -16,8 +16,8 @@ import pytest
 from safetensors.numpy import save_file
 
 import suture
-from suture import _filesource
 from suture._location import direct
+from suture.sources import filesource as _filesource
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def test_a_truncated_file_is_an_error_with_direct_reads(
     monkeypatch.setenv("SUTURE_DIRECT_IO", "1")
     path = tmp_path / "model.safetensors"
     save_file({"w": np.ones((512, 64), np.float32)}, str(path))
-    source = suture.open(path)["w"]._node
+    source = suture.open(path)["w"].node
     os.truncate(path, path.stat().st_size - 1000)
     unchecked = _filesource.FileRangeSource(  # without the file identity check (issue 19)
         source.file, source.offset, source.shape, source.dtype, "w"

@@ -184,7 +184,7 @@ def test_save_errors(tmp_path: Path) -> None:
 
 
 def test_merge_parameter_and_config_errors(tmp_path: Path) -> None:
-    from suture._merge_config import load_merge_config
+    from suture._merge.config import load_merge_config
 
     a, b = {"w": np.ones(4, np.float32)}, {"w": np.zeros(4, np.float32)}
     with pytest.raises(
@@ -225,7 +225,7 @@ def test_merge_parameter_and_config_errors(tmp_path: Path) -> None:
 
 
 def test_dtype_cannot_follow_a_transformations_tree() -> None:
-    from suture._recipes import with_cast
+    from suture._surgery.recipes import with_cast
 
     with pytest.raises(
         suture.SurgeryError, match=r"--dtype cannot follow an Orbax-style transformations tree"

@@ -510,7 +510,7 @@ recipe_values = st.recursive(
 @st.composite
 def recipe_files(draw) -> tuple[str, str]:
     """YAML or TOML recipes: rule names with arguments of any type, aliases, deep nesting."""
-    from suture._recipe_schema import RULE_NAMES
+    from suture._surgery.recipe_schema import RULE_NAMES
 
     suffix = draw(st.sampled_from(["yaml", "toml"]))
     kind = draw(st.sampled_from(["rules", "rules", "aliases", "deep", "text"]))
@@ -565,7 +565,7 @@ def _toml_value(value: object) -> str:
 @given(recipe_files())
 def test_fuzz_recipes(recipe: tuple[str, str]) -> None:
     """A recipe loads into rules or is a SurgeryError naming where; never a crash or a hang."""
-    from suture._recipes import load_recipe
+    from suture._surgery.recipes import load_recipe
 
     suffix, text = recipe
     folder = _workdir()

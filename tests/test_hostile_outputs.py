@@ -198,9 +198,9 @@ def test_overwrite_never_leaves_the_destination_missing(tmp_path: Path, monkeypa
 
 
 def test_overwrite_without_an_atomic_exchange_still_replaces(tmp_path: Path, monkeypatch) -> None:
-    from suture import _replace
+    from suture._location import publish
 
-    monkeypatch.setattr(_replace, "_exchange", lambda first, second: False)
+    monkeypatch.setattr(publish, "_exchange", lambda first, second: False)
     destination = tmp_path / "out"
     suture.save({"w": np.zeros(2, np.float32)}, destination, progress=False)
     suture.save({"w": np.ones(2, np.float32)}, destination, overwrite=True, progress=False)

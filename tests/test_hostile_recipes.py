@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import suture
-from suture._recipes import MAX_RECIPE_BYTES, load_recipe
+from suture._surgery.recipes import MAX_RECIPE_BYTES, load_recipe
 
 BILLION_LAUGHS = "a: &a ['lol','lol','lol','lol','lol','lol','lol','lol','lol']\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)

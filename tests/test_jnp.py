@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import suture
-from suture._reads import bytes_read
+from suture._lazy.reads import bytes_read
 from tests.orbax_writers import save_standard
 
 RNG = np.random.default_rng(0)
@@ -155,7 +155,7 @@ def test_matmul_einsum_and_np_matmul_are_lazy_products() -> None:
         assert isinstance(product, suture.LazyArray) and product.shape == (8, 8)
         np.testing.assert_allclose(product.read(), W @ V.T, rtol=1e-5)
         # A block of output rows reads those rows of `a` and all of `b`.
-        assert bytes_read(product._node, (range(2, 4), range(8))) == 2 * 6 * 4 + V.nbytes
+        assert bytes_read(product.node, (range(2, 4), range(8))) == 2 * 6 * 4 + V.nbytes
     batched = suture.LazyArray.from_array(np.stack([W, W]))
     np.testing.assert_allclose((batched @ b).read(), np.stack([W, W]) @ V.T, rtol=1e-5)
     np.testing.assert_allclose((a @ b[:, 0]).read(), W @ V.T[:, 0], rtol=1e-5)

@@ -94,7 +94,7 @@ def test_gradients_and_filters_interpolate_across_layers(tmp_path: Path) -> None
     np.testing.assert_allclose(merged[q.format(3)], b[q.format(3)], rtol=1e-6)
     np.testing.assert_allclose(merged[up.format(0)], b[up.format(0)], rtol=1e-6)
     np.testing.assert_allclose(merged[up.format(3)], a[up.format(3)], rtol=1e-6)
-    from suture._merge_methods import slerp
+    from suture._merge.methods import slerp
 
     expected = slerp(1 / 3, a[q.format(1)], b[q.format(1)])
     np.testing.assert_allclose(merged[q.format(1)], expected, rtol=1e-5, atol=1e-6)
@@ -256,7 +256,7 @@ def test_non_utf8_config_is_refused_and_linked_side_files_are_not_followed(tmp_p
     (tmp_path / "a" / "tokenizer.json").symlink_to(secret)
     config = tmp_path / "m.yml"
     config.write_text("merge_method: passthrough\nmodels:\n  - model: a\n")
-    from suture._sidefiles import SideFileWarning
+    from suture._hf import SideFileWarning
 
     with pytest.warns(SideFileWarning, match=r"tokenizer.json': it is a symbolic link"):
         result = run_merge(config, tmp_path / "out")

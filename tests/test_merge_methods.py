@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import suture
-from suture._merge import _seed
+from suture._merge.api import _seed
 
 rng = np.random.default_rng(3)
 BASE = rng.standard_normal((6, 5)).astype(np.float32)

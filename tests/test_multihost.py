@@ -195,7 +195,7 @@ def test_errors_reach_every_process_and_leave_nothing(tmp_path: Path) -> None:
 
 
 def test_barrier_timeout_must_be_a_number(monkeypatch: pytest.MonkeyPatch) -> None:
-    from suture._distributed import barrier_timeout
+    from suture._exec.distributed import barrier_timeout
 
     monkeypatch.setenv("SUTURE_BARRIER_TIMEOUT", "soon")
     with pytest.raises(suture.SurgeryError, match=r"SUTURE_BARRIER_TIMEOUT='soon' is not a number"):

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import suture
-from suture._init import leaf_key
+from suture._surgery.init import leaf_key
 from tests.orbax_writers import save_standard
 
 W = np.arange(12, dtype=np.float32).reshape(4, 3)

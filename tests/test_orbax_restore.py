@@ -423,7 +423,7 @@ def test_a_config_object_in_the_target_is_a_leaf(tmp_path, use_ocdbt) -> None:
     ids=["unreadable", "absent_device", "positional", "device_count"],
 )  # fmt: skip
 def test_recorded_shardings_this_process_cannot_use(description, message) -> None:
-    from suture._shardings import recorded_sharding
+    from suture._load.shardings import recorded_sharding
 
     with pytest.raises(suture.SurgeryError, match=rf"Leaf 'w': .*{message}.*Give the target leaf"):
         recorded_sharding(description, "w")

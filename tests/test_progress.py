@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import suture
-from suture._diff import diff
+from suture.cli.diff import diff
 from tests.orbax_writers import save_standard
 
 

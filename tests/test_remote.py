@@ -190,7 +190,7 @@ def test_remote_errors_name_the_url_and_the_fix(gcs: str, http, local_files: Pat
 
 
 def test_pytorch_files_open_only_locally(gcs: str, tmp_path: Path) -> None:
-    import torch
+    torch = pytest.importorskip("torch")
 
     torch.save({"w": torch.ones(2)}, tmp_path / "model.pt")
     upload(tmp_path / "model.pt", f"{gcs}/torch/model.pt")

@@ -130,6 +130,6 @@ def test_http_is_read_only(tmp_path: Path) -> None:
 
 def test_a_collective_save_refuses_remote_destinations(gcs: str, monkeypatch) -> None:
     """Under jax.distributed (a group of processes) only local or mounted paths are written."""
-    monkeypatch.setattr("suture._save.collective", lambda: object())  # as if in a group
+    monkeypatch.setattr("suture._save.api.collective", lambda: object())  # as if in a group
     with pytest.raises(suture.SurgeryError, match=r"from several processes: a save under jax"):
         suture.save({"w": np.ones(2)}, f"{gcs}/collective/out", progress=False)

@@ -166,7 +166,7 @@ def test_streaming_surgery_result_and_stacked_chunks(tmp_path: Path) -> None:
     )
     np.testing.assert_array_equal(restored["params"]["layers"]["kernel"], expected)
     out = suture.open(tmp_path / "out")["params/layers/kernel"]
-    assert out._node.store().chunk_layout.read_chunk.shape == (1, 256, 256)
+    assert out.node.store().chunk_layout.read_chunk.shape == (1, 256, 256)
     out[0].read()  # the index
     with count_bytes_read() as one_layer:
         out[5].read()
@@ -174,16 +174,16 @@ def test_streaming_surgery_result_and_stacked_chunks(tmp_path: Path) -> None:
 
 
 def test_a_leaf_larger_than_the_budget_is_written_in_blocks(tmp_path: Path, monkeypatch) -> None:
-    from suture import _execute
+    from suture._exec import runner
 
     seen_blocks = []
-    original = _execute.run_blocks
+    original = runner.run_blocks
 
     def recording(blocks, max_memory, on_progress=None, **options):
         seen_blocks.extend(blocks)
         return original(blocks, max_memory, on_progress, **options)
 
-    monkeypatch.setattr("suture._save.run_blocks", recording)
+    monkeypatch.setattr("suture._save.writer.run_blocks", recording)
     big = np.random.default_rng(0).standard_normal((64, 1024, 256), dtype=np.float32)  # 64 MiB
     result = suture.save(
         {"big": big}, tmp_path / "out", max_memory="8MiB", chunk_bytes="1MiB", progress=False

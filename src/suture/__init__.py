@@ -17,9 +17,6 @@ from . import linen as linen
 from . import nnx as nnx
 from . import optax as optax
 from . import rules as rules
-from ._checkpoint import Checkpoint as Checkpoint
-from ._combine import concatenate as concatenate
-from ._combine import stack as stack
 from ._convert import convert as convert
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from ._errors import CorruptCheckpointError as CorruptCheckpointError
@@ -30,30 +27,33 @@ from ._errors import ShapeMismatchError as ShapeMismatchError
 from ._errors import SurgeryError as SurgeryError
 from ._errors import UnfinishedCheckpointError as UnfinishedCheckpointError
 from ._iostats import count_bytes_read as count_bytes_read
-from ._lazy import LazyArray as LazyArray
-from ._lazy import map as map  # noqa: A004
-from ._load import load as load
-from ._merge import MergeError as MergeError
-from ._merge import merge as merge
-from ._open import open as open  # noqa: A004
+from ._lazy.array import LazyArray as LazyArray
+from ._lazy.array import map as map  # noqa: A004
+from ._lazy.combine import concatenate as concatenate
+from ._lazy.combine import stack as stack
+from ._lazy.products import einsum as einsum
+from ._lazy.products import matmul as matmul
+from ._load.api import load as load
+from ._load.api import load_and_transform as load_and_transform
+from ._merge.api import MergeError as MergeError
+from ._merge.api import merge as merge
 from ._paths import flatten as flatten
 from ._paths import unflatten as unflatten
-from ._plan import Plan as Plan
-from ._plan import plan as plan
-from ._products import einsum as einsum
-from ._products import matmul as matmul
-from ._save import SaveHandle as SaveHandle
-from ._save import SaveResult as SaveResult
-from ._save import save as save
-from ._surgery import load_and_transform as load_and_transform
-from ._surgery import transform as transform
-from ._targets import PLACEHOLDER as PLACEHOLDER
-from ._targets import placeholders as placeholders
-from ._transform import Transform as Transform
-from ._transform import TransformError as TransformError
-from ._transform import apply_transformations as apply_transformations
-from ._transform import intersect_trees as intersect_trees
-from ._transform import merge_trees as merge_trees
+from ._save.api import SaveHandle as SaveHandle
+from ._save.api import SaveResult as SaveResult
+from ._save.api import save as save
+from ._surgery.build import transform as transform
+from ._surgery.orbax_transforms import Transform as Transform
+from ._surgery.orbax_transforms import TransformError as TransformError
+from ._surgery.orbax_transforms import apply_transformations as apply_transformations
+from ._surgery.orbax_transforms import intersect_trees as intersect_trees
+from ._surgery.orbax_transforms import merge_trees as merge_trees
+from ._surgery.plan import Plan as Plan
+from ._surgery.plan import plan as plan
+from ._surgery.targets import PLACEHOLDER as PLACEHOLDER
+from ._surgery.targets import placeholders as placeholders
+from .sources.checkpoint import Checkpoint as Checkpoint
+from .sources.open import open as open  # noqa: A004
 
 __version__ = _package_version("suture")
 

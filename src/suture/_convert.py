@@ -12,15 +12,14 @@ import os
 from typing import Any
 
 from . import families, rules
-from ._errors import CorruptCheckpointError, SurgeryError
-from ._location import Location, location_of
-from ._open import open as open_checkpoint
-from ._recipes import load_recipe
-from ._save import SaveResult, save
-from ._sidefiles import model_folder_side_files, side_file, side_files
-from ._surgery import transform
-
-LAYOUT_KEY = "suture.safetensors_layout"
+from ._errors import SurgeryError
+from ._hf import keep_safetensors_layout, model_folder_side_files, reuse_safetensors_layout
+from ._location import location_of
+from ._save.api import SaveResult, save
+from ._surgery.build import transform
+from ._surgery.recipes import load_recipe
+from .families._convert import convert_with_recipe
+from .sources.open import open as open_checkpoint
 
 
 def convert(
@@ -63,8 +62,6 @@ def convert(
         'safetensors'
     """
     if recipe is not None and families.is_recipe_name(str(recipe)):
-        from .families._convert import convert_with_recipe
-
         return convert_with_recipe(
             source,
             destination,
@@ -95,10 +92,10 @@ def convert(
     options: dict[str, Any] = {}
     renamed = recipe is not None
     if ckpt.format == "safetensors" and target_format == "orbax" and not renamed:
-        options = _keep_safetensors_layout(ckpt, location_of(source), separator)
+        options = keep_safetensors_layout(ckpt, location_of(source), separator)
     elif target_format == "safetensors" and max_shard_size is None and not renamed:
         one_file = str(destination).endswith(".safetensors")
-        options = _reuse_safetensors_layout(ckpt, location_of(source), separator, one_file)
+        options = reuse_safetensors_layout(ckpt, location_of(source), separator, one_file)
     folder_output = target_format == "orbax" or not str(destination).endswith(".safetensors")
     if folder_output and "extra_files" not in options:
         options["extra_files"] = model_folder_side_files(source)
@@ -114,86 +111,3 @@ def convert(
         progress=progress,
         **options,
     )
-
-
-def _keep_safetensors_layout(ckpt: Any, source: Location, separator: str) -> dict[str, Any]:
-    folder = (
-        source.parent
-        if source.name.endswith(".index.json")
-        else None
-        if source.name.endswith(".safetensors")
-        else source
-        if source.is_dir()
-        else None
-    )
-    side = side_files(folder) if folder is not None else {}
-    layout = {
-        "metadata": ckpt.custom_metadata,
-        "weight_map": ckpt.layout.get("weight_map"),
-        "separator": separator,
-        "side_files": sorted(side),
-    }
-    return {"metadata": {LAYOUT_KEY: layout}, "extra_files": side}
-
-
-def _reuse_safetensors_layout(
-    ckpt: Any, source: Location, separator: str, one_file: bool
-) -> dict[str, Any]:
-    """Options that write `ckpt` back as the safetensors it came from (shards, side files)."""
-    if ckpt.format == "orbax":
-        layout = ckpt.custom_metadata.get(LAYOUT_KEY)
-        if not isinstance(layout, dict):
-            return {}
-        _check_layout(layout, source)
-        options: dict[str, Any] = {
-            "metadata": layout.get("metadata") or None,
-            "separator": layout.get("separator", separator),
-        }
-        shard_map = layout.get("weight_map")
-        names = layout.get("side_files", [])
-        side = {name: side_file(source, name) for name in names if isinstance(name, str)}
-        side_paths = {name: path for name, path in side.items() if path is not None}
-    elif ckpt.format == "safetensors":
-        options = {"metadata": ckpt.custom_metadata or None}
-        shard_map = ckpt.layout.get("weight_map")
-        side_paths = {}  # convert() takes them from the Hugging Face folder itself
-    else:
-        return {}
-    if not one_file:
-        if shard_map:
-            options["shard_map"] = shard_map
-        if side_paths:
-            options["extra_files"] = side_paths
-    return options
-
-
-def _check_layout(layout: dict, source: Location) -> None:
-    """The recorded layout comes from a checkpoint's metadata: its values are checked, not trusted."""
-    expected = {
-        "metadata": (dict, type(None)),
-        "weight_map": (dict, type(None)),
-        "separator": (str,),
-        "side_files": (list,),
-    }
-    for key, types in expected.items():
-        value = layout.get(key)
-        strings = isinstance(value, dict) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-        )
-        if (key in layout and not isinstance(value, types)) or (
-            isinstance(value, dict) and not strings
-        ):
-            raise CorruptCheckpointError(
-                f"The {LAYOUT_KEY!r} custom metadata of {str(source)!r} has {key} = "
-                f"{value!r:.100}, which is not what suture records. Pass max_shard_size= "
-                f"(--max-shard-size) to lay the output out afresh, or fix the metadata."
-            )
-    if not all(isinstance(name, str) for name in layout.get("side_files", [])):
-        raise CorruptCheckpointError(
-            f"The {LAYOUT_KEY!r} custom metadata of {str(source)!r} lists side files that are "
-            f"not file names: {layout['side_files']!r:.100}."
-        )
-    if layout.get("separator") == "":
-        raise CorruptCheckpointError(
-            f"The {LAYOUT_KEY!r} custom metadata of {str(source)!r} records an empty separator."
-        )

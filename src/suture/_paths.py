@@ -36,7 +36,7 @@ from ._patterns import fullmatch as bounded_fullmatch
 _SCALAR_TYPES = (str, bytes, int, float, complex, bool, type(None), type(Ellipsis))
 
 
-def _is_namedtuple(node: Any) -> bool:
+def is_namedtuple(node: Any) -> bool:
     return isinstance(node, tuple) and hasattr(type(node), "_fields")
 
 
@@ -85,7 +85,7 @@ def children(node: Any) -> list[tuple[str, Any]] | None:
         return None
     if isinstance(node, Mapping):
         items = [(str(key), value) for key, value in node.items()]
-    elif _is_namedtuple(node):
+    elif is_namedtuple(node):
         items = list(zip(type(node)._fields, node, strict=True))
     elif isinstance(node, (list, tuple)):
         items = [(str(index), value) for index, value in enumerate(node)]
@@ -253,7 +253,7 @@ def rebuild_container(template: Any, values: list[tuple[str, Any]]) -> Any:
         originals = {str(key): key for key in template}
         rebuilt = {originals[key]: value for key, value in values}
         return rebuilt if type(template) is dict else _mapping_like(template, rebuilt)
-    if _is_namedtuple(template):
+    if is_namedtuple(template):
         return type(template)(*(value for _, value in values))
     if isinstance(template, (list, tuple)):
         return type(template)(value for _, value in values)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._surgery import load_and_transform
+from ._load.api import load_and_transform
 
 
 def load(

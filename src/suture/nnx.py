@@ -21,8 +21,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import SurgeryError, did_you_mean
+from ._lazy.array import LazyArray
+from ._lazy.combine import fit_shape
+from ._load.api import load
 from ._paths import flatten, unflatten
-from .sources import open_source
+from ._surgery.build import transform as lazy_transform
+from .sources.detect import open_source
 
 VALUE_KEYS = ("value", "raw_value")
 
@@ -66,9 +70,6 @@ def load_into(
     """
     from flax import nnx
 
-    from ._load import load
-    from ._surgery import transform as lazy_transform
-
     if in_place and not isinstance(model, nnx.Module):
         raise SurgeryError(
             f"load_into(in_place=True) updates a live nnx.Module; got "
@@ -102,9 +103,6 @@ def _matched(
     transformed: Any, model: dict[str, Any], partial: bool, pad_truncate: bool, init: Any
 ) -> Any:
     """The checkpoint's tree, checked against the model's paths before anything is read."""
-    from ._combine import fit_shape
-    from ._lazy import LazyArray
-
     flat = flatten(transformed)
     shared = [path for path in model if path in flat]
     missing = [path for path in model if path not in flat]

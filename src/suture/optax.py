@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .rules import Edit, Rule
+from ._surgery.rules import Edit, Rule
 
 
 def mirrors(paths: Sequence[str], root: str = "params") -> list[str]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._buffers import aligned_empty, scratch_buffer
 from .._errors import CorruptCheckpointError
 from .._iostats import record_read
 from . import direct
@@ -87,8 +89,6 @@ class Location:
         Raises:
             CorruptCheckpointError: the file holds fewer bytes; `what` names the data.
         """
-        from .._nodes import scratch_buffer
-
         buffer = scratch_buffer("read", count)
         self.read_into(offset, buffer, what)
         return buffer
@@ -166,14 +166,11 @@ class LocalLocation(Location):
         return self.path.read_bytes()
 
     def read_range(self, offset: int, count: int, what: str = "") -> np.ndarray:
-        from .._nodes import aligned_empty
-
         buffer = aligned_empty((count,), np.dtype(np.uint8))
         self.read_into(offset, buffer, what)
         return buffer
 
     def read_into(self, offset: int, into: np.ndarray, what: str = "") -> None:
-        from .._filesource import read_fully  # loops: one preadv returns at most ~2 GiB
 
         count = into.nbytes
         got = direct.read_direct(self.path, offset, into) if direct.wanted(count) else None
@@ -226,3 +223,19 @@ def short_read(
         f"{str(location)!r} is shorter than its header says: {subject} {count} bytes at offset "
         f"{offset}, {gave}. The file is truncated or was changed while being read."
     )
+
+
+def read_fully(descriptor: int, buffer: np.ndarray, offset: int) -> int:
+    """Reads into `buffer` from `offset` until it is full or the file ends; returns bytes read.
+
+    One ``preadv`` may return fewer bytes than asked (Linux: at most 2,147,479,552), so a
+    short read is only the end of the file when a read returns nothing.
+    """
+    view = memoryview(buffer.reshape(-1).view(np.uint8))  # C-contiguous: no copy
+    done = 0
+    while done < len(view):
+        got = os.preadv(descriptor, [view[done:]], offset + done)
+        if got == 0:
+            break
+        done += got
+    return done

@@ -27,6 +27,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from .._buffers import scratch_buffer
+
 ALIGNMENT = 4096  # what O_DIRECT asks of offsets, lengths and buffers on common file systems
 PIECE_BYTES = 8 << 20
 SMALLEST_DIRECT_READ = 1 << 20  # smaller reads keep the page cache (and its read-ahead)
@@ -116,8 +118,6 @@ def _opened(path: str | os.PathLike) -> Iterator[int | None]:
 def _aligned_read(descriptor: int, start: int, count: int, first: bool) -> np.ndarray | None:
     """Reads the aligned span around ``[start, start + count)`` into this thread's buffer;
     returns the view of what was asked (shorter at the end of the file)."""
-    from .._nodes import scratch_buffer
-
     low = start - start % ALIGNMENT
     high = -(-(start + count) // ALIGNMENT) * ALIGNMENT
     scratch = scratch_buffer("direct", high - low)

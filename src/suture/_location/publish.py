@@ -18,21 +18,31 @@ finished:
 A lock (``.NAME.suture-lock`` beside the destination) keeps two writers apart; one left
 by a process that died on this machine is taken over. A destination that is an
 unfinished save (no commit) left by a writer that died is cleaned up and rewritten.
+
+Replacing an old local result (`replace`): a file replaces a file with one ``rename``. A
+folder cannot be renamed over a non-empty folder, so on Linux the new and the old swap
+places in one ``renameat2(RENAME_EXCHANGE)`` call and the old one, now under the temporary
+name, is deleted. Where that call is missing, the old result is renamed aside first: between
+those two renames, microseconds apart, the path does not exist. What may be replaced at all
+is the save's overwrite policy (`suture._save.overwrite`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import errno
 import json
 import os
 import socket
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 from .._errors import SurgeryError
-from .._replace import replace
 from .base import LocalLocation, Location
 
 TMP_MARKER = ".orbax-checkpoint-tmp-suture-"
@@ -115,7 +125,7 @@ def is_unfinished(folder: Location) -> bool:
 
 
 def rename_into_place(temporary: Path, destination: Path, overwrite: bool) -> None:
-    """Moves a finished local result into place, atomically replacing an old one (`_replace`)."""
+    """Moves a finished local result into place, atomically replacing an old one (`replace`)."""
     if destination.exists() or destination.is_symlink():
         if not overwrite:
             raise SurgeryError(
@@ -219,3 +229,52 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def replace(new: Path, destination: Path) -> Path | None:
+    """Puts `new` at `destination`; returns where the old result now is (to delete), if any.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> (folder / "new").write_text("new"); (folder / "old").write_text("old")
+        3
+        3
+        >>> replace(folder / "new", folder / "old"), (folder / "old").read_text()
+        (None, 'new')
+    """
+    if (not destination.is_dir() or destination.is_symlink()) and not new.is_dir():
+        os.replace(new, destination)  # one atomic rename
+        return None
+    if _exchange(new, destination):
+        return new  # the old result, under the temporary name
+    aside = destination.with_name(f"{destination.name}.suture-old-{uuid.uuid4().hex[:12]}")
+    os.rename(destination, aside)  # the documented window: until the next rename
+    os.rename(new, destination)
+    return aside
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swaps two paths atomically (Linux renameat2); False where the system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):  # no libc, or glibc older than 2.28
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+    renameat2.argtypes += [ctypes.c_uint]
+    result = renameat2(
+        _AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE
+    )
+    if result == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(second))

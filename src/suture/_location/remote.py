@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .._buffers import aligned_empty
 from .._errors import CheckpointNotFoundError, CorruptCheckpointError, SurgeryError
 from .base import Location, short_read
 
@@ -115,8 +116,6 @@ class RemoteLocation(Location):
         return bytes(result.value)
 
     def read_range(self, offset: int, count: int, what: str = "") -> np.ndarray:
-        from .._nodes import aligned_empty
-
         buffer = aligned_empty((count,), np.dtype(np.uint8))
         if not count:
             return buffer

@@ -16,14 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import rules
-from .._convert import LAYOUT_KEY
-from .._convert import _keep_safetensors_layout as keep_safetensors_layout
-from .._convert import _reuse_safetensors_layout as reuse_safetensors_layout
 from .._errors import SurgeryError
+from .._hf import LAYOUT_KEY, keep_safetensors_layout, reuse_safetensors_layout
 from .._location import location_of
-from .._open import open as open_checkpoint
 from .._paths import unflatten
-from .._save import SaveResult, save
+from .._save.api import SaveResult, save
+from ..sources.open import open as open_checkpoint
 from ._recipe import get_recipe
 
 FAMILY_KEY = "suture.family"

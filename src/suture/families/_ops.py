@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from .._combine import fit_shape
 from .._errors import SurgeryError
-from .._lazy import LazyArray, elementwise
+from .._lazy.array import LazyArray, elementwise
+from .._lazy.combine import fit_shape
 from ._expr import evaluate
 
 

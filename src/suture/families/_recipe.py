@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
-from .._combine import stack as stack_arrays
 from .._errors import SurgeryError, did_you_mean
-from .._lazy import LazyArray, as_lazy
+from .._lazy.array import LazyArray, as_lazy
+from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
 from ._expr import evaluate
 from ._ops import Operation, RecipeFormatError, parse_operation

@@ -11,7 +11,7 @@ the memory budget (a stack of all layers, say) could not be written slice by sli
 through TensorStore lets a leaf be written one block of chunks at a time; measured in
 ``bench/streaming.py``.
 
-Under ``jax.distributed`` (see ``suture._distributed``) each process writes its share into its
+Under ``jax.distributed`` (see ``suture._exec.distributed``) each process writes its share into its
 own OCDBT database, ``ocdbt.process_<index>/``, and the primary merges them into the
 checkpoint's root database, as Orbax's multi-process saves do; a globally sharded
 ``jax.Array`` is chunked by its shards, each written by the process holding its first replica.
@@ -35,10 +35,11 @@ from typing import Any
 import numpy as np
 
 from .._errors import SurgeryError
-from .._execute import Block, chunk_rows, stack_axis
+from .._exec.blocks import Block, chunk_rows, stack_axis
 from .._interrupts import native_call
-from .._lazy import LazyArray
+from .._lazy.array import LazyArray
 from .._location import LocalLocation, Location, location_of, remote_context
+from .._paths import children, is_namedtuple
 from .names import OrbaxNames
 
 # glibc serves allocations over 32 MiB with fresh pages every time (a page fault per 4 KiB),
@@ -379,7 +380,7 @@ def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
     if array.ndim == 0:
         return ()
     shape = [max(1, length) for length in array.shape]
-    stacked = stack_axis(array._node)
+    stacked = stack_axis(array.node)
     if stacked is not None:
         shape[stacked] = 1
     chunk = [1] * len(shape)
@@ -395,8 +396,6 @@ def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
 
 def keys_and_kinds(tree: Any) -> list[tuple[tuple[str, ...], tuple[int, ...], Any]]:
     """``(keys, key kinds, leaf)`` for every leaf: kind 1 for a list/tuple index, else 2."""
-    from .._paths import _is_namedtuple, children
-
     found: list[tuple[tuple[str, ...], tuple[int, ...], Any]] = []
 
     def visit(node: Any, keys: tuple[str, ...], kinds: tuple[int, ...]) -> None:
@@ -406,7 +405,7 @@ def keys_and_kinds(tree: Any) -> list[tuple[tuple[str, ...], tuple[int, ...], An
             return
         kind = (
             _SEQUENCE_KEY
-            if isinstance(node, (list, tuple)) and not _is_namedtuple(node)
+            if isinstance(node, (list, tuple)) and not is_namedtuple(node)
             else _DICT_KEY
         )
         for key, child in items:

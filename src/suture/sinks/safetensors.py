@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import SurgeryError
-from .._lazy import LazyArray
+from .._lazy.array import LazyArray
 from .names import check_safetensors_name, check_shard_file_name
 
 SAFETENSORS_DTYPES = {

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._checkpoint import Checkpoint
-from .._lazy import LazyArray
+from .._lazy.array import LazyArray
 from .._paths import map_leaves_with_path
+from .checkpoint import Checkpoint
 
 
 def open_memory(tree: Any) -> Checkpoint:

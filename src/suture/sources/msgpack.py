@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from .._checkpoint import Checkpoint
 from .._dtypes import to_dtype
 from .._errors import CorruptCheckpointError, SurgeryError, check_shape
 from .._iostats import record_read
 from .._location import Location
 from .._paths import MAX_DEPTH
+from .checkpoint import Checkpoint
 from .memory import wrap_arrays
 
 _NDARRAY, _COMPLEX, _SCALAR = 1, 2, 3

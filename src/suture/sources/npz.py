@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from .._checkpoint import Checkpoint
 from .._errors import CorruptCheckpointError, check_shape
-from .._filesource import FileRangeSource, local_identity
 from .._iostats import record_read
-from .._lazy import LazyArray
+from .._lazy.array import LazyArray
+from .._lazy.graph import Node, ReadCost, SourceNode
+from .._lazy.selection import Selection, outer_index, positions, selection_shape
 from .._location import Location
-from .._nodes import Node, ReadCost, SourceNode
 from .._paths import unflatten
-from .._selection import Selection, outer_index, positions, selection_shape
+from .checkpoint import Checkpoint
+from .filesource import FileRangeSource, local_identity
 
 _INFLATE_PIECE = 1 << 20  # bytes inflated at a time while skipping rows a read does not need
 

@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from .._checkpoint import Checkpoint
 from .._dtypes import from_zarr
 from .._errors import CorruptCheckpointError, SurgeryError, check_shape
-from .._lazy import LazyArray
+from .._lazy.array import LazyArray
 from .._location import Location, location_of, remote_context
-from .._nodes import TensorStoreSource
 from .._paths import check_depth
 from . import orbax_layout
+from .checkpoint import Checkpoint
 from .orbax_layout import PYTREE_METADATA, resolve
+from .tensorstore import TensorStoreSource
 
 ARRAY_VALUE_TYPES = {"jax.Array", "np.ndarray", "scalar"}
 EMPTY_VALUE_TYPES = {"None": None, "Dict": {}, "List": [], "Tuple": ()}
@@ -35,7 +35,7 @@ def open_orbax(path: Any, step: int | None = None) -> Checkpoint:
     """Opens the Orbax checkpoint at `path` (a path, URL or Location) lazily (see `suture.open`)."""
     location = location_of(path)
     layout = resolve(location, step)
-    trees = {name: _read_item(folder) for name, folder in layout.items.items()}
+    trees = {name: read_item(folder) for name, folder in layout.items.items()}
     tree = trees[None] if list(trees) == [None] else {**trees, **layout.json_items}
     return Checkpoint(
         tree,
@@ -146,7 +146,7 @@ class _ItemStore:
         return open_store
 
 
-def _read_item(folder: Any) -> Any:
+def read_item(folder: Any) -> Any:
     folder = location_of(folder)
     try:
         return _read_item_unchecked(folder)

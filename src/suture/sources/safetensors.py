@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from .._checkpoint import Checkpoint
 from .._dtypes import to_dtype
 from .._errors import CorruptCheckpointError, NotACheckpointError, SurgeryError, check_shape
-from .._filesource import FileRangeSource, local_identity
-from .._lazy import LazyArray
+from .._lazy.array import LazyArray
 from .._location import Location, location_of
 from .._paths import unflatten
+from .checkpoint import Checkpoint
+from .filesource import FileRangeSource, local_identity
 
 DTYPES = {
     "F64": "float64",
@@ -299,7 +299,7 @@ def _tree(tensors: dict[str, LazyArray], separator: str, path: Location) -> Any:
             )
         named[tree_path] = name
         array.path = tree_path
-        array._node.path = tree_path
+        array.node.path = tree_path
         flat[tree_path] = array
     try:
         return unflatten(flat)

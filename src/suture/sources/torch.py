@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from .._checkpoint import Checkpoint
 from .._dtypes import to_dtype
 from .._errors import CorruptCheckpointError, SurgeryError
-from .._lazy import LazyArray
-from .._nodes import Node, SourceNode
+from .._lazy.array import LazyArray
+from .._lazy.graph import Node, SourceNode
+from .._lazy.selection import Selection, outer_index
 from .._paths import flatten, unflatten
-from .._selection import Selection, outer_index
+from .checkpoint import Checkpoint
 
 _VIEWED = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
 

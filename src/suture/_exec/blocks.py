@@ -1,0 +1,290 @@
+"""Blocks: how each leaf is cut for streaming, and what each block costs.
+
+Each array leaf is cut into blocks along its first axis, each a whole number of the sink's
+chunks (so no chunk is written twice). Blocks are read (only the source bytes they need),
+computed and handed to the sink on a few threads. A block's cost is the bytes it reads
+plus the bytes it produces; the blocks in flight never cost more than `max_memory`. A row
+(a layer of a stacked array) that would cost more than the whole budget is written in
+parts, a block of its own rows at a time (`leaf_blocks`); a block that still costs more
+than the budget is refused before anything is written (`check_blocks_fit`).
+
+Running the blocks under the budget is `runner.py`; what the allocator keeps is `memory.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+
+from .._errors import SurgeryError
+from .._format import human_bytes
+from .._lazy.array import LazyArray
+from .._lazy.compute import ComputeNode
+from .._lazy.graph import CastNode, MapNode, Node, StackNode
+from .._lazy.reads import bytes_read, read_memory
+from .._lazy.selection import full
+
+DEFAULT_MAX_MEMORY = 1 << 30
+WRITE_THREADS = 4
+
+
+class LeafWriter(Protocol):
+    """What a sink offers the executor for one array leaf."""
+
+    def block_rows(self) -> int:
+        """The first-axis rows in one chunk: blocks are whole multiples of it."""
+
+    def write(self, rows: slice, values: np.ndarray) -> None:
+        """Writes `values` as rows `rows` (along the first axis) of the leaf."""
+
+    # Optional, for writers that also take blocks along another axis (a stacking axis):
+    # ``unit_along(axis) -> int | None``, the chunk length along `axis` (None: not along
+    # it), and ``write_along(axis, rows, values)``, which writes `values` as the positions
+    # `rows` of `axis` (every position of the other axes).
+
+    def held_while_writing(self, nbytes: int) -> int:
+        """Bytes the writer holds besides `values` while writing a block of `nbytes`."""
+
+    # Optional: `row(index) -> LeafWriter`, the writer of one row (index along the first
+    # axis) alone, whose rows are along the leaf's second axis; writers that have it let a
+    # row too large for one block be written in parts (`leaf_blocks`).
+
+
+@dataclass(frozen=True)
+class Block:
+    """Positions `rows` of axis `axis` of `array` (every position of its other axes);
+    `array` is the leaf, or its row `outer` when a row is written in parts."""
+
+    path: str
+    array: LazyArray
+    writer: LeafWriter
+    rows: slice
+    cost: int  # bytes held at the peak: reading, the block itself, writing it
+    axis: int = 0
+    outer: tuple[int, ...] = ()  # leading indices of the row of the leaf `rows` are within
+
+    @property
+    def index(self) -> tuple[slice, ...]:
+        return (slice(None),) * self.axis + (self.rows,)
+
+    @property
+    def view(self) -> LazyArray:
+        return self.array[self.index] if self.array.ndim else self.array
+
+    @property
+    def nbytes(self) -> int:
+        return self.view.nbytes
+
+    def write(self, values: np.ndarray) -> None:
+        if self.axis:
+            self.writer.write_along(self.axis, self.rows, values)  # type: ignore[attr-defined]
+        else:
+            self.writer.write(self.rows, values)
+
+
+def plan_blocks(
+    path: str,
+    array: LazyArray,
+    writer: LeafWriter,
+    block_budget: int,
+    max_memory: int | None = None,
+) -> Iterator[Block]:
+    """The blocks of one leaf: whole numbers of the writer's chunks, as many rows as fit.
+
+    A block's cost (what it decodes from its sources, what it produces, and the working
+    memory of any function that computes it) stays within `block_budget` when a single
+    chunk allows. A leaf computed by a function of whole arrays (a map that is not
+    elementwise) is one block: splitting it would compute the function once per block.
+
+    Where blocks of that size would read the same source bytes more than once (a transposed
+    safetensors tensor: each block of output rows is a column strip of the source, whose
+    rows are read whole; an Orbax array stored as one large chunk) and `max_memory` is
+    given, a stack along another axis is cut along that axis instead (a few whole members
+    per block), or else the blocks grow up to `max_memory`: such a block waits until it can
+    run alone, which costs less than reading the source several times over.
+    """
+    if array.ndim == 0 or array.shape[0] == 0 or _computes_whole(array.node):
+        yield Block(path, array, writer, slice(None), _cost(array, slice(None), writer))
+        return
+    axis, step = 0, _rows_per_block(array, writer, 0, block_budget)
+    if max_memory is not None and _rereads(array, 0, step):
+        axis, step = _without_rereads(array, writer, step, block_budget, max_memory)
+    for start in range(0, array.shape[axis], step):
+        rows = slice(start, min(start + step, array.shape[axis]))
+        yield Block(path, array, writer, rows, _cost(array, rows, writer, axis), axis)
+
+
+def _without_rereads(
+    array: LazyArray, writer: LeafWriter, step: int, block_budget: int, max_memory: int
+) -> tuple[int, int]:
+    """``(axis, positions per block)`` for a leaf whose row blocks would re-read its sources.
+
+    A stack along another axis (MaxText's layers on axis 1) is cut along its stacking axis,
+    a few whole members per block, when the writer takes such blocks; otherwise the row
+    blocks grow up to `max_memory`.
+    """
+    axis = stack_axis(array.node)
+    unit_along = getattr(writer, "unit_along", None)
+    if axis and unit_along is not None and unit_along(axis):
+        along = _rows_per_block(array, writer, axis, block_budget)
+        if not _rereads(array, axis, along):
+            return axis, along
+    return 0, max(step, _rows_per_block(array, writer, 0, max_memory))
+
+
+def _rows_per_block(array: LazyArray, writer: LeafWriter, axis: int, budget: int) -> int:
+    """The most positions of `axis`, whole chunks of the writer, whose block costs <= `budget`."""
+    unit = max(1, writer.unit_along(axis) if axis else writer.block_rows())  # type: ignore[attr-defined]
+    units = -(-array.shape[axis] // unit)
+    low, high = 1, units  # by bisection
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _cost(array, slice(0, middle * unit), writer, axis) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return low * unit
+
+
+def _rereads(array: LazyArray, axis: int, step: int) -> bool:
+    """Whether blocks of `step` positions of `axis` read more than the whole leaf at once."""
+    if step >= array.shape[axis]:
+        return False
+    parts = (
+        array[(slice(None),) * axis + (slice(start, start + step),)]
+        for start in range(0, array.shape[axis], step)
+    )
+    # a little overlap (a shared chunk at each edge) is fine
+    return _read_more_than(parts, _bytes_read(array) * 9 // 8)
+
+
+def _read_more_than(parts: Iterable[LazyArray], limit: int) -> bool:
+    """Whether reading `parts` one after another takes more than `limit` bytes from storage
+    (stops counting as soon as it does)."""
+    total = 0
+    for part in parts:
+        total += _bytes_read(part)
+        if total > limit:
+            return True
+    return False
+
+
+def _bytes_read(array: LazyArray) -> int:
+    return bytes_read(array.node, full(array.shape))
+
+
+def stack_axis(node: Node) -> int | None:
+    """The stacking axis of a stacked array (seen through casts and one-input elementwise maps)."""
+    while isinstance(node, (CastNode, MapNode)):
+        if isinstance(node, MapNode) and (not node.elementwise or len(node.members) != 1):
+            return None
+        node = node.inputs()[0]
+    return node.axis if isinstance(node, StackNode) else None
+
+
+def leaf_blocks(
+    path: str,
+    array: LazyArray,
+    writer: LeafWriter,
+    block_budget: int,
+    max_memory: int,
+    avoid_rereads: bool = True,
+) -> Iterator[Block]:
+    """The blocks of one leaf (`plan_blocks`); a row too costly for the budget is cut further.
+
+    When one row (a layer of a stacked array, a row longer than a chunk) costs more than
+    `max_memory` and the writer can write a row alone (`row`), each row is planned as a
+    leaf of its own, cut along its own first axis: its blocks carry the row's index in
+    `Block.outer`. Rows that fit are not cut (they run with fewer blocks beside them), nor
+    rows whose parts would read the source again and again (part of a transposed row
+    reads whole source rows): their blocks are refused by `check_blocks_fit`.
+    `avoid_rereads` lets `plan_blocks` cut along a stacking axis or grow blocks where row
+    blocks would re-read the sources (not for shares of several processes: uneven).
+    """
+    row_writer = getattr(writer, "row", None)
+    if (
+        row_writer is None
+        or array.ndim < 2
+        or array.shape[0] == 0
+        or writer.block_rows() != 1
+        or _computes_whole(array.node)
+        or _cost(array, slice(0, 1), writer) <= max_memory
+        or not _reads_once_in_parts(array[0], row_writer(0), block_budget)
+    ):
+        yield from plan_blocks(
+            path, array, writer, block_budget, max_memory if avoid_rereads else None
+        )
+        return
+    for index in range(array.shape[0]):
+        rows = leaf_blocks(
+            path, array[index], row_writer(index), block_budget, max_memory, avoid_rereads
+        )
+        for block in rows:
+            yield replace(block, outer=(index, *block.outer))
+
+
+def _reads_once_in_parts(row: LazyArray, writer: LeafWriter, block_budget: int) -> bool:
+    """Whether the blocks of `row` read at most twice what reading it whole reads."""
+    parts = (block.view for block in plan_blocks("", row, writer, block_budget))
+    return not _read_more_than(parts, 2 * _bytes_read(row))
+
+
+def check_blocks_fit(blocks: list[Block], max_memory: int) -> None:
+    """Refuses, before anything is written, a block that alone costs more than `max_memory`."""
+    over = [block for block in blocks if block.cost > max_memory]
+    if not over:
+        return
+    worst = max(over, key=lambda block: block.cost)
+    needed = -(-worst.cost // (1 << 20))
+    raise SurgeryError(
+        f"Leaf {worst.path!r} cannot be written within max_memory={human_bytes(max_memory)}: "
+        f"its smallest block holds {human_bytes(worst.cost)} at once (reading, computing and "
+        f"writing it). Pass max_memory='{needed}MiB' or more, or make the leaf's blocks "
+        f"smaller: a smaller chunk_bytes, or an elementwise map (suture.map(..., "
+        f"elementwise=True)) instead of one of the whole array."
+    )
+
+
+def _computes_whole(node: Node) -> bool:
+    return any(
+        (isinstance(n, MapNode) and not n.elementwise)
+        or (isinstance(n, ComputeNode) and not n.splits_rows)
+        for n in _walk(node)
+    )
+
+
+def _walk(node: Node) -> Iterator[Node]:
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        yield current
+        pending.extend(current.inputs())
+
+
+def _cost(array: LazyArray, rows: slice, writer: LeafWriter, axis: int = 0) -> int:
+    """Bytes a block holds at its peak: what reading it holds (decoded chunks, strips,
+    temporaries, map working memory), the block itself, and what the writer holds."""
+    view = array[(slice(None),) * axis + (rows,)] if array.ndim else array
+    # maps count their working memory in `read_memory`, at the selection each one computes
+    working = sum(
+        n.working_bytes(view.nbytes) for n in _walk(view.node) if isinstance(n, ComputeNode)
+    )
+    reading = read_memory(view.node, full(view.shape), into=True)
+    return reading + view.nbytes + working + writer.held_while_writing(view.nbytes)
+
+
+def block_budget(max_memory: int, threads: int = WRITE_THREADS) -> int:
+    """The cost one block may have: an equal share of the budget for each thread."""
+    return max(1, max_memory // threads)
+
+
+def chunk_rows(shape: tuple[int, ...], itemsize: int, chunk_bytes: int) -> int:
+    """Rows of the first axis per chunk so that a chunk holds at most `chunk_bytes`."""
+    if not shape:
+        return 1
+    row_bytes = itemsize * math.prod(shape[1:])
+    return int(max(1, min(shape[0], chunk_bytes // max(1, row_bytes)))) if shape[0] else 1

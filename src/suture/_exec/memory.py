@@ -1,0 +1,137 @@
+"""What the allocator keeps: glibc's malloc arenas, trimming freed memory, resident size.
+
+The process's growth while writing is the blocks in flight plus what the allocator keeps
+after `free`. With one malloc arena (`limit_malloc_arenas`) memory freed by one thread is
+re-used by the next, and it is trimmed when the process nears its budget. Limiting arenas
+is process-wide, so importing suture never does it: the command line does (it owns its
+process), and a library caller asks for it (``suture.save(..., tune_allocator=True)`` or
+``SUTURE_TUNE_ALLOCATOR=1``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+from collections.abc import Iterator
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim, libc.mallopt  # noqa: B018 (both exist: glibc)
+    except (OSError, AttributeError):  # not glibc
+        return None
+    return libc
+
+
+_LIBC = _glibc()
+_TRIM = _LIBC.malloc_trim if _LIBC is not None else None
+_M_ARENA_MAX = -8
+
+
+def limit_malloc_arenas() -> None:
+    """Limits glibc to one malloc arena for threads started from now on (unless the
+    environment sets ``MALLOC_ARENA_MAX``).
+
+    glibc gives threads arenas of their own (up to 8 per core), and memory freed in one
+    arena is re-used only by the threads of that arena. TensorStore's threads encode and
+    write chunks in buffers they allocate and free, so each of its arenas kept a few chunks'
+    worth after `free`: the process grew by 0.1 to 0.4 GiB beyond the blocks in flight
+    (bench/larger_than_memory.py). With one arena the next chunk re-uses those pages, which
+    also spares their page faults; the save's threads spend their time in numpy and
+    TensorStore's codecs, not in `malloc`. Threads that already have an arena keep it.
+
+    This is process-wide, so suture does it only where it owns the process (the command
+    line), when ``SUTURE_TUNE_ALLOCATOR=1`` is set (at import), or for the length of a
+    save asked for it (`tuned_allocator`).
+    """
+    if _LIBC is not None and "MALLOC_ARENA_MAX" not in os.environ:
+        _LIBC.mallopt(_M_ARENA_MAX, 1)
+
+
+def _unlimit_malloc_arenas() -> None:
+    """glibc's default arena limit again, for threads started from now on."""
+    if _LIBC is not None and "MALLOC_ARENA_MAX" not in os.environ:
+        _LIBC.mallopt(_M_ARENA_MAX, 0)  # 0: glibc's own default (8 per core)
+
+
+def tuning_asked_by_environment() -> bool:
+    """Whether ``SUTURE_TUNE_ALLOCATOR`` asks for the tuning for the whole process."""
+    return os.environ.get("SUTURE_TUNE_ALLOCATOR", "").strip().lower() in ("1", "true", "yes")
+
+
+_tuned_for_process = False
+_saves_tuning = 0
+_tuning_lock = threading.Lock()
+
+
+def tune_for_process() -> None:
+    """Limits the arenas for good: for a process suture owns (the CLI) or was asked to tune."""
+    global _tuned_for_process
+    with _tuning_lock:
+        _tuned_for_process = True
+        limit_malloc_arenas()
+
+
+@contextlib.contextmanager
+def tuned_allocator(asked: bool | None) -> Iterator[None]:
+    """Within this block, one malloc arena for threads started meanwhile (when `asked`).
+
+    None follows ``SUTURE_TUNE_ALLOCATOR``. The limit is lifted when the last tuned save
+    ends, unless the whole process is tuned (`tune_for_process`).
+
+    Example:
+        >>> with tuned_allocator(False):
+        ...     pass
+    """
+    if asked is None:
+        asked = tuning_asked_by_environment()
+    if not asked:
+        yield
+        return
+    global _saves_tuning
+    with _tuning_lock:
+        _saves_tuning += 1
+        limit_malloc_arenas()
+    try:
+        yield
+    finally:
+        with _tuning_lock:
+            _saves_tuning -= 1
+            if _saves_tuning == 0 and not _tuned_for_process:
+                _unlimit_malloc_arenas()
+
+
+def trim_freed_memory(baseline: int | None, max_memory: int) -> None:
+    """Hands memory that glibc keeps after `free` back to the system, once the process has
+    grown by more than `max_memory` since `baseline` (its size when writing began).
+
+    TensorStore's threads encode chunks in buffers of their own; glibc keeps what it frees
+    (below the top of its heap, or in holes between live blocks) for re-use. Trimming only
+    when the process nears its budget spares the page faults of re-using trimmed memory
+    otherwise: with one malloc arena the next chunk re-uses what the last one freed, and
+    trimming at three quarters of the budget tripled the page faults of a 256 MiB budget.
+    """
+    if _TRIM is None:
+        return
+    resident = resident_bytes()
+    if resident is None or baseline is None or resident - baseline > max_memory:
+        _TRIM(0)
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (None where /proc is not available)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * _PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+if tuning_asked_by_environment():
+    tune_for_process()  # asked for the whole process: as early as possible, before threads start

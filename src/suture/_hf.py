@@ -1,0 +1,225 @@
+"""Hugging Face folder conventions: the side files beside the weights, and the layout record.
+
+Side files, safely:
+
+``config.json``, ``generation_config.json`` and the tokenizer files travel with the weights
+when a folder is converted or saved, so ``from_pretrained`` can load the output. Only
+regular files directly inside the folder are taken: a symbolic link, or a name that leads
+out of the folder, is skipped with a warning, so converting a folder someone else prepared
+never copies a file from elsewhere on the machine (``tokenizer.json -> ~/.ssh/id_rsa``).
+
+Example:
+    >>> import tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "config.json").write_text("{}")
+    >>> _ = (folder / "model.safetensors").write_bytes(b"")
+    >>> sorted(side_files(folder))
+    ['config.json']
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ._errors import CorruptCheckpointError, SurgeryError
+from ._location import LocalLocation, Location, RemoteLocation, location_of
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".npz")
+_CHECKPOINT_FILES = ("commit_success.txt", "manifest.ocdbt")
+
+
+class SideFileWarning(UserWarning):
+    """A file of a model folder that was not copied because it is not a plain file in it."""
+
+
+def side_files(folder: Path | Location) -> dict[str, Any]:
+    """``{name: path}`` of the folder's regular files that are not weights or indexes.
+
+    A remote folder's are `RemoteLocation`s (none for an HTTP folder, which cannot be listed).
+    """
+    if isinstance(folder, RemoteLocation):
+        return _remote_side_files(folder)
+    folder = folder.path if isinstance(folder, LocalLocation) else folder
+    if not folder.is_dir():
+        return {}
+    found = {}
+    for entry in sorted(folder.iterdir()):
+        name = entry.name
+        if (
+            name.startswith((".", "_"))
+            or name.endswith(_WEIGHT_SUFFIXES)
+            or name.endswith(".index.json")
+            or name in _CHECKPOINT_FILES
+            or entry.is_dir()
+        ):
+            continue
+        checked = side_file(folder, name)
+        if checked is not None:
+            found[name] = checked
+    return found
+
+
+def model_folder_side_files(location: str | os.PathLike | Location) -> dict[str, Any]:
+    """`side_files` of a Hugging Face folder (or of the folder of its ``*.index.json``).
+
+    Anything that is not such a folder has none.
+    """
+    where = location_of(location)
+    if isinstance(where, RemoteLocation):
+        folder_of = where.parent if where.name.endswith(".index.json") else where
+        return side_files(folder_of) if not folder_of.name.endswith(".safetensors") else {}
+    folder = Path(str(where))
+    if folder.name.endswith(".index.json"):
+        folder = folder.parent
+    is_model_folder = folder.is_dir() and any(folder.glob("*.safetensors"))
+    return side_files(folder) if is_model_folder else {}
+
+
+def side_file(folder: Path | Location, name: str) -> Any:
+    """`folder / name` when it is a regular file inside `folder`; otherwise None and a warning.
+
+    `name` may come from a checkpoint's metadata, so it is checked as untrusted: it must be
+    a plain file name, not a link, and resolve to a file inside `folder`.
+    """
+    if not name or name in (".", "..") or os.sep in name or "/" in name:
+        _skip(folder / name, "its name is not a plain file name")
+        return None
+    if isinstance(folder, RemoteLocation):  # an object store has no links or special files
+        return folder / name if (folder / name).is_file() else None
+    folder = folder.path if isinstance(folder, LocalLocation) else folder
+    path = folder / name
+    try:
+        status = path.lstat()
+    except OSError:
+        return None  # gone: nothing to copy
+    if stat.S_ISLNK(status.st_mode):
+        _skip(path, "it is a symbolic link")
+        return None
+    if not stat.S_ISREG(status.st_mode):
+        _skip(path, "it is not a regular file")
+        return None
+    if path.resolve().parent != folder.resolve():
+        _skip(path, "it resolves outside the model folder")
+        return None
+    return path
+
+
+def _skip(path: Path, why: str) -> None:
+    warnings.warn(
+        f"Not copying {str(path)!r}: {why}. Only regular files inside the model folder are "
+        f"copied; copy it by hand if you trust it.",
+        SideFileWarning,
+        stacklevel=4,
+    )
+
+
+def _remote_side_files(folder: RemoteLocation) -> dict[str, Any]:
+    try:
+        names, subfolders = folder.children(), set(folder.subfolders())
+    except SurgeryError:  # an HTTP folder cannot be listed
+        return {}
+    if not any(name.endswith(".safetensors") for name in names):
+        return {}
+    return {
+        name: folder / name
+        for name in names
+        if name not in subfolders
+        and not name.startswith((".", "_"))
+        and not name.endswith(_WEIGHT_SUFFIXES)
+        and not name.endswith(".index.json")
+        and name not in _CHECKPOINT_FILES
+    }
+
+
+# The layout of a Hugging Face safetensors folder, recorded in an Orbax conversion and
+# reused by the conversion back (`suture convert`, family recipes).
+LAYOUT_KEY = "suture.safetensors_layout"
+
+
+def keep_safetensors_layout(ckpt: Any, source: Location, separator: str) -> dict[str, Any]:
+    """Save options that record where `ckpt` came from: its shard map, ``__metadata__``,
+    separator and side files, in the output's custom metadata (`LAYOUT_KEY`)."""
+    folder = (
+        source.parent
+        if source.name.endswith(".index.json")
+        else None
+        if source.name.endswith(".safetensors")
+        else source
+        if source.is_dir()
+        else None
+    )
+    side = side_files(folder) if folder is not None else {}
+    layout = {
+        "metadata": ckpt.custom_metadata,
+        "weight_map": ckpt.layout.get("weight_map"),
+        "separator": separator,
+        "side_files": sorted(side),
+    }
+    return {"metadata": {LAYOUT_KEY: layout}, "extra_files": side}
+
+
+def reuse_safetensors_layout(
+    ckpt: Any, source: Location, separator: str, one_file: bool
+) -> dict[str, Any]:
+    """Options that write `ckpt` back as the safetensors it came from (shards, side files)."""
+    if ckpt.format == "orbax":
+        layout = ckpt.custom_metadata.get(LAYOUT_KEY)
+        if not isinstance(layout, dict):
+            return {}
+        _check_layout(layout, source)
+        options: dict[str, Any] = {
+            "metadata": layout.get("metadata") or None,
+            "separator": layout.get("separator", separator),
+        }
+        shard_map = layout.get("weight_map")
+        names = layout.get("side_files", [])
+        side = {name: side_file(source, name) for name in names if isinstance(name, str)}
+        side_paths = {name: path for name, path in side.items() if path is not None}
+    elif ckpt.format == "safetensors":
+        options = {"metadata": ckpt.custom_metadata or None}
+        shard_map = ckpt.layout.get("weight_map")
+        side_paths = {}  # convert() takes them from the Hugging Face folder itself
+    else:
+        return {}
+    if not one_file:
+        if shard_map:
+            options["shard_map"] = shard_map
+        if side_paths:
+            options["extra_files"] = side_paths
+    return options
+
+
+def _check_layout(layout: dict, source: Location) -> None:
+    """The recorded layout comes from a checkpoint's metadata: its values are checked, not trusted."""
+    expected = {
+        "metadata": (dict, type(None)),
+        "weight_map": (dict, type(None)),
+        "separator": (str,),
+        "side_files": (list,),
+    }
+    for key, types in expected.items():
+        value = layout.get(key)
+        strings = isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        )
+        if (key in layout and not isinstance(value, types)) or (
+            isinstance(value, dict) and not strings
+        ):
+            raise CorruptCheckpointError(
+                f"The {LAYOUT_KEY!r} custom metadata of {str(source)!r} has {key} = "
+                f"{value!r:.100}, which is not what suture records. Pass max_shard_size= "
+                f"(--max-shard-size) to lay the output out afresh, or fix the metadata."
+            )
+    if not all(isinstance(name, str) for name in layout.get("side_files", [])):
+        raise CorruptCheckpointError(
+            f"The {LAYOUT_KEY!r} custom metadata of {str(source)!r} lists side files that are "
+            f"not file names: {layout['side_files']!r:.100}."
+        )
+    if layout.get("separator") == "":
+        raise CorruptCheckpointError(
+            f"The {LAYOUT_KEY!r} custom metadata of {str(source)!r} records an empty separator."
+        )

@@ -1,0 +1,112 @@
+"""Lazy arrays made from several others, or reshaped to a target: stack, concatenate, fit."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .._errors import InvalidIndexError, ShapeMismatchError
+from .array import LazyArray, as_lazy, common_path
+from .graph import ConcatNode, PadNode, StackNode
+
+
+def _joined(arrays: Sequence[Any], axis: int, operation: str, new_axis: bool) -> tuple:
+    if not arrays:
+        raise ShapeMismatchError(f"suture.{operation} needs at least one array.")
+    lazy = [as_lazy(array) for array in arrays]
+    ndim = lazy[0].ndim + (1 if new_axis else 0)
+    if not -ndim <= axis < ndim:
+        raise InvalidIndexError(f"suture.{operation}: axis {axis} is out of range for {ndim} axes.")
+    axis %= ndim
+    for array in lazy[1:]:
+        same = (
+            array.shape == lazy[0].shape
+            if new_axis
+            else array.ndim == lazy[0].ndim
+            and all(
+                a == b
+                for i, (a, b) in enumerate(zip(array.shape, lazy[0].shape, strict=True))
+                if i != axis
+            )
+        )
+        if not same:
+            raise ShapeMismatchError(
+                f"suture.{operation}: {array.path or 'an array'} has shape {array.shape}, which "
+                f"does not fit {lazy[0].path or 'the first array'} with shape {lazy[0].shape}"
+                + ("" if new_axis else f" along axis {axis}")
+                + ". Slice or pad them to matching shapes first."
+            )
+    dtype = np.result_type(*(array.dtype for array in lazy))
+    return lazy, axis, dtype
+
+
+def _traced(arrays: Sequence[Any]) -> bool:
+    jax = sys.modules.get("jax")
+    return jax is not None and any(isinstance(array, jax.core.Tracer) for array in arrays)
+
+
+def stack(arrays: Sequence[Any], axis: int = 0) -> LazyArray:
+    """Stacks equally shaped arrays along a new axis, lazily.
+
+    Reading one index of the stacked axis reads only that member.
+
+    Example:
+        >>> import numpy as np, suture
+        >>> layers = [suture.LazyArray.from_array(np.full((2,), i)) for i in range(3)]
+        >>> suture.stack(layers).shape
+        (3, 2)
+        >>> suture.stack(layers)[2].read()
+        array([2, 2])
+    """
+    if _traced(arrays):  # inside a function jax traces (see suture._lazy.trace): jax's own stack
+        import jax.numpy as jnp
+
+        return jnp.stack(arrays, axis=axis)
+    lazy, axis, dtype = _joined(arrays, axis, "stack", new_axis=True)
+    return LazyArray(StackNode([array.node for array in lazy], axis, dtype), common_path(lazy))
+
+
+def concatenate(arrays: Sequence[Any], axis: int = 0) -> LazyArray:
+    """Joins arrays along an existing axis, lazily.
+
+    Example:
+        >>> import numpy as np, suture
+        >>> q, k = (suture.LazyArray.from_array(np.full((2, 2), i)) for i in (1, 2))
+        >>> suture.concatenate([q, k], axis=1)[0].read()
+        array([1, 1, 2, 2])
+    """
+    if _traced(arrays):
+        import jax.numpy as jnp
+
+        return jnp.concatenate(arrays, axis=axis)
+    lazy, axis, dtype = _joined(arrays, axis, "concatenate", new_axis=False)
+    return LazyArray(ConcatNode([array.node for array in lazy], axis, dtype), common_path(lazy))
+
+
+def fit_shape(array: LazyArray, shape: tuple[int, ...]) -> LazyArray:
+    """`array` truncated or zero-padded at the end of each axis to `shape`, lazily.
+
+    Truncation reads only the kept part; padding reads the whole (smaller) source.
+
+    Example:
+        >>> x = LazyArray.from_array(np.arange(6).reshape(2, 3))
+        >>> fit_shape(x, (3, 2)).read().tolist()
+        [[0, 1], [3, 4], [0, 0]]
+    """
+    if len(shape) != array.ndim:
+        raise ShapeMismatchError(
+            f"Leaf {array.path!r} has shape {array.shape} and cannot be padded or truncated to "
+            f"{shape}: the number of axes differs. Reshape it with a rule first."
+        )
+    kept = tuple(slice(0, min(have, want)) for have, want in zip(array.shape, shape, strict=True))
+    truncated = (
+        array[kept]
+        if any(want < have for have, want in zip(array.shape, shape, strict=True))
+        else array
+    )
+    if truncated.shape == shape:
+        return truncated
+    return truncated.with_node(PadNode(truncated.node, shape))

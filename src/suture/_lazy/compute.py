@@ -1,0 +1,148 @@
+"""Computed nodes: functions whose input axes follow output axes, and broadcasts.
+
+A `ComputeNode` is how products (``a @ b``, einsum), elementwise functions, reductions and
+traced ``jnp`` primitives stay lazy and blockable: it knows, for each input axis, which
+output axis it runs along, so a selection of the output becomes a selection of each input.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._errors import ShapeMismatchError
+from .graph import Node
+from .selection import Selection, is_full, outer_index, selection_shape
+
+
+class ComputeNode(Node):
+    """``fn(*inputs)`` where each input axis either follows an output axis or is read whole.
+
+    ``axis_maps[i][d]`` is the output axis that axis ``d`` of input ``i`` runs along (its
+    elements are the output's elements on that axis), or None when the function needs that
+    axis whole (a contracted or reduced axis). Reading a selection of the output reads the
+    same selection of every followed axis: ``(a @ b)[rows]`` reads ``a[rows]`` and all of
+    ``b``; an elementwise function reads just the selected elements. `fn` must accept inputs
+    of any length along followed axes (einsum, reductions, elementwise functions do).
+    Output axes that no input follows are computed whole and then selected.
+
+    Example:
+        >>> from suture._lazy.graph import MemorySource
+        >>> a = MemorySource(np.arange(6.0).reshape(3, 2))
+        >>> b = MemorySource(np.ones((2, 4)))
+        >>> product = ComputeNode(np.matmul, [a, b], [(0, None), (None, 1)], (3, 4),
+        ...                       np.dtype("float64"), "matmul")
+        >>> product.read((range(1, 2), range(4))).tolist()
+        [[5.0, 5.0, 5.0, 5.0]]
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        inputs: Sequence[Node],
+        axis_maps: Sequence[Sequence[int | None]],
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        name: str,
+    ) -> None:
+        self.fn, self.members, self.name = fn, tuple(inputs), name
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.axis_maps = tuple(tuple(axes) for axes in axis_maps)
+        self._carried = {
+            out
+            for member, axes in zip(self.members, self.axis_maps, strict=True)
+            for length, out in zip(member.shape, axes, strict=True)
+            if out is not None and length == self.shape[out]
+        }
+
+    @property
+    def splits_rows(self) -> bool:
+        """Whether a block of output rows needs only the matching rows of some input."""
+        return 0 in self._carried
+
+    def working_bytes(self, output_bytes: int) -> int:
+        """Bytes held while computing an output of `output_bytes`: its inputs and result."""
+        whole = math.prod(self.shape) * self.dtype.itemsize
+        fraction = output_bytes / whole if whole else 1.0
+        held = output_bytes
+        for member, axes in zip(self.members, self.axis_maps, strict=True):
+            member_bytes = math.prod(member.shape) * member.dtype.itemsize
+            follows_rows = 0 in axes and self.splits_rows
+            held += int(member_bytes * fraction) if follows_rows else member_bytes
+        return held
+
+    @property
+    def reads_whole(self) -> bool:
+        """Whether every read takes its inputs whole (no axis follows the output)."""
+        return not self._carried
+
+    def input_selections(self, selection: Selection) -> tuple[Selection, ...]:
+        """What each input gives for `selection` of the output."""
+        chosen = []
+        for member, axes in zip(self.members, self.axis_maps, strict=True):
+            per_axis: list[Any] = []
+            for length, out in zip(member.shape, axes, strict=True):
+                if out is None:
+                    per_axis.append(range(length))
+                elif length == self.shape[out]:
+                    per_axis.append(selection[out])
+                else:  # a length-1 axis the function broadcasts
+                    per_axis.append(range(length))
+            chosen.append(tuple(per_axis))
+        return tuple(chosen)
+
+    def read(self, selection: Selection) -> np.ndarray:
+        values = [
+            member.read(chosen)
+            for member, chosen in zip(self.members, self.input_selections(selection), strict=True)
+        ]
+        result = np.asarray(self.fn(*values))
+        expected = tuple(
+            len(selection[axis]) if axis in self._carried else length
+            for axis, length in enumerate(self.shape)
+        )
+        if result.shape != expected:
+            raise ShapeMismatchError(
+                f"{self.name} returned shape {result.shape} for a read that expects {expected}."
+            )
+        result = result.astype(self.dtype, copy=False)
+        remaining = tuple(
+            range(len(selection[axis])) if axis in self._carried else selection[axis]
+            for axis in range(len(self.shape))
+        )
+        return result if is_full(remaining, result.shape) else outer_index(result, remaining)
+
+    def inputs(self) -> tuple[Node, ...]:
+        return self.members
+
+
+class BroadcastNode(Node):
+    """`base` broadcast to `shape`; base axis ``d`` becomes output axis ``axes[d]``.
+
+    Only the selected elements of `base` are read; a length-1 axis is read once.
+    """
+
+    def __init__(self, base: Node, shape: tuple[int, ...], axes: Sequence[int]) -> None:
+        self.base, self.shape, self.dtype = base, tuple(shape), base.dtype
+        self.axes = tuple(axes)
+
+    def input_selections(self, selection: Selection) -> tuple[Selection, ...]:
+        chosen = tuple(
+            selection[out] if length == self.shape[out] else range(length)
+            for length, out in zip(self.base.shape, self.axes, strict=True)
+        )
+        return (chosen,)
+
+    def read(self, selection: Selection) -> np.ndarray:
+        (chosen,) = self.input_selections(selection)
+        values = self.base.read(chosen)
+        expanded = [1] * len(self.shape)
+        for length, out in zip(values.shape, self.axes, strict=True):
+            expanded[out] = length
+        return np.array(np.broadcast_to(values.reshape(expanded), selection_shape(selection)))
+
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.base,)

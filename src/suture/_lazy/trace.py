@@ -1,0 +1,163 @@
+"""User functions on lazy trees: run them lazily, trace them with jax, or let them read.
+
+`call_function(fn, *args)` tries, in order:
+
+1. **lazy**: ``fn`` runs on the LazyArrays themselves with reads forbidden. LazyArray
+   arithmetic, comparisons, ``@``, numpy ufuncs and numpy's structural functions build
+   lazy nodes directly.
+2. **traced**: ``jax.make_jaxpr`` traces ``fn`` on abstract arrays of the same shapes and
+   dtypes (any ``jnp``, ``jax.numpy`` or ``jax.nn`` function), and the jaxpr is rebuilt
+   from lazy nodes (`_jaxpr.lazy_eval`): elementwise primitives, products and reductions
+   compute by blocks; anything else reads its inputs whole when read.
+3. **eager**: ``fn`` runs with reads allowed (``np.asarray(x)``, ``x.read()``, Python
+   control flow on values); what it reads is counted and the plan says so.
+
+While a plan is being built (`recording`), each call reports notes and eager reads there.
+
+Example:
+    >>> import jax.numpy as jnp, numpy as np, suture
+    >>> x = suture.LazyArray.from_array(np.zeros((2, 3), np.float32))
+    >>> y = call_function(lambda a: jnp.tanh(a) + 1, x)
+    >>> type(y).__name__, y.shape, y.read().tolist()
+    ('LazyArray', (2, 3), [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import SurgeryError
+from .array import ImplicitReadError, LazyArray, logging_reads, no_implicit_reads
+from .graph import SourceNode
+from .jaxpr import lazy_eval
+from .reads import estimate_reads
+from .selection import full
+
+
+@dataclass
+class Record:
+    """What the user functions called while building a surgery did."""
+
+    notes: list[str] = field(default_factory=list)
+    eager_reads: dict[int, tuple[SourceNode, int]] = field(default_factory=dict)
+
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Record]:
+    """Collects notes and eager reads of every `call_function` inside the block."""
+    previous = getattr(_state, "record", None)
+    _state.record = record = Record()
+    try:
+        yield record
+    finally:
+        _state.record = previous
+
+
+def call_lazily(fn: Callable[..., Any], *arguments: Any) -> Any:
+    """``fn(*arguments)`` on LazyArrays (or trees of them), reading as little as possible.
+
+    Functions built from LazyArray operations (arithmetic, numpy ufuncs, indexing,
+    ``astype``) run directly. A function that needs jax arrays (``jnp.mean``, ``jax.nn``)
+    is traced by jax and its result built from lazy operations. Only a
+    function that neither allows reads the arrays it touches, and the plan says so.
+    """
+    return call_function(fn, *arguments)
+
+
+def call_function(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` for arguments holding LazyArrays: lazily, traced, or reading eagerly."""
+    import jax
+
+    def fresh() -> tuple:  # new containers for each try: a function may edit its arguments
+        return jax.tree.map(lambda leaf: leaf, args, is_leaf=lambda leaf: leaf is None)
+
+    try:
+        with no_implicit_reads():
+            return fn(*fresh())
+    except SurgeryError:
+        raise
+    except (ImplicitReadError, TypeError, ValueError, AttributeError):
+        pass  # it needs arrays that jax or numpy understand
+    if any(isinstance(leaf, LazyArray) for leaf in jax.tree.leaves(args)):
+        try:
+            return traced_call(fn, fresh())
+        except SurgeryError:
+            raise
+        except Exception:  # noqa: BLE001 (not traceable: fall back to reading)
+            pass
+    return _eager_call(fn, fresh())
+
+
+def _eager_call(fn: Callable[..., Any], args: tuple) -> Any:
+    name = getattr(fn, "__name__", "a function")
+    with logging_reads() as read_arrays:
+        result = fn(*args)
+    record = getattr(_state, "record", None)
+    if record is not None and read_arrays:
+        for array in read_arrays:
+            for key, (source, count) in estimate_reads(array.node, full(array.shape)).items():
+                previous = record.eager_reads.get(key, (source, 0))[1]
+                record.eager_reads[key] = (source, max(previous, count))
+        paths = sorted({array.path or "a computed array" for array in read_arrays})
+        shown = ", ".join(paths[:4]) + (" ..." if len(paths) > 4 else "")
+        record.notes.append(
+            f"{name} reads {shown} when it is called (it needs concrete values: np.asarray, "
+            f".read(), or Python code on values). jnp, jax.nn, LazyArray arithmetic, "
+            f"suture.stack and suture.map stay lazy."
+        )
+    return result
+
+
+def traced_call(fn: Callable[..., Any], args: tuple) -> Any:
+    """``fn(*args)`` traced by jax; its array results rebuilt from lazy nodes."""
+    import jax
+
+    leaves, treedef = jax.tree.flatten(args)
+    lazy_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, LazyArray)]
+    inputs, originals, narrowed = [], {}, set()
+    for position in lazy_positions:
+        array = leaves[position]
+        dtype = jax.dtypes.canonicalize_dtype(array.dtype)  # what jax computes in
+        cast = array if array.dtype == dtype else array.astype(dtype)
+        if cast is not array:
+            narrowed.add(f"{array.dtype.name} -> {dtype.name}")
+        inputs.append(cast)
+        originals[id(cast)] = array  # a leaf passed through unchanged keeps its dtype
+    result_layout: dict[str, Any] = {}
+
+    def arrays_only(*arrays: Any) -> list[Any]:
+        filled = list(leaves)
+        for position, array in zip(lazy_positions, arrays, strict=True):
+            filled[position] = array
+        result = fn(*jax.tree.unflatten(treedef, filled))
+        out_leaves, out_def = jax.tree.flatten(result, is_leaf=lambda leaf: leaf is None)
+        traced = [isinstance(leaf, jax.core.Tracer) for leaf in out_leaves]
+        result_layout.update(leaves=out_leaves, treedef=out_def, traced=traced)
+        return [leaf for leaf, is_traced in zip(out_leaves, traced, strict=True) if is_traced]
+
+    specs = [jax.ShapeDtypeStruct(array.shape, array.dtype) for array in inputs]
+    closed = jax.make_jaxpr(arrays_only)(*specs)
+    computed = iter(
+        originals.get(id(value), value) if isinstance(value, LazyArray) else value
+        for value in lazy_eval(closed, inputs)
+    )
+    record = getattr(_state, "record", None)
+    if narrowed and record is not None:
+        name = getattr(fn, "__name__", "a function")
+        record.notes.append(
+            f"{name} is traced by jax, which computes {', '.join(sorted(narrowed))} (64-bit "
+            f"types are off in jax by default): its results from those leaves are 32-bit, as "
+            f"the same jnp code gives. Set jax_enable_x64, or use LazyArray arithmetic."
+        )
+    out_leaves = [
+        next(computed) if is_traced else leaf
+        for leaf, is_traced in zip(result_layout["leaves"], result_layout["traced"], strict=True)
+    ]
+    return jax.tree.unflatten(result_layout["treedef"], out_leaves)

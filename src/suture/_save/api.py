@@ -1,0 +1,246 @@
+"""`suture.save`: stream a tree (lazy or in memory) to an Orbax checkpoint or safetensors.
+
+The result never appears half-written (`suture._location.publish` does the locking and the
+commit): locally it is written into a temporary sibling of `path` (named with Orbax's
+``.orbax-checkpoint-tmp`` marker, so every Orbax-aware tool sees it as unfinished) and
+renamed into place when complete; on ``gs://`` and ``s3://`` it is published with Orbax's
+commit marker. A lock keeps two writers off one destination. Sources are only ever
+opened for reading.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .._errors import SurgeryError
+from .._exec.distributed import collective
+from .._exec.memory import tuned_allocator
+from .._exec.progress import wants_progress
+from .._hf import model_folder_side_files
+from .._lazy.array import LazyArray
+from .._location import LocalLocation, Location, location_of
+from .._location.publish import destination_exists, is_unfinished
+from .._paths import flatten
+from ..sources.checkpoint import Checkpoint
+from ..sources.open import open as open_checkpoint
+from .collective import write_collective
+from .options import SaveOptions
+from .overwrite import check_replaceable
+from .writer import SaveResult, write
+
+
+class SaveHandle:
+    """A save running in the background; `wait()` returns its `SaveResult` or raises its error."""
+
+    def __init__(self, job: Any) -> None:
+        self._result: SaveResult | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(job,), name="suture-save", daemon=False
+        )
+        self._thread.start()
+
+    def _run(self, job: Any) -> None:
+        try:
+            self._result = job()
+        except BaseException as error:  # handed to wait()
+            self._error = error
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> SaveResult:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"The save is still running after {timeout} s.")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+def save(
+    tree: Any,
+    path: str | os.PathLike,
+    *,
+    format: str = "orbax",  # noqa: A002 (the public word for it)
+    overwrite: bool = False,
+    max_memory: int | str | None = None,
+    progress: bool | None = None,
+    asynchronous: bool = False,
+    chunk_bytes: int | str | None = None,
+    max_shard_size: int | str | None = None,
+    separator: str = ".",
+    metadata: dict[str, Any] | None = None,
+    shard_map: dict[str, str] | None = None,
+    extra_files: dict[str, str | os.PathLike] | None = None,
+    verify: bool = False,
+    tune_allocator: bool | None = None,
+) -> SaveResult | SaveHandle:
+    """Writes `tree` to `path`, streaming lazy leaves under a memory budget.
+
+    Under ``jax.distributed`` with several processes this is a collective, like Orbax's
+    save: every process calls it with the same tree and path, and each writes only its
+    share (its shards of globally sharded jax.Arrays, about 1/N of the blocks of other
+    leaves); the primary commits once all have written. The result's counts are this
+    process's own. See docs/design.md, "Multi-host".
+
+    Args:
+        tree: an in-memory tree, a lazy tree (``suture.transform(...)``), an opened
+            `Checkpoint`, or a checkpoint path (a copy, perhaps in another format).
+        path: the destination: a checkpoint folder for Orbax. For safetensors, a path
+            ending in ``.safetensors`` is one file; any other path is a folder laid out as
+            Hugging Face's ``save_pretrained`` does (``model.safetensors``, or shards and
+            ``model.safetensors.index.json``), which ``from_pretrained`` reads. A local
+            path, or a ``gs://`` or ``s3://`` URL: there the result is committed as Orbax
+            commits on GCS, with ``commit_success.txt`` written last.
+        format: ``"orbax"`` or ``"safetensors"``.
+        overwrite: replace an existing checkpoint at `path` (atomically: the new one takes
+            its place in one rename or exchange; the old one is removed afterwards). Anything
+            else at `path` is refused. On object stores there is no rename: the old one is
+            deleted before the new one is written.
+        max_memory: how much the process may grow while writing (``"4GiB"`` works);
+            default 1 GiB. Each block counts what reading it holds, its values and what
+            writing it holds, and the blocks in flight stay within the budget, so the
+            process grows by at most this plus a few tens of MiB (docs/design.md,
+            "Writing"). A leaf larger than the budget is written a block of chunks at a
+            time (a layer, or a row, too large for one block in parts); a leaf whose
+            smallest block alone would exceed the budget (a map of whole arrays, say) is a
+            `SurgeryError` before anything is written.
+        progress: a progress bar on stderr; None shows it when stderr is a terminal.
+        asynchronous: return a `SaveHandle` at once and write in the background; arrays
+            of an in-memory tree must not be modified until ``handle.wait()`` returns.
+        chunk_bytes: Orbax only: the largest chunk (default 16 MiB, or a sixteenth of
+            `max_memory` when that is less); stacked arrays get one member per chunk.
+        max_shard_size: safetensors folders only: shards of at most this size, with
+            ``model.safetensors.index.json``.
+        separator: safetensors only: joins the tree's keys into tensor names.
+        metadata: Orbax custom metadata, or safetensors ``__metadata__`` (strings only).
+        shard_map: safetensors only: ``{tensor name: shard file}`` to reproduce a layout
+            (e.g. ``ckpt.layout["weight_map"]``), instead of `max_shard_size`.
+        extra_files: ``{name: source file or URL}`` copied into a folder output (``config.json``).
+            When `tree` is a Hugging Face folder (its path or its opened `Checkpoint`), its
+            side files (``config.json``, tokenizer files ...) are copied by default.
+        verify: read the output back before moving it into place and check every block's
+            digest against what was written; a mismatch discards the output.
+        tune_allocator: let suture tune this process's allocator for the write (glibc: one
+            malloc arena, freed memory returned to the system once the process outgrows its
+            budget), which keeps peak memory within `max_memory`. The tuning is process-wide
+            and stays after the save; None (the default) follows ``SUTURE_TUNE_ALLOCATOR=1``,
+            and the command line always tunes (it owns its process). See docs/design.md,
+            "Memory".
+
+    Returns:
+        A `SaveResult` (or a `SaveHandle` when `asynchronous`).
+
+    Raises:
+        SurgeryError: `path` exists without ``overwrite=True``, `path` is a source being
+            read, another process is writing `path`, a leaf the format cannot hold.
+
+    Example:
+        >>> import numpy as np, suture, tempfile, os
+        >>> folder = tempfile.mkdtemp()
+        >>> result = suture.save({"w": np.ones((2, 2))}, os.path.join(folder, "ckpt"), progress=False)
+        >>> float(suture.open(result.path)["w"].read().sum())
+        4.0
+    """
+    destination = location_of(path)
+    options = SaveOptions.from_keywords(
+        format=format,
+        overwrite=overwrite,
+        separator=separator,
+        metadata=metadata,
+        max_memory=max_memory,
+        chunk_bytes=chunk_bytes,
+        max_shard_size=max_shard_size,
+        show_progress=wants_progress(progress),
+        shard_map=shard_map,
+        extra_files=extra_files,
+        verify=verify,
+        tune_allocator=tune_allocator,
+    )
+    destination.require_writable()
+    folder_output = format == "orbax" or not destination.name.endswith(".safetensors")
+    if extra_files is None and folder_output:
+        options = replace(options, extra_files=_side_files_of(tree))
+    tree = _tree_of(tree)
+    _check_writable_path(destination, format)
+    _check_destination(destination, overwrite, tree)
+    group = collective()  # under jax.distributed every process writes its share
+
+    def job() -> SaveResult:
+        with tuned_allocator(options.tune_allocator):
+            if group is None:
+                return write(tree, destination, options)
+            if not isinstance(destination, LocalLocation):
+                raise SurgeryError(
+                    f"Cannot write {str(destination)!r} from several processes: a save under "
+                    f"jax.distributed writes local or mounted paths only. Save to a shared "
+                    f"mounted folder, or from one process."
+                )
+            return write_collective(group, tree, destination.path, options)
+
+    return SaveHandle(job) if asynchronous else job()
+
+
+def _side_files_of(tree: Any) -> dict[str, Path]:
+    """The side files (config.json ...) of a Hugging Face folder given as a path or opened."""
+    if isinstance(tree, (str, os.PathLike)):
+        return model_folder_side_files(tree)
+    if isinstance(tree, Checkpoint) and tree.format == "safetensors":
+        return model_folder_side_files(tree.location)
+    return {}
+
+
+def _tree_of(tree: Any) -> Any:
+    if isinstance(tree, Checkpoint):
+        return tree.tree
+    if isinstance(tree, (str, os.PathLike)):
+        return open_checkpoint(tree).tree
+    return tree
+
+
+def _check_writable_path(destination: Location, format: str) -> None:  # noqa: A002
+    """A local destination's folder must exist; TensorStore (Orbax) takes only UTF-8 paths."""
+    if destination.is_remote:
+        return
+    path = Path(destination)
+    if not path.parent.is_dir():
+        raise SurgeryError(
+            f"The folder {str(path.parent)!r} for {str(path)!r} does not exist. "
+            f"Create it first, or write elsewhere."
+        )
+    if format == "orbax":
+        try:
+            str(path.absolute()).encode("utf-8")
+        except UnicodeEncodeError:
+            raise SurgeryError(
+                f"{str(path)!r} is not a UTF-8 path, and TensorStore (which writes Orbax "
+                f"checkpoints) takes only UTF-8 paths. Write to a UTF-8 path, or write safetensors."
+            ) from None
+
+
+def _check_destination(destination: Location, overwrite: bool, tree: Any) -> None:
+    if overwrite and destination.exists() and not destination.is_remote:
+        check_replaceable(destination)
+    if (
+        not overwrite
+        and destination.exists()
+        and not (destination.is_remote and is_unfinished(destination))
+    ):
+        raise destination_exists(destination)
+    target = str(destination.resolve())
+    for leaf in flatten(tree).values():
+        if not isinstance(leaf, LazyArray):
+            continue
+        for source in leaf.sources():
+            origin = str(location_of(source.origin).resolve()) if source.origin else None
+            if origin is not None and (origin == target or origin.startswith(f"{target}/")):
+                raise SurgeryError(
+                    f"{str(destination)!r} holds {source.path!r}, a source this save reads. Write "
+                    f"to another path, then move it into place."
+                )

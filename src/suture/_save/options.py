@@ -1,0 +1,89 @@
+"""`SaveOptions`: the keywords of `suture.save`, parsed and checked once, then passed inside.
+
+Example:
+    >>> options = SaveOptions.from_keywords(max_memory="256MiB")
+    >>> options.max_memory, options.chunk_bytes
+    (268435456, 16777216)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import SurgeryError
+from .._exec.blocks import DEFAULT_MAX_MEMORY
+from .._format import parse_bytes
+from .._location import Location, location_of
+from ..sinks.orbax import DEFAULT_CHUNK_BYTES
+
+FORMATS = ("orbax", "safetensors")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SaveOptions:
+    """How a save writes; each field is the `suture.save` keyword of the same name.
+
+    `show_progress` is the decision `progress=None` leaves to the terminal, made once;
+    `extra_files` are the side files as `Location`s.
+    """
+
+    format: str = "orbax"
+    overwrite: bool = False
+    separator: str = "."
+    metadata: dict[str, Any] | None = None
+    max_memory: int = DEFAULT_MAX_MEMORY
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    max_shard_size: int | None = None
+    show_progress: bool = False
+    shard_map: dict[str, str] | None = None
+    extra_files: Mapping[str, Location] = field(default_factory=dict)
+    verify: bool = False
+    tune_allocator: bool = False
+
+    @classmethod
+    def from_keywords(
+        cls,
+        *,
+        format: str = "orbax",  # noqa: A002 (the public word for it)
+        overwrite: bool = False,
+        separator: str = ".",
+        metadata: dict[str, Any] | None = None,
+        max_memory: int | str | None = None,
+        chunk_bytes: int | str | None = None,
+        max_shard_size: int | str | None = None,
+        show_progress: bool = False,
+        shard_map: dict[str, str] | None = None,
+        extra_files: Mapping[str, Any] | None = None,
+        verify: bool = False,
+        tune_allocator: bool = False,
+    ) -> SaveOptions:
+        """Options from the public keywords: sizes such as ``"4GiB"`` parsed, defaults set.
+
+        Without `chunk_bytes`, small budgets get small chunks, so that a block fits them.
+        """
+        if format not in FORMATS:
+            raise SurgeryError(
+                f"Unknown output format {format!r}: use one of {', '.join(FORMATS)}."
+            )
+        budget = parse_bytes(max_memory) if max_memory is not None else DEFAULT_MAX_MEMORY
+        chunk = (
+            parse_bytes(chunk_bytes)
+            if chunk_bytes is not None
+            else max(1 << 16, min(DEFAULT_CHUNK_BYTES, budget // 16))
+        )
+        return cls(
+            format=format,
+            overwrite=overwrite,
+            separator=separator,
+            metadata=metadata,
+            max_memory=budget,
+            chunk_bytes=chunk,
+            max_shard_size=parse_bytes(max_shard_size) if max_shard_size is not None else None,
+            show_progress=show_progress,
+            shard_map=shard_map,
+            extra_files={name: location_of(file) for name, file in (extra_files or {}).items()},
+            verify=verify,
+            tune_allocator=tune_allocator,
+        )

@@ -1,0 +1,211 @@
+"""Writing a tree from one process: its blocks, the run under the budget, the publication.
+
+`write` is the single-process path of `suture.save`; the collective path (`collective.py`)
+builds on the same pieces: `orbax_blocks`, `safetensors_blocks`, `copy_extra_files` and
+the mapping of write failures to `SurgeryError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._errors import SurgeryError
+from .._exec.blocks import Block, block_budget, check_blocks_fit, leaf_blocks
+from .._exec.distributed import Group, global_array, share_blocks
+from .._exec.progress import progress_bar
+from .._exec.runner import Budget, run_blocks
+from .._lazy.array import LazyArray, as_lazy
+from .._location import LocalLocation, Location, location_of
+from .._location.publish import begin, exclusive
+from .._paths import flatten
+from ..sinks.orbax import OrbaxSink, keys_and_kinds, merge_process_databases
+from ..sinks.safetensors import SafetensorsSink
+from ..sources.filesource import reading_directly
+from .options import SaveOptions
+from .verify import check, with_digests, written_leaves
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """What a save wrote (`path`: a `Path`, or the URL of a remote destination)."""
+
+    path: Path | str
+    format: str
+    bytes_written: int
+    leaves: int
+    seconds: float
+    peak_in_flight: int = 0  # the most bytes the blocks in flight held at once (<= max_memory)
+
+
+def write(tree: Any, destination: Location, options: SaveOptions) -> SaveResult:
+    """Writes `tree` to `destination` from this process alone, publishing it atomically."""
+    format, overwrite, max_memory = options.format, options.overwrite, options.max_memory  # noqa: A001
+    started = time.perf_counter()
+    with exclusive(destination):
+        # safetensors is written with positional writes: staged locally for an object store
+        publication = begin(destination, overwrite, staged=format == "safetensors")
+        temporary = publication.temporary
+        try:
+            if format == "orbax":
+                blocks, finish, _ = orbax_blocks(tree, temporary, options)
+            else:
+                assert isinstance(temporary, LocalLocation)
+                one_file = destination.name.endswith(".safetensors")
+                blocks, finish = safetensors_blocks(tree, temporary.path, one_file, options)
+            check_blocks_fit(blocks, max_memory)
+            if options.verify:
+                blocks, digests = with_digests(blocks)
+            total = sum(block.nbytes for block in blocks)
+            with progress_bar(
+                f"Writing {destination.name}", total, options.show_progress
+            ) as on_progress:
+                budget: list[Budget] = []
+                try:
+                    with reading_directly(block.array for block in blocks):
+                        progress = run_blocks(
+                            blocks, max_memory, on_progress, on_budget=budget.append
+                        )
+                finally:
+                    finish_error = call_collecting_error(finish)
+            if finish_error is not None:
+                raise finish_error
+            if options.verify:
+                check(blocks, digests, written_leaves(temporary, format))
+            copy_extra_files(options.extra_files, temporary)
+            publication.commit(overwrite)
+        except (OSError, ValueError) as error:
+            publication.abort()
+            if isinstance(error, ValueError) and not is_io_failure(error):
+                raise
+            raise as_surgery_error(error, destination) from error
+        except BaseException:
+            publication.abort()
+            raise
+    return SaveResult(
+        destination.path if isinstance(destination, LocalLocation) else str(destination),
+        format,
+        progress.written_bytes,
+        progress.total_leaves,
+        time.perf_counter() - started,
+        budget[0].peak if budget else 0,
+    )
+
+
+def call_collecting_error(finish: Any) -> BaseException | None:
+    """Calls `finish`; returns its error instead of raising it (reported after the blocks' own)."""
+    try:
+        finish()
+    except BaseException as error:  # reported after the blocks' own error, if any
+        return error
+    return None
+
+
+def orbax_blocks(
+    tree: Any, folder: Location | Path, options: SaveOptions, group: Group | None = None
+) -> tuple[list[Block], Any, Any]:
+    """The blocks to write, the function that finishes the checkpoint, and the one that
+    makes this process's writes durable (the finish does it for a single process).
+
+    With a `group` (under jax.distributed) the blocks are this process's share, written to
+    its own database (each process syncs its own), and the finish (for the primary, after
+    every process has written) also merges the processes' databases.
+    """
+    max_memory, metadata = options.max_memory, options.metadata
+    sink = OrbaxSink(folder, options.chunk_bytes, None if group is None else group.index)
+    if group is None:
+        sink.start()
+    arrays: list[tuple[str, LazyArray, Any]] = []
+    owned: list[Block] = []  # shards of global jax.Arrays that this process holds
+    leaves = keys_and_kinds(tree)
+    if len(leaves) == 1 and leaves[0][0] == ():
+        raise SurgeryError("An Orbax checkpoint needs a tree; wrap the array: {'array': x}.")
+    for keys, kinds, leaf in leaves:
+        path = "/".join(keys)
+        if group is not None and global_array(leaf) is not None:
+            owned.extend(sink.add_sharded(keys, kinds, global_array(leaf)))
+            continue
+        if isinstance(leaf, LazyArray) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            array: LazyArray | None = as_lazy(leaf, path=path)
+        else:
+            array = sink.add_value(keys, kinds, leaf)
+        if array is not None:
+            arrays.append((path, array, sink.add_array(keys, kinds, array)))
+    if group is None:
+        blocks = [
+            block
+            for leaf in arrays
+            for block in leaf_blocks(*leaf, block_budget(max_memory), max_memory)
+        ]
+        return blocks, lambda: sink.finish(metadata), sink.sync
+    blocks = owned + share_blocks(arrays, block_budget(max_memory), group.count, group.index)
+    return blocks, lambda: (sink.finish(metadata), merge_process_databases(folder)), sink.sync
+
+
+def copy_extra_files(extra_files: Mapping[str, Location], folder: Location | Path) -> None:
+    """Copies side files (``config.json`` ...) into a folder output."""
+    if not extra_files:
+        return
+    folder = location_of(folder)
+    if isinstance(folder, LocalLocation) and not folder.is_dir():
+        raise SurgeryError(
+            "extra_files= needs a folder output: Orbax, or safetensors to a path that does not "
+            "end in '.safetensors'."
+        )
+    for name, source in extra_files.items():
+        if "/" in name or name.startswith("."):
+            raise SurgeryError(f"extra file name {name!r} must be a plain file name.")
+        (folder / name).write_bytes(source.read_bytes())
+
+
+def safetensors_blocks(
+    tree: Any, destination: Path, one_file: bool, options: SaveOptions
+) -> tuple[list[Block], Any]:
+    """The blocks that write `tree` as safetensors into `destination`, and the closing call."""
+    separator, max_memory = options.separator, options.max_memory
+    tensors: dict[str, LazyArray] = {}
+    others = []
+    for path, leaf in flatten(tree).items():
+        if isinstance(leaf, LazyArray) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            name = path.replace("/", separator)
+            if name in tensors:
+                raise SurgeryError(
+                    f"Two leaves get the tensor name {name!r}; choose another separator."
+                )
+            tensors[name] = as_lazy(leaf, path=path)
+        else:
+            others.append(path)
+    if others:
+        raise SurgeryError(
+            f"safetensors holds only arrays, but {len(others)} leaves are not: "
+            f"{', '.join(repr(p) for p in others[:5])}. Drop them (rules.drop) or save as Orbax."
+        )
+    sink = SafetensorsSink(
+        tensors, options.max_shard_size, options.metadata, options.shard_map, folder=not one_file
+    )
+    writers = sink.open_writers(destination)
+    blocks = [
+        block
+        for name, array in tensors.items()
+        for block in leaf_blocks(name, array, writers[name], block_budget(max_memory), max_memory)
+    ]
+    return blocks, sink.close
+
+
+def is_io_failure(error: ValueError) -> bool:
+    """A TensorStore write failure (it reports I/O errors as ValueError)."""
+    text = str(error)
+    return "No space left" in text or "RESOURCE_EXHAUSTED" in text or "Error writing" in text
+
+
+def as_surgery_error(error: Exception, destination: Location) -> SurgeryError:
+    if getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error):
+        return SurgeryError(
+            f"No space left on the device while writing {str(destination)!r}; nothing was left "
+            f"behind. Free space or write elsewhere."
+        )
+    return SurgeryError(f"Writing {str(destination)!r} failed: {error}.")

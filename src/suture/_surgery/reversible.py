@@ -1,0 +1,436 @@
+r"""Reversible rules: `reverse(recipe)` gives the rules that undo a recipe, in reverse order.
+
+Every structural rule has an exact inverse: rename <-> rename, stack <-> unstack,
+concat <-> split, transpose <-> the inverse transpose, permute <-> the inverse permutation,
+reshape <-> reshape back, scale <-> the inverse scale, cast <-> a cast back. Patterns and
+templates are turned around: ``rename(r"layer(\d+)/w", r"block\1/kernel")`` reverses to
+``rename(r"block(\d+)/kernel", r"layer\1/w")``, which needs the pattern to be literal text
+and groups only (each group used by the template).
+
+Some inverses need what the recipe's input looked like (a cast's source dtype, a reshape's
+source shape, the sizes of concatenated parts): pass the input as `like=` (a lazy or
+abstract tree: nothing is read). Rules that lose information (drop, keep) have no inverse,
+nor has a `map_values` without ``inverse=``; reversing them is an error naming the rule.
+
+Example:
+    >>> import numpy as np
+    >>> from suture import rules
+    >>> recipe = [rules.rename(r"layer(\d+)", r"block\1"), rules.transpose(r"block\d+", (1, 0))]
+    >>> tree = {"layer0": np.arange(6.0).reshape(2, 3)}
+    >>> back = rules.apply_rules(rules.reverse(recipe), rules.apply_rules(recipe, tree))
+    >>> np.asarray(back["layer0"]).tolist()
+    [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._lazy.array import LazyArray, elementwise
+from .._paths import flatten
+from .rules import (
+    Cast,
+    Concat,
+    Drop,
+    Edit,
+    Keep,
+    MapValues,
+    Rename,
+    Rule,
+    RuleError,
+    Split,
+    Stack,
+    Unstack,
+    apply_rules,
+    describe_rule,
+    rule_array,
+)
+
+# New structural rules --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, repr=False)
+class _ArrayRule(Rule):
+    """A rule that replaces each matching array by a function of it, keeping its path."""
+
+    def edit(self, leaves: dict[str, Any]) -> Edit:
+        result = Edit()
+        for m in self.matches(leaves):
+            result.removed.add(m.path)
+            result.written[m.path] = (self.change(rule_array(leaves[m.path], m.path, self)), m.path)
+        return result
+
+    def change(self, array: LazyArray) -> LazyArray:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, repr=False)
+class Transpose(_ArrayRule):
+    pattern: str
+    axes: tuple[int, ...] | None = None
+    optional: bool = False
+
+    def change(self, array: LazyArray) -> LazyArray:
+        axes = self.axes if self.axes is not None else tuple(reversed(range(array.ndim)))
+        if sorted(a % max(array.ndim, 1) for a in axes) != list(range(array.ndim)):
+            raise RuleError(
+                f"{self!r}: {array.path!r} has {array.ndim} axes; axes={axes} is not a permutation of them."
+            )
+        return array.transpose(axes)
+
+    def __repr__(self) -> str:
+        return describe_rule("transpose", self.pattern, axes=self.axes)
+
+
+@dataclass(frozen=True, repr=False)
+class Reshape(_ArrayRule):
+    pattern: str
+    shape: tuple[int, ...]
+    optional: bool = False
+
+    def change(self, array: LazyArray) -> LazyArray:
+        if math.prod(self.shape) != array.size:
+            raise RuleError(
+                f"{self!r}: {array.path!r} has shape {array.shape} ({array.size} elements), which does not fit {self.shape}."
+            )
+        return array.reshape(self.shape)
+
+    def __repr__(self) -> str:
+        return describe_rule("reshape", self.pattern, self.shape)
+
+
+@dataclass(frozen=True, repr=False)
+class Permute(_ArrayRule):
+    pattern: str
+    order: tuple[int, ...]
+    axis: int = -1
+    optional: bool = False
+
+    def change(self, array: LazyArray) -> LazyArray:
+        if not -array.ndim <= self.axis < array.ndim:
+            raise RuleError(
+                f"{self!r}: {array.path!r} has shape {array.shape}, no axis {self.axis}."
+            )
+        axis = self.axis % array.ndim
+        if sorted(self.order) != list(range(array.shape[axis])):
+            raise RuleError(
+                f"{self!r}: order must be a permutation of range({array.shape[axis]}), the length of "
+                f"axis {self.axis} of {array.path!r}."
+            )
+        return array[(slice(None),) * axis + (np.asarray(self.order),)]
+
+    def __repr__(self) -> str:
+        return describe_rule("permute", self.pattern, axis=self.axis, order=f"<{len(self.order)}>")
+
+
+@dataclass(frozen=True, repr=False)
+class Scale(_ArrayRule):
+    pattern: str
+    factor: float
+    optional: bool = False
+
+    def change(self, array: LazyArray) -> LazyArray:
+        factor = self.factor
+        return elementwise(
+            lambda x: (x * np.asarray(factor, x.dtype)).astype(x.dtype), array, name="scale"
+        )
+
+    @property
+    def exact(self) -> bool:
+        """A scale by a power of two round-trips exactly; others within about 1 ulp."""
+        return math.frexp(abs(self.factor))[0] == 0.5
+
+    def __repr__(self) -> str:
+        return describe_rule("scale", self.pattern, self.factor)
+
+
+def transpose(pattern: str, axes: Sequence[int] | None = None, *, optional: bool = False) -> Rule:
+    """Transposes matching arrays (reverses their axes by default): ``transpose("lm_head")``."""
+    return Transpose(pattern, None if axes is None else tuple(axes), optional)
+
+
+def reshape(pattern: str, shape: Sequence[int], *, optional: bool = False) -> Rule:
+    """Reshapes matching arrays, e.g. split heads: ``reshape(r".*/q", (512, 8, 64))``."""
+    return Reshape(pattern, tuple(int(n) for n in shape), optional)
+
+
+def permute(pattern: str, order: Sequence[int], axis: int = -1, *, optional: bool = False) -> Rule:
+    """Reorders one axis of matching arrays by `order` (a permutation of its indices)."""
+    return Permute(pattern, tuple(int(i) for i in order), axis, optional)
+
+
+def scale(pattern: str, factor: float, *, optional: bool = False) -> Rule:
+    """Multiplies matching arrays by `factor`, in their own dtype."""
+    return Scale(pattern, float(factor), optional)
+
+
+# Turning patterns and templates around ---------------------------------------------------------
+
+_SPECIAL = set(".^$*+?{}[]|")
+
+
+@dataclass(frozen=True)
+class _Piece:
+    text: str  # literal text, or the group's regex source
+    group: int | None = None  # group number (1-based), None for literal text
+    name: str | None = None
+
+
+def _pattern_pieces(pattern: str, rule: Rule) -> list[_Piece]:
+    """`pattern` as literal text and top-level groups; anything else cannot be turned around."""
+    pieces: list[_Piece] = []
+    literal, i, group = "", 0, 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\" and i + 1 < len(pattern) and not pattern[i + 1].isalnum():
+            literal, i = literal + pattern[i + 1], i + 2
+        elif char == "(":
+            end = _closing(pattern, i, rule)
+            group += 1
+            body = pattern[i + 1 : end]
+            name = None
+            if body.startswith("?P<"):
+                name, body = body[3 : body.index(">")], body[body.index(">") + 1 :]
+            elif body.startswith("?"):
+                raise _irreversible(rule, f"its pattern has the construct ({body[:3]}...)")
+            if literal:
+                pieces.append(_Piece(literal))
+                literal = ""
+            pieces.append(_Piece(body, group, name))
+            i = end + 1
+        elif char in _SPECIAL or char == "\\":
+            raise _irreversible(rule, f"its pattern has {char!r} outside a group")
+        else:
+            literal, i = literal + char, i + 1
+    if literal:
+        pieces.append(_Piece(literal))
+    return pieces
+
+
+def _closing(pattern: str, start: int, rule: Rule) -> int:
+    depth, i, in_class = 0, start, False
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise _irreversible(rule, "its pattern has an unbalanced '('")
+
+
+@dataclass(frozen=True)
+class _Ref:
+    group: int | str  # a group's number or name
+
+
+def _template_refs(template: str) -> list[str | _Ref]:
+    """A replacement template as literal strings and group references."""
+    parts: list[str | _Ref] = []
+    for token in re.split(r"(\\g<[^>]+>|\\\d+)", template):
+        if not token:
+            continue
+        if token.startswith("\\g<"):
+            ref = token[3:-1]
+            parts.append(_Ref(int(ref) if ref.isdigit() else ref))
+        elif re.fullmatch(r"\\\d+", token):
+            parts.append(_Ref(int(token[1:])))
+        else:
+            parts.append(token.replace("\\\\", "\\"))
+    return parts
+
+
+def _turn_around(
+    pattern: str, template: str, rule: Rule, index_group: str | None = None
+) -> tuple[str, str]:
+    """(new pattern, new template) that map what `template` wrote back to what `pattern` read."""
+    pieces = _pattern_pieces(pattern, rule)
+    groups = {p.group: p for p in pieces if p.group is not None}
+    groups.update({p.name: p for p in pieces if p.name is not None})
+    seen: set[int] = set()
+    new_pattern = ""
+    for part in _template_refs(template):
+        if isinstance(part, str):
+            new_pattern += re.escape(part).replace(r"\{i\}", "{i}")
+            continue
+        piece = groups.get(part.group)
+        if piece is None:
+            raise _irreversible(
+                rule, f"its template refers to group {part.group!r}, which the pattern lacks"
+            )
+        if piece.group in seen:
+            new_pattern += f"(?P=g{piece.group})"
+        else:
+            new_pattern += f"(?P<g{piece.group}>{piece.text})"
+            seen.add(piece.group)  # type: ignore[arg-type]
+    new_template = ""
+    for piece in pieces:
+        if piece.group is None:
+            new_template += piece.text.replace("\\", "\\\\")
+        elif index_group is not None and (
+            piece.name == index_group or (index_group == "1" and piece.group == 1)
+        ):
+            new_template += "{i}"
+        elif piece.group in seen:
+            new_template += f"\\g<g{piece.group}>"
+        else:
+            raise _irreversible(
+                rule,
+                f"group {piece.name or piece.group} of its pattern is not used by its template, so "
+                "what it matched is lost",
+            )
+    return new_pattern, new_template
+
+
+def _irreversible(rule: Rule, why: str) -> RuleError:
+    return RuleError(
+        f"{rule!r} cannot be reversed: {why}. Write its inverse rule yourself and reverse the "
+        f"rest, or keep the rule's pattern to literal text and (groups) used by its template."
+    )
+
+
+# reverse() -------------------------------------------------------------------------------------
+
+
+def reverse(recipe: Rule | Sequence[Rule], like: Any = None) -> list[Rule]:
+    """The rules that undo `recipe` (in reverse order); see the module docstring.
+
+    Args:
+        recipe: a rule or a list of rules.
+        like: the recipe's input (a tree, lazy tree or opened checkpoint; nothing is read),
+            needed to reverse casts, reshapes and concatenations.
+
+    Raises:
+        RuleError: naming the first rule that has no inverse and why.
+    """
+    rules = [recipe] if isinstance(recipe, Rule) else list(recipe)
+    before = _inputs_of_each_rule(rules, like)
+    inverses: list[Rule] = []
+    for rule, leaves in zip(reversed(rules), reversed(before), strict=True):
+        inverses.extend(_inverse(rule, leaves))
+    return inverses
+
+
+def _inputs_of_each_rule(rules: list[Rule], like: Any) -> list[dict[str, Any] | None]:
+    if like is None:
+        return [None] * len(rules)
+    tree = getattr(like, "tree", like)
+    inputs = []
+    for rule in rules:
+        inputs.append(flatten(tree))
+        tree = apply_rules([rule], tree)
+    return inputs
+
+
+def _inverse(rule: Rule, leaves: dict[str, Any] | None) -> list[Rule]:
+    if isinstance(rule, Drop | Keep):
+        raise RuleError(
+            f"{rule!r} has no inverse: what it removes is gone. Reverse the recipe without it."
+        )
+    if isinstance(rule, MapValues):
+        inverse = getattr(rule, "inverse", None)
+        if inverse is None:
+            raise RuleError(
+                f"{rule!r} has no inverse: give map_values(..., inverse=fn) to reverse it."
+            )
+        return [MapValues(rule.pattern, inverse, rule.optional)]
+    if isinstance(rule, Rename):
+        pattern, template = _turn_around(rule.pattern, rule.to, rule)
+        return [Rename(pattern, template, rule.optional)]
+    if isinstance(rule, Stack):
+        if rule.start or rule.fill is not None:
+            raise _irreversible(rule, "start= and fill= add or renumber members")
+        index = "i" if "(?P<i>" in rule.pattern else "1"
+        pattern, template = _turn_around(rule.pattern, rule.into, rule, index_group=index)
+        return [Unstack(pattern, template, rule.axis, rule.optional)]
+    if isinstance(rule, Unstack):
+        stacked = _escape_template(rule.pattern, rule)
+        pattern = re.escape(rule.into).replace(re.escape("{i}"), r"(?P<i>\d+)")
+        return [Stack(pattern, stacked, rule.axis, optional=rule.optional)]
+    if isinstance(rule, Split):
+        patterns = [_turn_around(rule.pattern, into, rule)[0] for into in rule.into]
+        template = _turn_around(rule.pattern, rule.into[0], rule)[1]
+        return [Concat(tuple(patterns), template, rule.axis, rule.optional)]
+    if isinstance(rule, Concat):
+        return _inverse_concat(rule, _need(leaves, rule, "the sizes of the concatenated parts"))
+    if isinstance(rule, Cast):
+        return _inverse_cast(rule, _need(leaves, rule, "the dtypes it casts from"))
+    if isinstance(rule, Transpose):
+        if rule.axes is None:
+            return [rule]
+        return [
+            Transpose(rule.pattern, tuple(int(a) for a in np.argsort(rule.axes)), rule.optional)
+        ]
+    if isinstance(rule, Permute):
+        return [
+            Permute(
+                rule.pattern,
+                tuple(int(a) for a in np.argsort(rule.order)),
+                rule.axis,
+                rule.optional,
+            )
+        ]
+    if isinstance(rule, Scale):
+        return [Scale(rule.pattern, 1.0 / rule.factor, rule.optional)]
+    if isinstance(rule, Reshape):
+        found = _need(leaves, rule, "the shapes it reshapes from")
+        return [
+            Reshape(re.escape(m.path), tuple(rule_array(found[m.path], m.path, rule).shape))
+            for m in rule.matches(found)
+        ]
+    raise RuleError(f"{rule!r} has no known inverse. Write its inverse rule yourself.")
+
+
+def _need(leaves: dict[str, Any] | None, rule: Rule, what: str) -> dict[str, Any]:
+    if leaves is None:
+        raise RuleError(
+            f"Reversing {rule!r} needs {what}: pass the recipe's input as like= "
+            f"(--like SOURCE on the command line); nothing of it is read."
+        )
+    return leaves
+
+
+def _inverse_cast(rule: Cast, leaves: dict[str, Any]) -> list[Rule]:
+    written = rule.edit(leaves).written
+    return [
+        Cast(re.escape(path), np.dtype(leaves[anchor].dtype), floating_only=False)
+        for path, (_, anchor) in written.items()
+    ]
+
+
+def _inverse_concat(rule: Concat, leaves: dict[str, Any]) -> list[Rule]:
+    inverses: list[Rule] = []
+    for target, (value, _) in rule.edit(leaves).written.items():
+        parts = [
+            m
+            for pattern in rule.patterns
+            for m in Rename(pattern, "").matches(leaves)
+            if m.expand(rule.into) == target
+        ]
+        axis = rule.axis % value.ndim
+        sizes = tuple(rule_array(leaves[m.path], m.path, rule).shape[axis] for m in parts)
+        inverses.append(Split(re.escape(target), tuple(m.path for m in parts), rule.axis, sizes))
+    return inverses
+
+
+def _escape_template(pattern: str, rule: Rule) -> str:
+    """An Unstack's source pattern used as the template of its inverse (literal text only)."""
+    pieces = _pattern_pieces(pattern, rule)
+    if any(piece.group is not None for piece in pieces):
+        raise _irreversible(rule, "its pattern has groups, so the stacked name is not one path")
+    return "".join(piece.text for piece in pieces)

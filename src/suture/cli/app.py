@@ -1,0 +1,461 @@
+"""The `suture` command line.
+
+Errors on bad input print ``Error: <message>`` on stderr and exit with status 2, without
+a traceback (``suture --debug ...`` shows it). Ctrl-C and SIGTERM stop a write within about
+a block's time, remove its temporary output, and exit with 130 and 143.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from importlib.metadata import version as package_version
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from .. import families
+from .._convert import convert as run_convert
+from .._errors import SurgeryError
+from .._exec.memory import tune_for_process
+from .._format import human_bytes
+from .._hf import SideFileWarning
+from .._interrupts import Terminated
+from .._interrupts import install as install_interrupt_handlers
+from .._save.api import save
+from .._surgery.build import transform
+from .._surgery.plan import plan as make_plan
+from .._surgery.recipes import load_recipe, reversed_rules, with_cast
+from ..families._convert import read_config
+from ..sources.open import open as open_checkpoint
+from .demo import run_demo
+from .diff import diff as run_diff
+from .hints import check_recipe_first, for_command_line
+from .inspect import collect_stats, describe, render_flat, render_stats, render_tree
+from .merge import run_merge
+
+app = typer.Typer(
+    name="suture",
+    help="Model surgery for JAX checkpoints: inspect, transform, load and stream them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_state = {"debug": False}
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Options that several commands share, declared once.
+AllowPickle = Annotated[
+    bool, typer.Option("--allow-pickle", help="Open PyTorch pickles (they can run code).")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
+MaxMemory = Annotated[str | None, typer.Option("--max-memory", help="Bytes in flight, e.g. 4GiB.")]
+MaxShardSize = Annotated[
+    str | None, typer.Option("--max-shard-size", help="safetensors: shard size, e.g. 5GB.")
+]
+Output = Annotated[str, typer.Option("-o", "--output", help="Where to write the result.")]
+OutputFormat = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="orbax or safetensors (OUTPUT ending in .safetensors: one file; else a HF folder).",
+    ),
+]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output.")]
+Partial = Annotated[bool, typer.Option("--partial", help="Drop leaves the target leaves out.")]
+Progress = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")]
+Recipe = Annotated[str, typer.Argument(help="Recipe file (.py, .yaml, .toml).")]
+Sources = Annotated[list[str], typer.Argument(help="Source checkpoint(s).")]
+Target = Annotated[
+    str | None, typer.Option("--target", help="A checkpoint whose structure is the target.")
+]
+Verify = Annotated[
+    bool, typer.Option("--verify", help="Read the result back and check it before committing.")
+]
+
+
+def reports_errors(command: F) -> F:
+    """Turns a SurgeryError into ``Error: ...`` on stderr and exit status 2."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except SurgeryError as error:
+            if _state["debug"]:
+                raise
+            typer.echo(f"Error: {for_command_line(str(error))}", err=True)
+            raise typer.Exit(code=2) from None
+        except KeyboardInterrupt as interruption:
+            terminated = isinstance(interruption, Terminated)
+            typer.echo(
+                f"Stopped by {'SIGTERM' if terminated else 'Ctrl-C (SIGINT)'}; no output was "
+                f"written and the temporary files were removed.",
+                err=True,
+            )
+            raise typer.Exit(code=143 if terminated else 130) from None
+
+    return run  # type: ignore[return-value]
+
+
+def _report_written(result: Any, verified: bool = False) -> None:
+    typer.echo(
+        f"Wrote {result.path} ({result.format}): {result.leaves} arrays, "
+        f"{human_bytes(result.bytes_written)} in {result.seconds:.1f} s"
+        + (", verified." if verified else ".")
+    )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        __version__ = package_version("suture")
+
+        typer.echo(f"suture {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Model surgery for JAX checkpoints."""
+    _state["debug"] = debug
+
+
+@app.command()
+@reports_errors
+def inspect(
+    path: Annotated[str, typer.Argument(help="Checkpoint folder or file.")],
+    flat: Annotated[bool, typer.Option("--flat", help="One line per leaf, full paths.")] = False,
+    as_json: AsJson = False,
+    filter: Annotated[  # noqa: A002 (the option's name)
+        str | None, typer.Option("--filter", help="Only leaves whose path matches this regex.")
+    ] = None,
+    depth: Annotated[
+        int | None, typer.Option("--depth", min=1, help="Fold subtrees below this depth.")
+    ] = None,
+    step: Annotated[
+        int | None, typer.Option("--step", help="CheckpointManager step (default: newest).")
+    ] = None,
+    stats: Annotated[
+        bool, typer.Option("--stats", help="Also min/max/mean/std/NaNs per leaf (reads the data).")
+    ] = False,
+    allow_pickle: AllowPickle = False,
+) -> None:
+    """Show a checkpoint's leaves with shape, dtype and size. Reads no array data (but --stats)."""
+    ckpt = open_checkpoint(path, step=step, allow_pickle=allow_pickle)
+    description = describe(ckpt, filter)
+    if stats:
+        results = collect_stats(ckpt, description)
+        typer.echo(
+            description.to_json_text(results) if as_json else render_stats(description, results)
+        )
+        return
+    if as_json:
+        typer.echo(description.to_json_text())
+        return
+    typer.echo(
+        f"{ckpt.location}  ({ckpt.format}"
+        + (f", step {ckpt.step})" if ckpt.step is not None else ")")
+    )
+    typer.echo(render_flat(description) if flat else render_tree(description, depth))
+
+
+@app.command()
+@reports_errors
+def diff(
+    a: Annotated[str, typer.Argument(help="First checkpoint.")],
+    b: Annotated[str, typer.Argument(help="Second checkpoint.")],
+    values: Annotated[
+        bool, typer.Option("--values", help="Compare values too (reads both).")
+    ] = False,
+    atol: Annotated[float, typer.Option("--atol", help="Absolute tolerance for --values.")] = 0.0,
+    rtol: Annotated[float, typer.Option("--rtol", help="Relative tolerance for --values.")] = 0.0,
+    as_json: AsJson = False,
+    allow_pickle: AllowPickle = False,
+) -> None:
+    """Show how two checkpoints differ. Exit 0 when equal, 1 when different, 2 on error."""
+    first = open_checkpoint(a, allow_pickle=allow_pickle)
+    second = open_checkpoint(b, allow_pickle=allow_pickle)
+    result = run_diff(first, second, values=values, atol=atol, rtol=rtol)
+    typer.echo(result.to_json() if as_json else str(result))
+    raise typer.Exit(code=0 if result.equal else 1)
+
+
+@app.command()
+@reports_errors
+def plan(
+    recipe: Recipe,
+    sources: Sources,
+    target: Target = None,
+    partial: Partial = False,
+    as_json: AsJson = False,
+    allow_pickle: AllowPickle = False,
+) -> None:
+    """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing."""
+    surgery = _prepare(recipe, sources, target, allow_pickle, "plan")
+    result = make_plan(
+        surgery["transform"], *surgery["sources"], **surgery["arguments"], partial=partial
+    )
+    typer.echo(result.to_json() if as_json else for_command_line(str(result)))
+    if not result.ok:
+        raise typer.Exit(code=2)
+
+
+@app.command()
+@reports_errors
+def apply(
+    recipe: Recipe,
+    sources: Sources,
+    output: Output,
+    format: OutputFormat = "orbax",  # noqa: A002
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="Cast floating-point leaves.")
+    ] = None,
+    target: Target = None,
+    partial: Partial = False,
+    max_memory: MaxMemory = None,
+    max_shard_size: MaxShardSize = None,
+    overwrite: Overwrite = False,
+    dry_run: DryRun = False,
+    verify: Verify = False,
+    allow_pickle: AllowPickle = False,
+    progress: Progress = None,
+    reverse: Annotated[
+        bool, typer.Option("--reverse", help="Apply the recipe's rules backwards (rules.reverse).")
+    ] = False,
+    like: Annotated[
+        str | None,
+        typer.Option(
+            "--like",
+            help="With --reverse: the recipe's original input (for casts, reshapes, concats).",
+        ),
+    ] = None,
+) -> None:
+    """Run a recipe on the source(s) and stream the result to OUTPUT.
+
+    RECIPE is a YAML or TOML file with a list of rules (drop, keep, rename, stack, unstack,
+    cast, concat, split), or a Python file that defines RULES = [...] (suture.rules
+    objects) or a function transform(*trees) taking one lazy tree per source.
+
+    A Python recipe may also define TARGET, the tree to produce (arrays or
+    jax.ShapeDtypeStruct leaves; --target takes it from a checkpoint instead), and init,
+    the values of target leaves no source has: a tree of values, a tree of fn(shape, dtype)
+    initializers, or a function of no arguments returning the new leaves (run under
+    jax.jit; only the missing leaves are computed). A Python recipe is code: run only
+    recipes you trust.
+    """
+    surgery = _prepare(recipe, sources, target, allow_pickle, "apply")
+    if reverse:
+        surgery["transform"] = reversed_rules(surgery["transform"], like)
+    steps = with_cast(surgery["transform"], dtype) if dtype is not None else surgery["transform"]
+    arguments = {**surgery["arguments"], "partial": partial}
+    if dry_run:
+        planned = make_plan(steps, *surgery["sources"], **arguments)
+        typer.echo(for_command_line(str(planned)))
+        if not planned.ok:  # as `suture plan` does: scripts can stop on a bad recipe
+            raise typer.Exit(code=2)
+        return
+    result = save(
+        transform(steps, *surgery["sources"], **arguments),
+        output,
+        format=format,
+        overwrite=overwrite,
+        max_memory=max_memory,
+        max_shard_size=max_shard_size,
+        progress=progress,
+        verify=verify,
+    )
+    _report_written(result, verify)
+
+
+def _prepare(
+    recipe: str, sources: list[str], target: str | None, allow_pickle: bool, command: str
+) -> dict[str, Any]:
+    check_recipe_first(recipe, sources, command)
+    loaded = load_recipe(recipe)
+    opened = [open_checkpoint(source, allow_pickle=allow_pickle) for source in sources]
+    target_tree = open_checkpoint(target).abstract() if target is not None else loaded.target
+    return {
+        "transform": loaded.transform,
+        "sources": opened,
+        "arguments": {"target": target_tree, "init": loaded.init},
+    }
+
+
+@app.command("merge")
+@reports_errors
+def merge_command(
+    config: Annotated[
+        str,
+        typer.Argument(help="Merge config (.yaml or .toml): suture's (method:) or mergekit's."),
+    ],
+    output: Output,
+    format: Annotated[  # noqa: A002
+        str | None,
+        typer.Option(
+            "--format",
+            help="orbax or safetensors (default: safetensors for mergekit configs, else orbax).",
+        ),
+    ] = None,
+    max_memory: MaxMemory = None,
+    overwrite: Overwrite = False,
+    dry_run: DryRun = False,
+    verify: Verify = False,
+    progress: Progress = None,
+) -> None:
+    """Merge several models (linear, slerp, ties, dare_ties, della ...) and stream the result.
+
+    A mergekit config (merge_method:, models: or slices:) is read as it is; with Hugging Face
+    folders as inputs and safetensors output, the output is a Hugging Face folder with
+    config.json, the tokenizer files and a model card.
+    """
+    result = run_merge(
+        config,
+        output,
+        format=format,
+        max_memory=max_memory,
+        overwrite=overwrite,
+        dry_run=dry_run,
+        verify=verify,
+        progress=progress,
+    )
+    if isinstance(result, str):
+        typer.echo(result)
+    else:
+        _report_written(result, verify)
+
+
+@app.command()
+@reports_errors
+def convert(
+    source: Annotated[str, typer.Argument(help="Checkpoint to read (any format suture opens).")],
+    destination: Annotated[str, typer.Argument(help="Where to write it.")],
+    format: Annotated[  # noqa: A002
+        str | None,
+        typer.Option(
+            "--format",
+            help="orbax or safetensors (default: from DESTINATION). safetensors to a path "
+            "ending in .safetensors is one file; any other path is a Hugging Face folder.",
+        ),
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="Cast floating-point leaves, e.g. bfloat16.")
+    ] = None,
+    recipe: Annotated[
+        str | None,
+        typer.Option(
+            "--rules",
+            "--recipe",
+            help="A recipe file (.py, .yaml, .toml), or a built-in one such as "
+            "llama3.1:maxtext (`suture recipes` lists them).",
+        ),
+    ] = None,
+    reverse: Annotated[
+        bool,
+        typer.Option("--reverse", help="Run a built-in recipe backwards (MaxText -> HF folder)."),
+    ] = False,
+    config: Annotated[
+        str | None,
+        typer.Option("--config", help="The model's config.json, for a built-in recipe."),
+    ] = None,
+    max_memory: MaxMemory = None,
+    max_shard_size: MaxShardSize = None,
+    separator: Annotated[
+        str, typer.Option("--separator", help="Joins keys into tensor names.")
+    ] = ".",
+    overwrite: Overwrite = False,
+    allow_pickle: AllowPickle = False,
+    progress: Progress = None,
+) -> None:
+    """Convert a checkpoint to Orbax or safetensors, streaming it."""
+    result = run_convert(
+        source,
+        destination,
+        format=format,
+        dtype=dtype,
+        recipe=recipe,
+        reverse=reverse,
+        config=config,
+        overwrite=overwrite,
+        max_memory=max_memory,
+        max_shard_size=max_shard_size,
+        separator=separator,
+        allow_pickle=allow_pickle,
+        progress=progress,
+    )
+    _report_written(result)
+
+
+@app.command()
+@reports_errors
+def recipes(
+    name: Annotated[
+        str | None, typer.Argument(help="Show one recipe's table for this config.json's model.")
+    ] = None,
+    config: Annotated[
+        str | None, typer.Option("--config", help="config.json to show the operations for.")
+    ] = None,
+) -> None:
+    """List the built-in model-family recipes (HF <-> MaxText), or show one's operations."""
+    if name is None:
+        for recipe_name in families.recipe_names():
+            recipe = families.get_recipe(recipe_name)
+            typer.echo(f"{recipe_name:28} {recipe.description}")
+        return
+    recipe = families.get_recipe(name)
+    typer.echo(f"{recipe.name}: {recipe.description}\nFollows {recipe.follows}.")
+    if config is None:
+        return
+    for maxtext, hf, operations in recipe.operations_table(read_config(config)):
+        typer.echo(f"  {maxtext:55} <- {hf:50} {operations}")
+
+
+@app.command()
+@reports_errors
+def demo(
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="Where to write the demo checkpoint (default: a temp dir)."),
+    ] = None,
+) -> None:
+    """Write a small Flax model's checkpoint, then inspect, plan, stream and check a surgery."""
+    run_demo(workdir, echo=typer.echo)
+
+
+def _show_warning(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+    """suture's own warnings as one ``Warning: ...`` line; others as Python shows them."""
+    if issubclass(category, SideFileWarning):
+        typer.echo(f"Warning: {message}", err=True)
+    else:
+        _python_show_warning(message, category, *args, **kwargs)
+
+
+_python_show_warning = warnings.showwarning
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `suture` script and of ``python -m suture``."""
+    warnings.showwarning = _show_warning
+    install_interrupt_handlers()
+    tune_for_process()  # the command line owns its process: one malloc arena (docs/design.md)
+    try:
+        app(args=argv if argv is not None else sys.argv[1:], prog_name="suture")
+    except SystemExit as exit_:
+        if exit_.code in (130, 143):  # interrupted: the output is cleaned up; skip the
+            sys.stdout.flush()  # libraries' exit handlers, which can take a second
+            sys.stderr.flush()
+            os._exit(exit_.code)
+        raise

@@ -1,0 +1,154 @@
+"""Opening checkpoints: one module per format; `open_source` detects which one by content."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from typing import Any
+
+from .._errors import CheckpointNotFoundError, NotACheckpointError, SurgeryError
+from .._location import Location, RemoteLocation, location_of
+from .checkpoint import Checkpoint
+
+FORMATS = ("orbax", "safetensors", "msgpack", "npz", "torch", "memory")
+
+
+def open_source(
+    source: Any,
+    *,
+    step: int | None = None,
+    format: str | None = None,  # noqa: A002
+    separator: str = ".",
+    allow_pickle: bool = False,
+) -> Checkpoint:
+    """Opens `source` lazily; see `suture.open`."""
+    if isinstance(source, Checkpoint):
+        return source
+    if format is not None and format not in FORMATS:
+        raise SurgeryError(f"Unknown format {format!r}. Known formats: {', '.join(FORMATS)}.")
+    if not isinstance(source, (str, os.PathLike, Location)):  # etils.epath.Path is PathLike
+        if step is not None:
+            raise SurgeryError("step= applies to CheckpointManager folders, not in-memory trees.")
+        from .memory import open_memory
+
+        return open_memory(source)
+    if format == "memory":
+        raise SurgeryError("format='memory' is for in-memory trees, not paths.")
+    path = location_of(source)
+    if format is not None and not path.exists():
+        raise CheckpointNotFoundError(f"No such file or folder: {str(path)!r}. Check the path.")
+    if not path.is_remote and path.exists() and not (path.is_dir() or path.is_file()):
+        raise NotACheckpointError(
+            f"{str(path)!r} is neither a regular file nor a folder (a pipe, socket or device), "
+            f"so it cannot be read lazily, and reading it could wait forever. Save the stream "
+            f"to a file first."
+        )
+    kind = format or detect(path)
+    if step is not None and kind != "orbax":
+        raise SurgeryError(f"step= applies to Orbax CheckpointManager folders, not {kind} files.")
+    if kind == "orbax":
+        from .orbax import open_orbax
+
+        return open_orbax(path, step=step)
+    if kind == "safetensors":
+        from .safetensors import open_safetensors
+
+        return open_safetensors(path, separator)
+    if kind == "msgpack":
+        from .msgpack import open_msgpack
+
+        return open_msgpack(path)
+    if kind == "npz":
+        from .npz import open_npz
+
+        return open_npz(path)
+    if path.is_remote:
+        raise SurgeryError(
+            f"{str(path)!r} is a PyTorch file, which suture opens only from a local path (torch "
+            f"memory-maps it). Copy it locally, or convert it to safetensors first."
+        )
+    from .torch import open_torch
+
+    return open_torch(path.path, allow_pickle, separator)  # type: ignore[attr-defined]
+
+
+def detect(path: Location) -> str:
+    """The format of `path`, from its content (and, for folders, what they hold).
+
+    A remote file is recognised by one small ranged read; a remote folder by the files its
+    format puts at known names, listing it only when those are absent.
+
+    Raises:
+        CheckpointNotFoundError: `path` does not exist.
+        NotACheckpointError: when no known format matches; the message says what was found.
+    """
+    if path.name.endswith(".safetensors.index.json"):
+        if not path.is_file():
+            raise CheckpointNotFoundError(f"No such file: {str(path)!r}. Check the path.")
+        return "safetensors"
+    is_file = path.is_file() if path.is_remote else not path.is_dir()
+    if not is_file:
+        from .orbax_layout import is_orbax_folder, resolve
+
+        if is_orbax_folder(path):
+            return "orbax"
+        from .safetensors import INDEX_SUFFIX
+
+        names = _safetensors_probe(path)
+        if any(name.endswith((".safetensors", f".safetensors{INDEX_SUFFIX}")) for name in names):
+            return "safetensors"
+        resolve(path)  # raises the Orbax layout's own explanation of what the folder holds
+        return "orbax"
+    if not path.exists():
+        raise CheckpointNotFoundError(f"No such file or folder: {str(path)!r}. Check the path.")
+    size = None if path.is_remote else path.size()
+    head = path.read_head(16)
+    if head[:4] == b"PK\x03\x04":
+        return _zip_kind(path)
+    if (
+        len(head) >= 9
+        and head[8:9] == b"{"
+        and (size is None or int.from_bytes(head[:8], "little") <= size - 8)
+    ):
+        return "safetensors"
+    if head[:1] == b"\x80" and len(head) > 1 and head[1] in (2, 3, 4, 5):
+        return "torch"  # a legacy (non-zip) torch.save pickle
+    if head[:1] and (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)):
+        return "msgpack"
+    raise NotACheckpointError(
+        f"{str(path)!r} is a file in no format suture knows (it starts with {head[:8]!r}). "
+        f"suture reads Orbax folders, safetensors, Flax msgpack, npz and PyTorch files; pass "
+        f"format= if the content is one of them."
+    )
+
+
+def _safetensors_probe(folder: Location) -> list[str]:
+    """Names telling whether `folder` holds safetensors; lists only when no usual name is there."""
+    from .safetensors import SINGLE_NAMES
+
+    found = [name for name in SINGLE_NAMES if (folder / name).is_file()]
+    if found:
+        return found
+    if isinstance(folder, RemoteLocation) and folder.scheme in ("http", "https"):
+        return folder.children()  # raises: says what to pass instead of an HTTP folder
+    if not folder.exists():
+        raise CheckpointNotFoundError(f"No such file or folder: {str(folder)!r}. Check the path.")
+    return folder.children()
+
+
+def _zip_kind(path: Location) -> str:
+    try:
+        with zipfile.ZipFile(path.open_reader()) as archive:
+            names = archive.namelist()
+    except zipfile.BadZipFile as error:
+        raise NotACheckpointError(
+            f"{str(path)!r} looks like a zip archive but cannot be read: {error}."
+        ) from error
+    if any(name.endswith("data.pkl") for name in names):
+        return "torch"
+    if names and all(name.endswith(".npy") for name in names):
+        return "npz"
+    raise NotACheckpointError(
+        f"{str(path)!r} is a zip archive holding {', '.join(names[:5]) or 'nothing'}, neither an "
+        f".npz nor a PyTorch file."
+    )

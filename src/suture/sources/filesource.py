@@ -1,0 +1,218 @@
+"""Arrays stored as raw bytes at a known place in a file (safetensors, uncompressed npz).
+
+`FileRangeSource` reads only the rows of the first axis that a selection spans (ranged
+reads of its `Location`: positional reads locally, ranged GETs remotely). A read of whole rows lands straight in the result (no copy);
+a read of some columns goes through a bounded strip of rows at a time, so its memory is
+the result plus one strip, never the whole span. `read_into` reads into a caller's array
+(a cast or transposed view of it) through a small per-thread tile, which fuses the read,
+the cast and the transpose without a full-size temporary.
+
+Linux returns at most 2,147,479,552 bytes from one ``preadv``; `read_fully` loops until
+every byte is read, so tensors over 2 GiB read like any other. Each read of a local file
+checks that the file is still the one opened (device, inode, size, modification time), so a
+file replaced or rewritten meanwhile is an error, not a mix of old and new data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._buffers import aligned_empty, assign
+from .._errors import CorruptCheckpointError
+from .._lazy.graph import Node, ReadCost, SourceNode
+from .._lazy.reads import estimate_reads
+from .._lazy.selection import Selection, full, outer_index, selection_shape
+from .._location import Location
+from .._location.direct import direct_reads, should_read_direct
+
+if TYPE_CHECKING:
+    from .._lazy.array import LazyArray
+
+# A column read holds one strip of rows at a time; `read_into` one tile (kept per thread).
+STRIP_BYTES = 32 << 20
+TILE_BYTES = 8 << 20
+
+
+class FileRangeSource(SourceNode):
+    """A C-ordered array of `shape` and `dtype` at byte `offset` of `file`."""
+
+    def __init__(
+        self,
+        file: Location,
+        offset: int,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        path: str | None = None,
+        identity: tuple[int, ...] | None = None,
+    ) -> None:
+        self.file, self.offset = file, offset
+        self.shape, self.dtype = shape, dtype
+        self.path, self.origin = path, str(file)
+        self.identity = identity  # the file as opened; a read of another one is an error
+
+    @property
+    def _row_bytes(self) -> int:
+        return self.dtype.itemsize * math.prod(self.shape[1:])
+
+    def read(self, selection: Selection) -> np.ndarray:
+        if not self.shape:
+            return self._read_rows(0, 1, aligned_empty((1,), self.dtype)).reshape(())
+        rows = _whole_rows(selection, self.shape)
+        if rows is not None:  # straight into the result: no copy
+            result = aligned_empty((rows[1] - rows[0], *self.shape[1:]), self.dtype)
+            return self._read_rows(*rows, result)
+        result = aligned_empty(selection_shape(selection), self.dtype)
+        for target, block, local in self._strips(selection):
+            result[target] = outer_index(block, local)
+        return result
+
+    def read_into(self, selection: Selection, out: np.ndarray) -> None:
+        rows = _whole_rows(selection, self.shape) if self.shape else None
+        if rows is None:
+            super().read_into(selection, out)
+        elif out.dtype == self.dtype and out.flags.c_contiguous:
+            self._read_rows(*rows, out)
+        else:  # a tile at a time through this thread's scratch: cast and transpose stay in cache
+            step = max(1, TILE_BYTES // max(1, self._row_bytes))
+            for start in range(rows[0], rows[1], step):
+                stop = min(start + step, rows[1])
+                assign(out[start - rows[0] : stop - rows[0]], self._read_rows_scratch(start, stop))
+
+    def read_cost(self, selection: Selection, into: bool = False) -> ReadCost:
+        """Bytes read from the file (whole row spans) and bytes held while reading."""
+        result = math.prod(selection_shape(selection)) * self.dtype.itemsize
+        if not self.shape:
+            return ReadCost(result, result)
+        if _whole_rows(selection, self.shape) is not None:
+            return ReadCost(result, min(result, TILE_BYTES) if into else result)
+        spans = [stop - start for start, stop, _ in _row_groups(selection[0], self._strip_rows)]
+        strip = max(spans, default=0) * self._row_bytes
+        return ReadCost(sum(spans) * self._row_bytes, result + strip)
+
+    @property
+    def _strip_rows(self) -> int:
+        return max(1, STRIP_BYTES // max(1, self._row_bytes))
+
+    def _strips(self, selection: Selection) -> Any:
+        """``(result rows, strip of rows, selection within the strip)`` for a partial read."""
+        groups = list(_row_groups(selection[0], self._strip_rows))
+        largest = max((stop - start for start, stop, _ in groups), default=0)
+        buffer = aligned_empty((largest * self._row_bytes,), np.dtype(np.uint8))
+        for start, stop, (targets, local_rows) in groups:
+            rows = buffer[: (stop - start) * self._row_bytes].view(self.dtype)
+            block = self._read_rows(start, stop, rows.reshape((stop - start, *self.shape[1:])))
+            yield targets, block, (local_rows, *selection[1:])
+
+    def _read_rows(self, low: int, high: int, into: np.ndarray) -> np.ndarray:
+        """Reads rows ``[low, high)`` into `into` (C-contiguous, exactly that size)."""
+        self._check_same_file()
+        self.file.read_into(self.offset + low * self._row_bytes, into, self.path or "")
+        self._check_same_file()  # a swap during the read would have mixed files
+        return into
+
+    def _read_rows_scratch(self, low: int, high: int) -> np.ndarray:
+        """Rows ``[low, high)`` in this thread's read buffer (valid until its next read)."""
+        self._check_same_file()
+        raw = self.file.read_scratch(
+            self.offset + low * self._row_bytes, (high - low) * self._row_bytes, self.path or ""
+        )
+        self._check_same_file()
+        return raw.view(self.dtype).reshape((high - low, *self.shape[1:]))
+
+    def _check_same_file(self) -> None:
+        if self.identity is not None and local_identity(self.file) != self.identity:
+            raise CorruptCheckpointError(
+                f"{str(self.file)!r} changed since it was opened (another file was moved into "
+                f"its place, or it was modified): tensor {self.path!r} would mix old and new "
+                f"data. Open the checkpoint again once it stops changing."
+            )
+
+    def inputs(self) -> tuple[Node, ...]:
+        return ()
+
+
+def file_identity(status: os.stat_result) -> tuple[int, ...]:
+    """What tells one file from its replacement: device, inode, size, modification time."""
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+def local_identity(file: Location) -> tuple[int, ...] | None:
+    """`file_identity` of a local file (None for remote objects, which have no inode)."""
+    if file.is_remote:
+        return None
+    try:
+        return file_identity(os.stat(file))
+    except OSError as error:
+        raise CorruptCheckpointError(f"Cannot read {str(file)!r}: {error}.") from error
+
+
+def _whole_rows(selection: Selection, shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """``(low, high)`` when `selection` is a contiguous run of whole rows, else None."""
+    first = selection[0]
+    if not isinstance(first, range) or (first.step != 1 and len(first) > 1):
+        return None
+    if any(
+        not (isinstance(axis, range) and axis == range(length))
+        for axis, length in zip(selection[1:], shape[1:], strict=True)
+    ):
+        return None
+    low = first.start if len(first) else 0
+    return low, low + len(first)
+
+
+def _row_groups(first: Any, strip_rows: int) -> Any:
+    """Runs of selected rows, each spanning at most `strip_rows` rows (one row at least).
+
+    Yields ``(start, stop, (result positions, rows within the run))``; ranges stay ranges,
+    so a strided read of a long axis builds no index arrays.
+    """
+    if isinstance(first, range):
+        if len(first) == 0:
+            return
+        ascending = first if first.step > 0 else first[::-1]
+        step = ascending.step
+        per_group = max(1, (strip_rows - 1) // step + 1)
+        for index in range(0, len(ascending), per_group):
+            count = min(per_group, len(ascending) - index)
+            start = ascending.start + index * step
+            stop = start + (count - 1) * step + 1
+            if first.step > 0:
+                targets: Any = slice(index, index + count)
+            else:  # descending: the first picked rows are the highest ones
+                high = len(first) - index
+                targets = slice(high - 1, high - count - 1 if high - count > 0 else None, -1)
+            yield start, stop, (targets, range(0, stop - start, step))
+        return
+    wanted = np.asarray(first, dtype=np.int64)
+    order = np.argsort(wanted, kind="stable")
+    ordered = wanted[order]
+    index = 0
+    while index < len(ordered):
+        start = int(ordered[index])
+        end = int(np.searchsorted(ordered, start + strip_rows, side="left"))
+        stop = int(ordered[end - 1]) + 1
+        yield start, stop, (order[index:end], ordered[index:end] - start)
+        index = end
+
+
+def bytes_from_local_files(arrays: Iterable[LazyArray]) -> int:
+    """Bytes that reading all of `arrays` takes from local files (each source counted once)."""
+    sources: dict[int, int] = {}
+    for array in arrays:
+        for key, (source, disk) in estimate_reads(array.node, full(array.shape)).items():
+            if isinstance(source, FileRangeSource) and not source.file.is_remote:
+                sources[key] = max(disk, sources.get(key, 0))
+    return sum(sources.values())
+
+
+def reading_directly(arrays: Iterable[LazyArray]) -> contextlib.AbstractContextManager[None]:
+    """A block in which large reads of local files go around the page cache, if reading all
+    of `arrays` takes a quarter of the machine's memory or more (see `_location.direct`)."""
+    unique = {id(array): array for array in arrays}.values()
+    return direct_reads(should_read_direct(bytes_from_local_files(unique)))

@@ -1,0 +1,49 @@
+"""`suture.open`: the one entry point to every source."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .checkpoint import Checkpoint
+from .detect import open_source
+
+
+def open(  # noqa: A001
+    source: Any,
+    *,
+    step: int | None = None,
+    format: str | None = None,  # noqa: A002
+    separator: str = ".",
+    allow_pickle: bool = False,
+) -> Checkpoint:
+    """Opens a checkpoint lazily: reads metadata only, never array data.
+
+    Args:
+        source: a path, an in-memory pytree, or an opened `Checkpoint`. Paths may be an
+            Orbax checkpoint (v0 ``StandardCheckpointer`` or ``PyTreeCheckpointer``, v1
+            ``ocp.save``, a CheckpointManager root or step), a ``.safetensors`` file, a
+            Hugging Face folder or ``*.safetensors.index.json`` of shards, a Flax msgpack
+            file, an ``.npz`` archive, or (with `allow_pickle`) a PyTorch file. The format
+            is detected from the content.
+        step: for a CheckpointManager root, which step to open (default: the newest).
+        format: force a format: ``"orbax"``, ``"safetensors"``, ``"msgpack"``, ``"npz"``,
+            ``"torch"``.
+        separator: safetensors and PyTorch: splits tensor names into tree paths.
+        allow_pickle: open PyTorch files, which are pickles (unpickling can run code).
+
+    Returns:
+        A `Checkpoint` whose ``.tree`` holds `LazyArray` leaves.
+
+    Raises:
+        SurgeryError: the path does not exist, is empty, is not a checkpoint, or is an
+            unfinished save; the message names the path and what was found.
+
+    Example:
+        >>> import numpy as np, suture
+        >>> ckpt = suture.open({"params": {"kernel": np.ones((2, 2), np.float32)}})
+        >>> ckpt["params/kernel"].shape
+        (2, 2)
+    """
+    return open_source(
+        source, step=step, format=format, separator=separator, allow_pickle=allow_pickle
+    )
