@@ -10,11 +10,9 @@ process), and a library caller asks for it (``suture.save(..., tune_allocator=Tr
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import threading
-from collections.abc import Iterator
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -43,18 +41,12 @@ def limit_malloc_arenas() -> None:
     also spares their page faults; the save's threads spend their time in numpy and
     TensorStore's codecs, not in `malloc`. Threads that already have an arena keep it.
 
-    This is process-wide, so suture does it only where it owns the process (the command
-    line), when ``SUTURE_TUNE_ALLOCATOR=1`` is set (at import), or for the length of a
-    save asked for it (`tuned_allocator`).
+    This is process-wide and lasts for the rest of the process, so suture does it only where
+    it owns the process (the command line), when ``SUTURE_TUNE_ALLOCATOR=1`` is set (at
+    import), or when a save is asked for it (`tune_if_asked`).
     """
     if _LIBC is not None and "MALLOC_ARENA_MAX" not in os.environ:
         _LIBC.mallopt(_M_ARENA_MAX, 1)
-
-
-def _unlimit_malloc_arenas() -> None:
-    """glibc's default arena limit again, for threads started from now on."""
-    if _LIBC is not None and "MALLOC_ARENA_MAX" not in os.environ:
-        _LIBC.mallopt(_M_ARENA_MAX, 0)  # 0: glibc's own default (8 per core)
 
 
 def tuning_asked_by_environment() -> bool:
@@ -62,46 +54,26 @@ def tuning_asked_by_environment() -> bool:
     return os.environ.get("SUTURE_TUNE_ALLOCATOR", "").strip().lower() in ("1", "true", "yes")
 
 
-_tuned_for_process = False
-_saves_tuning = 0
 _tuning_lock = threading.Lock()
 
 
 def tune_for_process() -> None:
-    """Limits the arenas for good: for a process suture owns (the CLI) or was asked to tune."""
-    global _tuned_for_process
+    """Limits glibc to one malloc arena: for a process suture owns (the CLI) or was asked to tune."""
     with _tuning_lock:
-        _tuned_for_process = True
         limit_malloc_arenas()
 
 
-@contextlib.contextmanager
-def tuned_allocator(asked: bool | None) -> Iterator[None]:
-    """Within this block, one malloc arena for threads started meanwhile (when `asked`).
+def tune_if_asked(asked: bool | None) -> None:
+    """Tunes the allocator for the process when `asked` (None: ``SUTURE_TUNE_ALLOCATOR``).
 
-    None follows ``SUTURE_TUNE_ALLOCATOR``. The limit is lifted when the last tuned save
-    ends, unless the whole process is tuned (`tune_for_process`).
+    The tuning cannot be undone for the rest of the process: glibc fixes its arena limit the
+    first time a thread asks for an arena while a limit is set.
 
     Example:
-        >>> with tuned_allocator(False):
-        ...     pass
+        >>> tune_if_asked(False)  # changes nothing
     """
-    if asked is None:
-        asked = tuning_asked_by_environment()
-    if not asked:
-        yield
-        return
-    global _saves_tuning
-    with _tuning_lock:
-        _saves_tuning += 1
-        limit_malloc_arenas()
-    try:
-        yield
-    finally:
-        with _tuning_lock:
-            _saves_tuning -= 1
-            if _saves_tuning == 0 and not _tuned_for_process:
-                _unlimit_malloc_arenas()
+    if asked if asked is not None else tuning_asked_by_environment():
+        tune_for_process()
 
 
 def trim_freed_memory(baseline: int | None, max_memory: int) -> None:

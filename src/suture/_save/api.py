@@ -18,7 +18,7 @@ from typing import Any
 
 from .._errors import SurgeryError
 from .._exec.distributed import collective
-from .._exec.memory import tuned_allocator
+from .._exec.memory import tune_if_asked
 from .._exec.progress import wants_progress
 from .._hf import model_folder_side_files
 from .._lazy.array import LazyArray
@@ -130,7 +130,8 @@ def save(
         tune_allocator: let suture tune this process's allocator for the write (glibc: one
             malloc arena, freed memory returned to the system once the process outgrows its
             budget), which keeps peak memory within `max_memory`. The tuning is process-wide
-            and stays after the save; None (the default) follows ``SUTURE_TUNE_ALLOCATOR=1``,
+            and lasts after the save (glibc cannot undo it): threads the program starts later
+            share one malloc arena. None (the default) follows ``SUTURE_TUNE_ALLOCATOR=1``,
             and the command line always tunes (it owns its process). See docs/design.md,
             "Memory".
 
@@ -172,17 +173,18 @@ def save(
     _check_destination(destination, overwrite, tree)
     group = collective()  # under jax.distributed every process writes its share
 
+    tune_if_asked(options.tune_allocator)  # before the save starts its threads
+
     def job() -> SaveResult:
-        with tuned_allocator(options.tune_allocator):
-            if group is None:
-                return write(tree, destination, options)
-            if not isinstance(destination, LocalLocation):
-                raise SurgeryError(
-                    f"Cannot write {str(destination)!r} from several processes: a save under "
-                    f"jax.distributed writes local or mounted paths only. Save to a shared "
-                    f"mounted folder, or from one process."
-                )
-            return write_collective(group, tree, destination.path, options)
+        if group is None:
+            return write(tree, destination, options)
+        if not isinstance(destination, LocalLocation):
+            raise SurgeryError(
+                f"Cannot write {str(destination)!r} from several processes: a save under "
+                f"jax.distributed writes local or mounted paths only. Save to a shared "
+                f"mounted folder, or from one process."
+            )
+        return write_collective(group, tree, destination.path, options)
 
     return SaveHandle(job) if asynchronous else job()
 
