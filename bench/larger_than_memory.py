@@ -17,6 +17,7 @@ write of the plain output's size. Values are checked with stock Orbax and safete
 Everything made is deleted at the end. Run from the repository root:
 ``.venv/bin/python -m bench.larger_than_memory [GiB [ROUNDS]]`` (30 GiB and 2 rounds by
 default: each round measures the floors and every route once; the report takes medians).
+The worker sets SUTURE_TUNE_ALLOCATOR=1 (one malloc arena, as `import suture` once did).
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ def worker(route: str, max_memory: str) -> None:
     import ml_dtypes  # noqa: F401 (the libraries a save loads, loaded before the baseline)
     import tensorstore  # noqa: F401
 
+    os.environ["SUTURE_TUNE_ALLOCATOR"] = "1"  # read when suture is imported
     import suture
 
     baseline = _rss_now()

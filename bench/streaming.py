@@ -13,10 +13,12 @@ Each route runs in fresh processes after dropping the page cache; the routes run
 the first run of each block discarded (see bench/partial_load.py for why).
 Goals (issue 5): suture's peak RSS at most 1.5 GiB and at most 0.3x the peer's; wall time at
 most 0.8x the peer's. Run from the repository root: `.venv/bin/python -m bench.streaming`.
+suture's worker sets SUTURE_TUNE_ALLOCATOR=1 (one malloc arena, as `import suture` once did).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -47,6 +49,7 @@ def write_checkpoint() -> None:
 
 
 def suture_route() -> None:
+    os.environ["SUTURE_TUNE_ALLOCATOR"] = "1"  # read when suture is imported
     import suture
     from suture import rules
 

@@ -23,6 +23,7 @@ from flax.training.train_state import TrainState
 from orbax.checkpoint import transform_utils
 
 import suture
+from suture._iostats import count_bytes_read
 from tests.orbax_compare import assert_same_as_orbax
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax warns on every call of its API
@@ -414,7 +415,10 @@ def test_intersect_trees() -> None:
 def test_merge_trees_of_lazy_trees_reads_nothing(tmp_path) -> None:
     ocp.PyTreeCheckpointer().save(tmp_path / "a", {"w": np.arange(4.0), "b": np.ones(2)})
     ocp.PyTreeCheckpointer().save(tmp_path / "b", {"w": np.zeros(4)})
-    merged = suture.merge_trees(suture.open(tmp_path / "a").tree, suture.open(tmp_path / "b").tree)
+    first, second = suture.open(tmp_path / "a").tree, suture.open(tmp_path / "b").tree
+    with count_bytes_read() as counted:
+        merged = suture.merge_trees(first, second)
+    assert counted.bytes == 0
     assert isinstance(merged["w"], suture.LazyArray)
     np.testing.assert_array_equal(suture.load(merged)["w"], np.zeros(4))
 

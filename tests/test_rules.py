@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.numpy import save_file
 
 import suture
 from suture import rules
@@ -172,13 +173,19 @@ def test_concat_missing_part_is_an_error() -> None:
         )
 
 
-def test_map_values_is_lazy() -> None:
-    result = rules.apply_rules(
-        [rules.map_values(r".*/bias", lambda b: b * 2 + 1)], suture.open(model()).tree
-    )
+def test_map_values_is_lazy(tmp_path: Path) -> None:
+    layers = model()["params"]
+    flat = {f"params.{k}.{n}": v for k, named in layers.items() for n, v in named.items()}
+    save_file(flat, str(tmp_path / "model.safetensors"))
+    tree = suture.open(tmp_path / "model.safetensors").tree
+    with count_bytes_read() as counted:
+        result = rules.apply_rules([rules.map_values(r".*/bias", lambda b: b * 2 + 1)], tree)
+    assert counted.bytes == 0
     bias = result["params"]["layer2"]["bias"]
     assert isinstance(bias, suture.LazyArray)
-    np.testing.assert_allclose(bias.read(), model()["params"]["layer2"]["bias"] * 2 + 1)
+    with count_bytes_read() as reading:
+        np.testing.assert_allclose(bias.read(), model()["params"]["layer2"]["bias"] * 2 + 1)
+    assert reading.bytes == 4 * 4  # the bias is read only now
 
 
 def test_unmatched_rule_is_an_error_unless_optional() -> None:

@@ -87,6 +87,10 @@ def test_stack_layers_lazily_with_suture_ops_and_with_rules(layered_path) -> Non
     with count_bytes_read() as building:
         lazy = suture.transform(lazy_stack, path)
     assert building.bytes < 64 * 1024  # metadata only
+    opened = suture.open(path)
+    with count_bytes_read() as rebuilding:
+        suture.transform(lazy_stack, opened)
+    assert rebuilding.bytes == 0  # an opened checkpoint: nothing at all
     by_rules = suture.load_and_transform(
         [rules.drop("step"), rules.stack(r"params/layer(?P<i>\d+)", into="params/layers")], path
     )
@@ -273,7 +277,11 @@ def test_plan_reads_nothing_and_reports_everything(layered_path) -> None:
     ]
     with count_bytes_read() as planning:
         plan = suture.plan(surgery, path)
-    assert planning.bytes < 64 * 1024
+    assert planning.bytes < 64 * 1024  # metadata only
+    opened = suture.open(path)
+    with count_bytes_read() as replanning:
+        assert suture.plan(surgery, opened).bytes_to_read == plan.bytes_to_read
+    assert replanning.bytes == 0  # an opened checkpoint: nothing at all
     assert plan.ok and plan.problems == []
     layers = next(output for output in plan.outputs if output.path == "params/layers/kernel")
     assert layers.shape == [4, 64, 64] and layers.dtype == "bfloat16"

@@ -240,7 +240,9 @@ def test_value_fn_that_needs_concrete_arrays_is_traced_lazily(tmp_path: Path) ->
         "mean": T(original_key="w", value_fn=lambda v: jnp.mean(v, axis=0)),
         "root": T(original_key="w", value_fn=np.sqrt),
     }
-    result = suture.apply_transformations(tree, transforms, {"mean": ..., "root": ...})
+    with count_bytes_read() as counted:
+        result = suture.apply_transformations(tree, transforms, {"mean": ..., "root": ...})
+    assert counted.bytes == 0
     assert isinstance(result["mean"], suture.LazyArray) and isinstance(
         result["root"], suture.LazyArray
     )

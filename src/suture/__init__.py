@@ -19,12 +19,20 @@ from . import optax as optax
 from . import rules as rules
 from ._convert import convert as convert
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
+from ._errors import CollectiveError as CollectiveError
+from ._errors import ConfigMismatchError as ConfigMismatchError
 from ._errors import CorruptCheckpointError as CorruptCheckpointError
+from ._errors import ExpressionError as ExpressionError
 from ._errors import InvalidIndexError as InvalidIndexError
+from ._errors import MergeError as MergeError
 from ._errors import MissingLeafError as MissingLeafError
 from ._errors import NotACheckpointError as NotACheckpointError
+from ._errors import PatternError as PatternError
+from ._errors import RecipeError as RecipeError
+from ._errors import RuleError as RuleError
 from ._errors import ShapeMismatchError as ShapeMismatchError
 from ._errors import SurgeryError as SurgeryError
+from ._errors import TransformError as TransformError
 from ._errors import UnfinishedCheckpointError as UnfinishedCheckpointError
 from ._iostats import count_bytes_read as count_bytes_read
 from ._lazy.array import LazyArray as LazyArray
@@ -35,7 +43,6 @@ from ._lazy.products import einsum as einsum
 from ._lazy.products import matmul as matmul
 from ._load.api import load as load
 from ._load.api import load_and_transform as load_and_transform
-from ._merge.api import MergeError as MergeError
 from ._merge.api import merge as merge
 from ._paths import flatten as flatten
 from ._paths import unflatten as unflatten
@@ -44,7 +51,6 @@ from ._save.api import SaveResult as SaveResult
 from ._save.api import save as save
 from ._surgery.build import transform as transform
 from ._surgery.orbax_transforms import Transform as Transform
-from ._surgery.orbax_transforms import TransformError as TransformError
 from ._surgery.orbax_transforms import apply_transformations as apply_transformations
 from ._surgery.orbax_transforms import intersect_trees as intersect_trees
 from ._surgery.orbax_transforms import merge_trees as merge_trees
@@ -61,7 +67,10 @@ __all__ = [
     "apply_transformations",
     "Checkpoint",
     "CheckpointNotFoundError",
+    "CollectiveError",
+    "ConfigMismatchError",
     "CorruptCheckpointError",
+    "ExpressionError",
     "intersect_trees",
     "InvalidIndexError",
     "LazyArray",
@@ -71,6 +80,9 @@ __all__ = [
     "MergeError",
     "MissingLeafError",
     "NotACheckpointError",
+    "PatternError",
+    "RecipeError",
+    "RuleError",
     "ShapeMismatchError",
     "SaveHandle",
     "SaveResult",

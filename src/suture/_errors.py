@@ -2,8 +2,12 @@
 
 Every error caused by what a user passed in (a path, a file, a rule, a shape) is a
 `SurgeryError`, so that one ``except suture.SurgeryError`` catches them all and the CLI can
-print them without a traceback. Messages name the leaf or path, what was expected, what
-was found, and the fix.
+print them without a traceback. A `SurgeryError` is a ``ValueError`` (a value the user gave
+is wrong); the kinds where Python has a closer word are also that: a missing checkpoint is a
+``FileNotFoundError``, a missing leaf a ``KeyError``, a bad index an ``IndexError``, a
+failed collective an ``OSError``. Each kind of mistake has one class, all of them here and
+exported by `suture`. Messages name the leaf or path, what was expected, what was found,
+and the fix.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ from collections.abc import Iterable
 from typing import Any
 
 
-class SurgeryError(Exception):
-    """Base class of every error suture raises on bad input.
+class SurgeryError(ValueError):
+    """Base class of every error suture raises on bad input; a ``ValueError``.
 
     Example:
         >>> import suture
@@ -50,11 +54,60 @@ class MissingLeafError(SurgeryError, KeyError):
 
 
 class InvalidIndexError(SurgeryError, IndexError):
-    """An index or operation that does not fit a LazyArray's shape."""
+    """An index, axis or operation that does not fit a LazyArray's shape.
+
+    Both an IndexError and a ValueError, like numpy's ``AxisError``: numpy raises either
+    for the mistakes it covers.
+    """
 
 
-class ShapeMismatchError(SurgeryError, ValueError):
+class ShapeMismatchError(SurgeryError):
     """Arrays whose shapes or dtypes cannot be combined as asked."""
+
+
+class PatternError(SurgeryError):
+    """A pattern that is not a valid regular expression, or that takes too long to match."""
+
+
+class RuleError(SurgeryError):
+    """A rule (`suture.rules`) or an Orbax-style transformation that does not fit the tree.
+
+    ``suture.TransformError`` is this class under the name Orbax users know.
+    """
+
+
+TransformError = RuleError  # the name of `suture.apply_transformations`' errors
+
+
+class RecipeError(SurgeryError):
+    """A recipe file that cannot be read, or whose rules or fields are invalid."""
+
+
+SchemaError = RecipeError  # the former name of a recipe rule's field errors
+
+
+class ConfigMismatchError(SurgeryError):
+    """A model whose config.json does not fit the model-family recipe asked for."""
+
+
+class ExpressionError(RecipeError):
+    """A recipe expression (``"1/sqrt(head_dim)"``) that cannot be evaluated against the
+    model's config."""
+
+
+RecipeFormatError = RecipeError  # a family recipe file that does not follow the schema
+
+
+class MergeError(SurgeryError):
+    """A merge that cannot be done as asked (method, parameters, models or config)."""
+
+
+class CollectiveError(SurgeryError, OSError):
+    """Another process of a collective save failed or did not arrive; this one stopped too.
+
+    Not a mistake in this process's input but a failure of the job around it, so an
+    OSError (like a timeout or a lost connection), not a ValueError.
+    """
 
 
 MAX_ARRAY_BYTES = 1 << 62  # TensorStore's index limit; numpy's is 2**63

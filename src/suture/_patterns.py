@@ -18,13 +18,9 @@ from typing import Any
 
 import regex
 
-from ._errors import SurgeryError
+from ._errors import PatternError as PatternError
 
 MATCH_SECONDS = 2.0  # per match; a sane pattern takes microseconds on a path
-
-
-class PatternError(SurgeryError, ValueError):
-    """A pattern that is not a valid regular expression, or that takes too long to match."""
 
 
 def compile_pattern(pattern: str, owner: str) -> Any:

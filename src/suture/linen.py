@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._jaxtypes import is_jax_array
 from ._load.api import load_and_transform
 
 
@@ -45,6 +46,6 @@ def _live_values(target: Any) -> Any:
     import jax
 
     leaves = jax.tree.leaves(target)
-    if leaves and all(isinstance(leaf, jax.Array) for leaf in leaves):
+    if leaves and all(is_jax_array(leaf) for leaf in leaves):
         return target  # a live tree (model.init's output): it fills what the checkpoint lacks
     return None

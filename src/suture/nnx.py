@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import SurgeryError, did_you_mean
+from ._jaxtypes import is_shape_dtype_struct
 from ._lazy.array import LazyArray
 from ._lazy.combine import fit_shape
 from ._load.api import load
@@ -165,7 +166,7 @@ def _target_of(pure: Any) -> Any:
     import jax
 
     def describe(leaf: Any) -> Any:
-        if isinstance(leaf, jax.ShapeDtypeStruct):
+        if is_shape_dtype_struct(leaf):
             return leaf
         if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
             sharding = getattr(leaf, "sharding", None)
@@ -182,7 +183,7 @@ def _default_init(factory: Callable[[], Any] | None, model: Any, nnx: Any) -> An
         pure = nnx.to_pure_dict(nnx.state(model))
         import jax
 
-        if all(not isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(pure)):
+        if not any(is_shape_dtype_struct(leaf) for leaf in jax.tree.leaves(pure)):
             return pure  # a live model: its current values fill what the checkpoint lacks
     return None
 

@@ -23,8 +23,7 @@ import numpy as np
 from .._errors import SurgeryError
 from .._format import human_bytes
 from .._lazy.array import LazyArray
-from .._lazy.compute import ComputeNode
-from .._lazy.graph import CastNode, MapNode, Node, StackNode
+from .._lazy.graph import Node
 from .._lazy.reads import bytes_read, read_memory
 from .._lazy.selection import full
 
@@ -179,11 +178,7 @@ def _bytes_read(array: LazyArray) -> int:
 
 def stack_axis(node: Node) -> int | None:
     """The stacking axis of a stacked array (seen through casts and one-input elementwise maps)."""
-    while isinstance(node, (CastNode, MapNode)):
-        if isinstance(node, MapNode) and (not node.elementwise or len(node.members) != 1):
-            return None
-        node = node.inputs()[0]
-    return node.axis if isinstance(node, StackNode) else None
+    return node.stack_axis
 
 
 def leaf_blocks(
@@ -250,11 +245,7 @@ def check_blocks_fit(blocks: list[Block], max_memory: int) -> None:
 
 
 def _computes_whole(node: Node) -> bool:
-    return any(
-        (isinstance(n, MapNode) and not n.elementwise)
-        or (isinstance(n, ComputeNode) and not n.splits_rows)
-        for n in _walk(node)
-    )
+    return any(n.computes_whole for n in _walk(node))
 
 
 def _walk(node: Node) -> Iterator[Node]:
@@ -270,9 +261,7 @@ def _cost(array: LazyArray, rows: slice, writer: LeafWriter, axis: int = 0) -> i
     temporaries, map working memory), the block itself, and what the writer holds."""
     view = array[(slice(None),) * axis + (rows,)] if array.ndim else array
     # maps count their working memory in `read_memory`, at the selection each one computes
-    working = sum(
-        n.working_bytes(view.nbytes) for n in _walk(view.node) if isinstance(n, ComputeNode)
-    )
+    working = sum(n.working_bytes(view.nbytes) for n in _walk(view.node))
     reading = read_memory(view.node, full(view.shape), into=True)
     return reading + view.nbytes + working + writer.held_while_writing(view.nbytes)
 

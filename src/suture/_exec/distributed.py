@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .._errors import SurgeryError
+from .._errors import CollectiveError, SurgeryError
 from .._lazy.reads import bytes_read
 from .._lazy.selection import full
 from .blocks import leaf_blocks
@@ -69,10 +69,6 @@ def barrier_timeout() -> float:
         raise SurgeryError(
             f"SUTURE_BARRIER_TIMEOUT={text!r} is not a number of seconds; set it to e.g. 600."
         ) from None
-
-
-class CollectiveError(SurgeryError):
-    """Another process of a collective save failed or did not arrive; this one stopped too."""
 
 
 class Group:

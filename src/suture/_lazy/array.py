@@ -138,7 +138,7 @@ class LazyArray:
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         if getattr(_guard, "active", False):
-            raise ImplicitReadError(self.path)
+            raise ImplicitReadError(f"np.asarray reads {self.path or 'a computed array'!r}")
         values = self.read()
         return values if dtype is None else values.astype(dtype, copy=False)
 
@@ -269,7 +269,7 @@ class LazyArray:
     def __jax_array__(self) -> Any:
         """Lets jax functions take a LazyArray (``jnp.stack([...])``); this reads it."""
         if getattr(_guard, "active", False):
-            raise ImplicitReadError(self.path)
+            raise ImplicitReadError(f"jax reads {self.path or 'a computed array'!r}")
         import jax.numpy as jnp
 
         return jnp.asarray(self.read())
@@ -310,7 +310,11 @@ def elementwise(op: Callable[..., Any], *operands: Any, name: str | None = None)
 
 
 class ImplicitReadError(Exception):
-    """Raised by ``np.asarray(lazy)`` inside `no_implicit_reads` (internal signal)."""
+    """Raised by ``np.asarray(lazy)`` inside `no_implicit_reads` (internal signal).
+
+    Not a `SurgeryError`: nothing is wrong with the user's input. `call_function` catches it
+    and runs the function another way; it never reaches a user.
+    """
 
 
 _guard = threading.local()

@@ -63,6 +63,10 @@ class ComputeNode(Node):
         """Whether a block of output rows needs only the matching rows of some input."""
         return 0 in self._carried
 
+    @property
+    def computes_whole(self) -> bool:
+        return not self.splits_rows
+
     def working_bytes(self, output_bytes: int) -> int:
         """Bytes held while computing an output of `output_bytes`: its inputs and result."""
         whole = math.prod(self.shape) * self.dtype.itemsize
@@ -79,9 +83,18 @@ class ComputeNode(Node):
         """Whether every read takes its inputs whole (no axis follows the output)."""
         return not self._carried
 
-    def input_selections(self, selection: Selection) -> tuple[Selection, ...]:
-        """What each input gives for `selection` of the output."""
-        chosen = []
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        """Each input, with what it gives for `selection` of the output.
+
+        Example:
+            >>> from suture._lazy.graph import MemorySource
+            >>> a, b = MemorySource(np.ones((3, 2))), MemorySource(np.ones((2, 4)))
+            >>> product = ComputeNode(np.matmul, [a, b], [(0, None), (None, 1)], (3, 4),
+            ...                       np.dtype("float64"), "matmul")
+            >>> [part for _, part in product.input_selections((range(1, 2), range(4)))]
+            [(range(1, 2), range(0, 2)), (range(0, 2), range(0, 4))]
+        """
+        chosen: list[tuple[Node, Selection]] = []
         for member, axes in zip(self.members, self.axis_maps, strict=True):
             per_axis: list[Any] = []
             for length, out in zip(member.shape, axes, strict=True):
@@ -91,14 +104,15 @@ class ComputeNode(Node):
                     per_axis.append(selection[out])
                 else:  # a length-1 axis the function broadcasts
                     per_axis.append(range(length))
-            chosen.append(tuple(per_axis))
-        return tuple(chosen)
+            chosen.append((member, tuple(per_axis)))
+        return chosen
+
+    def describe(self) -> str:
+        whole = self.reads_whole and any(member.shape for member in self.members)
+        return f"{self.name} (reads inputs whole)" if whole else self.name
 
     def read(self, selection: Selection) -> np.ndarray:
-        values = [
-            member.read(chosen)
-            for member, chosen in zip(self.members, self.input_selections(selection), strict=True)
-        ]
+        values = [member.read(chosen) for member, chosen in self.input_selections(selection)]
         result = np.asarray(self.fn(*values))
         expected = tuple(
             len(selection[axis]) if axis in self._carried else length
@@ -129,15 +143,18 @@ class BroadcastNode(Node):
         self.base, self.shape, self.dtype = base, tuple(shape), base.dtype
         self.axes = tuple(axes)
 
-    def input_selections(self, selection: Selection) -> tuple[Selection, ...]:
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
         chosen = tuple(
             selection[out] if length == self.shape[out] else range(length)
             for length, out in zip(self.base.shape, self.axes, strict=True)
         )
-        return (chosen,)
+        return [(self.base, chosen)]
+
+    def describe(self) -> str:
+        return "broadcast"
 
     def read(self, selection: Selection) -> np.ndarray:
-        (chosen,) = self.input_selections(selection)
+        ((_, chosen),) = self.input_selections(selection)
         values = self.base.read(chosen)
         expanded = [1] * len(self.shape)
         for length, out in zip(values.shape, self.axes, strict=True):

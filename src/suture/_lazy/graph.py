@@ -5,6 +5,10 @@ Every node knows its shape and dtype without reading, and answers
 elements. Operations push the selection down to their inputs, so a view reads only the
 elements it shows: ``stack(xs)[3]`` reads ``xs[3]``; ``x.T[0]`` reads one column of ``x``;
 a TensorStore source reads only the chunks that the selection touches.
+
+Each node type says, in one place, what a read of a selection needs: `input_selections`
+(which parts of which inputs; `read` and the estimates in `reads` both follow it),
+`held_while_reading` (its memory) and `describe` (its line in a plan).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import numpy as np
 from .._buffers import aligned_empty, assign
 from .._errors import ShapeMismatchError, SurgeryError
 from .selection import (
+    AxisSelection,
     Selection,
     as_range,
     compose,
@@ -27,6 +32,7 @@ from .selection import (
     outer_index,
     positions,
     selection_shape,
+    to_slice,
 )
 
 
@@ -44,6 +50,59 @@ class Node(ABC):
     def inputs(self) -> tuple[Node, ...]:
         """The nodes this node reads from (empty for sources)."""
 
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        """``(input, selection of it)`` for each part of an input that reading `selection`
+        needs; inputs the selection does not touch are left out.
+
+        By default every input whole (sources: nothing).
+
+        Example:
+            >>> a, b = MemorySource(np.zeros((4, 2))), MemorySource(np.ones((4, 2)))
+            >>> joined = ConcatNode([a, b], 0, a.dtype)  # shape (8, 2)
+            >>> [(m is b, part) for m, part in joined.input_selections((range(5, 7), range(2)))]
+            [(True, (range(1, 3), range(0, 2)))]
+        """
+        return [(member, full(member.shape)) for member in self.inputs()]
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        """Bytes held at most while `selection` is read, besides the result itself.
+
+        With `into`, the result goes into the caller's array (`read_into`): nodes that fill
+        it in place hold only a tile; the others build a temporary result, counted here.
+        Without it, the array `read` returns is counted too. By default: the inputs as
+        `input_selections` reads them, and a result of its own.
+
+        Example:
+            >>> x = MemorySource(np.zeros((4, 2), np.float32))
+            >>> CastNode(x, np.dtype("float64")).held_while_reading((range(1), range(2)))
+            24
+        """
+        held = sum(
+            member.held_while_reading(part) for member, part in self.input_selections(selection)
+        )
+        return held + _selected_bytes(self, selection)
+
+    def describe(self) -> str:
+        """How the node appears among a plan's operations (``"cast bfloat16"``)."""
+        return type(self).__name__
+
+    @property
+    def computes_whole(self) -> bool:
+        """Whether any read computes the node's whole result (so blocks of it would
+        compute it once per block)."""
+        return False
+
+    @property
+    def stack_axis(self) -> int | None:
+        """The axis along which this array is a stack of members read one at a time (seen
+        through casts and one-input elementwise maps), or None."""
+        return None
+
+    def working_bytes(self, output_bytes: int) -> int:
+        """Working memory of a block of `output_bytes` of the result that
+        `held_while_reading` does not count (a function's temporaries)."""
+        return 0
+
     def read_into(self, selection: Selection, out: np.ndarray) -> None:
         """Writes the selected elements into `out` (their shape; cast to ``out.dtype``).
 
@@ -51,6 +110,10 @@ class Node(ABC):
         Nodes that can fill it without a full-size temporary override this.
         """
         assign(out, self.read(selection))
+
+
+def _selected_bytes(node: Node, selection: Selection) -> int:
+    return math.prod(selection_shape(selection)) * node.dtype.itemsize
 
 
 class ReadCost(NamedTuple):
@@ -78,11 +141,13 @@ class SourceNode(Node):
 
         By default: the selected elements, read into a temporary result.
         """
-        selected = math.prod(selection_shape(selection)) * self.dtype.itemsize
+        selected = _selected_bytes(self, selection)
         return ReadCost(selected, selected)
 
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        return self.read_cost(selection, into=into).memory
 
-# Casting into a strided (transposed) view element by element runs at about 0.2 GB/s here;
+
 def open_all(sources: list[SourceNode]) -> None:
     """Opens every source at once before any data is read.
 
@@ -140,6 +205,18 @@ class IndexNode(Node):
                 base_selection[base_axis] = compose(self.selection[base_axis], selection[position])
         return tuple(base_selection)
 
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        return [(self.base, self.base_selection(selection))]
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        if self.new_axes:  # built as a temporary (np.take may copy it again)
+            held = self.base.held_while_reading(self.base_selection(selection))
+            return held + _selected_bytes(self, selection)
+        return self.base.held_while_reading(self.base_selection(selection), into=into)
+
+    def describe(self) -> str:
+        return "slice"
+
     def read_into(self, selection: Selection, out: np.ndarray) -> None:
         if self.new_axes:
             super().read_into(selection, out)
@@ -179,6 +256,20 @@ class CastNode(Node):
         self.base.read_into(selection, result)  # the base casts as it fills: no temporary
         return result
 
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        return [(self.base, selection)]
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        held = self.base.held_while_reading(selection, into=True)
+        return held + (0 if into else _selected_bytes(self, selection))
+
+    def describe(self) -> str:
+        return f"cast {self.dtype.name}"
+
+    @property
+    def stack_axis(self) -> int | None:
+        return self.base.stack_axis
+
     def read_into(self, selection: Selection, out: np.ndarray) -> None:
         if out.dtype == self.dtype:
             self.base.read_into(selection, out)
@@ -197,17 +288,27 @@ class TransposeNode(Node):
         self.shape = tuple(base.shape[axis] for axis in axes)
         self.dtype = base.dtype
 
-    def read(self, selection: Selection) -> np.ndarray:
+    def _base_selection(self, selection: Selection) -> Selection:
         base_selection: list[Any] = [None] * len(self.axes)
         for position, base_axis in enumerate(self.axes):
             base_selection[base_axis] = selection[position]
-        return self.base.read(tuple(base_selection)).transpose(self.axes)
+        return tuple(base_selection)
+
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        return [(self.base, self._base_selection(selection))]
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        return self.base.held_while_reading(self._base_selection(selection), into=into)
+
+    def describe(self) -> str:
+        return "transpose"
+
+    def read(self, selection: Selection) -> np.ndarray:
+        return self.base.read(self._base_selection(selection)).transpose(self.axes)
 
     def read_into(self, selection: Selection, out: np.ndarray) -> None:
-        base_selection: list[Any] = [None] * len(self.axes)
-        for position, base_axis in enumerate(self.axes):
-            base_selection[base_axis] = selection[position]
-        self.base.read_into(tuple(base_selection), out.transpose(np.argsort(self.axes)))
+        target = out.transpose(np.argsort(self.axes))
+        self.base.read_into(self._base_selection(selection), target)
 
     def inputs(self) -> tuple[Node, ...]:
         return (self.base,)
@@ -223,17 +324,27 @@ class ReshapeNode(Node):
             kept += 1
         self.kept_leading_axes = kept
 
+    def _base_selection(self, selection: Selection) -> Selection:
+        """The kept leading axes as selected, the rest whole."""
+        kept = self.kept_leading_axes
+        return tuple(selection[:kept]) + full(self.base.shape[kept:])
+
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        return [(self.base, self._base_selection(selection))]
+
+    def describe(self) -> str:
+        return "reshape"
+
     def read(self, selection: Selection) -> np.ndarray:
         kept = self.kept_leading_axes
-        base_selection = tuple(selection[:kept]) + full(self.base.shape[kept:])
-        values = self.base.read(base_selection)
+        values = self.base.read(self._base_selection(selection))
         values = values.reshape(selection_shape(selection[:kept]) + self.shape[kept:])
         trailing = tuple(range(length) for length in selection_shape(selection[:kept]))
         return outer_index(values, trailing + tuple(selection[kept:]))
 
     def read_into(self, selection: Selection, out: np.ndarray) -> None:
         kept = self.kept_leading_axes
-        base_selection = tuple(selection[:kept]) + full(self.base.shape[kept:])
+        base_selection = self._base_selection(selection)
         if not is_full(selection[kept:], self.shape[kept:]):
             super().read_into(selection, out)
             return
@@ -257,6 +368,25 @@ class StackNode(Node):
         member_shape = members[0].shape
         self.shape = member_shape[:axis] + (len(members),) + member_shape[axis:]
 
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        member_selection = selection[: self.axis] + selection[self.axis + 1 :]
+        touched = sorted(set(positions(selection[self.axis])))
+        return [(self.members[member], member_selection) for member in touched]
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        held = max(  # members are read one after another, each into its place
+            (m.held_while_reading(part, into=True) for m, part in self.input_selections(selection)),
+            default=0,
+        )
+        return held + (0 if into else _selected_bytes(self, selection))
+
+    def describe(self) -> str:
+        return f"stack {len(self.members)} on axis {self.axis}{_promoted(self)}"
+
+    @property
+    def stack_axis(self) -> int | None:
+        return self.axis
+
     def read(self, selection: Selection) -> np.ndarray:
         result = aligned_empty(selection_shape(selection), self.dtype)
         self.read_into(selection, result)
@@ -267,6 +397,7 @@ class StackNode(Node):
             assign(out, self.read(selection))  # promote first, as `read` does
             return
         member_selection = selection[: self.axis] + selection[self.axis + 1 :]
+        # one read per selected position (a repeated member is read again, into its place)
         for position, member in enumerate(positions(selection[self.axis])):
             target = (slice(None),) * self.axis + (position,)
             self.members[member].read_into(member_selection, out[target])
@@ -285,21 +416,45 @@ class ConcatNode(Node):
         first = members[0].shape
         self.shape = first[:axis] + (int(self._offsets[-1]),) + first[axis + 1 :]
 
-    def read(self, selection: Selection) -> np.ndarray:
-        result = np.empty(selection_shape(selection), self.dtype)
+    def _parts(self, selection: Selection) -> list[tuple[Node, Selection, AxisSelection]]:
+        """``(member, its selection, positions of the result along the axis)`` for each
+        member the selection touches, in member order: one read per member."""
         wanted = np.asarray(positions(selection[self.axis]), dtype=np.int64)
         owners = np.searchsorted(self._offsets[1:], wanted, side="right")
-        start = 0
-        while start < len(wanted):  # one read per run of positions owned by one member
-            owner = owners[start]
-            stop = start + 1
-            while stop < len(wanted) and owners[stop] == owner:
-                stop += 1
-            local = as_range(wanted[start:stop] - self._offsets[owner])
+        order = np.argsort(owners, kind="stable")
+        touched, starts = np.unique(owners[order], return_index=True)
+        parts: list[tuple[Node, Selection, AxisSelection]] = []
+        if len(wanted) == 0:
+            return parts
+        for owner, where in zip(touched.tolist(), np.split(order, starts[1:]), strict=True):
+            local = as_range(wanted[where] - self._offsets[owner])
             member_selection = selection[: self.axis] + (local,) + selection[self.axis + 1 :]
-            target = (slice(None),) * self.axis + (slice(start, stop),)
-            result[target] = self.members[owner].read(member_selection)
-            start = stop
+            parts.append((self.members[owner], member_selection, as_range(where)))
+        return parts
+
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        return [(member, part) for member, part, _ in self._parts(selection)]
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        held = max(  # members are read one after another into the result (see `read`)
+            (
+                member.held_while_reading(part, into=isinstance(where, range))
+                for member, part, where in self._parts(selection)
+            ),
+            default=0,
+        )
+        return held + _selected_bytes(self, selection)
+
+    def describe(self) -> str:
+        return f"concat {len(self.members)} on axis {self.axis}{_promoted(self)}"
+
+    def read(self, selection: Selection) -> np.ndarray:
+        result = np.empty(selection_shape(selection), self.dtype)
+        for member, part, where in self._parts(selection):
+            if isinstance(where, range):  # a view of the result: the member fills it
+                member.read_into(part, result[(slice(None),) * self.axis + (to_slice(where),)])
+            else:
+                result[(slice(None),) * self.axis + (where,)] = member.read(part)
         return result
 
     def inputs(self) -> tuple[Node, ...]:
@@ -312,17 +467,31 @@ class PadNode(Node):
     def __init__(self, base: Node, shape: tuple[int, ...]) -> None:
         self.base, self.shape, self.dtype = base, shape, base.dtype
 
-    def read(self, selection: Selection) -> np.ndarray:
-        result = np.zeros(selection_shape(selection), self.dtype)
+    def _inside(self, selection: Selection) -> tuple[list[np.ndarray], Selection] | None:
+        """Where the selection is within `base` (result positions per axis, and the base's
+        selection), or None when it is all padding."""
         inside_positions, base_selection = [], []
         for axis_selection, base_length in zip(selection, self.base.shape, strict=True):
             indices = np.asarray(positions(axis_selection), dtype=np.int64)
             inside = np.flatnonzero(indices < base_length)
             if len(inside) == 0:
-                return result
+                return None
             inside_positions.append(inside)
             base_selection.append(as_range(indices[inside]))
-        result[np.ix_(*inside_positions)] = self.base.read(tuple(base_selection))
+        return inside_positions, tuple(base_selection)
+
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        inside = self._inside(selection)
+        return [] if inside is None else [(self.base, inside[1])]
+
+    def describe(self) -> str:
+        return "pad"
+
+    def read(self, selection: Selection) -> np.ndarray:
+        result = np.zeros(selection_shape(selection), self.dtype)
+        inside = self._inside(selection)
+        if inside is not None:
+            result[np.ix_(*inside[0])] = self.base.read(inside[1])
         return result
 
     def inputs(self) -> tuple[Node, ...]:
@@ -349,11 +518,42 @@ class MapNode(Node):
         self.fn, self.members = fn, tuple(inputs)
         self.shape, self.dtype, self.elementwise, self.name = shape, dtype, elementwise, name
 
-    def read(self, selection: Selection) -> np.ndarray:
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
         if self.elementwise:
-            values = self.fn(*(member.read(selection) for member in self.members))
+            return [(member, selection) for member in self.members]
+        return super().input_selections(selection)
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        inputs = sum(m.held_while_reading(part) for m, part in self.input_selections(selection))
+        selected = _selected_bytes(self, selection)
+        if self.elementwise:
+            # the function's temporaries, its result and a cast of it, all the size of the
+            # selection; counted at the selection the map sees: a stack of maps computes
+            # one at a time
+            return inputs + self._temporaries(selected) + 2 * selected
+        whole = math.prod(self.shape) * self.dtype.itemsize
+        return inputs + selected + self._temporaries(whole)  # computed whole, then selected
+
+    def _temporaries(self, output_bytes: int) -> int:
+        """Working memory of the function producing `output_bytes`: a temporary per input,
+        and one more."""
+        return (len(self.members) + 1) * output_bytes
+
+    def describe(self) -> str:
+        return f"map {self.name}"
+
+    @property
+    def computes_whole(self) -> bool:
+        return not self.elementwise
+
+    @property
+    def stack_axis(self) -> int | None:
+        return self.members[0].stack_axis if self.elementwise and len(self.members) == 1 else None
+
+    def read(self, selection: Selection) -> np.ndarray:
+        values = self.fn(*(member.read(part) for member, part in self.input_selections(selection)))
+        if self.elementwise:
             return self._checked(values, selection_shape(selection))
-        values = self.fn(*(member.read(full(member.shape)) for member in self.members))
         values = self._checked(values, self.shape)
         return values if is_full(selection, self.shape) else outer_index(values, selection)
 
@@ -376,6 +576,12 @@ class MapNode(Node):
 
     def inputs(self) -> tuple[Node, ...]:
         return self.members
+
+
+def _promoted(node: StackNode | ConcatNode) -> str:
+    """`` as <dtype>`` when joining converts some member, else nothing."""
+    same = all(member.dtype == node.dtype for member in node.members)
+    return "" if same else f" as {node.dtype.name}"
 
 
 def source_nodes(node: Node) -> list[SourceNode]:

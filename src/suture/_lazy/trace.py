@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import SurgeryError
+from .._jaxtypes import is_tracer, jax_array_type
 from .array import ImplicitReadError, LazyArray, logging_reads, no_implicit_reads
 from .graph import SourceNode
 from .jaxpr import lazy_eval
@@ -43,6 +44,7 @@ class Record:
     """What the user functions called while building a surgery did."""
 
     notes: list[str] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)  # why a function was not run lazily
     eager_reads: dict[int, tuple[SourceNode, int]] = field(default_factory=dict)
 
 
@@ -72,27 +74,117 @@ def call_lazily(fn: Callable[..., Any], *arguments: Any) -> Any:
 
 
 def call_function(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` for arguments holding LazyArrays: lazily, traced, or reading eagerly."""
+    """``fn(*args)`` for arguments holding LazyArrays: lazily, traced, or reading eagerly.
+
+    `fn` runs at most three times, once per way, and only moves on to the next way when the
+    previous one failed because of laziness or tracing, not because of a bug in `fn`:
+
+    1. lazily, with reads forbidden. It moves on only for an `ImplicitReadError` (``fn``
+       would read an array), a TypeError or ValueError about the LazyArray itself (``jnp``
+       or ``float()`` rejecting it), or an AttributeError naming something numpy or jax
+       arrays have and LazyArrays lack (``x.at``, ``x.tolist``).
+    2. traced by jax (when an argument holds LazyArrays). It moves on only for jax's tracer
+       errors (``TracerArrayConversionError``, ``ConcretizationTypeError`` and its
+       ``TracerBoolConversionError``/``TracerIntegerConversionError``, ...), a TypeError
+       about a tracer, an AttributeError naming a numpy-only attribute, or an error in
+       jax or suture around the call rather than in `fn`.
+    3. eagerly, with reads allowed: whatever it raises is raised.
+
+    Any other exception of `fn` (``ZeroDivisionError``, a ``KeyError`` on its own dict,
+    a `SurgeryError` from a LazyArray operation) is raised at once, from its first run,
+    with its own traceback. Inside `recording`, each earlier way's failure is reported
+    (`Record.fallbacks`): its exception type and message.
+    """
     import jax
 
     def fresh() -> tuple:  # new containers for each try: a function may edit its arguments
         return jax.tree.map(lambda leaf: leaf, args, is_leaf=lambda leaf: leaf is None)
 
+    failures: list[str] = []
     try:
         with no_implicit_reads():
             return fn(*fresh())
-    except SurgeryError:
-        raise
-    except (ImplicitReadError, TypeError, ValueError, AttributeError):
-        pass  # it needs arrays that jax or numpy understand
-    if any(isinstance(leaf, LazyArray) for leaf in jax.tree.leaves(args)):
-        try:
-            return traced_call(fn, fresh())
-        except SurgeryError:
+    except Exception as error:
+        if isinstance(error, SurgeryError) or not _about_laziness(error):
             raise
-        except Exception:  # noqa: BLE001 (not traceable: fall back to reading)
-            pass
-    return _eager_call(fn, fresh())
+        failures.append(f"running lazily failed ({_why(error)})")
+    if any(isinstance(leaf, LazyArray) for leaf in jax.tree.leaves(args)):
+        calls: list[BaseException] = []  # what escaped `fn` itself while jax traced it
+        try:
+            result = traced_call(fn, fresh(), calls)
+        except Exception as error:
+            from_fn = any(error is escaped for escaped in calls)
+            if isinstance(error, SurgeryError) or (from_fn and not _about_tracing(error)):
+                raise
+            failures.append(f"tracing with jax failed ({_why(error)})")
+        else:
+            _report_fallback(fn, failures, "traced with jax")
+            return result
+    result = _eager_call(fn, fresh())
+    _report_fallback(fn, failures, "ran reading arrays")
+    return result
+
+
+def _about_laziness(error: Exception) -> bool:
+    """Whether `error`, raised by a function run on LazyArrays, is about their laziness."""
+    if isinstance(error, ImplicitReadError):
+        return True
+    if isinstance(error, AttributeError):
+        on_lazy = isinstance(getattr(error, "obj", None), LazyArray) or "'LazyArray'" in str(error)
+        return on_lazy and _array_attribute(error)
+    if isinstance(error, (TypeError, ValueError)):
+        # jax (``__jax_array__``), numpy's protocols or Python (``float(x)``) refusing one
+        message = str(error)
+        return "LazyArray" in message or "__jax_array__" in message
+    return False
+
+
+def _about_tracing(error: Exception) -> bool:
+    """Whether `error`, raised by a function jax traces, is about the tracing."""
+    import jax
+
+    names = (
+        "ConcretizationTypeError",  # also TracerBoolConversionError, TracerIntegerConversionError
+        "TracerArrayConversionError",
+        "TracerBoolConversionError",
+        "TracerIntegerConversionError",
+        "NonConcreteBooleanIndexError",
+        "UnexpectedTracerError",
+    )
+    tracer_errors = tuple(getattr(jax.errors, name) for name in names if hasattr(jax.errors, name))
+    if isinstance(error, tracer_errors):
+        return True
+    if isinstance(error, AttributeError):  # e.g. x.flags: numpy has it, jax arrays do not
+        return "Tracer" in str(error) and _array_attribute(error)
+    if isinstance(error, TypeError):
+        message = str(error)
+        return "Tracer" in message or "traced array" in message
+    return False
+
+
+def _array_attribute(error: AttributeError) -> bool:
+    """Whether the missing attribute is one numpy's (or jax's) arrays have: not a typo."""
+    import numpy as np
+
+    name = getattr(error, "name", None) or str(error).rsplit(" ", 1)[-1].strip("'\"")
+    jax_array = jax_array_type()
+    return hasattr(np.ndarray, name) or (jax_array is not None and hasattr(jax_array, name))
+
+
+def _why(error: BaseException) -> str:
+    message = " ".join(str(error).split())
+    if isinstance(error, ImplicitReadError) and " " not in message:
+        message = f"np.{message} reads its LazyArray arguments"  # numpy_api names the function
+    if len(message) > 160:
+        message = message[:157] + "..."
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def _report_fallback(fn: Callable[..., Any], failures: list[str], how: str) -> None:
+    record = getattr(_state, "record", None)
+    if record is not None and failures:
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        record.fallbacks.append(f"{name}: {'; '.join(failures)}; {how}.")
 
 
 def _eager_call(fn: Callable[..., Any], args: tuple) -> Any:
@@ -115,8 +207,14 @@ def _eager_call(fn: Callable[..., Any], args: tuple) -> Any:
     return result
 
 
-def traced_call(fn: Callable[..., Any], args: tuple) -> Any:
-    """``fn(*args)`` traced by jax; its array results rebuilt from lazy nodes."""
+def traced_call(
+    fn: Callable[..., Any], args: tuple, escaped: list[BaseException] | None = None
+) -> Any:
+    """``fn(*args)`` traced by jax; its array results rebuilt from lazy nodes.
+
+    An exception raised by `fn` itself (not by jax or suture around it) is also appended
+    to `escaped`, so that a caller can tell the two apart.
+    """
     import jax
 
     leaves, treedef = jax.tree.flatten(args)
@@ -136,9 +234,14 @@ def traced_call(fn: Callable[..., Any], args: tuple) -> Any:
         filled = list(leaves)
         for position, array in zip(lazy_positions, arrays, strict=True):
             filled[position] = array
-        result = fn(*jax.tree.unflatten(treedef, filled))
+        try:
+            result = fn(*jax.tree.unflatten(treedef, filled))
+        except BaseException as error:
+            if escaped is not None:
+                escaped.append(error)
+            raise
         out_leaves, out_def = jax.tree.flatten(result, is_leaf=lambda leaf: leaf is None)
-        traced = [isinstance(leaf, jax.core.Tracer) for leaf in out_leaves]
+        traced = [is_tracer(leaf) for leaf in out_leaves]
         result_layout.update(leaves=out_leaves, treedef=out_def, traced=traced)
         return [leaf for leaf, is_traced in zip(out_leaves, traced, strict=True) if is_traced]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,6 +13,7 @@ import numpy as np
 from .._errors import ShapeMismatchError, SurgeryError, raise_problems
 from .._exec.distributed import global_array
 from .._exec.progress import leaf_progress, wants_progress
+from .._jaxtypes import is_jax_array, loaded_jax
 from .._lazy.array import LazyArray
 from .._lazy.combine import fit_shape
 from .._lazy.graph import MemorySource, open_all
@@ -276,7 +276,7 @@ def _sharding(path: str, leaf: LazyArray, wanted: LeafTarget) -> Any:
 
 
 def _callers_mesh(mesh: Any) -> Any:
-    jax = sys.modules.get("jax")
+    jax = loaded_jax()
     if mesh is not None or jax is None:
         return mesh
     current = jax.sharding.get_mesh()
@@ -309,8 +309,7 @@ def _already_in_place(leaf: Any, wanted: LeafTarget) -> Any:
     """An in-memory jax.Array that already is what the target asks for (no copy is made)."""
     node = getattr(leaf, "node", None)
     array = node.array if isinstance(node, MemorySource) else leaf
-    jax = sys.modules.get("jax")
-    if jax is None or not isinstance(array, jax.Array) or wanted.kind != "jax":
+    if not is_jax_array(array) or wanted.kind != "jax":
         return None
     if (wanted.shape is not None and tuple(array.shape) != wanted.shape) or (
         wanted.dtype is not None and array.dtype != wanted.dtype

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .._dtypes import to_dtype
-from .._errors import ShapeMismatchError
+from .._errors import MergeError, ShapeMismatchError
 from .._lazy.array import LazyArray
 from .._lazy.array import map as lazy_map
 from .._paths import flatten, match_path_or_ancestor, unflatten
@@ -43,7 +43,7 @@ from .registry import (
     get_method,
     with_defaults,
 )
-from .task_vectors import MergeError, MergeInputs
+from .task_vectors import MergeInputs
 
 __all__ = ["METHODS", "LeafMerge", "MergeError", "merge", "merge_leaf"]
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._errors import MergeError
 from .._location import is_remote
 from .registry import check_params, check_weight, get_method
-from .task_vectors import MergeError
 
 MAX_CONFIG_BYTES = 1 << 20
 Key = tuple[Any, ...]

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .._errors import MergeError
 from .._hf import side_file
-from .task_vectors import MergeError
 
 TOKENIZER_FILES = (
     "tokenizer_config.json",

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._errors import MergeError
 from .._paths import unflatten
 from .api import check_model_count, leaf_merge, merge_leaf
 from .config import ConfigFile, Key
@@ -32,7 +33,7 @@ from .mergekit_schema import (
     Source,
 )
 from .registry import get_method
-from .task_vectors import TASK_DEFAULTS, MergeError
+from .task_vectors import TASK_DEFAULTS
 
 NEEDS_WEIGHT = ("linear", "nuslerp", "multislerp", *TASK_DEFAULTS)
 

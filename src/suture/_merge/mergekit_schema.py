@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._errors import MergeError
 from .._paths import flatten
 from ..sources.detect import open_source
 from .config import ConfigFile, Key
 from .registry import Method, check_value, check_weight
-from .task_vectors import MergeError
 
 KEYS = ("merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype")
 UNSUPPORTED = {

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .task_vectors import Kernel, MergeError, MergeInputs, consensus_mask
+from .._errors import MergeError
+from .task_vectors import Kernel, MergeInputs, consensus_mask
 
 
 def linear_kernel(params: dict[str, Any]) -> Kernel:

@@ -27,11 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import SurgeryError
-
-
-class MergeError(SurgeryError, ValueError):
-    """A merge that cannot be done as asked."""
+from .._errors import MergeError as MergeError
 
 
 @dataclass

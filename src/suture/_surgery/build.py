@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ShapeMismatchError, SurgeryError, raise_problems
+from .._jaxtypes import is_shape_dtype_struct
 from .._lazy.array import LazyArray
 from .._lazy.graph import SourceNode
 from .._lazy.trace import call_function, recording
@@ -44,6 +45,7 @@ class Built:
     initialized: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)  # how each user function had to run
     eager_reads: dict[int, tuple[SourceNode, int]] = field(default_factory=dict)
     unmatched: list[str] = field(default_factory=list)  # result paths the target lacks
 
@@ -71,6 +73,7 @@ def build(
         return built
     finally:
         built.notes.extend(record.notes)
+        built.fallbacks.extend(record.fallbacks)
         built.eager_reads.update(record.eager_reads)
     if target is not None:
         result = _shaped_by_target(result, target, partial, built)
@@ -181,7 +184,7 @@ def _initialized(result: Any, init: Any, built: Built, seed: Any) -> Any:
     for path, leaf in flat.items():
         if isinstance(leaf, _Create):
             missing[path] = leaf.wanted
-        elif type(leaf).__name__ == "ShapeDtypeStruct":
+        elif is_shape_dtype_struct(leaf):
             missing[path] = classify(leaf)
         elif _is_constant(leaf) and covers(init, path):  # np.empty(...) that init names
             missing[path] = LeafTarget("numpy", tuple(leaf.shape), np.dtype(leaf.dtype))
@@ -203,7 +206,7 @@ def _is_constant(leaf: Any) -> bool:
         not isinstance(leaf, LazyArray)
         and hasattr(leaf, "shape")
         and hasattr(leaf, "dtype")
-        and type(leaf).__name__ != "ShapeDtypeStruct"
+        and not is_shape_dtype_struct(leaf)
     )
 
 

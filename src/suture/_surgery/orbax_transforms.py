@@ -17,21 +17,19 @@ concrete arrays (``jnp.mean``) is traced with jax and becomes a lazy map; a
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import MissingLeafError, SurgeryError, did_you_mean
+from .._errors import MissingLeafError, did_you_mean
+from .._errors import TransformError as TransformError
 from .._lazy.array import LazyArray
 from .._lazy.trace import call_lazily
 from .._paths import flatten, jax_path, map_leaves_with_path, unflatten
 from .._patterns import PatternError, compile_pattern
 from .._patterns import fullmatch as bounded_fullmatch
 from .targets import is_empty_container
-
-
-class TransformError(SurgeryError, ValueError):
-    """A transformation that cannot be applied (Orbax raises ValueError in these cases)."""
 
 
 @dataclass
@@ -174,10 +172,16 @@ def _flatten_in_jax_order(transformations: Any) -> dict[str, Transform]:
 
 
 def is_transform(value: Any) -> bool:
-    """A suture.Transform, or Orbax's own Transform / RestoreTransform."""
-    return isinstance(value, Transform) or (
-        type(value).__name__ in ("Transform", "RestoreTransform") and hasattr(value, "use_fallback")
+    """A suture.Transform, or Orbax's own Transform / RestoreTransform.
+
+    Orbax's class is looked up only when Orbax is imported (a value cannot be one otherwise).
+    """
+    if isinstance(value, Transform):
+        return True
+    orbax_transform = getattr(
+        sys.modules.get("orbax.checkpoint.transform_utils"), "Transform", None
     )
+    return orbax_transform is not None and isinstance(value, orbax_transform)
 
 
 def is_transformations_tree(value: Any) -> bool:

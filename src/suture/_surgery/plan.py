@@ -27,19 +27,7 @@ import numpy as np
 
 from .._format import format_table, human_bytes
 from .._lazy.array import LazyArray
-from .._lazy.compute import BroadcastNode, ComputeNode
-from .._lazy.graph import (
-    CastNode,
-    ConcatNode,
-    IndexNode,
-    MapNode,
-    Node,
-    PadNode,
-    ReshapeNode,
-    SourceNode,
-    StackNode,
-    TransposeNode,
-)
+from .._lazy.graph import Node, SourceNode
 from .._lazy.reads import estimate_reads
 from .._lazy.selection import full
 from .._paths import flatten
@@ -69,6 +57,7 @@ class Plan:
     initialized: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)  # why a function was not run lazily
     constants: list[str] = field(default_factory=list)
     bytes_read_by_functions: int = 0
 
@@ -136,6 +125,7 @@ class Plan:
                 f"To initialize them instead, name them in init=."
             )
         lines.extend(f"Note: {note}" for note in self.notes)
+        lines.extend(f"Function call: {fallback}" for fallback in self.fallbacks)
         if self.problems:
             lines.append(f"{len(self.problems)} problem(s):")
             lines.extend(f"  {i}. {problem}" for i, problem in enumerate(self.problems, 1))
@@ -175,7 +165,10 @@ def plan(
     """
     built = build(transform, sources, target, init, partial, seed)
     result = Plan(
-        initialized=list(built.initialized), problems=list(built.problems), notes=list(built.notes)
+        initialized=list(built.initialized),
+        problems=list(built.problems),
+        notes=list(built.notes),
+        fallbacks=list(built.fallbacks),
     )
     used: set[int] = set(built.eager_reads)
     result.bytes_read_by_functions = sum(
@@ -241,29 +234,9 @@ def _operations(node: Node) -> list[str]:
     """The operations from the output down to its sources, outermost first."""
     described: list[str] = []
     while not isinstance(node, SourceNode):
-        described.append(_operation_name(node))
+        described.append(node.describe())
         computed = [member for member in node.inputs() if not isinstance(member, SourceNode)]
         if len(computed) != 1:  # sources only, or several computed branches
             break
         node = computed[0]  # e.g. w + 0.5 * (a @ b): add <- mul <- matmul
     return described
-
-
-def _operation_name(node: Node) -> str:
-    if isinstance(node, CastNode):
-        return f"cast {node.dtype.name}"
-    if isinstance(node, (StackNode, ConcatNode)):
-        verb = "stack" if isinstance(node, StackNode) else "concat"
-        as_dtype = (
-            "" if all(m.dtype == node.dtype for m in node.members) else f" as {node.dtype.name}"
-        )
-        return f"{verb} {len(node.members)} on axis {node.axis}{as_dtype}"
-    if isinstance(node, MapNode):
-        return f"map {node.name}"
-    if isinstance(node, ComputeNode):
-        whole = node.reads_whole and any(member.shape for member in node.members)
-        return f"{node.name} (reads inputs whole)" if whole else node.name
-    if isinstance(node, BroadcastNode):
-        return "broadcast"
-    names = {IndexNode: "slice", TransposeNode: "transpose", ReshapeNode: "reshape", PadNode: "pad"}
-    return names.get(type(node), type(node).__name__)

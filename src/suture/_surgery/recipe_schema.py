@@ -9,7 +9,7 @@ Example:
     >>> check_arguments("drop", {"pattern": 5}, lambda field: "r.yaml, line 2")
     Traceback (most recent call last):
     ...
-    suture._surgery.recipe_schema.SchemaError: Recipe r.yaml, line 2: drop: field 'pattern' must be a string; got 5 (int).
+    suture._errors.RecipeError: Recipe r.yaml, line 2: drop: field 'pattern' must be a string; got 5 (int).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import SurgeryError
+from .._errors import RecipeError
+from .._errors import SchemaError as SchemaError
 from . import rule_set as rule_module
 
 RULE_NAMES = (
@@ -45,22 +46,18 @@ _RECIPE_HINTS: dict[tuple[str, str], Any] = {
 }
 
 
-class SchemaError(SurgeryError, ValueError):
-    """A recipe rule whose fields do not fit the rule's parameters."""
-
-
 def check_arguments(name: str, arguments: dict[str, Any], where: Callable[[str], str]) -> None:
     """Checks `arguments` against rule `name`'s parameters; `where(field)` locates a field."""
     parameters = _parameters(name)
     for field, value in arguments.items():
         if field not in parameters:
-            raise SchemaError(
+            raise RecipeError(
                 f"Recipe {where(str(field))}: {name}: unknown field {field!r}. Fields of {name}: "
                 f"{', '.join(parameters)}."
             )
         hint = parameters[field][0]
         if not _fits(value, hint):
-            raise SchemaError(
+            raise RecipeError(
                 f"Recipe {where(field)}: {name}: field {field!r} must be {_describe(hint)}; got "
                 f"{value!r:.80} ({type(value).__name__})."
             )
@@ -68,7 +65,7 @@ def check_arguments(name: str, arguments: dict[str, Any], where: Callable[[str],
         field for field, (_, required) in parameters.items() if required and field not in arguments
     ]
     if missing:
-        raise SchemaError(
+        raise RecipeError(
             f"Recipe {where('')}: {name}: missing field {missing[0]!r} (required: "
             f"{', '.join(f for f, (_, r) in parameters.items() if r)})."
         )

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._errors import SurgeryError
+from .._errors import RecipeError as RecipeError
 from ..sources.open import open as open_checkpoint
 from . import rule_set as rule_module
 from .recipe_schema import RULE_NAMES, check_arguments, positional_fields
@@ -38,10 +38,6 @@ from .recipe_schema import RULE_NAMES, check_arguments, positional_fields
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of rules; a larger file is a mistake or hostile
 MAX_NESTING = 64  # brackets; a rule's arguments nest two or three deep
 MAX_YAML_NODES = 100_000  # after alias expansion: stops "billion laughs" documents
-
-
-class RecipeError(SurgeryError):
-    """A recipe file that cannot be read or holds an invalid rule."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .._dtypes import to_dtype
+from .._errors import RuleError as RuleError
 from .._errors import ShapeMismatchError, SurgeryError, did_you_mean
 from .._lazy.array import LazyArray, as_lazy
 from .._lazy.combine import concatenate as concatenate_arrays
@@ -20,10 +21,6 @@ from .._lazy.combine import stack as stack_arrays
 from .._lazy.trace import call_lazily
 from .._paths import ancestor_paths, flatten, match_path_or_ancestor, unflatten
 from .._patterns import PatternError, compile_pattern
-
-
-class RuleError(SurgeryError, ValueError):
-    """A rule that cannot be applied to the tree it was given."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ A stored ``None`` (an Optax-masked leaf) restores as ``None`` whatever the targe
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import SurgeryError, did_you_mean
+from .._jaxtypes import is_shape_dtype_struct, jax_array_type
 from .._paths import ancestor_paths, flatten, map_leaves_with_path, match_path_or_ancestor
 from .._patterns import compile_pattern
 from ..sources.checkpoint import Checkpoint
@@ -104,21 +104,16 @@ def unfilled_as_placeholders(tree: Any) -> Any:
     )
 
 
-def _jax_array_type() -> type | None:
-    jax = sys.modules.get("jax")
-    return jax.Array if jax is not None else None
-
-
 def classify(leaf: Any) -> LeafTarget:
     """The `LeafTarget` that a target leaf means (see the module docstring)."""
     if leaf is PLACEHOLDER:
         return LeafTarget("skip", abstract=True)
-    jax_array = _jax_array_type()
+    jax_array = jax_array_type()
     if leaf is np.ndarray:
         return LeafTarget("numpy", abstract=True)
     if jax_array is not None and leaf is jax_array:
         return LeafTarget("jax", abstract=True)
-    if type(leaf).__name__ == "ShapeDtypeStruct":
+    if is_shape_dtype_struct(leaf):
         sharding = getattr(leaf, "sharding", None)
         return LeafTarget(
             "jax",

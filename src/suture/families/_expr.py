@@ -16,7 +16,7 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
-from .._errors import SurgeryError
+from .._errors import ExpressionError
 
 _BINARY = {
     ast.Add: operator.add,
@@ -36,10 +36,6 @@ _COMPARE = {
     ast.GtE: operator.ge,
 }
 _FUNCTIONS = {"sqrt": math.sqrt}
-
-
-class ExpressionError(SurgeryError, ValueError):
-    """A recipe expression that cannot be evaluated against the model's config."""
 
 
 def evaluate(expression: str | int | float, names: Mapping[str, Any]) -> Any:

@@ -34,14 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import SurgeryError
+from .._errors import RecipeFormatError, SurgeryError
 from .._lazy.array import LazyArray, elementwise
 from .._lazy.combine import fit_shape
 from ._expr import evaluate
-
-
-class RecipeFormatError(SurgeryError, ValueError):
-    """A family recipe file that does not follow the recipe schema."""
 
 
 class Operation:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from .._errors import SurgeryError, did_you_mean
+from .._errors import ConfigMismatchError, SurgeryError, did_you_mean
 from .._lazy.array import LazyArray, as_lazy
 from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
@@ -32,10 +32,6 @@ from ._ops import Operation, RecipeFormatError, parse_operation
 MAXTEXT_ROOT = "params/params"
 SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of every scanned tensor
 LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
-
-
-class ConfigMismatchError(SurgeryError, ValueError):
-    """A model whose config.json does not fit the recipe asked for."""
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,7 @@ def _safetensors_probe(folder: Location) -> list[str]:
 
 def _zip_kind(path: Location) -> str:
     try:
-        with zipfile.ZipFile(path.open_reader()) as archive:
+        with path.open_reader() as raw, zipfile.ZipFile(raw) as archive:  # zipfile leaves raw open
             names = archive.namelist()
     except zipfile.BadZipFile as error:
         raise NotACheckpointError(

@@ -64,7 +64,8 @@ class ZipMemberSource(SourceNode):
         row_bytes = self.dtype.itemsize * math.prod(self.shape[1:])
         try:
             with (
-                zipfile.ZipFile(self.file.open_reader()) as archive,
+                self.file.open_reader() as reader,  # zipfile leaves a file it is given open
+                zipfile.ZipFile(reader) as archive,
                 archive.open(self.member) as stream,
             ):
                 _skip(stream, self.header_size + low * row_bytes)
@@ -119,7 +120,11 @@ def open_npz(path: Location) -> Checkpoint:
     """Opens an ``.npz`` archive lazily."""
     flat: dict[str, Any] = {}
     try:
-        with zipfile.ZipFile(path.open_reader()) as archive, path.open_reader() as raw:
+        with (
+            path.open_reader() as reader,
+            zipfile.ZipFile(reader) as archive,
+            path.open_reader() as raw,
+        ):
             for info in archive.infolist():
                 if not info.filename.endswith(".npy"):
                     continue
