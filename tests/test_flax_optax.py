@@ -91,7 +91,8 @@ def test_raw_value_checkpoints_and_plain_param_dicts(tmp_path: Path, saved_mlp) 
 def test_lora_partial_init_allocates_only_the_new_arrays(saved_mlp) -> None:
     """Seed 001's memory-efficient partial init: the base weights come from the checkpoint."""
     old, path = saved_mlp
-    before = {id(array) for array in jax.live_arrays()}
+    live = jax.live_arrays()  # kept alive, so that no new array can take one of their ids
+    before = {id(array) for array in live}
     lora = suture.nnx.load_into(lambda: LoRAMLP(4, rngs=nnx.Rngs(42)), path)
     gc.collect()  # live_arrays also lists unreachable arrays that are not yet collected
     created = [array for array in jax.live_arrays() if id(array) not in before]

@@ -58,12 +58,6 @@ def computed(result: Any) -> list[str]:
 
 
 # name: (function, rows of the file read for result row 2 of the result)
-SQUEEZE_IS_COMPUTED = pytest.mark.xfail(
-    strict=True,
-    reason="jaxpr._structural handles `squeeze` only without `dimensions`, which jax always "
-    "sets: a squeeze becomes a ComputeNode reading its input whole (remove this mark once "
-    "squeeze is a reshape view)",
-)
 VIEWS: dict[str, tuple[Callable[..., Any], int]] = {
     "reshape": (lambda w, v: jnp.reshape(w, (8, 2, 3)), 1),
     "transpose": (lambda w, v: jnp.transpose(w)[:, 2:3], 1),
@@ -115,8 +109,8 @@ def check_values(result: Any, expected: np.ndarray) -> None:
     "name",
     [
         *VIEWS,
-        pytest.param("squeeze", marks=SQUEEZE_IS_COMPUTED),
-        pytest.param("integer-index", marks=SQUEEZE_IS_COMPUTED),  # a slice, then a squeeze
+        "squeeze",
+        "integer-index",  # a slice, then a squeeze
     ],
 )
 def test_structural_primitives_stay_views(inputs: tuple[Any, Any], name: str) -> None:

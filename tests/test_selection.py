@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from suture._errors import InvalidIndexError
@@ -95,35 +95,16 @@ def arrays_and_indices(draw: st.DrawFn) -> tuple[np.ndarray, Any]:
     return array, tuple(entries)
 
 
-def ellipsis_between_advanced(index: Any) -> bool:
-    """Whether an Ellipsis stands between two integers or arrays (see the xfail below)."""
-    if not isinstance(index, tuple) or not any(e is Ellipsis for e in index):
-        return False
-    at = next(i for i, entry in enumerate(index) if entry is Ellipsis)
-    advanced = [
-        i for i, e in enumerate(index) if e is not None and not isinstance(e, slice) and i != at
-    ]
-    return any(i < at for i in advanced) and any(i > at for i in advanced)
-
-
 @FAST
 @given(arrays_and_indices())
 def test_parse_index_has_numpys_meaning(case: tuple[np.ndarray, Any]) -> None:
     array, index = case
-    assume(not ellipsis_between_advanced(index))  # a known difference: the xfail below
     expected = array[index]
     actual = apply_parsed(array, index)
     assert actual.shape == expected.shape
     np.testing.assert_array_equal(actual, expected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="parse_index expands '...' before it checks whether the integers and the array "
-    "are adjacent; numpy counts an Ellipsis as separating them even where it stands for no "
-    "axis, and moves the array's axis to the front (remove this mark, and the `assume` "
-    "above, once parse_index does too)",
-)
 def test_an_ellipsis_of_no_axes_still_separates_an_integer_from_an_array() -> None:
     array = np.arange(60).reshape(3, 4, 5)
     index = (slice(None), 0, Ellipsis, [1, 2])

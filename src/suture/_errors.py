@@ -13,8 +13,11 @@ and the fix.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable
 from typing import Any
+
+import numpy as np
 
 
 class SurgeryError(ValueError):
@@ -119,9 +122,6 @@ def check_shape(shape: tuple[int, ...], dtype: Any, where: str) -> None:
     Example:
         >>> check_shape((2, 3), "float32", "x")
     """
-    import math
-
-    import numpy as np
 
     size = math.prod(shape) if shape else 1
     nbytes = max(size, max(shape, default=0)) * np.dtype(dtype).itemsize

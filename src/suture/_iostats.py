@@ -45,7 +45,7 @@ def remote_requests() -> int:
 
 
 def _metric_total(names: tuple[str, ...]) -> int:
-    import tensorstore as ts
+    import tensorstore as ts  # heavy: loaded on first use, not at import
 
     total = 0
     for metric in ts.experimental_collect_matching_metrics("/tensorstore/kvstore/"):

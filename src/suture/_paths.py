@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import MissingLeafError, SurgeryError, did_you_mean
+from ._jaxtypes import is_jax_array, is_shape_dtype_struct
 from ._patterns import fullmatch as bounded_fullmatch
 
 _SCALAR_TYPES = (str, bytes, int, float, complex, bool, type(None), type(Ellipsis))
@@ -40,18 +41,26 @@ def is_namedtuple(node: Any) -> bool:
     return isinstance(node, tuple) and hasattr(type(node), "_fields")
 
 
+_array_types: tuple[type, ...] = (np.ndarray, np.generic)
+
+
+def register_array_type(array_type: type) -> None:
+    """Makes `array_type` a leaf, never opened as a container (`LazyArray`, from above)."""
+    global _array_types
+    if array_type not in _array_types:
+        _array_types = (*_array_types, array_type)
+
+
 def _is_known_array(node: Any) -> bool:
-    """numpy arrays and scalars, and array types that jax and suture never open as containers."""
-    if isinstance(node, (np.ndarray, np.generic)):
-        return True
-    return type(node).__name__ in ("LazyArray", "ShapeDtypeStruct", "ArrayImpl")
+    """numpy arrays and scalars, registered array types, and jax's arrays and shapes."""
+    return isinstance(node, _array_types) or is_jax_array(node) or is_shape_dtype_struct(node)
 
 
 def _jax_children(node: Any) -> list[tuple[str, Any]] | None:
     """Children of a node registered with jax, keyed the way Orbax keys them."""
     if "jax" not in sys.modules:
         return None  # Nothing registered with jax can exist before jax is imported.
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     keyed_children, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
     if len(keyed_children) == 1 and keyed_children[0][1] is node:
@@ -259,7 +268,7 @@ def rebuild_container(template: Any, values: list[tuple[str, Any]]) -> Any:
         return type(template)(value for _, value in values)
     if dataclasses.is_dataclass(template):
         return dataclasses.replace(template, **dict(values))
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     _, treedef = jax.tree_util.tree_flatten(template, is_leaf=lambda x: x is not template)
     return jax.tree_util.tree_unflatten(treedef, [value for _, value in values])

@@ -43,7 +43,7 @@ def load(
 
 
 def _live_values(target: Any) -> Any:
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     leaves = jax.tree.leaves(target)
     if leaves and all(is_jax_array(leaf) for leaf in leaves):

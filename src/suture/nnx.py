@@ -69,7 +69,7 @@ def load_into(
             `pad_truncate`); checkpoint leaves left over without ``partial=True``. Each
             lists the model's and the checkpoint's unmatched paths, paired by similarity.
     """
-    from flax import nnx
+    from flax import nnx  # heavy: loaded on first use, not at import
 
     if in_place and not isinstance(model, nnx.Module):
         raise SurgeryError(
@@ -163,7 +163,7 @@ def _both_sides(model_only: list[str], checkpoint_only: list[str], limit: int = 
 
 
 def _target_of(pure: Any) -> Any:
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     def describe(leaf: Any) -> Any:
         if is_shape_dtype_struct(leaf):
@@ -181,7 +181,7 @@ def _default_init(factory: Callable[[], Any] | None, model: Any, nnx: Any) -> An
         return lambda: nnx.to_pure_dict(nnx.state(factory()))
     if isinstance(model, nnx.Module):
         pure = nnx.to_pure_dict(nnx.state(model))
-        import jax
+        import jax  # heavy: loaded on first use, not at import
 
         if not any(is_shape_dtype_struct(leaf) for leaf in jax.tree.leaves(pure)):
             return pure  # a live model: its current values fill what the checkpoint lacks

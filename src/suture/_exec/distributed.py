@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from .._errors import CollectiveError, SurgeryError
+from .._jaxtypes import is_jax_array
 from .._lazy.reads import bytes_read
 from .._lazy.selection import full
 from .blocks import leaf_blocks
@@ -52,7 +53,7 @@ def _state() -> Any:
     """JAX's distributed state with its client, or None without jax.distributed (or with one process)."""
     if "jax" not in sys.modules:
         return None
-    from jax._src import distributed
+    from jax._src import distributed  # heavy: loaded on first use, not at import
 
     state = distributed.global_state
     if state.client is None or (state.num_processes or 1) <= 1:
@@ -196,12 +197,9 @@ def global_array(leaf: Any) -> Any:
 
     A LazyArray that merely wraps such an array counts too; a computed one does not.
     """
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return None
     node = getattr(leaf, "node", None)
     array = getattr(node, "array", leaf) if node is not None else leaf
-    if isinstance(array, jax.Array) and not array.is_fully_addressable:
+    if is_jax_array(array) and not array.is_fully_addressable:
         return array
     return None
 

@@ -25,9 +25,13 @@ def progress_bar(
     if not enabled:
         yield None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
-    from rich.progress import Progress as RichProgress
+    from rich.console import Console  # loaded only when a bar is shown
+    from rich.progress import (  # loaded only when a bar is shown
+        BarColumn,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+    from rich.progress import Progress as RichProgress  # loaded only when a bar is shown
 
     total = human_bytes(total_bytes)
     bar = RichProgress(

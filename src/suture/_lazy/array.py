@@ -30,6 +30,7 @@ from .._dtypes import to_dtype
 from .._errors import InvalidIndexError, ShapeMismatchError, SurgeryError
 from .._format import human_bytes
 from .._interrupts import native_call
+from .._paths import register_array_type
 from .graph import (
     CastNode,
     ConcatNode,
@@ -270,7 +271,7 @@ class LazyArray:
         """Lets jax functions take a LazyArray (``jnp.stack([...])``); this reads it."""
         if getattr(_guard, "active", False):
             raise ImplicitReadError(f"jax reads {self.path or 'a computed array'!r}")
-        import jax.numpy as jnp
+        import jax.numpy as jnp  # heavy: loaded on first use, not at import
 
         return jnp.asarray(self.read())
 
@@ -421,7 +422,7 @@ def map(  # noqa: A001 (the public name is suture.map)
 
 
 def _infer_shape_dtype(fn: Callable, arrays: list[LazyArray], name: str) -> tuple:
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     specs = [jax.ShapeDtypeStruct(array.shape, array.dtype) for array in arrays]
     try:
@@ -437,3 +438,6 @@ def _infer_shape_dtype(fn: Callable, arrays: list[LazyArray], name: str) -> tupl
             f"suture.map: {name} must return one array, got {type(result).__name__}."
         )
     return tuple(result.shape), result.dtype
+
+
+register_array_type(LazyArray)  # a leaf of every tree, never opened as a container

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .._errors import InvalidIndexError, ShapeMismatchError
+from .._jaxtypes import is_tracer
 from .array import LazyArray, as_lazy, common_path
 from .graph import ConcatNode, PadNode, StackNode
 
@@ -44,8 +44,7 @@ def _joined(arrays: Sequence[Any], axis: int, operation: str, new_axis: bool) ->
 
 
 def _traced(arrays: Sequence[Any]) -> bool:
-    jax = sys.modules.get("jax")
-    return jax is not None and any(isinstance(array, jax.core.Tracer) for array in arrays)
+    return any(is_tracer(array) for array in arrays)
 
 
 def stack(arrays: Sequence[Any], axis: int = 0) -> LazyArray:
@@ -62,7 +61,7 @@ def stack(arrays: Sequence[Any], axis: int = 0) -> LazyArray:
         array([2, 2])
     """
     if _traced(arrays):  # inside a function jax traces (see suture._lazy.trace): jax's own stack
-        import jax.numpy as jnp
+        import jax.numpy as jnp  # heavy: loaded on first use, not at import
 
         return jnp.stack(arrays, axis=axis)
     lazy, axis, dtype = _joined(arrays, axis, "stack", new_axis=True)
@@ -79,7 +78,7 @@ def concatenate(arrays: Sequence[Any], axis: int = 0) -> LazyArray:
         array([1, 1, 2, 2])
     """
     if _traced(arrays):
-        import jax.numpy as jnp
+        import jax.numpy as jnp  # heavy: loaded on first use, not at import
 
         return jnp.concatenate(arrays, axis=axis)
     lazy, axis, dtype = _joined(arrays, axis, "concatenate", new_axis=False)

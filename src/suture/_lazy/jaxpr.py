@@ -147,7 +147,7 @@ def lazy_eval(closed: Any, inputs: Sequence[LazyArray]) -> list[Any]:
 
 
 def _eval(jaxpr: Any, consts: list[Any], args: list[Any]) -> list[Any]:
-    from jax.extend.core import Literal
+    from jax.extend.core import Literal  # heavy: loaded on first use, not at import
 
     env: dict[Any, Any] = {}
 
@@ -200,7 +200,7 @@ def _structural(name: str, params: dict, values: list[Any], avals: list[Any]) ->
         return [first.astype(params["new_dtype"])]
     if name == "transpose":
         return [first.transpose(tuple(params["permutation"]))]
-    if name in ("reshape", "squeeze") and params.get("dimensions") is None:
+    if name == "squeeze" or (name == "reshape" and params.get("dimensions") is None):
         return [first.reshape(shape)]
     if name == "broadcast_in_dim":
         axes = tuple(params["broadcast_dimensions"])

@@ -131,9 +131,13 @@ def parse_index(index: Any, shape: tuple[int, ...], path: str | None = None) -> 
             f"Too many indices{where}: the array has {len(shape)} axes (shape {shape}), the "
             f"index {index!r} uses {consumed}."
         )
+    # where each entry stood in the index as written: numpy counts an Ellipsis as separating
+    # an integer from an array even where it stands for no axis
+    written_at = list(range(len(entries)))
     if any(entry is Ellipsis for entry in entries):
         position = next(i for i, entry in enumerate(entries) if entry is Ellipsis)
         entries[position : position + 1] = [slice(None)] * (len(shape) - consumed)
+        written_at[position : position + 1] = [position] * (len(shape) - consumed)
     else:
         entries += [slice(None)] * (len(shape) - consumed)
 
@@ -143,7 +147,7 @@ def parse_index(index: Any, shape: tuple[int, ...], path: str | None = None) -> 
     out_shape: list[int] = []
     arrays_seen = 0
     array_axis = None
-    advanced_entries = []  # positions in `entries` of ints and arrays, for numpy's rule
+    advanced_entries = []  # where ints and arrays stood in the index, for numpy's rule
     axis = 0
     for position_in_index, entry in enumerate(entries):
         if entry is None:
@@ -158,7 +162,7 @@ def parse_index(index: Any, shape: tuple[int, ...], path: str | None = None) -> 
             position = _checked_position(int(entry), length, axis, where)
             selection.append(range(position, position + 1))
             dropped.append(axis)
-            advanced_entries.append(position_in_index)
+            advanced_entries.append(written_at[position_in_index])
         else:
             arrays_seen += 1
             if arrays_seen > 1:
@@ -170,7 +174,7 @@ def parse_index(index: Any, shape: tuple[int, ...], path: str | None = None) -> 
             selection.append(as_range(indices))
             array_axis = len(out_shape)
             out_shape.append(len(indices))
-            advanced_entries.append(position_in_index)
+            advanced_entries.append(written_at[position_in_index])
         axis += 1
     adjacent = (
         advanced_entries == list(range(advanced_entries[0], advanced_entries[-1] + 1))

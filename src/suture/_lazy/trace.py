@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .._errors import SurgeryError
 from .._jaxtypes import is_tracer, jax_array_type
 from .array import ImplicitReadError, LazyArray, logging_reads, no_implicit_reads
@@ -95,7 +97,7 @@ def call_function(fn: Callable[..., Any], *args: Any) -> Any:
     with its own traceback. Inside `recording`, each earlier way's failure is reported
     (`Record.fallbacks`): its exception type and message.
     """
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     def fresh() -> tuple:  # new containers for each try: a function may edit its arguments
         return jax.tree.map(lambda leaf: leaf, args, is_leaf=lambda leaf: leaf is None)
@@ -141,7 +143,7 @@ def _about_laziness(error: Exception) -> bool:
 
 def _about_tracing(error: Exception) -> bool:
     """Whether `error`, raised by a function jax traces, is about the tracing."""
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     names = (
         "ConcretizationTypeError",  # also TracerBoolConversionError, TracerIntegerConversionError
@@ -164,8 +166,6 @@ def _about_tracing(error: Exception) -> bool:
 
 def _array_attribute(error: AttributeError) -> bool:
     """Whether the missing attribute is one numpy's (or jax's) arrays have: not a typo."""
-    import numpy as np
-
     name = getattr(error, "name", None) or str(error).rsplit(" ", 1)[-1].strip("'\"")
     jax_array = jax_array_type()
     return hasattr(np.ndarray, name) or (jax_array is not None and hasattr(jax_array, name))
@@ -215,7 +215,7 @@ def traced_call(
     An exception raised by `fn` itself (not by jax or suture around it) is also appended
     to `escaped`, so that a caller can tell the two apart.
     """
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     leaves, treedef = jax.tree.flatten(args)
     lazy_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, LazyArray)]

@@ -285,7 +285,7 @@ def _callers_mesh(mesh: Any) -> Any:
 
 def _concrete(sharding: Any, mesh: Any, path: str) -> Any:
     """`sharding` on a concrete mesh (`mesh`, or the one set with ``jax.set_mesh``)."""
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     if sharding is None or not isinstance(
         getattr(sharding, "mesh", None), jax.sharding.AbstractMesh
@@ -358,7 +358,7 @@ def _to_jax(array: LazyArray, sharding: Any) -> Any:
     that several local devices need is decoded once; otherwise each distinct shard is read
     on its own (replicated devices share one read).
     """
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     if sharding is None:
         return jax.device_put(array.read())
@@ -411,8 +411,8 @@ def _reshard(path: str, array: Any, wanted: LeafTarget, pad_truncate: bool, shar
     No process can read it whole, so it is cast, padded or truncated under ``jax.jit`` and
     moved to the target's sharding with collectives.
     """
-    import jax
-    import jax.numpy as jnp
+    import jax  # heavy: loaded on first use, not at import
+    import jax.numpy as jnp  # heavy: loaded on first use, not at import
 
     if wanted.kind == "stored":
         return array

@@ -24,7 +24,7 @@ def recorded_sharding(description: str | dict, path: str) -> Any:
     Raises:
         SurgeryError: the description names devices this process lacks, or is unreadable.
     """
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     try:
         fields = json.loads(description) if isinstance(description, str) else description
@@ -70,7 +70,7 @@ _HOW_TO_GIVE_ONE = (
 
 
 def _named_sharding(fields: dict, path: str) -> Any:
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     shape = tuple(int(n) for n in fields["shape"])
     by_id = {device.id: device for device in jax.devices()}

@@ -91,7 +91,7 @@ class RemoteLocation(Location):
         return sorted({key.split("/", 1)[0] for key in self._list() if "/" in key})
 
     def _list(self) -> list[str]:
-        import tensorstore as ts
+        import tensorstore as ts  # heavy: loaded on first use, not at import
 
         if self.scheme in ("http", "https"):
             raise SurgeryError(
@@ -173,7 +173,7 @@ class RemoteLocation(Location):
             raise _remote_error(self, error) from error
 
     def remove(self) -> None:
-        import tensorstore as ts
+        import tensorstore as ts  # heavy: loaded on first use, not at import
 
         self.require_writable()
         store, key = self._store_and_key()
@@ -249,7 +249,7 @@ _CONTEXT_SPEC = {
 
 def remote_context() -> Any:
     """The TensorStore context shared by every remote read and write (request limits)."""
-    import tensorstore as ts
+    import tensorstore as ts  # heavy: loaded on first use, not at import
 
     with _stores_lock:
         if "context" not in _shared:
@@ -277,7 +277,7 @@ def _base_spec(scheme: str, host: str) -> dict[str, Any]:
 
 def _open_store(scheme: str, host: str) -> Any:
     """One open kvstore per bucket or host (and endpoint settings), shared by all reads."""
-    import tensorstore as ts
+    import tensorstore as ts  # heavy: loaded on first use, not at import
 
     spec = _base_spec(scheme, host)
     # TensorStore reads the GCS endpoint from the environment when a store is opened

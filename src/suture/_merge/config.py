@@ -9,6 +9,7 @@ field is so that errors can say "line 3".
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,7 @@ def read_config(path: str | Path) -> ConfigFile:
 
 
 def _parse_yaml(text: str, file: Path) -> tuple[Any, dict[Key, int]]:
-    import yaml
+    import yaml  # a format parser: loaded for YAML files only
 
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -106,7 +107,7 @@ def _parse_yaml(text: str, file: Path) -> tuple[Any, dict[Key, int]]:
 
 
 def _walk_yaml(node: Any, key: Key, lines: dict[Key, int], seen: set[int]) -> None:
-    import yaml
+    import yaml  # a format parser: loaded for YAML files only
 
     if node is None:
         return
@@ -128,8 +129,6 @@ def _walk_yaml(node: Any, key: Key, lines: dict[Key, int], seen: set[int]) -> No
 
 
 def _parse_toml(text: str, file: Path) -> tuple[Any, dict[Key, int]]:
-    import tomllib
-
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

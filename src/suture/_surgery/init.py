@@ -65,7 +65,7 @@ def covers(init: Any, path: str) -> bool:
     if init is None:
         return False
     if callable(init) and not isinstance(init, Mapping):
-        import jax
+        import jax  # heavy: loaded on first use, not at import
 
         return path in flatten(jax.eval_shape(init))
     return path in flatten(init)
@@ -80,7 +80,7 @@ def leaf_key(seed: Any, path: str) -> Any:
         >>> bool((jax.random.key_data(a) != jax.random.key_data(b)).any())
         True
     """
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     base = jax.random.key(seed) if isinstance(seed, int) else seed
     return jax.random.fold_in(base, zlib.crc32(path.encode()) & 0x7FFFFFFF)
@@ -137,7 +137,7 @@ def _check_shape(value: Any, path: str, target: LeafTarget) -> None:
 def _from_model_init(
     init: Callable[[], Any], missing: Mapping[str, LeafTarget], available: list[str]
 ) -> dict[str, Any]:
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     abstract = flatten(jax.eval_shape(init))
     absent = [path for path in missing if path not in abstract]

@@ -164,7 +164,7 @@ def _flatten_in_jax_order(transformations: Any) -> dict[str, Transform]:
     lists, tuples, NamedTuples, registered dataclasses. Orbax iterates the transformations
     in this order, so when several match one key, the last one in this order wins.
     """
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     keyed, _ = jax.tree_util.tree_flatten_with_path(transformations, is_leaf=is_transform)
     flat = {jax_path(key_path): transform for key_path, transform in keyed}

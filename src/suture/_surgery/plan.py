@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .._format import format_table, human_bytes
+from .._jaxtypes import is_shape_dtype_struct
 from .._lazy.array import LazyArray
 from .._lazy.graph import Node, SourceNode
 from .._lazy.reads import estimate_reads
@@ -216,7 +217,7 @@ def _described_value(leaf: Any) -> tuple[list[int] | None, str, str]:
         dtype = "as stored" if wanted.dtype is None else wanted.dtype.name
         return shape, dtype, "to be created: needs init"
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-        if type(leaf).__name__ == "ShapeDtypeStruct":
+        if is_shape_dtype_struct(leaf):
             return list(leaf.shape), np.dtype(leaf.dtype).name, "to be created: needs init"
         return list(leaf.shape), np.dtype(leaf.dtype).name, CONSTANT
     if isinstance(leaf, (bool, int, float, complex, np.generic)):

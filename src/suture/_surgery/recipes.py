@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import stat
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +151,7 @@ def _python_recipe(file: Path) -> Recipe:
 
 
 def _rules_from_yaml(file: Path, text: str) -> list[rule_module.Rule]:
-    import yaml
+    import yaml  # a format parser: loaded for YAML files only
 
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -174,7 +175,7 @@ def _rules_from_yaml(file: Path, text: str) -> list[rule_module.Rule]:
 
 def _check_expanded_size(root: Any, file: Path) -> None:
     """Counts nodes as a loader would expand them (an alias counts its whole target again)."""
-    import yaml
+    import yaml  # a format parser: loaded for YAML files only
 
     seen = 0
     pending = [root] if root is not None else []
@@ -195,7 +196,7 @@ def _check_expanded_size(root: Any, file: Path) -> None:
 
 def _yaml_locator(file: Path, node: Any, index: int) -> Callable[[str], str]:
     """``where(field)``: the file and line of a rule's field (the rule's line without one)."""
-    import yaml
+    import yaml  # a format parser: loaded for YAML files only
 
     if node is None:
         return lambda field: f"{file}, rule {index + 1}"
@@ -208,7 +209,7 @@ def _yaml_locator(file: Path, node: Any, index: int) -> Callable[[str], str]:
 
 
 def _rule_nodes(root: Any) -> list[Any]:
-    import yaml
+    import yaml  # a format parser: loaded for YAML files only
 
     if isinstance(root, yaml.MappingNode):
         for key, value in root.value:
@@ -218,8 +219,6 @@ def _rule_nodes(root: Any) -> list[Any]:
 
 
 def _rules_from_toml(file: Path, text: str) -> list[rule_module.Rule]:
-    import tomllib
-
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

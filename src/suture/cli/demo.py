@@ -38,10 +38,10 @@ def make_training_state(seed: int = 0) -> tuple[dict, Callable[[np.ndarray], np.
     Linen MLP and Optax's Adam state; without them, the same arrays built with numpy.
     """
     try:
-        import flax.linen as nn
-        import jax
-        import jax.numpy as jnp
-        import optax
+        import flax.linen as nn  # heavy: loaded on first use, not at import
+        import jax  # heavy: loaded on first use, not at import
+        import jax.numpy as jnp  # heavy: loaded on first use, not at import
+        import optax  # heavy: loaded on first use, not at import
     except ImportError:
         return _numpy_state(seed)
 
@@ -110,12 +110,12 @@ def write_checkpoint(state: dict, path: Path) -> None:
     ``shard_axes=(0,)`` alone splits the first axis down to single rows; a
     ``chunk_byte_size`` that small would make Orbax warn about small chunks.
     """
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # heavy: loaded on first use, not at import
 
     def save_args(leaf: np.ndarray) -> ocp.SaveArgs:
         return ocp.SaveArgs(shard_axes=(0,) if leaf.ndim else ())
 
-    import jax
+    import jax  # heavy: loaded on first use, not at import
 
     checkpointer = ocp.PyTreeCheckpointer()
     checkpointer.save(path, state, save_args=jax.tree.map(save_args, state))
@@ -186,7 +186,7 @@ def _run(root: Path, echo: Callable[[str], None]) -> None:
         f" stacked layers); {len(changes.changed)} changed in place."
     )
 
-    import orbax.checkpoint as ocp
+    import orbax.checkpoint as ocp  # heavy: loaded on first use, not at import
 
     restored = ocp.StandardCheckpointer().restore(output)
     layers = restored["params"]["layers"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,8 +244,6 @@ def collect_stats(
     ckpt: Checkpoint, description: Description, progress: bool | None = None
 ) -> dict[str, Any]:
     """Statistics of every array in `description`, streamed, with a progress bar on a terminal."""
-    import time
-
     arrays = ckpt.arrays()
     paths = [leaf.path for leaf in description.arrays]
     counts = Progress(

@@ -133,7 +133,7 @@ class OrbaxSink:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         process: int | None = None,
     ) -> None:
-        import tensorstore as ts
+        import tensorstore as ts  # heavy: loaded on first use, not at import
 
         self.folder = location_of(folder)
         # Under jax.distributed each process writes its own database (merged by `merge`).
@@ -206,7 +206,7 @@ class OrbaxSink:
         array: LazyArray,
         chunk: tuple[int, ...],
     ) -> Any:
-        import tensorstore as ts
+        import tensorstore as ts  # heavy: loaded on first use, not at import
 
         name = ".".join(keys)
         value_type = "scalar" if array.stored_as == "scalar" else "np.ndarray"
@@ -305,7 +305,7 @@ def merge_process_databases(folder: Path) -> None:
     Only the databases' indexes are copied (in one atomic transaction); the data files stay
     in the process folders, which the merged root refers to.
     """
-    import tensorstore as ts
+    import tensorstore as ts  # heavy: loaded on first use, not at import
 
     context = ts.Context()
     children = [

@@ -109,7 +109,7 @@ class Checkpoint:
             >>> suture.open({"w": np.zeros(3, np.int8)}).abstract()
             {'w': ShapeDtypeStruct(shape=(3,), dtype=int8)}
         """
-        import jax
+        import jax  # heavy: loaded on first use, not at import
 
         def describe(_: str, leaf: Any) -> Any:
             if isinstance(leaf, LazyArray):

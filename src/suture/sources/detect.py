@@ -29,7 +29,7 @@ def open_source(
     if not isinstance(source, (str, os.PathLike, Location)):  # etils.epath.Path is PathLike
         if step is not None:
             raise SurgeryError("step= applies to CheckpointManager folders, not in-memory trees.")
-        from .memory import open_memory
+        from .memory import open_memory  # a format plugin: loaded for the format found
 
         return open_memory(source)
     if format == "memory":
@@ -47,19 +47,19 @@ def open_source(
     if step is not None and kind != "orbax":
         raise SurgeryError(f"step= applies to Orbax CheckpointManager folders, not {kind} files.")
     if kind == "orbax":
-        from .orbax import open_orbax
+        from .orbax import open_orbax  # a format plugin: loaded for the format found
 
         return open_orbax(path, step=step)
     if kind == "safetensors":
-        from .safetensors import open_safetensors
+        from .safetensors import open_safetensors  # a format plugin: loaded for the format found
 
         return open_safetensors(path, separator)
     if kind == "msgpack":
-        from .msgpack import open_msgpack
+        from .msgpack import open_msgpack  # a format plugin: loaded for the format found
 
         return open_msgpack(path)
     if kind == "npz":
-        from .npz import open_npz
+        from .npz import open_npz  # a format plugin: loaded for the format found
 
         return open_npz(path)
     if path.is_remote:
@@ -67,7 +67,7 @@ def open_source(
             f"{str(path)!r} is a PyTorch file, which suture opens only from a local path (torch "
             f"memory-maps it). Copy it locally, or convert it to safetensors first."
         )
-    from .torch import open_torch
+    from .torch import open_torch  # a format plugin: loaded for the format found
 
     return open_torch(path.path, allow_pickle, separator)  # type: ignore[attr-defined]
 
@@ -88,11 +88,14 @@ def detect(path: Location) -> str:
         return "safetensors"
     is_file = path.is_file() if path.is_remote else not path.is_dir()
     if not is_file:
-        from .orbax_layout import is_orbax_folder, resolve
+        from .orbax_layout import (  # a format plugin: loaded for the format found
+            is_orbax_folder,
+            resolve,
+        )
 
         if is_orbax_folder(path):
             return "orbax"
-        from .safetensors import INDEX_SUFFIX
+        from .safetensors import INDEX_SUFFIX  # a format plugin: loaded for the format found
 
         names = _safetensors_probe(path)
         if any(name.endswith((".safetensors", f".safetensors{INDEX_SUFFIX}")) for name in names):
@@ -124,7 +127,7 @@ def detect(path: Location) -> str:
 
 def _safetensors_probe(folder: Location) -> list[str]:
     """Names telling whether `folder` holds safetensors; lists only when no usual name is there."""
-    from .safetensors import SINGLE_NAMES
+    from .safetensors import SINGLE_NAMES  # a format plugin: loaded for the format found
 
     found = [name for name in SINGLE_NAMES if (folder / name).is_file()]
     if found:

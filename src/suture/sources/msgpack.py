@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from .._dtypes import to_dtype
@@ -28,8 +29,6 @@ _CHUNKED = "__msgpack_chunked_array__"
 
 def open_msgpack(path: Location) -> Checkpoint:
     """Reads a Flax msgpack file (whole: the format has no index) as a tree."""
-    import msgpack
-
     raw = path.read_bytes()
     if not path.is_remote:  # remote reads are counted by TensorStore
         record_read(len(raw))
@@ -46,8 +45,6 @@ def open_msgpack(path: Location) -> Checkpoint:
 
 
 def _decode_ext(code: int, data: bytes) -> Any:
-    import msgpack
-
     if code in (_NDARRAY, _SCALAR):
         try:
             shape, dtype_name, buffer = msgpack.unpackb(data, raw=True)

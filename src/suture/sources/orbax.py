@@ -53,7 +53,7 @@ class _ItemStore:
     """One pytree item folder: its TensorStore context and how to open each array."""
 
     def __init__(self, folder: Location, use_ocdbt: bool) -> None:
-        import tensorstore as ts
+        import tensorstore as ts  # heavy: loaded on first use, not at import
 
         self.folder = folder.resolve()
         try:
@@ -117,7 +117,7 @@ class _ItemStore:
 
     def _read_all(self, keys: list[str], names: list[str], what: str) -> list[tuple[str, bytes]]:
         """Reads `keys` through the item's kvstore, all requests in flight at once."""
-        import tensorstore as ts
+        import tensorstore as ts  # heavy: loaded on first use, not at import
 
         try:
             if self._kvstore is None:
@@ -139,7 +139,7 @@ class _ItemStore:
         spec = {"driver": driver, "kvstore": self.kvstore_spec(name), "recheck_cached_data": False}
 
         def open_store() -> Any:
-            import tensorstore as ts
+            import tensorstore as ts  # heavy: loaded on first use, not at import
 
             return ts.open(spec, read=True, context=self.context)
 

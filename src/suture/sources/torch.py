@@ -33,7 +33,7 @@ class TorchTensorSource(SourceNode):
         self.path, self.origin = path, origin
 
     def read(self, selection: Selection) -> np.ndarray:
-        import torch
+        import torch  # heavy: loaded on first use, not at import
 
         tensor = self.tensor.contiguous()
         if self.dtype.name in _VIEWED:  # numpy has no such dtype: move the raw bits
@@ -54,7 +54,7 @@ def open_torch(path: Path, allow_pickle: bool, separator: str = ".") -> Checkpoi
             f"convert it to safetensors first."
         )
     try:
-        import torch
+        import torch  # heavy: loaded on first use, not at import
     except ImportError as error:
         raise SurgeryError(
             "Reading PyTorch files needs the torch extra: pip install 'suture[torch]'."
