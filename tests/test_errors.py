@@ -56,6 +56,9 @@ def test_old_names_still_catch():
     assert suture.families.ConfigMismatchError is suture.ConfigMismatchError
     assert suture.families.RecipeFormatError is suture.RecipeError
     assert issubclass(suture.ExpressionError, suture.RecipeError)
+    assert issubclass(suture.DestinationError, OSError)
+    assert issubclass(suture.DestinationExistsError, suture.DestinationError)
+    assert issubclass(suture.DestinationExistsError, FileExistsError)
 
 
 @pytest.fixture
@@ -141,3 +144,43 @@ def test_collective():
     group = Group(Client(), count=2, index=0, name="save")
     with pytest.raises(suture.CollectiveError, match=r"abandoned on every process because proc"):
         group.raise_if_failed()
+
+
+def test_argument(tmp_path):
+    with pytest.raises(suture.ArgumentError, match=r"Unknown format 'zip'"):
+        suture.open(tmp_path, format="zip")
+    tree = {"w": np.ones(2, np.float32)}
+    with pytest.raises(suture.ArgumentError, match=r"Cannot read 'lots' as a size"):
+        suture.save(tree, tmp_path / "out", max_memory="lots")
+
+
+def test_unsupported(tmp_path):
+    tree = {"w": np.ones(2, np.float32), "note": "text"}
+    with pytest.raises(suture.UnsupportedError, match=r"safetensors holds only arrays"):
+        suture.save(tree, tmp_path / "out.safetensors", format="safetensors")
+
+
+def test_destination(tmp_path):
+    tree = {"w": np.ones(2, np.float32)}
+    with pytest.raises(suture.DestinationError, match=r"does not exist. Create it first") as error:
+        suture.save(tree, tmp_path / "no" / "out")
+    assert isinstance(error.value, OSError)
+
+
+def test_destination_exists(tmp_path):
+    tree = {"w": np.ones(2, np.float32)}
+    suture.save(tree, tmp_path / "out")
+    with pytest.raises(suture.DestinationExistsError, match=r"already exists. Pass overwrite"):
+        suture.save(tree, tmp_path / "out")
+    with pytest.raises(FileExistsError):
+        suture.save(tree, tmp_path / "out")
+
+
+def test_path_conflict():
+    with pytest.raises(suture.PathConflictError, match=r"goes through 'a', which is also a leaf"):
+        suture.unflatten({"a": 1, "a/b": 2})
+
+
+def test_tree_mismatch():
+    with pytest.raises(suture.TreeMismatchError, match=r"1 path\(s\) are not in the template"):
+        suture.unflatten({"a": 1, "b": 2}, like={"a": 0})

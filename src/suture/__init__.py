@@ -18,22 +18,28 @@ from . import nnx as nnx
 from . import optax as optax
 from . import rules as rules
 from ._convert import convert as convert
+from ._errors import ArgumentError as ArgumentError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from ._errors import CollectiveError as CollectiveError
 from ._errors import ConfigMismatchError as ConfigMismatchError
 from ._errors import CorruptCheckpointError as CorruptCheckpointError
+from ._errors import DestinationError as DestinationError
+from ._errors import DestinationExistsError as DestinationExistsError
 from ._errors import ExpressionError as ExpressionError
 from ._errors import InvalidIndexError as InvalidIndexError
 from ._errors import MergeError as MergeError
 from ._errors import MissingLeafError as MissingLeafError
 from ._errors import NotACheckpointError as NotACheckpointError
+from ._errors import PathConflictError as PathConflictError
 from ._errors import PatternError as PatternError
 from ._errors import RecipeError as RecipeError
 from ._errors import RuleError as RuleError
 from ._errors import ShapeMismatchError as ShapeMismatchError
 from ._errors import SurgeryError as SurgeryError
 from ._errors import TransformError as TransformError
+from ._errors import TreeMismatchError as TreeMismatchError
 from ._errors import UnfinishedCheckpointError as UnfinishedCheckpointError
+from ._errors import UnsupportedError as UnsupportedError
 from ._iostats import count_bytes_read as count_bytes_read
 from ._lazy.array import LazyArray as LazyArray
 from ._lazy.array import map as map  # noqa: A004
@@ -65,11 +71,14 @@ __version__ = _package_version("suture")
 
 __all__ = [
     "apply_transformations",
+    "ArgumentError",
     "Checkpoint",
     "CheckpointNotFoundError",
     "CollectiveError",
     "ConfigMismatchError",
     "CorruptCheckpointError",
+    "DestinationError",
+    "DestinationExistsError",
     "ExpressionError",
     "intersect_trees",
     "InvalidIndexError",
@@ -80,6 +89,7 @@ __all__ = [
     "MergeError",
     "MissingLeafError",
     "NotACheckpointError",
+    "PathConflictError",
     "PatternError",
     "RecipeError",
     "RuleError",
@@ -89,7 +99,9 @@ __all__ = [
     "SurgeryError",
     "Transform",
     "TransformError",
+    "TreeMismatchError",
     "UnfinishedCheckpointError",
+    "UnsupportedError",
     "concatenate",
     "convert",
     "count_bytes_read",

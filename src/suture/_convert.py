@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from . import families, rules
-from ._errors import SurgeryError
+from ._errors import ArgumentError
 from ._hf import keep_safetensors_layout, model_folder_side_files, reuse_safetensors_layout
 from ._location import location_of
 from ._save.api import SaveResult, save
@@ -75,7 +75,7 @@ def convert(
             progress=progress,
         )
     if reverse or config is not None:
-        raise SurgeryError(
+        raise ArgumentError(
             "reverse= and config= go with a built-in family recipe (recipe='llama3.1:maxtext'; "
             "`suture recipes` lists them)."
         )

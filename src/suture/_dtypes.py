@@ -15,14 +15,14 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ._errors import SurgeryError
+from ._errors import ArgumentError
 
 
 def to_dtype(spec: Any) -> np.dtype:
     """A numpy dtype from a dtype, a scalar type, or a name such as ``"bfloat16"`` or ``"<f4"``.
 
     Raises:
-        SurgeryError: when the name is not a dtype numpy or ml_dtypes knows.
+        ArgumentError: when the name is not a dtype numpy or ml_dtypes knows.
     """
     if isinstance(spec, np.dtype):
         return spec
@@ -33,7 +33,7 @@ def to_dtype(spec: Any) -> np.dtype:
     try:
         return np.dtype(spec)
     except TypeError as error:
-        raise SurgeryError(
+        raise ArgumentError(
             f"Unknown dtype {spec!r}: expected a numpy or ml_dtypes name such as 'float32', "
             f"'bfloat16' or 'int8'."
         ) from error

@@ -5,7 +5,8 @@ Every error caused by what a user passed in (a path, a file, a rule, a shape) is
 print them without a traceback. A `SurgeryError` is a ``ValueError`` (a value the user gave
 is wrong); the kinds where Python has a closer word are also that: a missing checkpoint is a
 ``FileNotFoundError``, a missing leaf a ``KeyError``, a bad index an ``IndexError``, a
-failed collective an ``OSError``. Each kind of mistake has one class, all of them here and
+destination that cannot be written an ``OSError`` (one that already exists a
+``FileExistsError``), a failed collective an ``OSError``. Each kind of mistake has one class, all of them here and
 exported by `suture`. Messages name the leaf or path, what was expected, what was found,
 and the fix.
 """
@@ -46,7 +47,9 @@ class UnfinishedCheckpointError(SurgeryError):
 
 
 class CorruptCheckpointError(SurgeryError):
-    """A checkpoint's metadata or data could not be parsed."""
+    """A checkpoint's metadata or data could not be parsed, or declares what no checkpoint
+    can (a negative size, a tree nested hundreds of levels deep); also a written result that
+    ``verify=True`` read back differently from what was written."""
 
 
 class MissingLeafError(SurgeryError, KeyError):
@@ -68,6 +71,46 @@ class ShapeMismatchError(SurgeryError):
     """Arrays whose shapes or dtypes cannot be combined as asked."""
 
 
+class TreeMismatchError(SurgeryError):
+    """A target, model or template whose tree does not fit the checkpoint's: leaf paths it
+    has no place for (without ``partial=True``), no leaf path in common, or a placeholder
+    on what the checkpoint holds as a subtree. Leaf paths the checkpoint lacks are a
+    `MissingLeafError`."""
+
+
+class PathConflictError(SurgeryError):
+    """Two leaves that would get the same path or stored name (a key that holds the
+    separator, names that differ only where a format joins keys), or a path that is both a
+    leaf and a subtree. Rename one, or use another separator."""
+
+
+class ArgumentError(SurgeryError):
+    """An argument value, or a combination of arguments, that suture does not accept: an
+    unknown format or dtype name, a size string such as ``max_memory="lots"``, ``step=`` on
+    a source that has no steps, options that contradict each other, arguments in the wrong
+    order, a ``max_memory`` too small for a leaf's smallest block, a bad setting in the
+    environment."""
+
+
+class UnsupportedError(SurgeryError):
+    """Something a format, a storage scheme or this setup cannot do: a leaf type or dtype a
+    format cannot hold, a leaf name it cannot store, a collective save to a remote path, a
+    recorded sharding this process cannot rebuild, a URL scheme suture does not speak, a
+    PyTorch file that is not local."""
+
+
+class DestinationError(SurgeryError, OSError):
+    """An output path that cannot be written: its folder does not exist, its scheme is
+    read-only (``http://``), it holds a source the save reads, another writer holds its
+    lock, ``overwrite=True`` would replace something that is not a checkpoint, or the write
+    itself failed (a full disk). Also an ``OSError``, like the file-system error it is."""
+
+
+class DestinationExistsError(DestinationError, FileExistsError):
+    """The output path already exists and ``overwrite=True`` was not passed (or it appeared
+    while writing). Also a ``FileExistsError``."""
+
+
 class PatternError(SurgeryError):
     """A pattern that is not a valid regular expression, or that takes too long to match."""
 
@@ -83,14 +126,16 @@ TransformError = RuleError  # the name of `suture.apply_transformations`' errors
 
 
 class RecipeError(SurgeryError):
-    """A recipe file that cannot be read, or whose rules or fields are invalid."""
+    """A recipe file that cannot be read, or whose rules or fields are invalid; a built-in
+    recipe name that does not exist."""
 
 
 SchemaError = RecipeError  # the former name of a recipe rule's field errors
 
 
 class ConfigMismatchError(SurgeryError):
-    """A model whose config.json does not fit the model-family recipe asked for."""
+    """A model whose config.json does not fit the model-family recipe asked for (or whose
+    weights do not fit its config.json), or a config.json that is missing or unreadable."""
 
 
 class ExpressionError(RecipeError):

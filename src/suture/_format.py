@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ._errors import SurgeryError
+from ._errors import ArgumentError
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _UNIT_FACTORS = {
@@ -54,13 +54,13 @@ def parse_bytes(text: str | int) -> int:
     """``'4GiB'`` -> 4294967296, ``'500MB'`` -> 500000000, ``'1.5g'`` -> 1610612736.
 
     Raises:
-        SurgeryError: when the text is not a size.
+        ArgumentError: when the text is not a size.
     """
     if isinstance(text, int):
         return text
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     if not match or match.group(2).lower() not in _UNIT_FACTORS:
-        raise SurgeryError(
+        raise ArgumentError(
             f"Cannot read {text!r} as a size: expected a number and a unit, such as '4GiB', "
             f"'500MB' or '1073741824'."
         )

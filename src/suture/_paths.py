@@ -30,7 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import MissingLeafError, SurgeryError, did_you_mean
+from ._errors import (
+    CorruptCheckpointError,
+    MissingLeafError,
+    PathConflictError,
+    TreeMismatchError,
+    did_you_mean,
+)
 from ._jaxtypes import is_jax_array, is_shape_dtype_struct
 from ._patterns import fullmatch as bounded_fullmatch
 
@@ -131,7 +137,7 @@ def flatten(
         leaf flattens to ``{"": tree}``.
 
     Raises:
-        SurgeryError: when two different key paths join to the same string, because a key
+        PathConflictError: when two different key paths join to the same string, because a key
             contains `sep`.
 
     Example:
@@ -144,7 +150,7 @@ def flatten(
     for keys, leaf in iter_leaves(tree, is_leaf=is_leaf):
         path = sep.join(keys)
         if path in flat:
-            raise SurgeryError(
+            raise PathConflictError(
                 f"Two leaves flatten to the same path {path!r}: a key contains the separator "
                 f"{sep!r}. Flatten with another separator, e.g. sep='|'."
             )
@@ -163,8 +169,9 @@ def unflatten(flat: Mapping[str, Any], sep: str = "/", like: Any = None) -> Any:
             tuples, NamedTuples, dataclasses, FrozenDict, nnx.State ...), filled from `flat`.
 
     Raises:
-        SurgeryError: when a path is both a leaf and a subtree, when `like` has a leaf that
-            `flat` lacks, or when `flat` has paths that `like` does not.
+        PathConflictError: when a path is both a leaf and a subtree.
+        MissingLeafError: when `like` has a leaf that `flat` lacks.
+        TreeMismatchError: when `flat` has paths that `like` does not.
 
     Example:
         >>> unflatten({"a/b": 1, "a/c": 2})
@@ -184,13 +191,13 @@ def unflatten(flat: Mapping[str, Any], sep: str = "/", like: Any = None) -> Any:
         for depth, key in enumerate(keys[:-1]):
             child = node.setdefault(key, {})
             if isinstance(child, _LeafBox):
-                raise SurgeryError(
+                raise PathConflictError(
                     f"Path {path!r} goes through {sep.join(keys[: depth + 1])!r}, which is "
                     f"also a leaf. A path cannot be both a leaf and a subtree; rename one."
                 )
             node = child
         if keys[-1] in node:
-            raise SurgeryError(
+            raise PathConflictError(
                 f"Path {path!r} is both a leaf and a subtree (or given twice); rename one."
             )
         node[keys[-1]] = _LeafBox(leaf)
@@ -207,7 +214,7 @@ def check_depth(depth: int, where: str) -> None:
         >>> check_depth(3, "a/b/c")
     """
     if depth > MAX_DEPTH:
-        raise SurgeryError(
+        raise CorruptCheckpointError(
             f"{where[:200]!r} is nested {depth} levels deep; suture reads trees of at most "
             f"{MAX_DEPTH} levels. The input is damaged or hostile; real checkpoints nest a few "
             f"levels."
@@ -249,7 +256,7 @@ def _unflatten_like(flat: Mapping[str, Any], sep: str, like: Any) -> Any:
     result = rebuild(like, ())
     extra = [path for path in flat if path not in used]
     if extra:
-        raise SurgeryError(
+        raise TreeMismatchError(
             f"unflatten: {len(extra)} path(s) are not in the template, e.g. {extra[0]!r}. "
             f"Drop them from the flat dict or unflatten without like=."
         )

@@ -20,7 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import SurgeryError, did_you_mean
+from ._errors import (
+    ArgumentError,
+    MissingLeafError,
+    PathConflictError,
+    TreeMismatchError,
+    did_you_mean,
+)
 from ._jaxtypes import is_shape_dtype_struct
 from ._lazy.array import LazyArray
 from ._lazy.combine import fit_shape
@@ -72,7 +78,7 @@ def load_into(
     from flax import nnx  # heavy: loaded on first use, not at import
 
     if in_place and not isinstance(model, nnx.Module):
-        raise SurgeryError(
+        raise ArgumentError(
             f"load_into(in_place=True) updates a live nnx.Module; got "
             f"{type(model).__name__}. Pass the module itself, or drop in_place=True to get a "
             f"new module."
@@ -84,7 +90,7 @@ def load_into(
     if init is None:
         init = _default_init(factory, model, nnx)
     if in_place and init is None:
-        raise SurgeryError(
+        raise ArgumentError(
             "load_into(in_place=True) got an abstract module (from nnx.eval_shape): it has no "
             "values to update. Pass a live module, or drop in_place=True."
         )
@@ -109,21 +115,21 @@ def _matched(
     missing = [path for path in model if path not in flat]
     extra = [path for path in flat if path not in model]
     if not shared:
-        raise SurgeryError(
+        raise TreeMismatchError(
             "The checkpoint gives the model nothing: no checkpoint leaf has a model path, so "
             "every value would stay as initialized.\n"
             + _both_sides(missing, extra)
             + "\nMap the names with a transform (suture.rules.rename), or check the checkpoint."
         )
     if extra and not partial:
-        raise SurgeryError(
+        raise TreeMismatchError(
             f"The checkpoint covers {len(shared)} of the model's {len(model)} leaves, and has "
             f"{len(extra)} leaf path(s) the model has no place for.\n"
             + _both_sides(missing, extra)
             + "\nRename them with a transform, or pass partial=True to leave them out."
         )
     if missing and init is None:
-        raise SurgeryError(
+        raise MissingLeafError(
             f"The model needs {len(missing)} leaf path(s) the checkpoint lacks, and an "
             f"abstract model has no values for them.\n"
             + _both_sides(missing, extra)
@@ -201,7 +207,7 @@ def strip_variable_keys(tree: Any) -> Any:
         parts = path.split("/")
         short = "/".join(parts[:-1]) if len(parts) > 1 and parts[-1] in VALUE_KEYS else path
         if short in stripped:
-            raise SurgeryError(
+            raise PathConflictError(
                 f"Leaf {path!r} and another leaf both become {short!r} without their value key."
             )
         stripped[short] = leaf

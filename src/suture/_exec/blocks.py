@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .._errors import SurgeryError
+from .._errors import ArgumentError
 from .._format import human_bytes
 from .._lazy.array import LazyArray
 from .._lazy.graph import Node
@@ -235,7 +235,7 @@ def check_blocks_fit(blocks: list[Block], max_memory: int) -> None:
         return
     worst = max(over, key=lambda block: block.cost)
     needed = -(-worst.cost // (1 << 20))
-    raise SurgeryError(
+    raise ArgumentError(
         f"Leaf {worst.path!r} cannot be written within max_memory={human_bytes(max_memory)}: "
         f"its smallest block holds {human_bytes(worst.cost)} at once (reading, computing and "
         f"writing it). Pass max_memory='{needed}MiB' or more, or make the leaf's blocks "

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .._errors import CollectiveError, SurgeryError
+from .._errors import ArgumentError, CollectiveError
 from .._jaxtypes import is_jax_array
 from .._lazy.reads import bytes_read
 from .._lazy.selection import full
@@ -67,7 +67,7 @@ def barrier_timeout() -> float:
     try:
         return float(text) if text else _DEFAULT_TIMEOUT
     except ValueError:
-        raise SurgeryError(
+        raise ArgumentError(
             f"SUTURE_BARRIER_TIMEOUT={text!r} is not a number of seconds; set it to e.g. 600."
         ) from None
 

@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 
 from .._dtypes import to_dtype
-from .._errors import InvalidIndexError, ShapeMismatchError, SurgeryError
+from .._errors import (
+    ArgumentError,
+    InvalidIndexError,
+    ShapeMismatchError,
+    SurgeryError,
+    UnsupportedError,
+)
 from .._format import human_bytes
 from .._interrupts import native_call
 from .._paths import register_array_type
@@ -429,12 +435,12 @@ def _infer_shape_dtype(fn: Callable, arrays: list[LazyArray], name: str) -> tupl
         with native_call():  # Ctrl-C inside jax's C++ tracing would abort the process
             result = jax.eval_shape(fn, *specs)
     except Exception as error:  # any tracing failure means: tell us the shape
-        raise SurgeryError(
+        raise UnsupportedError(
             f"suture.map could not infer what {name} returns by tracing it with jax "
             f"({type(error).__name__}: {error}). Pass shape= and dtype= to suture.map."
         ) from error
     if not hasattr(result, "shape"):
-        raise SurgeryError(
+        raise ArgumentError(
             f"suture.map: {name} must return one array, got {type(result).__name__}."
         )
     return tuple(result.shape), result.dtype

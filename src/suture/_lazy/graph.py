@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._buffers import aligned_empty, assign
-from .._errors import ShapeMismatchError, SurgeryError
+from .._errors import ShapeMismatchError
 from .selection import (
     AxisSelection,
     Selection,
@@ -566,7 +566,7 @@ class MapNode(Node):
             )
         if array.dtype != self.dtype:
             if not np.can_cast(array.dtype, self.dtype, casting="same_kind"):
-                raise SurgeryError(
+                raise ShapeMismatchError(
                     f"suture.map({self.name}) returned dtype {array.dtype}, expected "
                     f"{self.dtype}. Pass dtype={array.dtype.name!r} to suture.map, or cast "
                     f"inside the function."

@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ShapeMismatchError, SurgeryError, raise_problems
+from .._errors import (
+    ArgumentError,
+    ShapeMismatchError,
+    SurgeryError,
+    TreeMismatchError,
+    UnsupportedError,
+    raise_problems,
+)
 from .._exec.distributed import global_array
 from .._exec.progress import leaf_progress, wants_progress
 from .._jaxtypes import is_jax_array, loaded_jax
@@ -155,7 +162,7 @@ def _pad_truncate(pad_truncate: bool, strict: bool | None) -> bool:
     if strict is None:
         return pad_truncate
     if pad_truncate and strict:
-        raise SurgeryError(
+        raise ArgumentError(
             "pad_truncate=True and strict=True contradict each other: strict=False is Orbax's "
             "name for pad_truncate=True. Pass one of them."
         )
@@ -176,7 +183,7 @@ def _check_placeholders_on_subtrees(flat_target: dict[str, LeafTarget], flat_sou
             continue
         below = [key for key in flat_source if key.startswith(path + "/")]
         if below:
-            raise SurgeryError(
+            raise TreeMismatchError(
                 f"The target puts suture.PLACEHOLDER (...) on {path!r}, which is a subtree "
                 f"with {len(below)} leaves (e.g. {below[0]!r}), not a leaf. Put it on each "
                 f"leaf: jax.tree.map(lambda _: ..., subtree), or build the target with "
@@ -191,7 +198,7 @@ def _check_left_out(flat_target: dict[str, LeafTarget], flat_source: dict, parti
     if left_out:
         shown = ", ".join(repr(path) for path in left_out[:5])
         more = f" and {len(left_out) - 5} more" if len(left_out) > 5 else ""
-        raise SurgeryError(
+        raise TreeMismatchError(
             f"The target leaves out {len(left_out)} leaf path(s) that the checkpoint holds: "
             f"{shown}{more}. Pass partial=True to skip them (they are not read), or put "
             f"suture.PLACEHOLDER (...) on them (suture.placeholders(ckpt, skip=...))."
@@ -297,7 +304,7 @@ def _concrete(sharding: Any, mesh: Any, path: str) -> Any:
         or getattr(concrete, "empty", False)
         or concrete.axis_names != sharding.mesh.axis_names
     ):
-        raise SurgeryError(
+        raise ArgumentError(
             f"Leaf {path!r}: the target's sharding names mesh axes {sharding.mesh.axis_names} but "
             f"no concrete mesh with those axes is set. Load under `with jax.set_mesh(mesh):` or "
             f"pass mesh=."
@@ -324,7 +331,7 @@ def _plain_value(path: str, leaf: Any, wanted: LeafTarget) -> Any:
     if leaf is None:
         return None  # a masked (optax.MaskedNode) leaf: Orbax restores None for any target
     if wanted.kind in ("numpy", "jax") and wanted.shape is not None:
-        raise SurgeryError(
+        raise ShapeMismatchError(
             f"Leaf {path!r} is stored as a {type(leaf).__name__} ({leaf!r:.40}), not an array, "
             f"but the target asks for an array of shape {wanted.shape}. Make the target leaf "
             f"a plain value, or suture.PLACEHOLDER to skip it."
@@ -417,7 +424,7 @@ def _reshard(path: str, array: Any, wanted: LeafTarget, pad_truncate: bool, shar
     if wanted.kind == "stored":
         return array
     if wanted.kind != "jax":
-        raise SurgeryError(
+        raise UnsupportedError(
             f"Leaf {path!r} is a jax.Array sharded across processes, which no single process "
             f"can hold as a {'number' if wanted.kind == 'python' else 'numpy array'}. Target "
             f"a jax.ShapeDtypeStruct with a sharding, or gather it first "

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import SurgeryError
+from .._errors import CorruptCheckpointError, UnsupportedError
 
 
 def recorded_sharding(description: str | dict, path: str) -> Any:
@@ -30,7 +30,7 @@ def recorded_sharding(description: str | dict, path: str) -> Any:
         fields = json.loads(description) if isinstance(description, str) else description
         kind = fields["sharding_type"]
     except (ValueError, TypeError, KeyError) as error:
-        raise SurgeryError(
+        raise CorruptCheckpointError(
             f"Leaf {path!r}: the checkpoint's recorded sharding {description!r:.120} is not "
             f"readable ({error}). {_HOW_TO_GIVE_ONE}"
         ) from error
@@ -39,13 +39,13 @@ def recorded_sharding(description: str | dict, path: str) -> Any:
         for device in jax.local_devices():
             if _device_name(str(device)) == wanted:
                 return jax.sharding.SingleDeviceSharding(device)
-        raise SurgeryError(
+        raise UnsupportedError(
             f"Leaf {path!r}: the checkpoint was saved on device {wanted!r}, which this process "
             f"does not have (it has {_names(jax.local_devices())}). {_HOW_TO_GIVE_ONE}"
         )
     if kind == "NamedSharding":
         return _named_sharding(fields, path)
-    raise SurgeryError(
+    raise UnsupportedError(
         f"Leaf {path!r}: the checkpoint records a {kind}, which suture cannot rebuild. "
         f"{_HOW_TO_GIVE_ONE}"
     )
@@ -56,7 +56,7 @@ def metadata_sharding(metadata: Any, path: str) -> Any:
     try:
         return metadata.to_jax_sharding()
     except ValueError as error:
-        raise SurgeryError(
+        raise UnsupportedError(
             f"Leaf {path!r}: the target's Orbax metadata records a sharding on devices this "
             f"process does not have ({error}). {_HOW_TO_GIVE_ONE}"
         ) from error
@@ -79,7 +79,7 @@ def _named_sharding(fields: dict, path: str) -> Any:
         ids = [entry["id"] for entry in _leaves(recorded["mesh"])]
         absent = [device_id for device_id in ids if device_id not in by_id]
         if absent:
-            raise SurgeryError(
+            raise UnsupportedError(
                 f"Leaf {path!r}: the checkpoint was saved sharded over a mesh {dict(zip(fields['axis_names'], shape, strict=False))} "
                 f"of devices with ids {_short(ids)}, but this process has no device with id "
                 f"{_short(absent)} (it has {len(by_id)} devices). {_HOW_TO_GIVE_ONE}"
@@ -88,7 +88,7 @@ def _named_sharding(fields: dict, path: str) -> Any:
     else:
         devices = jax.devices()
     if len(devices) != int(np.prod(shape)):
-        raise SurgeryError(
+        raise UnsupportedError(
             f"Leaf {path!r}: the checkpoint was saved sharded over a mesh of shape {shape}, "
             f"but this process has {len(devices)} devices. {_HOW_TO_GIVE_ONE}"
         )

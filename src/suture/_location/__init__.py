@@ -20,7 +20,7 @@ Example:
     >>> location_of("ftp://host/x")
     Traceback (most recent call last):
     ...
-    suture._errors.SurgeryError: 'ftp://host/x' uses the scheme 'ftp', which suture does not read or write. Supported: local paths, gs://, s3://, http://, https:// (http(s) read-only).
+    suture._errors.UnsupportedError: 'ftp://host/x' uses the scheme 'ftp', which suture does not read or write. Supported: local paths, gs://, s3://, http://, https:// (http(s) read-only).
 
 The package: `base` (the `Location` interface, local paths), `remote` (object stores and
 HTTP through TensorStore), `publish` (a writer's lock, temporary place and commit).
@@ -32,7 +32,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .._errors import SurgeryError
+from .._errors import ArgumentError, UnsupportedError
 from .base import LocalLocation, Location
 from .remote import WRITABLE_SCHEMES, RemoteLocation, remote_context
 
@@ -56,7 +56,7 @@ def location_of(path: Any) -> Location:
     """The `Location` for a path string, `os.PathLike` (``epath.Path`` included) or Location.
 
     Raises:
-        SurgeryError: the URL's scheme is not one suture reads.
+        UnsupportedError: the URL's scheme is not one suture reads.
     """
     if isinstance(path, Location):
         return path
@@ -70,13 +70,15 @@ def location_of(path: Any) -> Location:
     if scheme == "file":
         return LocalLocation(Path(match.group("rest")))
     if scheme not in REMOTE_SCHEMES:
-        raise SurgeryError(
+        raise UnsupportedError(
             f"{text!r} uses the scheme {scheme!r}, which suture does not read or write. "
             f"Supported: {_SUPPORTED_TEXT}."
         )
     host, _, key = match.group("rest").partition("/")
     if not host:
-        raise SurgeryError(f"{text!r} names no bucket or host. Write it as {scheme}://BUCKET/PATH.")
+        raise ArgumentError(
+            f"{text!r} names no bucket or host. Write it as {scheme}://BUCKET/PATH."
+        )
     return RemoteLocation(scheme, host, key.strip("/"))
 
 

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from .._errors import SurgeryError
+from .._errors import DestinationError, DestinationExistsError, SurgeryError
 from .base import LocalLocation, Location
 
 TMP_MARKER = ".orbax-checkpoint-tmp-suture-"
@@ -81,7 +81,7 @@ def begin(destination: Location, overwrite: bool, staged: bool) -> Publication:
     formats written with positional writes, such as safetensors).
 
     Raises:
-        SurgeryError: `destination` is a finished checkpoint and `overwrite` is False.
+        DestinationExistsError: `destination` is a finished checkpoint and `overwrite` is False.
     """
     if isinstance(destination, LocalLocation):
         name = f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}"
@@ -96,13 +96,13 @@ def begin(destination: Location, overwrite: bool, staged: bool) -> Publication:
     return Publication(destination, destination, staged)
 
 
-def destination_exists(destination: Location) -> SurgeryError:
+def destination_exists(destination: Location) -> DestinationExistsError:
     replace = (
         "the old one is removed only once the new one is complete"
         if not destination.is_remote
         else "on an object store the old one is deleted before the new one is written"
     )
-    return SurgeryError(
+    return DestinationExistsError(
         f"{str(destination)!r} already exists. Pass overwrite=True (--overwrite) to replace it "
         f"({replace}), or choose another path."
     )
@@ -128,7 +128,7 @@ def rename_into_place(temporary: Path, destination: Path, overwrite: bool) -> No
     """Moves a finished local result into place, atomically replacing an old one (`replace`)."""
     if destination.exists() or destination.is_symlink():
         if not overwrite:
-            raise SurgeryError(
+            raise DestinationExistsError(
                 f"{str(destination)!r} appeared while writing; the new result was discarded."
             )
         old = replace(temporary, destination)
@@ -161,7 +161,7 @@ def exclusive(destination: Location) -> Iterator[None]:
     host's process cannot be checked from here.
 
     Raises:
-        SurgeryError: another live process, or a process on another host, holds the lock.
+        DestinationError: another live process, or a process on another host, holds the lock.
     """
     lock = destination.with_name(f".{destination.name}.suture-lock")
     owner = f"{os.getpid()}@{socket.gethostname()} {uuid.uuid4().hex}"
@@ -170,19 +170,19 @@ def exclusive(destination: Location) -> Iterator[None]:
             break
         pid, host = _lock_owner(lock)
         if pid is not None and host not in (None, socket.gethostname()):
-            raise SurgeryError(
+            raise DestinationError(
                 f"Another process (pid {pid} on host {host!r}) is writing {str(destination)!r}. "
                 f"Wait for it to finish, or write elsewhere; if that writer is gone, remove "
                 f"{str(lock)!r}."
             )
         if pid is not None and _alive(pid):
-            raise SurgeryError(
+            raise DestinationError(
                 f"Another process (pid {pid}) is writing {str(destination)!r}. Wait for it to "
                 f"finish, or write elsewhere."
             )
         lock.remove()  # stale: its writer died
     else:
-        raise SurgeryError(
+        raise DestinationError(
             f"Could not lock {str(destination)!r} for writing; remove {str(lock)!r}."
         )
     try:

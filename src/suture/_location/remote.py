@@ -11,7 +11,13 @@ from typing import Any
 import numpy as np
 
 from .._buffers import aligned_empty
-from .._errors import CheckpointNotFoundError, CorruptCheckpointError, SurgeryError
+from .._errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    DestinationError,
+    SurgeryError,
+    UnsupportedError,
+)
 from .base import Location, short_read
 
 WRITABLE_SCHEMES = ("gs", "s3")
@@ -94,7 +100,7 @@ class RemoteLocation(Location):
         import tensorstore as ts  # heavy: loaded on first use, not at import
 
         if self.scheme in ("http", "https"):
-            raise SurgeryError(
+            raise UnsupportedError(
                 f"{str(self)!r} is not a file on the HTTP server, and an HTTP server's folders "
                 f"cannot be listed. Pass a file (a .safetensors file or *.safetensors.index.json), "
                 f"or an Orbax checkpoint folder holding _METADATA rather than a CheckpointManager "
@@ -185,7 +191,7 @@ class RemoteLocation(Location):
 
     def require_writable(self) -> None:
         if self.scheme not in WRITABLE_SCHEMES:
-            raise SurgeryError(
+            raise DestinationError(
                 f"Cannot write {str(self)!r}: {self.scheme}:// is read-only for suture. Write "
                 f"to a local path, gs:// or s3://."
             )

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .._errors import SurgeryError
+from .._errors import DestinationError, UnsupportedError
 from .._exec.distributed import collective
 from .._exec.memory import tune_if_asked
 from .._exec.progress import wants_progress
@@ -179,7 +179,7 @@ def save(
         if group is None:
             return write(tree, destination, options)
         if not isinstance(destination, LocalLocation):
-            raise SurgeryError(
+            raise UnsupportedError(
                 f"Cannot write {str(destination)!r} from several processes: a save under "
                 f"jax.distributed writes local or mounted paths only. Save to a shared "
                 f"mounted folder, or from one process."
@@ -212,7 +212,7 @@ def _check_writable_path(destination: Location, format: str) -> None:  # noqa: A
         return
     path = Path(destination)
     if not path.parent.is_dir():
-        raise SurgeryError(
+        raise DestinationError(
             f"The folder {str(path.parent)!r} for {str(path)!r} does not exist. "
             f"Create it first, or write elsewhere."
         )
@@ -220,7 +220,7 @@ def _check_writable_path(destination: Location, format: str) -> None:  # noqa: A
         try:
             str(path.absolute()).encode("utf-8")
         except UnicodeEncodeError:
-            raise SurgeryError(
+            raise UnsupportedError(
                 f"{str(path)!r} is not a UTF-8 path, and TensorStore (which writes Orbax "
                 f"checkpoints) takes only UTF-8 paths. Write to a UTF-8 path, or write safetensors."
             ) from None
@@ -242,7 +242,7 @@ def _check_destination(destination: Location, overwrite: bool, tree: Any) -> Non
         for source in leaf.sources():
             origin = str(location_of(source.origin).resolve()) if source.origin else None
             if origin is not None and (origin == target or origin.startswith(f"{target}/")):
-                raise SurgeryError(
+                raise DestinationError(
                     f"{str(destination)!r} holds {source.path!r}, a source this save reads. Write "
                     f"to another path, then move it into place."
                 )

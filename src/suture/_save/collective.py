@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import SurgeryError
+from .._errors import DestinationError, UnsupportedError
 from .._exec.blocks import Block
 from .._exec.distributed import Group, global_array
 from .._exec.progress import progress_bar
@@ -114,8 +114,12 @@ def write_collective(
             else:
                 with contextlib.suppress(Exception):
                     group.arrive("stopped")
-            if isinstance(error, (OSError, ValueError)) and (
-                isinstance(error, OSError) or is_io_failure(error)
+            # A DestinationError (the destination appeared meanwhile) is an OSError but
+            # already says what went wrong: raised as it is, not wrapped as a failed write.
+            if (
+                isinstance(error, (OSError, ValueError))
+                and not isinstance(error, DestinationError)
+                and (isinstance(error, OSError) or is_io_failure(error))
             ):
                 raise as_surgery_error(error, destination) from error
             raise
@@ -127,7 +131,7 @@ def _primary_safetensors(group: Group, tree: Any, *arguments: Any) -> tuple[list
     """The primary's blocks for `safetensors_blocks(tree, *arguments)`; none for the others."""
     spanning = [path for path, leaf in flatten(tree).items() if global_array(leaf) is not None]
     if spanning:
-        raise SurgeryError(
+        raise UnsupportedError(
             f"Leaf {spanning[0]!r} is a jax.Array sharded across processes, which a safetensors "
             f"file cannot be assembled from under jax.distributed. Save as Orbax (each process "
             f"writes its shards), or gather it first (jax.experimental.multihost_utils."
@@ -141,7 +145,7 @@ def _primary_safetensors(group: Group, tree: Any, *arguments: Any) -> tuple[list
 def _check_verifiable(blocks: list[Block]) -> None:
     shards = [block.path for block in blocks if hasattr(block.writer, "index")]
     if shards:
-        raise SurgeryError(
+        raise UnsupportedError(
             f"verify=True reads blocks back by rows, but {shards[0]!r} is a jax.Array sharded "
             f"across processes, written shard by shard. Save without verify, then check the "
             f"result with suture.load onto the same sharding."

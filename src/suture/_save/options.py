@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import SurgeryError
+from .._errors import ArgumentError
 from .._exec.blocks import DEFAULT_MAX_MEMORY
 from .._format import parse_bytes
 from .._location import Location, location_of
@@ -64,7 +64,7 @@ class SaveOptions:
         Without `chunk_bytes`, small budgets get small chunks, so that a block fits them.
         """
         if format not in FORMATS:
-            raise SurgeryError(
+            raise ArgumentError(
                 f"Unknown output format {format!r}: use one of {', '.join(FORMATS)}."
             )
         budget = parse_bytes(max_memory) if max_memory is not None else DEFAULT_MAX_MEMORY

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._errors import SurgeryError
+from .._errors import DestinationError, SurgeryError
 from ..sources.detect import detect
 
 
@@ -18,7 +18,7 @@ def check_replaceable(destination: Any) -> None:
     try:
         detect(destination)
     except (SurgeryError, OSError) as error:
-        raise SurgeryError(
+        raise DestinationError(
             f"--overwrite replaces only a checkpoint, and {str(destination)!r} is not one that "
             f"suture recognizes ({error}). Remove it yourself if it should go, or write elsewhere."
         ) from None

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import SurgeryError
+from .._errors import CorruptCheckpointError
 from .._exec.blocks import Block, LeafWriter
 from .._lazy.array import LazyArray
 from .._paths import flatten
@@ -89,7 +89,7 @@ def check(blocks: list[Block], digests: Digests, written: dict[str, LazyArray]) 
     for block in blocks:
         leaf = written.get(block.path)
         if leaf is None:
-            raise SurgeryError(
+            raise CorruptCheckpointError(
                 f"Verification failed: {block.path!r} is missing from the written output."
             )
         part = leaf[block.outer] if block.outer else leaf
@@ -99,7 +99,7 @@ def check(blocks: list[Block], digests: Digests, written: dict[str, LazyArray]) 
         ):
             where = "rows" if block.axis == 0 else f"positions of axis {block.axis}"
             within = f" of row {list(block.outer)}" if block.outer else ""
-            raise SurgeryError(
+            raise CorruptCheckpointError(
                 f"Verification failed: {where} {block.rows.start or 0} to {block.rows.stop}"
                 f"{within} of {block.path!r} read back differently from what was written. "
                 f"Nothing was "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._errors import SurgeryError
+from .._errors import ArgumentError, DestinationError, PathConflictError, UnsupportedError
 from .._exec.blocks import Block, block_budget, check_blocks_fit, leaf_blocks
 from .._exec.distributed import Group, global_array, share_blocks
 from .._exec.progress import progress_bar
@@ -123,7 +123,7 @@ def orbax_blocks(
     owned: list[Block] = []  # shards of global jax.Arrays that this process holds
     leaves = keys_and_kinds(tree)
     if len(leaves) == 1 and leaves[0][0] == ():
-        raise SurgeryError("An Orbax checkpoint needs a tree; wrap the array: {'array': x}.")
+        raise UnsupportedError("An Orbax checkpoint needs a tree; wrap the array: {'array': x}.")
     for keys, kinds, leaf in leaves:
         path = "/".join(keys)
         if group is not None and global_array(leaf) is not None:
@@ -152,13 +152,13 @@ def copy_extra_files(extra_files: Mapping[str, Location], folder: Location | Pat
         return
     folder = location_of(folder)
     if isinstance(folder, LocalLocation) and not folder.is_dir():
-        raise SurgeryError(
+        raise ArgumentError(
             "extra_files= needs a folder output: Orbax, or safetensors to a path that does not "
             "end in '.safetensors'."
         )
     for name, source in extra_files.items():
         if "/" in name or name.startswith("."):
-            raise SurgeryError(f"extra file name {name!r} must be a plain file name.")
+            raise ArgumentError(f"extra file name {name!r} must be a plain file name.")
         (folder / name).write_bytes(source.read_bytes())
 
 
@@ -173,14 +173,14 @@ def safetensors_blocks(
         if isinstance(leaf, LazyArray) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
             name = path.replace("/", separator)
             if name in tensors:
-                raise SurgeryError(
+                raise PathConflictError(
                     f"Two leaves get the tensor name {name!r}; choose another separator."
                 )
             tensors[name] = as_lazy(leaf, path=path)
         else:
             others.append(path)
     if others:
-        raise SurgeryError(
+        raise UnsupportedError(
             f"safetensors holds only arrays, but {len(others)} leaves are not: "
             f"{', '.join(repr(p) for p in others[:5])}. Drop them (rules.drop) or save as Orbax."
         )
@@ -202,10 +202,10 @@ def is_io_failure(error: ValueError) -> bool:
     return "No space left" in text or "RESOURCE_EXHAUSTED" in text or "Error writing" in text
 
 
-def as_surgery_error(error: Exception, destination: Location) -> SurgeryError:
+def as_surgery_error(error: Exception, destination: Location) -> DestinationError:
     if getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error):
-        return SurgeryError(
+        return DestinationError(
             f"No space left on the device while writing {str(destination)!r}; nothing was left "
             f"behind. Free space or write elsewhere."
         )
-    return SurgeryError(f"Writing {str(destination)!r} failed: {error}.")
+    return DestinationError(f"Writing {str(destination)!r} failed: {error}.")

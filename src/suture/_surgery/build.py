@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ShapeMismatchError, SurgeryError, raise_problems
+from .._errors import ArgumentError, ShapeMismatchError, SurgeryError, raise_problems
 from .._jaxtypes import is_shape_dtype_struct
 from .._lazy.array import LazyArray
 from .._lazy.graph import SourceNode
@@ -87,7 +87,7 @@ def _check_argument_order(transform: Any, sources: Sequence[Any]) -> None:
         return
     shown = repr(str(transform)) if not isinstance(transform, Checkpoint) else "ckpt"
     swapped = any(callable(source) or isinstance(source, (list, tuple, Rule)) for source in sources)
-    raise SurgeryError(
+    raise ArgumentError(
         f"Got the checkpoint {shown} where the transform goes: the transform comes first, "
         f"then the sources, e.g. suture.load_and_transform(transform, {shown})"
         + (" (the arguments look swapped)." if swapped else ".")
@@ -102,7 +102,7 @@ def _apply(transform: Any, trees: list[Any], target: Any, built: Built) -> Any:
         transform = [transform]
     if is_transformations_tree(transform):
         if target is None:
-            raise SurgeryError(
+            raise ArgumentError(
                 "An Orbax-style transformations tree needs target= as the result's structure "
                 "(Orbax's new_tree). Pass target=, or use rules or a function instead."
             )
@@ -112,7 +112,7 @@ def _apply(transform: Any, trees: list[Any], target: Any, built: Built) -> Any:
         return apply_rules(transform, _only_tree(trees, "A rule list"), built.problems)
     if callable(transform):
         return _call_function(transform, trees, built)
-    raise SurgeryError(
+    raise ArgumentError(
         f"transform must be a list of rules, a transformations dict, a function or None; "
         f"got {type(transform).__name__}."
     )
@@ -120,7 +120,7 @@ def _apply(transform: Any, trees: list[Any], target: Any, built: Built) -> Any:
 
 def _only_tree(trees: list[Any], what: str) -> Any:
     if len(trees) != 1:
-        raise SurgeryError(
+        raise ArgumentError(
             f"{what} applies to one source, but {len(trees)} were given. To combine several "
             f"checkpoints, pass a function fn(*trees) -> tree."
         )

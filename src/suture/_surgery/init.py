@@ -21,7 +21,12 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._errors import MissingLeafError, ShapeMismatchError, SurgeryError, did_you_mean
+from .._errors import (
+    ArgumentError,
+    MissingLeafError,
+    ShapeMismatchError,
+    did_you_mean,
+)
 from .._lazy.array import LazyArray, as_lazy
 from .._paths import flatten
 from .targets import LeafTarget
@@ -112,7 +117,7 @@ def _missing_message(paths: list[str], available: list[str]) -> str:
 def _from_entry(entry: Any, path: str, target: LeafTarget, seed: Any) -> Any:
     if callable(entry) and not isinstance(entry, LazyArray):
         if target.shape is None or target.dtype is None:
-            raise SurgeryError(
+            raise ArgumentError(
                 f"init for {path!r} is a function, but the target leaf gives no shape and "
                 f"dtype to call it with. Use a jax.ShapeDtypeStruct or an array as the target leaf."
             )

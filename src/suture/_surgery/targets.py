@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import SurgeryError, did_you_mean
+from .._errors import ArgumentError, did_you_mean
 from .._jaxtypes import is_shape_dtype_struct, jax_array_type
 from .._paths import ancestor_paths, flatten, map_leaves_with_path, match_path_or_ancestor
 from .._patterns import compile_pattern
@@ -205,7 +205,7 @@ def placeholders(tree: Any, skip: str) -> Any:
 
     paths = list(flatten(tree))
     if not any(skipped(path) for path in paths):
-        raise SurgeryError(
+        raise ArgumentError(
             f"skip={skip!r} matches no leaf or subtree path (it must match a whole path)."
             f"{did_you_mean(skip, ancestor_paths(paths))} Paths look like {paths[0]!r}."
         )

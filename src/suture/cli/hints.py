@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .._errors import SurgeryError
+from .._errors import ArgumentError
 
 # Library advice about Python arguments, said as what a command-line user can do instead.
 _COMMAND_LINE_WORDS = (
@@ -46,11 +46,11 @@ def check_recipe_first(recipe: str, sources: list[str], command: str) -> None:
     if recipes:
         others = [source for source in sources if source not in recipes]
         order = " ".join([recipes[0], recipe, *others])
-        raise SurgeryError(
+        raise ArgumentError(
             f"The arguments look swapped: {recipe!r} is a checkpoint and {recipes[0]!r} a "
             f"recipe. The recipe comes first: suture {command} {order} ..."
         )
-    raise SurgeryError(
+    raise ArgumentError(
         f"{recipe!r} is a checkpoint, not a recipe file ({', '.join(RECIPE_SUFFIXES)}). The "
         f"recipe comes first, then the source checkpoint(s): suture {command} RECIPE SOURCE..."
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import rules
-from .._errors import SurgeryError
+from .._errors import ConfigMismatchError, SurgeryError
 from .._hf import LAYOUT_KEY, keep_safetensors_layout, reuse_safetensors_layout
 from .._location import location_of
 from .._paths import unflatten
@@ -106,9 +106,11 @@ def read_config(config: Any) -> dict[str, Any]:
     try:
         loaded = json.loads(location_of(config).read_bytes())
     except (OSError, ValueError, SurgeryError) as error:
-        raise SurgeryError(f"Cannot read the model config {str(config)!r}: {error}.") from None
+        raise ConfigMismatchError(
+            f"Cannot read the model config {str(config)!r}: {error}."
+        ) from None
     if not isinstance(loaded, dict):
-        raise SurgeryError(f"{str(config)!r} is not a config.json: it holds no JSON object.")
+        raise ConfigMismatchError(f"{str(config)!r} is not a config.json: it holds no JSON object.")
     return loaded
 
 
@@ -117,7 +119,7 @@ def _config_beside(source: str | os.PathLike, name: str) -> dict[str, Any]:
     folder = place if place.is_dir() else place.parent
     candidate = folder / "config.json"
     if not candidate.is_file():
-        raise SurgeryError(
+        raise ConfigMismatchError(
             f"Recipe {name!r} needs the model's config.json (head counts, head_dim, layers), "
             f"and {str(folder)!r} has none. Pass it: --config path/to/config.json "
             f"(config= in Python)."

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import RecipeFormatError, SurgeryError
+from .._errors import ConfigMismatchError, RecipeFormatError
 from .._lazy.array import LazyArray, elementwise
 from .._lazy.combine import fit_shape
 from ._expr import evaluate
@@ -75,7 +75,7 @@ class SplitAxis(Operation):
     def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
         sizes = self._sizes(names)
         if math.prod(sizes) != array.shape[self.axis]:
-            raise SurgeryError(
+            raise ConfigMismatchError(
                 f"Leaf {array.path!r}: axis {self.axis} has length {array.shape[self.axis]}, "
                 f"expected {' x '.join(map(str, sizes))} = {math.prod(sizes)} from the config "
                 f"({', '.join(map(str, self.sizes))}). The checkpoint does not fit its "
@@ -115,7 +115,7 @@ class InterleaveRope(Operation):
 
 def _even_half(array: LazyArray) -> int:
     if array.shape[-1] % 2:
-        raise SurgeryError(
+        raise ConfigMismatchError(
             f"Leaf {array.path!r}: the rotary layout needs an even last axis, found "
             f"{array.shape[-1]}. The recipe does not fit this model."
         )
@@ -183,7 +183,7 @@ class PadRows(Operation):
     def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
         rows = int(evaluate(self.to, names))
         if rows < array.shape[0]:
-            raise SurgeryError(
+            raise ConfigMismatchError(
                 f"Leaf {array.path!r} has {array.shape[0]} rows, more than the {rows} "
                 f"({self.to}) the recipe pads to. Pass a larger padded size."
             )

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from .._errors import ConfigMismatchError, SurgeryError, did_you_mean
+from .._errors import ConfigMismatchError, RecipeError, did_you_mean
 from .._lazy.array import LazyArray, as_lazy
 from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
@@ -247,7 +247,7 @@ def get_recipe(name: str) -> FamilyRecipe:
     """The built-in recipe `name` (``FAMILY:maxtext`` or ``FAMILY:maxtext-unscanned``)."""
     family, _, layout = name.partition(":")
     if family not in _families() or layout not in LAYOUTS:
-        raise SurgeryError(
+        raise RecipeError(
             f"No built-in recipe {name!r}.{did_you_mean(name, recipe_names())} "
             f"Built in: {', '.join(recipe_names())}."
         )

@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from .._errors import SurgeryError
+from .._errors import ArgumentError, PathConflictError, UnsupportedError
 
 # OCDBT keys hold at most 65,535 bytes; an array's chunk keys add its name a suffix.
 MAX_ORBAX_NAME_BYTES = 60_000
@@ -22,14 +22,14 @@ RESERVED_SAFETENSORS_NAMES = ("__metadata__",)
 
 def _check_text(name: str, what: str) -> None:
     if not isinstance(name, str) or not name:
-        raise SurgeryError(
+        raise UnsupportedError(
             f"{what} {name!r} is empty: a reader could not address it (suture reads an empty "
             f"name as the whole tree). Rename it (rules.rename)."
         )
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
-        raise SurgeryError(
+        raise UnsupportedError(
             f"{what} {name[:200]!r} is not valid Unicode (it holds undecodable bytes, e.g. from "
             f"a file name); the format stores UTF-8. Rename it (rules.rename)."
         ) from None
@@ -39,7 +39,7 @@ def check_safetensors_name(name: str) -> None:
     """Refuses a tensor name that a safetensors header cannot hold as a tensor."""
     _check_text(name, "Tensor name")
     if name in RESERVED_SAFETENSORS_NAMES:
-        raise SurgeryError(
+        raise UnsupportedError(
             f"Tensor name {name!r} is reserved by safetensors for the file's metadata. Rename "
             f"it (rules.rename)."
         )
@@ -55,7 +55,7 @@ def check_shard_file_name(filename: str) -> None:
         or not filename.endswith(".safetensors")
         or "\0" in filename
     ):
-        raise SurgeryError(
+        raise ArgumentError(
             f"Shard file name {filename[:200]!r} must be a plain file name ending in "
             f".safetensors (no folders, not hidden), e.g. 'model-00001-of-00002.safetensors'."
         )
@@ -73,13 +73,13 @@ class OrbaxNames:
         name = ".".join(keys)
         _check_text(name, f"Leaf {path[:200]!r}: its stored name")
         if len(name.encode("utf-8")) > MAX_ORBAX_NAME_BYTES:
-            raise SurgeryError(
+            raise UnsupportedError(
                 f"Leaf {path[:80]!r}...: its stored name has {len(name.encode('utf-8')):,} bytes; "
                 f"an Orbax (OCDBT) key holds at most {MAX_ORBAX_NAME_BYTES:,}. Rename it "
                 f"(rules.rename), or write safetensors."
             )
         if name in self._taken:
-            raise SurgeryError(
+            raise PathConflictError(
                 f"Leaves {'/'.join(self._taken[name])!r} and {path!r} would both be stored as "
                 f"{name!r} (Orbax joins keys with '.'). Rename one (rules.rename)."
             )

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import SurgeryError
+from .._errors import UnsupportedError
 from .._exec.blocks import Block, chunk_rows, stack_axis
 from .._interrupts import native_call
 from .._lazy.array import LazyArray
@@ -252,7 +252,7 @@ class OrbaxSink:
             scalar = LazyArray.from_array(np.asarray(value), path="/".join(keys))
             scalar.stored_as = "scalar"
             return scalar
-        raise SurgeryError(
+        raise UnsupportedError(
             f"Leaf {'/'.join(keys)!r} is a {type(value).__name__}, which an Orbax checkpoint "
             f"cannot hold. Drop it (rules.drop) or turn it into an array, a number or a string."
         )
@@ -370,7 +370,7 @@ def _zarr_dtype(dtype: np.dtype, keys: tuple[str, ...]) -> str:
         or dtype.name.startswith(("float8", "int4", "uint4", "int2", "uint2", "float4", "float6"))
     ):
         return dtype.name
-    raise SurgeryError(f"Leaf {'/'.join(keys)!r} has dtype {dtype}, which zarr3 cannot store.")
+    raise UnsupportedError(f"Leaf {'/'.join(keys)!r} has dtype {dtype}, which zarr3 cannot store.")
 
 
 def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import SurgeryError
+from .._errors import ArgumentError, UnsupportedError
 from .._lazy.array import LazyArray
 from .names import check_safetensors_name, check_shard_file_name
 
@@ -119,14 +119,14 @@ class SafetensorsSink:
         for name, array in tensors.items():
             check_safetensors_name(name)
             if array.dtype.name not in SAFETENSORS_DTYPES:
-                raise SurgeryError(
+                raise UnsupportedError(
                     f"Tensor {name!r} has dtype {array.dtype.name}, which safetensors cannot store. "
                     f"Cast it (rules.cast) to one of: {', '.join(sorted(SAFETENSORS_DTYPES))}."
                 )
         if metadata is not None and not all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
         ):
-            raise SurgeryError("safetensors metadata must map strings to strings.")
+            raise ArgumentError("safetensors metadata must map strings to strings.")
         self.metadata = metadata
         self.folder = folder
         if shard_map:
@@ -134,7 +134,7 @@ class SafetensorsSink:
         else:
             self.shards = _assign_shards(tensors, max_shard_size)
         if not folder and len(self.shards) > 1:
-            raise SurgeryError(
+            raise ArgumentError(
                 f"The tensors need {len(self.shards)} shard files, but the output is one "
                 f"'.safetensors' file. Give a folder path (a name without '.safetensors') to "
                 f"write shards and their index, or leave out max_shard_size."
@@ -225,7 +225,7 @@ def _header(shard: _Shard, metadata: dict[str, str] | None) -> bytes:
         offset += array.nbytes
     header = json.dumps(entries, separators=(",", ":")).encode()
     if len(header) > MAX_HEADER_BYTES:
-        raise SurgeryError(
+        raise UnsupportedError(
             f"The safetensors header of {shard.filename} would be {len(header):,} bytes; the "
             f"safetensors library reads at most {MAX_HEADER_BYTES:,}. Shorten the tensor names, "
             f"or shard the output (max_shard_size)."

@@ -6,7 +6,12 @@ import os
 import zipfile
 from typing import Any
 
-from .._errors import CheckpointNotFoundError, NotACheckpointError, SurgeryError
+from .._errors import (
+    ArgumentError,
+    CheckpointNotFoundError,
+    NotACheckpointError,
+    UnsupportedError,
+)
 from .._location import Location, RemoteLocation, location_of
 from .checkpoint import Checkpoint
 
@@ -25,15 +30,15 @@ def open_source(
     if isinstance(source, Checkpoint):
         return source
     if format is not None and format not in FORMATS:
-        raise SurgeryError(f"Unknown format {format!r}. Known formats: {', '.join(FORMATS)}.")
+        raise ArgumentError(f"Unknown format {format!r}. Known formats: {', '.join(FORMATS)}.")
     if not isinstance(source, (str, os.PathLike, Location)):  # etils.epath.Path is PathLike
         if step is not None:
-            raise SurgeryError("step= applies to CheckpointManager folders, not in-memory trees.")
+            raise ArgumentError("step= applies to CheckpointManager folders, not in-memory trees.")
         from .memory import open_memory  # a format plugin: loaded for the format found
 
         return open_memory(source)
     if format == "memory":
-        raise SurgeryError("format='memory' is for in-memory trees, not paths.")
+        raise ArgumentError("format='memory' is for in-memory trees, not paths.")
     path = location_of(source)
     if format is not None and not path.exists():
         raise CheckpointNotFoundError(f"No such file or folder: {str(path)!r}. Check the path.")
@@ -45,7 +50,7 @@ def open_source(
         )
     kind = format or detect(path)
     if step is not None and kind != "orbax":
-        raise SurgeryError(f"step= applies to Orbax CheckpointManager folders, not {kind} files.")
+        raise ArgumentError(f"step= applies to Orbax CheckpointManager folders, not {kind} files.")
     if kind == "orbax":
         from .orbax import open_orbax  # a format plugin: loaded for the format found
 
@@ -63,7 +68,7 @@ def open_source(
 
         return open_npz(path)
     if path.is_remote:
-        raise SurgeryError(
+        raise UnsupportedError(
             f"{str(path)!r} is a PyTorch file, which suture opens only from a local path (torch "
             f"memory-maps it). Copy it locally, or convert it to safetensors first."
         )

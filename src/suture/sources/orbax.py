@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._dtypes import from_zarr
-from .._errors import CorruptCheckpointError, SurgeryError, check_shape
+from .._errors import CorruptCheckpointError, SurgeryError, UnsupportedError, check_shape
 from .._lazy.array import LazyArray
 from .._location import Location, location_of, remote_context
 from .._paths import check_depth
@@ -59,7 +59,7 @@ class _ItemStore:
         try:
             str(self.folder).encode("utf-8")
         except UnicodeEncodeError:
-            raise SurgeryError(
+            raise UnsupportedError(
                 f"{str(folder)!r} is not a UTF-8 path, and TensorStore (which reads Orbax "
                 f"checkpoints) takes only UTF-8 paths. Rename the folder or link it from a UTF-8 "
                 f"path."

@@ -24,7 +24,13 @@ from typing import Any
 import numpy as np
 
 from .._dtypes import to_dtype
-from .._errors import CorruptCheckpointError, NotACheckpointError, SurgeryError, check_shape
+from .._errors import (
+    CorruptCheckpointError,
+    NotACheckpointError,
+    PathConflictError,
+    SurgeryError,
+    check_shape,
+)
 from .._lazy.array import LazyArray
 from .._location import Location, location_of
 from .._paths import unflatten
@@ -292,7 +298,7 @@ def _tree(tensors: dict[str, LazyArray], separator: str, path: Location) -> Any:
             keys = [name]  # "a..b" or ".x": keep the name whole rather than invent empty keys
         tree_path = "/".join(keys)
         if tree_path in named:
-            raise SurgeryError(
+            raise PathConflictError(
                 f"Tensors {named[tree_path]!r} and {name!r} of {str(path)!r} both "
                 f"become the tree path {tree_path!r} with separator {separator!r}. Open it with "
                 f"another separator, e.g. separator='/' to keep names whole."
@@ -303,8 +309,9 @@ def _tree(tensors: dict[str, LazyArray], separator: str, path: Location) -> Any:
         flat[tree_path] = array
     try:
         return unflatten(flat)
-    except SurgeryError as error:
-        raise SurgeryError(
+    except SurgeryError as error:  # names that collide, or nest too deep: the same kind
+        kind = PathConflictError if isinstance(error, PathConflictError) else CorruptCheckpointError
+        raise kind(
             f"The tensor names of {str(path)!r} do not form a tree with separator {separator!r} "
             f"({error}). Open it with another separator, e.g. separator='/' to keep names whole."
         ) from error

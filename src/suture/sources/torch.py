@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .._dtypes import to_dtype
-from .._errors import CorruptCheckpointError, SurgeryError
+from .._errors import ArgumentError, CorruptCheckpointError, UnsupportedError
 from .._lazy.array import LazyArray
 from .._lazy.graph import Node, SourceNode
 from .._lazy.selection import Selection, outer_index
@@ -48,7 +48,7 @@ class TorchTensorSource(SourceNode):
 
 def open_torch(path: Path, allow_pickle: bool, separator: str = ".") -> Checkpoint:
     if not allow_pickle:
-        raise SurgeryError(
+        raise ArgumentError(
             f"{str(path)!r} is a PyTorch pickle; unpickling can run code hidden in the file. "
             f"Open it only if you trust it, with allow_pickle=True (CLI: --allow-pickle), or "
             f"convert it to safetensors first."
@@ -56,7 +56,7 @@ def open_torch(path: Path, allow_pickle: bool, separator: str = ".") -> Checkpoi
     try:
         import torch  # heavy: loaded on first use, not at import
     except ImportError as error:
-        raise SurgeryError(
+        raise UnsupportedError(
             "Reading PyTorch files needs the torch extra: pip install 'suture[torch]'."
         ) from error
     try:
