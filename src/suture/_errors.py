@@ -153,8 +153,8 @@ class MergeError(SurgeryError):
 class CollectiveError(SurgeryError, OSError):
     """Another process of a collective save failed or did not arrive; this one stopped too.
 
-    Not a mistake in this process's input but a failure of the job around it, so an
-    OSError (like a timeout or a lost connection), not a ValueError.
+    Not a mistake in this process's input but a failure of the job around it, so also an
+    OSError (like a timeout or a lost connection).
     """
 
 
