@@ -12,8 +12,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import suture
+from suture._buffers import assign
 from suture._iostats import count_bytes_read
-from suture._lazy.graph import assign
 from suture._location.base import read_fully
 from suture.sources import filesource as _filesource
 
