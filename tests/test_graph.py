@@ -24,21 +24,11 @@ from safetensors.numpy import save_file
 import suture
 from suture._errors import ShapeMismatchError, SurgeryError
 from suture._iostats import count_bytes_read
-from suture._lazy.graph import (
-    CastNode,
-    ConcatNode,
-    IndexNode,
-    MapNode,
-    MemorySource,
-    Node,
-    PadNode,
-    ReshapeNode,
-    StackNode,
-    TransposeNode,
-    open_all,
-    source_nodes,
-)
+from suture._lazy.compute import MapNode
+from suture._lazy.graph import MemorySource, Node, open_all, source_nodes
+from suture._lazy.joins import ConcatNode, PadNode, StackNode
 from suture._lazy.selection import full, outer_index, parse_index, selection_shape
+from suture._lazy.views import CastNode, IndexNode, ReshapeNode, TransposeNode
 from tests.orbax_writers import save_standard
 
 FAST = settings(max_examples=60, deadline=None)

@@ -20,8 +20,8 @@ from safetensors.numpy import save_file
 
 import suture
 from suture._iostats import count_bytes_read
-from suture._lazy.compute import BroadcastNode, ComputeNode
-from suture._lazy.graph import MapNode, Node
+from suture._lazy.compute import BroadcastNode, ComputeNode, MapNode
+from suture._lazy.graph import Node
 from suture._lazy.jaxpr import lazy_eval
 
 RNG = np.random.default_rng(0)

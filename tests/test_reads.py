@@ -19,20 +19,12 @@ from safetensors.numpy import save_file
 
 import suture
 from suture._lazy.combine import fit_shape
-from suture._lazy.compute import BroadcastNode, ComputeNode
-from suture._lazy.graph import (
-    CastNode,
-    ConcatNode,
-    IndexNode,
-    MapNode,
-    MemorySource,
-    PadNode,
-    ReshapeNode,
-    StackNode,
-    TransposeNode,
-)
+from suture._lazy.compute import BroadcastNode, ComputeNode, MapNode
+from suture._lazy.graph import MemorySource
+from suture._lazy.joins import ConcatNode, PadNode, StackNode
 from suture._lazy.reads import bytes_read, read_memory
 from suture._lazy.selection import full
+from suture._lazy.views import CastNode, IndexNode, ReshapeNode, TransposeNode
 
 from .orbax_writers import save_standard
 

@@ -1,8 +1,9 @@
 """The lazy-array engine: LazyArray, the graph of nodes behind it, and what reads them.
 
-From the bottom up: `selection` (which elements of each axis a read wants), `graph` (nodes:
-sources and structural operations), `compute` (nodes that compute: products, elementwise
-functions, broadcasts), `reads` (what a read of a node takes from each source, without
+From the bottom up: `selection` (which elements of each axis a read wants), `graph` (the node
+interface, in-memory sources, the walk), `views` and `joins` (index, cast, transpose,
+reshape; stack, concatenate, pad), `compute` (nodes that compute: products, elementwise
+functions, broadcasts, user maps), `reads` (what a read of a node takes from each source, without
 reading), `array` (`LazyArray`), `combine` and `products` (stack, concatenate, matmul,
 einsum), `numpy_api` (numpy's protocols on LazyArray), `jaxpr` and `trace` (user functions
 and ``jnp`` code made lazy).

@@ -37,20 +37,11 @@ from .._errors import (
 from .._format import human_bytes
 from .._interrupts import native_call
 from .._paths import register_array_type
-from .graph import (
-    CastNode,
-    ConcatNode,
-    IndexNode,
-    MapNode,
-    MemorySource,
-    Node,
-    ReshapeNode,
-    SourceNode,
-    StackNode,
-    TransposeNode,
-    source_nodes,
-)
+from .compute import MapNode
+from .graph import MemorySource, Node, SourceNode, source_nodes
+from .joins import ConcatNode, StackNode
 from .selection import full, parse_index
+from .views import CastNode, IndexNode, ReshapeNode, TransposeNode
 
 
 class LazyArray:

@@ -10,7 +10,7 @@ import numpy as np
 from .._errors import InvalidIndexError, ShapeMismatchError
 from .._jaxtypes import is_tracer
 from .array import LazyArray, as_lazy, common_path
-from .graph import ConcatNode, PadNode, StackNode
+from .joins import ConcatNode, PadNode, StackNode
 
 
 def _joined(arrays: Sequence[Any], axis: int, operation: str, new_axis: bool) -> tuple:

@@ -3,6 +3,8 @@
 A `ComputeNode` is how products (``a @ b``, einsum), elementwise functions, reductions and
 traced ``jnp`` primitives stay lazy and blockable: it knows, for each input axis, which
 output axis it runs along, so a selection of the output becomes a selection of each input.
+A `MapNode` is a user function (`suture.map`): over whole arrays, or elementwise, when it
+passes the selection through.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ShapeMismatchError
-from .graph import Node
+from .graph import Node, selected_bytes
 from .selection import Selection, is_full, outer_index, selection_shape
 
 
@@ -163,3 +165,83 @@ class BroadcastNode(Node):
 
     def inputs(self) -> tuple[Node, ...]:
         return (self.base,)
+
+
+class MapNode(Node):
+    """``fn(*inputs)`` computed when read.
+
+    An `elementwise` function (output element ``i`` depends only on input elements ``i``,
+    all shapes equal) reads only the selected elements of its inputs; any other function
+    reads its inputs whole.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        inputs: Sequence[Node],
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        elementwise: bool,
+        name: str,
+    ) -> None:
+        self.fn, self.members = fn, tuple(inputs)
+        self.shape, self.dtype, self.elementwise, self.name = shape, dtype, elementwise, name
+
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        if self.elementwise:
+            return [(member, selection) for member in self.members]
+        return super().input_selections(selection)
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        inputs = sum(m.held_while_reading(part) for m, part in self.input_selections(selection))
+        selected = selected_bytes(self, selection)
+        if self.elementwise:
+            # the function's temporaries, its result and a cast of it, all the size of the
+            # selection; counted at the selection the map sees: a stack of maps computes
+            # one at a time
+            return inputs + self._temporaries(selected) + 2 * selected
+        whole = math.prod(self.shape) * self.dtype.itemsize
+        return inputs + selected + self._temporaries(whole)  # computed whole, then selected
+
+    def _temporaries(self, output_bytes: int) -> int:
+        """Working memory of the function producing `output_bytes`: a temporary per input,
+        and one more."""
+        return (len(self.members) + 1) * output_bytes
+
+    def describe(self) -> str:
+        return f"map {self.name}"
+
+    @property
+    def computes_whole(self) -> bool:
+        return not self.elementwise
+
+    @property
+    def stack_axis(self) -> int | None:
+        return self.members[0].stack_axis if self.elementwise and len(self.members) == 1 else None
+
+    def read(self, selection: Selection) -> np.ndarray:
+        values = self.fn(*(member.read(part) for member, part in self.input_selections(selection)))
+        if self.elementwise:
+            return self._checked(values, selection_shape(selection))
+        values = self._checked(values, self.shape)
+        return values if is_full(selection, self.shape) else outer_index(values, selection)
+
+    def _checked(self, values: Any, expected_shape: tuple[int, ...]) -> np.ndarray:
+        array = np.asarray(values)
+        if array.shape != expected_shape:
+            raise ShapeMismatchError(
+                f"suture.map({self.name}) returned shape {array.shape}, expected "
+                f"{expected_shape}. Pass the right shape= to suture.map, or fix the function."
+            )
+        if array.dtype != self.dtype:
+            if not np.can_cast(array.dtype, self.dtype, casting="same_kind"):
+                raise ShapeMismatchError(
+                    f"suture.map({self.name}) returned dtype {array.dtype}, expected "
+                    f"{self.dtype}. Pass dtype={array.dtype.name!r} to suture.map, or cast "
+                    f"inside the function."
+                )
+            array = array.astype(self.dtype)
+        return array
+
+    def inputs(self) -> tuple[Node, ...]:
+        return self.members

@@ -9,7 +9,8 @@ while reading. Plans report the first; the writer keeps what nodes hold while re
 
 Example:
     >>> import numpy as np
-    >>> from suture._lazy.graph import ConcatNode, MemorySource
+    >>> from suture._lazy.joins import ConcatNode
+    >>> from suture._lazy.graph import MemorySource
     >>> a, b = MemorySource(np.ones((4, 2), np.float32)), MemorySource(np.ones((4, 2), np.float32))
     >>> bytes_read(ConcatNode([a, b], 0, a.dtype), (range(3), range(2)))  # 3 rows of `a`
     24

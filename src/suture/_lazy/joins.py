@@ -1,0 +1,167 @@
+"""Joins of several inputs: stack, concatenate, and pad (an input fitted to a shape).
+
+A read touches only the members its selection reaches: ``stack(xs)[3]`` reads ``xs[3]``;
+a slice of a concatenation reads the parts of the members it covers; a pad reads only
+the part of its input inside the bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .._buffers import aligned_empty, assign
+from .graph import Node, selected_bytes
+from .selection import (
+    AxisSelection,
+    Selection,
+    as_range,
+    positions,
+    selection_shape,
+    to_slice,
+)
+
+
+class StackNode(Node):
+    """`members` stacked along a new `axis`."""
+
+    def __init__(self, members: Sequence[Node], axis: int, dtype: np.dtype) -> None:
+        self.members, self.axis, self.dtype = tuple(members), axis, dtype
+        member_shape = members[0].shape
+        self.shape = member_shape[:axis] + (len(members),) + member_shape[axis:]
+
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        member_selection = selection[: self.axis] + selection[self.axis + 1 :]
+        touched = sorted(set(positions(selection[self.axis])))
+        return [(self.members[member], member_selection) for member in touched]
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        held = max(  # members are read one after another, each into its place
+            (m.held_while_reading(part, into=True) for m, part in self.input_selections(selection)),
+            default=0,
+        )
+        return held + (0 if into else selected_bytes(self, selection))
+
+    def describe(self) -> str:
+        return f"stack {len(self.members)} on axis {self.axis}{_promoted(self)}"
+
+    @property
+    def stack_axis(self) -> int | None:
+        return self.axis
+
+    def read(self, selection: Selection) -> np.ndarray:
+        result = aligned_empty(selection_shape(selection), self.dtype)
+        self.read_into(selection, result)
+        return result
+
+    def read_into(self, selection: Selection, out: np.ndarray) -> None:
+        if out.dtype != self.dtype and any(m.dtype != self.dtype for m in self.members):
+            assign(out, self.read(selection))  # promote first, as `read` does
+            return
+        member_selection = selection[: self.axis] + selection[self.axis + 1 :]
+        # one read per selected position (a repeated member is read again, into its place)
+        for position, member in enumerate(positions(selection[self.axis])):
+            target = (slice(None),) * self.axis + (position,)
+            self.members[member].read_into(member_selection, out[target])
+
+    def inputs(self) -> tuple[Node, ...]:
+        return self.members
+
+
+class ConcatNode(Node):
+    """`members` joined along an existing `axis`."""
+
+    def __init__(self, members: Sequence[Node], axis: int, dtype: np.dtype) -> None:
+        self.members, self.axis, self.dtype = tuple(members), axis, dtype
+        lengths = [member.shape[axis] for member in members]
+        self._offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        first = members[0].shape
+        self.shape = first[:axis] + (int(self._offsets[-1]),) + first[axis + 1 :]
+
+    def _parts(self, selection: Selection) -> list[tuple[Node, Selection, AxisSelection]]:
+        """``(member, its selection, positions of the result along the axis)`` for each
+        member the selection touches, in member order: one read per member."""
+        wanted = np.asarray(positions(selection[self.axis]), dtype=np.int64)
+        owners = np.searchsorted(self._offsets[1:], wanted, side="right")
+        order = np.argsort(owners, kind="stable")
+        touched, starts = np.unique(owners[order], return_index=True)
+        parts: list[tuple[Node, Selection, AxisSelection]] = []
+        if len(wanted) == 0:
+            return parts
+        for owner, where in zip(touched.tolist(), np.split(order, starts[1:]), strict=True):
+            local = as_range(wanted[where] - self._offsets[owner])
+            member_selection = selection[: self.axis] + (local,) + selection[self.axis + 1 :]
+            parts.append((self.members[owner], member_selection, as_range(where)))
+        return parts
+
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        return [(member, part) for member, part, _ in self._parts(selection)]
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        held = max(  # members are read one after another into the result (see `read`)
+            (
+                member.held_while_reading(part, into=isinstance(where, range))
+                for member, part, where in self._parts(selection)
+            ),
+            default=0,
+        )
+        return held + selected_bytes(self, selection)
+
+    def describe(self) -> str:
+        return f"concat {len(self.members)} on axis {self.axis}{_promoted(self)}"
+
+    def read(self, selection: Selection) -> np.ndarray:
+        result = np.empty(selection_shape(selection), self.dtype)
+        for member, part, where in self._parts(selection):
+            if isinstance(where, range):  # a view of the result: the member fills it
+                member.read_into(part, result[(slice(None),) * self.axis + (to_slice(where),)])
+            else:
+                result[(slice(None),) * self.axis + (where,)] = member.read(part)
+        return result
+
+    def inputs(self) -> tuple[Node, ...]:
+        return self.members
+
+
+class PadNode(Node):
+    """`base` zero-padded at the end of each axis up to `shape`; only its in-bounds part is read."""
+
+    def __init__(self, base: Node, shape: tuple[int, ...]) -> None:
+        self.base, self.shape, self.dtype = base, shape, base.dtype
+
+    def _inside(self, selection: Selection) -> tuple[list[np.ndarray], Selection] | None:
+        """Where the selection is within `base` (result positions per axis, and the base's
+        selection), or None when it is all padding."""
+        inside_positions, base_selection = [], []
+        for axis_selection, base_length in zip(selection, self.base.shape, strict=True):
+            indices = np.asarray(positions(axis_selection), dtype=np.int64)
+            inside = np.flatnonzero(indices < base_length)
+            if len(inside) == 0:
+                return None
+            inside_positions.append(inside)
+            base_selection.append(as_range(indices[inside]))
+        return inside_positions, tuple(base_selection)
+
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        inside = self._inside(selection)
+        return [] if inside is None else [(self.base, inside[1])]
+
+    def describe(self) -> str:
+        return "pad"
+
+    def read(self, selection: Selection) -> np.ndarray:
+        result = np.zeros(selection_shape(selection), self.dtype)
+        inside = self._inside(selection)
+        if inside is not None:
+            result[np.ix_(*inside[0])] = self.base.read(inside[1])
+        return result
+
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.base,)
+
+
+def _promoted(node: StackNode | ConcatNode) -> str:
+    """`` as <dtype>`` when joining converts some member, else nothing."""
+    same = all(member.dtype == node.dtype for member in node.members)
+    return "" if same else f" as {node.dtype.name}"
