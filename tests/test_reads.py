@@ -22,7 +22,7 @@ from suture._lazy.combine import fit_shape
 from suture._lazy.compute import BroadcastNode, ComputeNode, MapNode
 from suture._lazy.graph import MemorySource
 from suture._lazy.joins import ConcatNode, PadNode, StackNode
-from suture._lazy.reads import bytes_read, read_memory
+from suture._lazy.reads import bytes_read
 from suture._lazy.selection import full
 from suture._lazy.views import CastNode, IndexNode, ReshapeNode, TransposeNode
 
@@ -340,4 +340,4 @@ def test_memory_of_a_concat_is_one_member_part_at_a_time() -> None:
     joined = ConcatNode([a, b], 0, np.dtype(np.float32))
     selection = (range(60, 68), range(16))
     # the result (8 rows), and the larger member part read into it (4 rows)
-    assert read_memory(joined, selection) == 8 * 16 * 4 + 4 * 16 * 4
+    assert joined.held_while_reading(selection) == 8 * 16 * 4 + 4 * 16 * 4

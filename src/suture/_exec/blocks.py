@@ -24,7 +24,7 @@ from .._errors import ArgumentError
 from .._format import human_bytes
 from .._lazy.array import LazyArray
 from .._lazy.graph import Node
-from .._lazy.reads import bytes_read, read_memory
+from .._lazy.reads import bytes_read
 from .._lazy.selection import full
 
 DEFAULT_MAX_MEMORY = 1 << 30
@@ -260,9 +260,9 @@ def _cost(array: LazyArray, rows: slice, writer: LeafWriter, axis: int = 0) -> i
     """Bytes a block holds at its peak: what reading it holds (decoded chunks, strips,
     temporaries, map working memory), the block itself, and what the writer holds."""
     view = array[(slice(None),) * axis + (rows,)] if array.ndim else array
-    # maps count their working memory in `read_memory`, at the selection each one computes
+    # maps count their working memory in `held_while_reading`, at the selection each computes
     working = sum(n.working_bytes(view.nbytes) for n in _walk(view.node))
-    reading = read_memory(view.node, full(view.shape), into=True)
+    reading = view.node.held_while_reading(full(view.shape), into=True)
     return reading + view.nbytes + working + writer.held_while_writing(view.nbytes)
 
 

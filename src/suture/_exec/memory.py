@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -54,15 +53,6 @@ def tuning_asked_by_environment() -> bool:
     return os.environ.get("SUTURE_TUNE_ALLOCATOR", "").strip().lower() in ("1", "true", "yes")
 
 
-_tuning_lock = threading.Lock()
-
-
-def tune_for_process() -> None:
-    """Limits glibc to one malloc arena: for a process suture owns (the CLI) or was asked to tune."""
-    with _tuning_lock:
-        limit_malloc_arenas()
-
-
 def tune_if_asked(asked: bool | None) -> None:
     """Tunes the allocator for the process when `asked` (None: ``SUTURE_TUNE_ALLOCATOR``).
 
@@ -73,7 +63,7 @@ def tune_if_asked(asked: bool | None) -> None:
         >>> tune_if_asked(False)  # changes nothing
     """
     if asked if asked is not None else tuning_asked_by_environment():
-        tune_for_process()
+        limit_malloc_arenas()
 
 
 def trim_freed_memory(baseline: int | None, max_memory: int) -> None:
@@ -106,4 +96,4 @@ _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 if tuning_asked_by_environment():
-    tune_for_process()  # asked for the whole process: as early as possible, before threads start
+    limit_malloc_arenas()  # asked for the whole process: as early as possible, before threads start

@@ -133,7 +133,7 @@ class SourceNode(Node):
         """Waits for what `start_opening` began."""
 
     def read_cost(self, selection: Selection, into: bool = False) -> ReadCost:
-        """Bytes a read of `selection` takes from storage, and holds (see `_reads.read_memory`).
+        """Bytes a read of `selection` takes from storage, and holds (see `Node.held_while_reading`).
 
         By default: the selected elements, read into a temporary result.
         """

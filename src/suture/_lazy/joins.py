@@ -83,12 +83,12 @@ class ConcatNode(Node):
         """``(member, its selection, positions of the result along the axis)`` for each
         member the selection touches, in member order: one read per member."""
         wanted = np.asarray(positions(selection[self.axis]), dtype=np.int64)
+        if len(wanted) == 0:
+            return []
         owners = np.searchsorted(self._offsets[1:], wanted, side="right")
         order = np.argsort(owners, kind="stable")
         touched, starts = np.unique(owners[order], return_index=True)
         parts: list[tuple[Node, Selection, AxisSelection]] = []
-        if len(wanted) == 0:
-            return parts
         for owner, where in zip(touched.tolist(), np.split(order, starts[1:]), strict=True):
             local = as_range(wanted[where] - self._offsets[owner])
             member_selection = selection[: self.axis] + (local,) + selection[self.axis + 1 :]

@@ -32,11 +32,6 @@ def bytes_read(node: Node, selection: Selection) -> int:
     return sum(cost.disk for _, cost in _costs(node, selection).values())
 
 
-def read_memory(node: Node, selection: Selection, into: bool = False) -> int:
-    """Bytes held at most while `selection` of `node` is read (`Node.held_while_reading`)."""
-    return node.held_while_reading(selection, into=into)
-
-
 def _costs(node: Node, selection: Selection) -> dict[int, tuple[SourceNode, ReadCost]]:
     costs: dict[int, tuple[SourceNode, ReadCost]] = {}
     _estimate(node, selection, costs)

@@ -64,17 +64,6 @@ def recording() -> Iterator[Record]:
         _state.record = previous
 
 
-def call_lazily(fn: Callable[..., Any], *arguments: Any) -> Any:
-    """``fn(*arguments)`` on LazyArrays (or trees of them), reading as little as possible.
-
-    Functions built from LazyArray operations (arithmetic, numpy ufuncs, indexing,
-    ``astype``) run directly. A function that needs jax arrays (``jnp.mean``, ``jax.nn``)
-    is traced by jax and its result built from lazy operations. Only a
-    function that neither allows reads the arrays it touches, and the plan says so.
-    """
-    return call_function(fn, *arguments)
-
-
 def call_function(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` for arguments holding LazyArrays: lazily, traced, or reading eagerly.
 

@@ -189,13 +189,15 @@ def save(
     return SaveHandle(job) if asynchronous else job()
 
 
-def _side_files_of(tree: Any) -> dict[str, Path]:
+def _side_files_of(tree: Any) -> dict[str, Location]:
     """The side files (config.json ...) of a Hugging Face folder given as a path or opened."""
     if isinstance(tree, (str, os.PathLike)):
-        return model_folder_side_files(tree)
-    if isinstance(tree, Checkpoint) and tree.format == "safetensors":
-        return model_folder_side_files(tree.location)
-    return {}
+        folder = tree
+    elif isinstance(tree, Checkpoint) and tree.format == "safetensors":
+        folder = tree.location
+    else:
+        return {}
+    return {name: location_of(file) for name, file in model_folder_side_files(folder).items()}
 
 
 def _tree_of(tree: Any) -> Any:

@@ -40,7 +40,7 @@ class SaveOptions:
     shard_map: dict[str, str] | None = None
     extra_files: Mapping[str, Location] = field(default_factory=dict)
     verify: bool = False
-    tune_allocator: bool = False
+    tune_allocator: bool | None = None  # None: as SUTURE_TUNE_ALLOCATOR says
 
     @classmethod
     def from_keywords(
@@ -57,7 +57,7 @@ class SaveOptions:
         shard_map: dict[str, str] | None = None,
         extra_files: Mapping[str, Any] | None = None,
         verify: bool = False,
-        tune_allocator: bool = False,
+        tune_allocator: bool | None = None,
     ) -> SaveOptions:
         """Options from the public keywords: sizes such as ``"4GiB"`` parsed, defaults set.
 

@@ -25,7 +25,7 @@ from typing import Any
 from .._errors import MissingLeafError, did_you_mean
 from .._errors import TransformError as TransformError
 from .._lazy.array import LazyArray
-from .._lazy.trace import call_lazily
+from .._lazy.trace import call_function
 from .._paths import flatten, jax_path, map_leaves_with_path, unflatten
 from .._patterns import PatternError, compile_pattern
 from .._patterns import fullmatch as bounded_fullmatch
@@ -215,11 +215,11 @@ def _compile(key: str) -> re.Pattern[str]:
 
 
 def _call_value_fn(fn: Callable[[Any], Any], value: Any) -> Any:
-    return call_lazily(fn, value) if isinstance(value, LazyArray) else fn(value)
+    return call_function(fn, value) if isinstance(value, LazyArray) else fn(value)
 
 
 def _call_multi_value_fn(fn: Callable[[str, Any], Any], key: str, original_tree: Any) -> Any:
-    return call_lazily(fn, key, original_tree)
+    return call_function(fn, key, original_tree)
 
 
 def merge_trees(*trees: Any, target: Any = None) -> Any:

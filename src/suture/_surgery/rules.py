@@ -18,7 +18,7 @@ from .._errors import ShapeMismatchError, SurgeryError, did_you_mean
 from .._lazy.array import LazyArray, as_lazy
 from .._lazy.combine import concatenate as concatenate_arrays
 from .._lazy.combine import stack as stack_arrays
-from .._lazy.trace import call_lazily
+from .._lazy.trace import call_function
 from .._paths import ancestor_paths, flatten, match_path_or_ancestor, unflatten
 from .._patterns import PatternError, compile_pattern
 
@@ -385,7 +385,7 @@ class MapValues(Rule):
         result = Edit()
         for m in self.matches(leaves):
             leaf = leaves[m.path]
-            value = call_lazily(self.fn, leaf) if isinstance(leaf, LazyArray) else self.fn(leaf)
+            value = call_function(self.fn, leaf) if isinstance(leaf, LazyArray) else self.fn(leaf)
             result.removed.add(m.path)
             result.written[m.path] = (value, m.path)
         return result

@@ -21,7 +21,7 @@ import typer
 from .. import families
 from .._convert import convert as run_convert
 from .._errors import SurgeryError
-from .._exec.memory import tune_for_process
+from .._exec.memory import limit_malloc_arenas
 from .._format import human_bytes
 from .._hf import SideFileWarning
 from .._interrupts import Terminated
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the `suture` script and of ``python -m suture``."""
     warnings.showwarning = _show_warning
     install_interrupt_handlers()
-    tune_for_process()  # the command line owns its process: one malloc arena (docs/design.md)
+    limit_malloc_arenas()  # the command line owns its process: one malloc arena (docs/design.md)
     try:
         app(args=argv if argv is not None else sys.argv[1:], prog_name="suture")
     except SystemExit as exit_:
