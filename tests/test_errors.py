@@ -21,7 +21,14 @@ from suture._surgery.recipes import load_recipe
 EXPORTED = {
     name: value
     for name, value in vars(suture).items()
-    if isinstance(value, type) and issubclass(value, BaseException)
+    if isinstance(value, type)
+    and issubclass(value, BaseException)
+    and not issubclass(value, Warning)
+}
+WARNINGS = {
+    name: value
+    for name, value in vars(suture).items()
+    if isinstance(value, type) and issubclass(value, Warning)
 }
 
 
@@ -39,7 +46,8 @@ def test_every_error_class_of_suture_is_defined_in_errors_and_exported():
         for value in vars(_errors).values()
         if inspect.isclass(value) and issubclass(value, BaseException)
     }
-    assert defined == set(EXPORTED.values())
+    assert defined == set(EXPORTED.values()) | set(WARNINGS.values())
+    assert all(issubclass(warning, suture.SutureWarning) for warning in WARNINGS.values())
     assert all(error.__module__ == "suture._errors" for error in defined)
 
 

@@ -214,5 +214,6 @@ def test_a_lock_held_on_another_host_is_not_taken_over(tmp_path: Path) -> None:
     assert f"remove {str(lock)!r}" in str(caught.value)
     assert not (tmp_path / "out").exists()
     lock.write_text(f"999999999@{socket.gethostname()}")  # this host, writer gone: stale
-    suture.save({"a": np.zeros(2)}, tmp_path / "out", progress=False)
+    with pytest.warns(suture.StaleLockWarning, match="pid 999999999"):
+        suture.save({"a": np.zeros(2)}, tmp_path / "out", progress=False)
     assert (tmp_path / "out").exists() and not lock.exists()

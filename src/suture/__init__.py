@@ -35,7 +35,9 @@ from ._errors import PatternError as PatternError
 from ._errors import RecipeError as RecipeError
 from ._errors import RuleError as RuleError
 from ._errors import ShapeMismatchError as ShapeMismatchError
+from ._errors import StaleLockWarning as StaleLockWarning
 from ._errors import SurgeryError as SurgeryError
+from ._errors import SutureWarning as SutureWarning
 from ._errors import TransformError as TransformError
 from ._errors import TreeMismatchError as TreeMismatchError
 from ._errors import UnfinishedCheckpointError as UnfinishedCheckpointError
@@ -96,7 +98,9 @@ __all__ = [
     "ShapeMismatchError",
     "SaveHandle",
     "SaveResult",
+    "StaleLockWarning",
     "SurgeryError",
+    "SutureWarning",
     "Transform",
     "TransformError",
     "TreeMismatchError",

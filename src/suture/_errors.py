@@ -111,6 +111,15 @@ class DestinationExistsError(DestinationError, FileExistsError):
     while writing). Also a ``FileExistsError``."""
 
 
+class SutureWarning(UserWarning):
+    """Something suture did on the user's behalf that they should know of; the command line
+    prints it as one ``Warning: ...`` line."""
+
+
+class StaleLockWarning(SutureWarning):
+    """A lock left by a writer that is gone (killed, its pid perhaps reused) was taken over."""
+
+
 class PatternError(SurgeryError):
     """A pattern that is not a valid regular expression, or that takes too long to match."""
 

@@ -25,14 +25,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ._errors import CorruptCheckpointError, SurgeryError
+from ._errors import CorruptCheckpointError, SurgeryError, SutureWarning
 from ._location import LocalLocation, Location, RemoteLocation, location_of
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".npz")
 _CHECKPOINT_FILES = ("commit_success.txt", "manifest.ocdbt")
 
 
-class SideFileWarning(UserWarning):
+class SideFileWarning(SutureWarning):
     """A file of a model folder that was not copied because it is not a plain file in it."""
 
 

@@ -120,10 +120,15 @@ class ReadCost(NamedTuple):
 
 
 class SourceNode(Node):
-    """A stored array; `path` names it in its checkpoint and `origin` names the checkpoint."""
+    """A stored array; `path` names it in its checkpoint and `origin` names the checkpoint.
+
+    `folder`: the checkpoint folder it was opened from (a Hugging Face folder, an Orbax
+    checkpoint), if any; a save into that folder would join the source.
+    """
 
     path: str | None
     origin: str | None
+    folder: str | None = None
 
     def start_opening(self) -> None:
         """Starts opening the stored array without waiting (`open_all`); most sources have

@@ -32,17 +32,26 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import datetime
 import errno
 import json
 import os
+import re
 import socket
+import stat
 import sys
 import tempfile
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from .._errors import DestinationError, DestinationExistsError, SurgeryError
+from .._errors import (
+    DestinationError,
+    DestinationExistsError,
+    StaleLockWarning,
+    SurgeryError,
+)
 from .base import LocalLocation, Location
 
 TMP_MARKER = ".orbax-checkpoint-tmp-suture-"
@@ -74,26 +83,71 @@ class Publication:
         self.temporary.remove()
 
 
-def begin(destination: Location, overwrite: bool, staged: bool) -> Publication:
+def begin(
+    destination: Location, overwrite: bool, staged: bool, reclaimed: str | None = None
+) -> Publication:
     """Prepares a save to `destination`; call it holding `exclusive(destination)`.
 
     `staged`: the output is written as local files and uploaded at the commit (needed for
-    formats written with positional writes, such as safetensors).
+    formats written with positional writes, such as safetensors). `reclaimed`: the dead
+    writer whose lock `exclusive` took over; an unfinished save it left is removed.
 
     Raises:
         DestinationExistsError: `destination` is a finished checkpoint and `overwrite` is False.
+        DestinationError: `destination` is an unfinished save that is not a dead suture
+            writer's (another host's save in progress, say) and `overwrite` is False.
     """
     if isinstance(destination, LocalLocation):
+        if reclaimed is not None:
+            _remove_temporaries(destination)
         name = f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}"
         return Publication(destination, destination.with_name(name), staged)
     if destination.exists():
-        if not overwrite and not is_unfinished(destination):
-            raise destination_exists(destination)
-        destination.remove()  # an overwrite, or a dead writer's leftovers
+        if not overwrite:
+            if not is_unfinished(destination):
+                raise destination_exists(destination)
+            if reclaimed is None:
+                raise unfinished_elsewhere(destination)
+        destination.remove()  # an overwrite (checked by the caller), or a dead writer's leftovers
     if staged:
         folder = Path(tempfile.mkdtemp(prefix="suture-upload-"))
         return Publication(destination, LocalLocation(folder / destination.name), staged)
     return Publication(destination, destination, staged)
+
+
+def _remove_temporaries(destination: LocalLocation) -> None:
+    """Removes the temporary outputs a dead writer of `destination` left beside it.
+
+    Only names this module makes (``NAME`` + marker + 12 hex digits) are touched, and only
+    while holding the destination's lock, which no live writer holds.
+    """
+    pattern = re.compile(re.escape(f"{destination.name}{TMP_MARKER}") + "[0-9a-f]{12}")
+    for sibling in destination.path.parent.iterdir():
+        if pattern.fullmatch(sibling.name) and not sibling.is_symlink():
+            with contextlib.suppress(OSError, SurgeryError):
+                LocalLocation(sibling).remove()
+
+
+def unfinished_elsewhere(destination: Location) -> DestinationError:
+    """The error for an unfinished save at `destination` that no dead suture writer left."""
+    return DestinationError(
+        f"{str(destination)!r} holds an unfinished checkpoint that is not suture's own: "
+        f"{_describe_unfinished(destination)}, and no suture lock of a writer that is gone "
+        f"sits beside it. It looks like another program's or another host's save in progress, "
+        f"so nothing was changed. Wait for it to finish, or write elsewhere; if you know that "
+        f"save is dead, pass overwrite=True (--overwrite) to take it over deliberately."
+    )
+
+
+def _describe_unfinished(destination: Location) -> str:
+    """Whose an unfinished save looks like: Orbax's metadata says when it started."""
+    try:
+        recorded = json.loads((destination / CHECKPOINT_METADATA).read_bytes())
+        started_ns = int(recorded["init_timestamp_nsecs"])
+        started = datetime.datetime.fromtimestamp(started_ns / 1e9, datetime.UTC)
+        return f"an Orbax save started at {started:%Y-%m-%d %H:%M:%S} UTC with no commit yet"
+    except (OSError, SurgeryError, ValueError, KeyError, TypeError, OverflowError):
+        return "an Orbax save with no commit yet"
 
 
 def destination_exists(destination: Location) -> DestinationExistsError:
@@ -152,49 +206,91 @@ def _upload(staged: Path, destination: Location) -> None:
         destination_file.write_bytes(file.read_bytes())
 
 
-@contextlib.contextmanager
-def exclusive(destination: Location) -> Iterator[None]:
-    """Holds the lock ``.NAME.suture-lock`` beside `destination`, naming its writer ``pid@host``.
+class Held:
+    """A lock held by `exclusive`; `reclaimed` names the dead writer it was taken from, if any."""
 
-    A lock whose writer is gone is taken over, but only when that writer ran on this host:
-    on storage shared by several hosts (an object store, a network file system), another
-    host's process cannot be checked from here.
+    def __init__(self, reclaimed: str | None) -> None:
+        self.reclaimed = reclaimed
+
+
+def lock_of(destination: Location) -> Location:
+    """Where the lock of `destination` lives: ``.NAME.suture-lock`` beside it."""
+    return destination.with_name(f".{destination.name}.suture-lock")
+
+
+@contextlib.contextmanager
+def exclusive(destination: Location) -> Iterator[Held]:
+    """Holds the lock ``.NAME.suture-lock`` beside `destination` for one writer.
+
+    The lock names its writer (``pid@host``, a token, and the process's start time where
+    the system tells it). A lock whose writer is gone is taken over with a
+    `StaleLockWarning`, but only when that writer ran on this host: on storage shared by
+    several hosts (an object store, a network file system), another host's process cannot
+    be checked from here. A pid that is alive but belongs to a process started after the
+    lock's writer (the writer was killed and its pid reused) counts as gone. A lock file is
+    read without following links and only when it looks like suture's own lock, so nothing
+    of a foreign file reaches a message.
 
     Raises:
-        DestinationError: another live process, or a process on another host, holds the lock.
+        DestinationError: another live process, or a process on another host, holds the
+            lock; or something that is not suture's lock sits where the lock goes.
     """
-    lock = destination.with_name(f".{destination.name}.suture-lock")
-    owner = f"{os.getpid()}@{socket.gethostname()} {uuid.uuid4().hex}"
-    for _ in range(2):
+    lock = lock_of(destination)
+    token = uuid.uuid4().hex
+    start = _process_start(os.getpid())
+    owner = f"{os.getpid()}@{socket.gethostname()} {token}" + (f" start={start}" if start else "")
+    reclaimed = None
+    for _ in range(3):
         if _try_create(lock, owner):
             break
-        pid, host = _lock_owner(lock)
-        if pid is not None and host not in (None, socket.gethostname()):
+        text = _read_lock(lock)
+        if text is None:
+            continue  # removed meanwhile: try again
+        pid, host, started = _parse_lock(text, lock)
+        if host != socket.gethostname():
             raise DestinationError(
                 f"Another process (pid {pid} on host {host!r}) is writing {str(destination)!r}. "
                 f"Wait for it to finish, or write elsewhere; if that writer is gone, remove "
                 f"{str(lock)!r}."
             )
-        if pid is not None and _alive(pid):
+        if _writer_alive(pid, started):
             raise DestinationError(
                 f"Another process (pid {pid}) is writing {str(destination)!r}. Wait for it to "
                 f"finish, or write elsewhere."
             )
-        lock.remove()  # stale: its writer died
+        if _read_lock(lock) == text:  # still the dead writer's: take it over
+            lock.remove()
+            reclaimed = f"pid {pid} on this host"
+            warnings.warn(
+                f"Took over the lock {str(lock)!r} of a writer that is gone (pid {pid}, "
+                f"{'now a different process' if _alive(pid) else 'no longer running'}); "
+                f"the unfinished output it left for {str(destination)!r} is removed.",
+                StaleLockWarning,
+                stacklevel=3,
+            )
     else:
         raise DestinationError(
             f"Could not lock {str(destination)!r} for writing; remove {str(lock)!r}."
         )
     try:
-        yield
+        yield Held(reclaimed)
     finally:
         with contextlib.suppress(SurgeryError, OSError):
-            lock.remove()
+            if _read_lock(lock) == owner:  # never remove a lock that is not this writer's
+                lock.remove()
+
+
+# pid@host token start=boot:ticks; locks of older versions lack the start, token or host
+_LOCK_TEXT = re.compile(
+    r"(?P<pid>[1-9][0-9]{0,9})(?:@(?P<host>[^\s@]{1,255}))?(?: (?P<token>[0-9a-f]{32}))?"
+    r"(?: start=(?P<start>[0-9a-f-]{1,64}:[0-9]{1,20}))?\s*"
+)
+_LOCK_READ_LIMIT = 1024
 
 
 def _try_create(lock: Location, owner: str) -> bool:
     if isinstance(lock, LocalLocation):
-        try:
+        try:  # O_EXCL fails on any existing name, a link included: nothing is followed
             descriptor = os.open(lock.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
@@ -205,20 +301,73 @@ def _try_create(lock: Location, owner: str) -> bool:
         return False
     lock.write_bytes(owner.encode())
     # Object stores have no exclusive create everywhere: read back, the last writer wins.
-    return lock.read_bytes().decode(errors="replace") == owner
+    return _read_lock(lock) == owner
 
 
-def _lock_owner(lock: Location) -> tuple[int | None, str | None]:
-    """The lock's writer: ``(pid, host)``; a lock from before hosts were recorded has no host."""
+def _read_lock(lock: Location) -> str | None:
+    """The lock's text (at most a few hundred bytes); None when there is no lock.
+
+    A local lock is opened without following a link and must be a regular file.
+
+    Raises:
+        DestinationError: a link, a folder or another special file sits where the lock goes.
+    """
+    if not isinstance(lock, LocalLocation):
+        try:
+            if not lock.is_file():
+                return None
+            return lock.read_head(_LOCK_READ_LIMIT).decode(errors="replace")
+        except (OSError, SurgeryError):
+            return None
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        words = lock.read_bytes().decode(errors="replace").split()
-    except (OSError, SurgeryError):
-        return None, None
-    pid_text, _, host = (words[0] if words else "").partition("@")
+        descriptor = os.open(lock.path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as error:  # ELOOP: a symbolic link; anything else: not ours either
+        raise _foreign_lock(lock) from error
     try:
-        return (int(pid_text or "0") or None), (host or None)
-    except ValueError:
-        return None, None
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise _foreign_lock(lock)
+        return os.read(descriptor, _LOCK_READ_LIMIT).decode(errors="replace")
+    finally:
+        os.close(descriptor)
+
+
+def _parse_lock(text: str, lock: Location) -> tuple[int, str, str | None]:
+    """``(pid, host, start)`` of a lock suture wrote; a file of any other content is foreign."""
+    found = _LOCK_TEXT.fullmatch(text)
+    if found is None:
+        raise _foreign_lock(lock)
+    return int(found["pid"]), found["host"] or socket.gethostname(), found["start"]
+
+
+def _foreign_lock(lock: Location) -> DestinationError:
+    return DestinationError(
+        f"{str(lock)!r} is where suture keeps its lock, but what sits there is not a lock "
+        f"suture wrote (a link, a folder, or a file of other content), so suture neither "
+        f"reads nor removes it. Remove it if nothing of yours needs it, or write elsewhere."
+    )
+
+
+def _writer_alive(pid: int, started: str | None) -> bool:
+    """Whether the lock's writer still runs: its pid is alive and started when it did."""
+    if not _alive(pid):
+        return False
+    if started is None:
+        return True  # a lock from before start times were recorded, or no /proc
+    now = _process_start(pid)
+    return now is None or now == started
+
+
+def _process_start(pid: int) -> str | None:
+    """``boot_id:ticks``: when `pid` started, unique across pid reuse and reboots (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{int(fields[19])}"  # field 22 of proc(5): starttime
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _alive(pid: int) -> bool:

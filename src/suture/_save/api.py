@@ -23,7 +23,12 @@ from .._exec.progress import wants_progress
 from .._hf import model_folder_side_files
 from .._lazy.array import LazyArray
 from .._location import LocalLocation, Location, location_of
-from .._location.publish import destination_exists, is_unfinished
+from .._location.publish import (
+    destination_exists,
+    is_unfinished,
+    lock_of,
+    unfinished_elsewhere,
+)
 from .._paths import flatten
 from ..sources.checkpoint import Checkpoint
 from ..sources.open import open as open_checkpoint
@@ -229,22 +234,35 @@ def _check_writable_path(destination: Location, format: str) -> None:  # noqa: A
 
 
 def _check_destination(destination: Location, overwrite: bool, tree: Any) -> None:
-    if overwrite and destination.exists() and not destination.is_remote:
+    if overwrite and destination.exists():
         check_replaceable(destination)
-    if (
-        not overwrite
-        and destination.exists()
-        and not (destination.is_remote and is_unfinished(destination))
-    ):
-        raise destination_exists(destination)
+    if not overwrite and destination.exists():
+        if not (destination.is_remote and is_unfinished(destination)):
+            raise destination_exists(destination)
+        if not lock_of(destination).exists():  # no suture writer (dead or alive) of it
+            raise unfinished_elsewhere(destination)
     target = str(destination.resolve())
     for leaf in flatten(tree).values():
         if not isinstance(leaf, LazyArray):
             continue
         for source in leaf.sources():
             origin = str(location_of(source.origin).resolve()) if source.origin else None
-            if origin is not None and (origin == target or origin.startswith(f"{target}/")):
+            if origin is not None and _is_within(origin, target):
                 raise DestinationError(
                     f"{str(destination)!r} holds {source.path!r}, a source this save reads. Write "
                     f"to another path, then move it into place."
                 )
+            within = source.folder or source.origin
+            folder = str(location_of(within).resolve()) if within else None
+            if folder is not None and _is_within(target, folder):
+                raise DestinationError(
+                    f"{str(destination)!r} is inside {folder!r}, the checkpoint folder this save "
+                    f"reads {source.path!r} from: written there, the output would become part "
+                    f"of that checkpoint (its tensors would appear twice when the folder is "
+                    f"opened again). Write it outside the source folder."
+                )
+
+
+def _is_within(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or lies inside it (both resolved)."""
+    return path == folder or path.startswith(f"{folder.rstrip('/')}/")

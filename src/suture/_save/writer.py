@@ -46,9 +46,10 @@ def write(tree: Any, destination: Location, options: SaveOptions) -> SaveResult:
     """Writes `tree` to `destination` from this process alone, publishing it atomically."""
     format, overwrite, max_memory = options.format, options.overwrite, options.max_memory  # noqa: A001
     started = time.perf_counter()
-    with exclusive(destination):
+    with exclusive(destination) as held:
         # safetensors is written with positional writes: staged locally for an object store
-        publication = begin(destination, overwrite, staged=format == "safetensors")
+        staged = format == "safetensors"
+        publication = begin(destination, overwrite, staged, reclaimed=held.reclaimed)
         temporary = publication.temporary
         try:
             if format == "orbax":

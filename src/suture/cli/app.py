@@ -20,10 +20,9 @@ import typer
 
 from .. import families
 from .._convert import convert as run_convert
-from .._errors import SurgeryError
+from .._errors import SurgeryError, SutureWarning
 from .._exec.memory import limit_malloc_arenas
 from .._format import human_bytes
-from .._hf import SideFileWarning
 from .._interrupts import Terminated
 from .._interrupts import install as install_interrupt_handlers
 from .._save.api import save
@@ -437,7 +436,7 @@ def demo(
 
 def _show_warning(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
     """suture's own warnings as one ``Warning: ...`` line; others as Python shows them."""
-    if issubclass(category, SideFileWarning):
+    if issubclass(category, SutureWarning):
         typer.echo(f"Warning: {message}", err=True)
     else:
         _python_show_warning(message, category, *args, **kwargs)

@@ -49,6 +49,15 @@ def open_source(
             f"to a file first."
         )
     kind = format or detect(path)
+    checkpoint = _open_path(path, kind, step, separator, allow_pickle)
+    if kind != "orbax":  # an Orbax source's origin is its (step's) folder already
+        _record_folder(checkpoint, path)
+    return checkpoint
+
+
+def _open_path(
+    path: Location, kind: str, step: int | None, separator: str, allow_pickle: bool
+) -> Checkpoint:
     if step is not None and kind != "orbax":
         raise ArgumentError(f"step= applies to Orbax CheckpointManager folders, not {kind} files.")
     if kind == "orbax":
@@ -75,6 +84,23 @@ def open_source(
     from .torch import open_torch  # a format plugin: loaded for the format found
 
     return open_torch(path.path, allow_pickle, separator)  # type: ignore[attr-defined]
+
+
+_FILE_SUFFIXES = (".safetensors", ".msgpack", ".npz", ".pt", ".pth", ".bin")
+
+
+def _record_folder(checkpoint: Checkpoint, path: Location) -> None:
+    """Marks each source with the folder it was opened from (see `SourceNode.folder`)."""
+    if path.name.endswith(".index.json"):
+        folder = path.parent
+    elif not path.name.endswith(_FILE_SUFFIXES) and path.is_dir():
+        folder = path
+    else:
+        return
+    for leaf in checkpoint.arrays().values():
+        for source in leaf.sources():
+            if source.folder is None:
+                source.folder = str(folder)
 
 
 def detect(path: Location) -> str:

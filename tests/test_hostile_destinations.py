@@ -1,0 +1,275 @@
+"""Destinations an unlucky user points suture at: nothing there is lost, nothing leaks.
+
+`--overwrite` replaces only what suture itself writes (a checkpoint and its side files),
+locally and on object stores; an unfinished save that is not a dead suture writer's is
+somebody's work in progress and is left alone; a lock is never followed through a link
+nor read unless it is suture's own; a lock whose pid was reused is stale; an output
+inside a source folder is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import suture
+from suture._location import location_of
+from suture._location.publish import exclusive, lock_of
+
+
+def _cli(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "suture", *arguments]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def _refused(result: subprocess.CompletedProcess, message: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("Error: ") and "Traceback" not in result.stderr, result.stderr
+    assert message in result.stderr, result.stderr
+
+
+def _project(folder: Path) -> None:
+    """A project folder that happens to hold one safetensors file."""
+    (folder / ".git").mkdir(parents=True)
+    (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (folder / "src").mkdir()
+    (folder / "src" / "train.py").write_text("print('years of work')\n")
+    save_file({"w": np.zeros(2, np.float32)}, folder / "model.safetensors")
+
+
+def test_overwrite_refuses_a_project_folder_naming_the_first_foreign_entry(tmp_path: Path) -> None:
+    """Item 1: the folder counts as a checkpoint, but .git and src are not suture's to delete."""
+    save_file({"w": np.ones(2, np.float32)}, tmp_path / "s.safetensors")
+    _project(tmp_path / "proj")
+    result = _cli("convert", "s.safetensors", "proj", "--overwrite", cwd=tmp_path)
+    _refused(result, "also holds '.git/HEAD', which suture did not write")
+    assert (tmp_path / "proj" / "src" / "train.py").read_text() == "print('years of work')\n"
+    assert (tmp_path / "proj" / ".git" / "HEAD").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["proj", "s.safetensors"]
+
+
+def test_overwrite_still_replaces_a_model_folder_with_its_side_files(tmp_path: Path) -> None:
+    save_file({"w": np.ones(2, np.float32)}, tmp_path / "s.safetensors")
+    old = tmp_path / "model"
+    old.mkdir()
+    save_file({"w": np.zeros(2, np.float32)}, old / "model.safetensors")
+    for name in ("config.json", "tokenizer.json", "generation_config.json", "README.md"):
+        (old / name).write_text("{}")
+    (old / "1_Pooling").mkdir()
+    (old / "1_Pooling" / "config.json").write_text("{}")
+    result = _cli("convert", "s.safetensors", "model", "--overwrite", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert float(suture.open(old)["w"].read().sum()) == 2.0
+
+
+def test_overwrite_replaces_orbax_checkpoints_and_manager_steps(tmp_path: Path) -> None:
+    """Everything Orbax writes (OCDBT or not, a CheckpointManager step) is replaceable."""
+    import orbax.checkpoint as ocp
+
+    tree = {"a": {"w": np.ones((4, 4), np.float32)}, "b": np.arange(3)}
+    checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=False))
+    checkpointer.save((tmp_path / "plain").absolute(), tree)
+    with ocp.CheckpointManager((tmp_path / "run").absolute(), item_names=("model",)) as manager:
+        manager.save(3, args=ocp.args.Composite(model=ocp.args.StandardSave(tree)))
+        manager.wait_until_finished()
+    for destination in (tmp_path / "plain", tmp_path / "run" / "3"):
+        suture.save({"w": np.full(2, 7.0)}, destination, overwrite=True, progress=False)
+        assert float(suture.open(destination)["w"].read()[0]) == 7.0
+
+
+def test_overwrite_refuses_foreign_objects_under_an_s3_prefix(s3: str, tmp_path: Path) -> None:
+    """Item 2: the local rule on every object store: data/notes.txt is not suture's."""
+    url = f"{s3}/overwrite-foreign/data"
+    suture.save({"w": np.zeros(2, np.float32)}, url, progress=False)
+    location_of(f"{url}/notes.txt").write_bytes(b"years of work")
+    location_of(f"{url}/sub/results.csv").write_bytes(b"a,b\n1,2\n")
+    with pytest.raises(suture.DestinationError, match=r"also holds 'notes.txt'"):
+        suture.save({"w": np.ones(2, np.float32)}, url, overwrite=True, progress=False)
+    assert location_of(f"{url}/notes.txt").read_bytes() == b"years of work"
+    assert location_of(f"{url}/sub/results.csv").is_file()
+    assert float(suture.open(url)["w"].read().sum()) == 0.0  # the old checkpoint is intact
+
+
+def test_overwrite_refuses_a_prefix_that_is_not_a_checkpoint(gcs: str) -> None:
+    url = f"{gcs}/overwrite-plain/data"
+    location_of(f"{url}/notes.txt").write_bytes(b"years of work")
+    with pytest.raises(suture.DestinationError, match="is not one that suture recognizes"):
+        suture.save({"w": np.ones(2, np.float32)}, url, overwrite=True, progress=False)
+    assert location_of(f"{url}/notes.txt").read_bytes() == b"years of work"
+
+
+def test_overwrite_still_replaces_a_remote_checkpoint(s3: str, gcs: str) -> None:
+    for base in (s3, gcs):
+        url = f"{base}/overwrite-ok/ckpt"
+        suture.save({"w": np.zeros(2, np.float32)}, url, progress=False)
+        suture.save({"w": np.ones(2, np.float32)}, url, overwrite=True, progress=False)
+        assert float(suture.open(url)["w"].read().sum()) == 2.0
+
+
+def _orbax_save_in_progress(url: str) -> None:
+    """What another host's Orbax save looks like halfway: metadata without a commit, data."""
+    started = time.time_ns()
+    metadata = {"item_handlers": None, "metrics": {}, "performance_metrics": {}}
+    metadata |= {"init_timestamp_nsecs": started, "commit_timestamp_nsecs": None}
+    location_of(f"{url}/_CHECKPOINT_METADATA").write_bytes(json.dumps(metadata).encode())
+    location_of(f"{url}/ocdbt.process_1/manifest.ocdbt").write_bytes(b"another host's data")
+
+
+def test_an_unfinished_prefix_without_a_suture_lock_is_left_alone(s3: str, tmp_path: Path) -> None:
+    """Item 3: another host's save in progress is not a dead writer's leftovers."""
+    url = f"{s3}/in-progress/run"
+    _orbax_save_in_progress(url)
+    with pytest.raises(suture.DestinationError, match="holds an unfinished checkpoint that is not"):
+        suture.save({"w": np.ones(2, np.float32)}, url, progress=False)
+    message = ""
+    try:
+        suture.save({"w": np.ones(2, np.float32)}, url, progress=False)
+    except suture.DestinationError as error:
+        message = str(error)
+    assert "an Orbax save started at" in message and "--overwrite" in message
+    assert (
+        location_of(f"{url}/ocdbt.process_1/manifest.ocdbt").read_bytes() == b"another host's data"
+    )
+    # taking it over deliberately works
+    suture.save({"w": np.ones(2, np.float32)}, url, overwrite=True, progress=False)
+    assert float(suture.open(url)["w"].read().sum()) == 2.0
+    assert not location_of(f"{url}/ocdbt.process_1/manifest.ocdbt").is_file()
+
+
+def test_the_cli_leaves_an_unfinished_prefix_alone(s3: str, tmp_path: Path) -> None:
+    url = f"{s3}/in-progress-cli/run"
+    _orbax_save_in_progress(url)
+    save_file({"w": np.ones(2, np.float32)}, tmp_path / "s.safetensors")
+    result = _cli("convert", "s.safetensors", url, cwd=tmp_path)
+    _refused(result, "not suture's own")
+    assert location_of(f"{url}/_CHECKPOINT_METADATA").is_file()
+
+
+def test_a_dead_suture_writer_of_this_prefix_is_still_taken_over(gcs: str) -> None:
+    """The exception item 3 keeps: leftovers beside a stale suture lock of this host."""
+    url = f"{gcs}/dead-writer/run"
+    _orbax_save_in_progress(url)
+    dead = _dead_pid()
+    lock = lock_of(location_of(url))
+    lock.write_bytes(f"{dead}@{socket.gethostname()} {uuid.uuid4().hex}".encode())
+    with pytest.warns(suture.StaleLockWarning, match=f"pid {dead}"):
+        suture.save({"w": np.ones(2, np.float32)}, url, progress=False)
+    assert float(suture.open(url)["w"].read().sum()) == 2.0
+    assert not location_of(f"{url}/ocdbt.process_1/manifest.ocdbt").is_file()
+    assert not lock.is_file()
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_a_lock_that_is_a_link_is_not_followed(tmp_path: Path) -> None:
+    """Item 8: nothing of the linked file reaches the message."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("4242@SECRETHOSTmarker 0123456789abcdef0123456789abcdef")
+    destination = tmp_path / "out"
+    os.symlink(secret, lock_of(location_of(destination)).path)
+    with pytest.raises(suture.DestinationError) as caught:
+        suture.save({"w": np.ones(2)}, destination, progress=False)
+    assert "is not a lock suture wrote" in str(caught.value)
+    assert "SECRETHOST" not in str(caught.value) and "4242" not in str(caught.value)
+    assert secret.is_file() and not destination.exists()
+    assert os.path.islink(lock_of(location_of(destination)).path)  # not removed either
+
+
+@pytest.mark.parametrize(
+    "content", [b"not a lock at all", b"4242@SECRETHOSTmarker secret", b"4242 pid", b"\xff" * 64]
+)
+def test_a_lock_of_other_content_is_foreign(tmp_path: Path, content: bytes) -> None:
+    destination = tmp_path / "out"
+    lock_of(location_of(destination)).path.write_bytes(content)
+    with pytest.raises(suture.DestinationError, match="is not a lock suture wrote") as caught:
+        suture.save({"w": np.ones(2)}, destination, progress=False)
+    assert "SECRETHOST" not in str(caught.value) and "4242" not in str(caught.value)
+    assert lock_of(location_of(destination)).path.read_bytes() == content
+
+
+def test_a_stale_lock_whose_pid_was_reused_is_taken_over(tmp_path: Path) -> None:
+    """Item 14: the writer was SIGKILLed; its pid now belongs to an unrelated process."""
+    destination = tmp_path / "out"
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        # the lock as the killed writer left it: the same pid, an earlier start time
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        lock = f"{unrelated.pid}@{socket.gethostname()} {uuid.uuid4().hex} start={boot}:1"
+        lock_of(location_of(destination)).path.write_text(lock)
+        with pytest.warns(suture.StaleLockWarning, match="now a different process"):
+            suture.save({"w": np.ones(2)}, destination, progress=False)
+        assert float(suture.open(destination)["w"].read().sum()) == 2.0
+        assert not lock_of(location_of(destination)).path.exists()
+        assert unrelated.poll() is None  # nothing was done to the unrelated process
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+
+
+def test_a_lock_of_a_live_writer_still_keeps_others_out(tmp_path: Path) -> None:
+    destination = location_of(tmp_path / "out")
+    with exclusive(destination):
+        text = lock_of(destination).path.read_text()
+        assert f"{os.getpid()}@{socket.gethostname()} " in text and " start=" in text
+        with pytest.raises(suture.DestinationError, match="Another process"):
+            suture.save({"w": np.ones(2)}, tmp_path / "out", progress=False)
+    assert not lock_of(destination).path.exists()
+
+
+def test_a_killed_writer_leaves_a_lock_the_next_run_takes_over(tmp_path: Path) -> None:
+    """A real SIGKILL: the next run goes ahead with a message, not a demand to clean up."""
+    source = tmp_path / "s.safetensors"
+    save_file({f"w{i}": np.ones((256, 1024), np.float32) for i in range(32)}, source)
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "suture", "convert", str(source), "out", "--max-memory", "4MiB"],
+        cwd=tmp_path,
+        stderr=subprocess.DEVNULL,
+    )
+    lock = lock_of(location_of(tmp_path / "out")).path
+    deadline = time.monotonic() + 60
+    while not lock.exists() and writer.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    writer.kill()
+    writer.wait()
+    if not lock.exists():
+        pytest.skip("the write finished before it could be killed")
+    result = _cli("convert", str(source), "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Warning: Took over the lock" in result.stderr
+
+
+def test_an_output_inside_the_source_folder_is_refused(tmp_path: Path) -> None:
+    """Item 15: hf/out.safetensors would become a second shard of hf."""
+    (tmp_path / "hf").mkdir()
+    save_file({"w": np.ones(2, np.float32)}, tmp_path / "hf" / "model.safetensors")
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    result = _cli("convert", "hf", "hf/out.safetensors", cwd=tmp_path)
+    _refused(result, "the checkpoint folder this save reads 'w' from")
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+    ]
+    assert float(suture.open(tmp_path / "hf")["w"].read().sum()) == 2.0
+    # beside a single file (not a folder source) is where outputs usually go
+    result = _cli("convert", "hf/model.safetensors", "hf/half.safetensors", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+def test_an_output_inside_an_orbax_source_is_refused(tmp_path: Path) -> None:
+    suture.save({"w": np.ones(2)}, tmp_path / "ckpt", progress=False)
+    with pytest.raises(suture.DestinationError, match="inside"):
+        suture.save(suture.open(tmp_path / "ckpt"), tmp_path / "ckpt" / "copy", progress=False)
