@@ -15,6 +15,11 @@ Scenarios (WORKDIR holds ``source``, a checkpoint written by stock Orbax):
 - ``errors``: saves and loads that fail; the messages each process got.
 - ``orbax``: the peer route of the benchmark: stock Orbax restore, the same surgery in jax,
   stock Orbax multi-process save to ``orbax_out``.
+- ``remote``: for each URL of ``SUTURE_TEST_BASES``, the streamed surgery and the globally
+  sharded tree saved to ``BASE/lazy_out`` and ``BASE/global_out``; gs:// results restored by
+  stock Orbax onto a global sharding, every result read back by suture.
+- ``remote_kill``: ``kill`` to ``SUTURE_TEST_BASES``' first URL ``/killed_out``.
+- ``lone``: only process 0 calls save (to ``alone_out``); how soon it hears why.
 """
 
 from __future__ import annotations
@@ -38,8 +43,7 @@ def main() -> None:
         coordinator_address=f"127.0.0.1:{port}",
         num_processes=int(count),
         process_id=int(index),
-        # Short only where a test waits for JAX to notice a killed process.
-        heartbeat_timeout_seconds=5 if scenario == "kill" else 60,
+        heartbeat_timeout_seconds=HEARTBEATS.get(scenario, 60),
         initialization_timeout=60,
     )
     report: dict = {"process": int(index), "count": int(count)}
@@ -61,13 +65,13 @@ def peak_rss_bytes() -> int:
     return 0
 
 
-def io_bytes() -> tuple[int, int]:
-    """(bytes read, bytes written) by TensorStore in this process so far."""
+def io_bytes(driver: str = "file") -> tuple[int, int]:
+    """(bytes read, bytes written) by TensorStore's `driver` kvstore in this process so far."""
     import tensorstore as ts
 
     totals = []
     for metric in ("bytes_read", "bytes_written"):
-        name = f"/tensorstore/kvstore/file/{metric}"
+        name = f"/tensorstore/kvstore/{driver}/{metric}"
         found = ts.experimental_collect_matching_metrics(name)
         totals.append(
             sum(v.get("value", 0) for m in found if m["name"] == name for v in m.get("values", []))
@@ -274,7 +278,94 @@ def reshard_in_memory() -> dict:
     return checks
 
 
-def kill_scenario(workdir: Path, report: dict) -> None:
+def remote_scenario(workdir: Path, report: dict) -> None:
+    """Both trees saved to each bucket by every process; read back by Orbax and suture."""
+    import numpy as np
+
+    import suture
+
+    expected = expected_surgery(workdir / "source")
+    values = global_values()
+    for base in os.environ["SUTURE_TEST_BASES"].split():
+        driver = base.split("://")[0].replace("gs", "gcs")
+        before = io_bytes(driver)
+        result = suture.save(surgery(workdir / "source"), f"{base}/lazy_out", chunk_bytes=16 << 10)
+        middle = io_bytes(driver)
+        suture.save(global_tree(), f"{base}/global_out")
+        after = io_bytes(driver)
+        checks = {}
+        if base.startswith("gs://"):
+            checks.update(restore_remote_with_orbax(base, expected, values))
+        lazy = suture.open(f"{base}/lazy_out")
+        for name, value in expected.items():
+            checks[f"suture/lazy/{name}"] = bool(
+                np.array_equal(lazy[f"params/{name}"].read(), value)
+            )
+        held = suture.open(f"{base}/global_out")
+        for name, value in values.items():
+            checks[f"suture/global/{name}"] = bool(np.array_equal(held[name].read(), value))
+        report[base] = {
+            "lazy": {"written": middle[1] - before[1], "result_bytes": result.bytes_written},
+            "global": {"written": after[1] - middle[1]},
+            "checks": checks,
+        }
+
+
+def restore_remote_with_orbax(base: str, expected: dict, values: dict) -> dict:
+    """Stock Orbax restores both gs:// outputs onto a global sharding in this process group."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from etils import epath
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    rows = NamedSharding(jax.make_mesh((jax.device_count(),), ("x",)), PartitionSpec("x"))
+
+    def same(array, value) -> bool:
+        return all(
+            np.array_equal(np.asarray(shard.data), value[shard.index])
+            for shard in array.addressable_shards
+        )
+
+    checks = {}
+    with ocp.StandardCheckpointer() as checkpointer:
+        target = {
+            "params": {
+                name: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=rows)
+                for name, value in expected.items()
+            }
+        }
+        restored = checkpointer.restore(epath.Path(f"{base}/lazy_out"), target)
+        for name, value in expected.items():
+            checks[f"orbax/lazy/{name}"] = same(restored["params"][name], value)
+        target = {
+            name: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=rows)
+            for name, value in values.items()
+        }
+        target["step"] = 0
+        restored = checkpointer.restore(epath.Path(f"{base}/global_out"), target)
+    for name, value in values.items():
+        checks[f"orbax/global/{name}"] = same(restored[name], value)
+    return checks
+
+
+def lone_scenario(workdir: Path, report: dict) -> None:
+    """Process 0 alone calls the collective save: it must hear why within the grace period."""
+    import suture
+
+    if jax_process_index() == 0:
+        started = time.monotonic()
+        try:
+            suture.save(surgery(workdir / "source"), workdir / "alone_out")
+            report["error"] = "no error"
+        except suture.SurgeryError as error:
+            report["error"] = str(error)
+        report["waited"] = time.monotonic() - started
+    else:
+        time.sleep(float(os.environ["SUTURE_COLLECTIVE_GRACE"]) + 3)
+
+
+def kill_scenario(workdir: Path, report: dict, destination: str | None = None) -> None:
     """Process 1 dies (SIGKILL) while computing its first block of layers; nothing may be committed."""
     import suture
 
@@ -290,8 +381,28 @@ def kill_scenario(workdir: Path, report: dict) -> None:
         tree["params"]["layers"] = suture.map(
             die, layers, shape=layers.shape, dtype=layers.dtype, elementwise=True
         )
-    suture.save(tree, workdir / "killed_out", chunk_bytes=16 << 10)
+    suture.save(tree, destination or workdir / "killed_out", chunk_bytes=16 << 10)
     report["returned"] = True
+
+
+def kill_cleanup_scenario(workdir: Path, report: dict) -> None:
+    """Process 1 dies; process 0 must raise and clean up within one barrier timeout, long
+    before JAX's heartbeat check (30 s here) would abort it."""
+    started = time.monotonic()
+    try:
+        kill_scenario(workdir, report)
+    except Exception as error:  # the survivor's error, and what it left behind
+        report["error"] = str(error)
+        report["waited"] = time.monotonic() - started
+        report["left"] = sorted(p.name for p in workdir.iterdir() if "killed_out" in p.name)
+        name = f"report-kill_cleanup-{jax_process_index()}.json"
+        (workdir / name).write_text(json.dumps(report))
+        os._exit(0)  # jax.distributed's shutdown would wait for the dead process
+
+
+def remote_kill_scenario(workdir: Path, report: dict) -> None:
+    base = os.environ["SUTURE_TEST_BASES"].split()[0]
+    kill_scenario(workdir, report, f"{base}/killed_out")
 
 
 def surgery_scenario(workdir: Path, report: dict) -> None:
@@ -401,7 +512,13 @@ SCENARIOS = {
     "surgery": surgery_scenario,
     "errors": errors_scenario,
     "orbax": orbax_scenario,
+    "remote": remote_scenario,
+    "remote_kill": remote_kill_scenario,
+    "lone": lone_scenario,
+    "kill_cleanup": kill_cleanup_scenario,
 }
+# Short only where a test waits for JAX to notice a killed process.
+HEARTBEATS = {"kill": 5, "remote_kill": 5, "kill_cleanup": 30}
 
 if __name__ == "__main__":
     main()

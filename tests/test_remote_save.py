@@ -126,10 +126,3 @@ def test_cli_commands_write_to_object_stores(gcs: str, s3: str, tmp_path: Path) 
 def test_http_is_read_only(tmp_path: Path) -> None:
     with pytest.raises(suture.SurgeryError, match=r"http:// is read-only for suture"):
         suture.save({"w": np.ones(2)}, "http://127.0.0.1:9/out", progress=False)
-
-
-def test_a_collective_save_refuses_remote_destinations(gcs: str, monkeypatch) -> None:
-    """Under jax.distributed (a group of processes) only local or mounted paths are written."""
-    monkeypatch.setattr("suture._save.api.collective", lambda: object())  # as if in a group
-    with pytest.raises(suture.SurgeryError, match=r"from several processes: a save under jax"):
-        suture.save({"w": np.ones(2)}, f"{gcs}/collective/out", progress=False)

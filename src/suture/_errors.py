@@ -163,8 +163,11 @@ class CollectiveError(SurgeryError, OSError):
     """Another process of a collective save failed or did not arrive; this one stopped too.
 
     Not a mistake in this process's input but a failure of the job around it, so also an
-    OSError (like a timeout or a lost connection).
+    OSError (like a timeout or a lost connection). `missing_process` is True when some
+    process never arrived (it did not call the save, is stuck, or died).
     """
+
+    missing_process = False
 
 
 MAX_ARRAY_BYTES = 1 << 62  # TensorStore's index limit; numpy's is 2**63

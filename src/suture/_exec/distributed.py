@@ -15,6 +15,12 @@ A process that dies without reporting is noticed by JAX's own heartbeats, which 
 other processes; a barrier also gives up after ``SUTURE_BARRIER_TIMEOUT`` seconds (default
 1800). Either way the primary never commits, so nothing appears at the destination.
 
+Every process announces that it entered the call (``entered``). A process still waiting
+after ``SUTURE_COLLECTIVE_GRACE`` seconds (default 120) while some process has not entered
+gets a `CollectiveError` naming them at once, rather than after the long timeout: the
+usual cause is ``if jax.process_index() == 0: suture.save(...)``. Processes that entered
+but are slow keep the long timeout.
+
 In a single process `collective()` returns None and none of this runs.
 
 Example:
@@ -46,6 +52,7 @@ _PREFIX = "suture/collective"
 _POLL_SECONDS = 0.02
 _WAIT_SLICE_MS = 200
 _DEFAULT_TIMEOUT = 1800.0
+_DEFAULT_GRACE = 120.0
 _sequence = itertools.count()
 
 
@@ -63,13 +70,25 @@ def _state() -> Any:
 
 def barrier_timeout() -> float:
     """Seconds a barrier waits for the slowest process (``SUTURE_BARRIER_TIMEOUT``)."""
-    text = os.environ.get("SUTURE_BARRIER_TIMEOUT")
+    return _seconds("SUTURE_BARRIER_TIMEOUT", _DEFAULT_TIMEOUT, "600")
+
+
+def entry_grace() -> float:
+    """Seconds every process has to enter a collective call (``SUTURE_COLLECTIVE_GRACE``)."""
+    return _seconds("SUTURE_COLLECTIVE_GRACE", _DEFAULT_GRACE, "300")
+
+
+def _seconds(variable: str, default: float, example: str) -> float:
+    text = os.environ.get(variable)
     try:
-        return float(text) if text else _DEFAULT_TIMEOUT
+        value = float(text) if text else default
     except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
         raise ArgumentError(
-            f"SUTURE_BARRIER_TIMEOUT={text!r} is not a number of seconds; set it to e.g. 600."
-        ) from None
+            f"{variable}={text!r} is not a number of seconds; set it to e.g. {example}."
+        )
+    return value
 
 
 class Group:
@@ -79,6 +98,9 @@ class Group:
         self._client, self.count, self.index = client, count, index
         self._key = f"{_PREFIX}/{next(_sequence)}/{name}"
         self.timeout = barrier_timeout()
+        self.grace = min(entry_grace(), self.timeout)
+        self._began = time.monotonic()
+        self._everyone_entered = False
 
     @property
     def is_primary(self) -> bool:
@@ -106,6 +128,7 @@ class Group:
             self.raise_if_failed()
             if len(self._client.key_value_dir_get(prefix)) >= self.count:
                 return
+            self._raise_if_some_never_entered()
             if time.monotonic() > deadline:
                 raise self._timeout_error(step)
             time.sleep(_POLL_SECONDS)
@@ -155,16 +178,41 @@ class Group:
             try:
                 return self._client.blocking_key_value_get(key, _WAIT_SLICE_MS)
             except Exception:  # not set yet (a deadline error); look for failures again
+                self._raise_if_some_never_entered()
                 if time.monotonic() > deadline:
                     raise self._timeout_error(step) from None
 
+    def _raise_if_some_never_entered(self) -> None:
+        """After the grace period, a process that never entered the call is an error now."""
+        if self._everyone_entered or time.monotonic() - self._began < self.grace:
+            return
+        entered = self._client.key_value_dir_get(f"{self._key}/barrier/entered/")
+        present = {int(key.rsplit("/", 1)[-1]) for key, _ in entered}
+        absent = sorted(set(range(self.count)) - present)
+        if not absent:
+            self._everyone_entered = True
+            return
+        error = CollectiveError(
+            f"Process {self.index} called suture.save under jax.distributed, but process"
+            f"{'es' if len(absent) > 1 else ''} {', '.join(map(str, absent))} did not within "
+            f"{self.grace:.0f} s. suture.save is a collective, like Orbax's: call it on every "
+            f"process with the same tree and path, and each writes only its share (guarding it "
+            f"with `if jax.process_index() == 0:` is what causes this). If some processes are "
+            f"only slow to get there, raise SUTURE_COLLECTIVE_GRACE. Nothing was written to "
+            f"the destination."
+        )
+        error.missing_process = True
+        raise error
+
     def _timeout_error(self, step: str) -> CollectiveError:
-        return CollectiveError(
+        error = CollectiveError(
             f"Process {self.index} waited {self.timeout:.0f} s at step {step!r} of a collective "
             f"save for the other {self.count - 1} processes. Every process must call suture.save "
             f"with the same tree and path, in the same order; raise SUTURE_BARRIER_TIMEOUT if "
             f"some are just slow. Nothing was written to the destination."
         )
+        error.missing_process = True
+        return error
 
 
 def collective(name: str = "save") -> Group | None:

@@ -22,7 +22,7 @@ from .._exec.memory import tune_if_asked
 from .._exec.progress import wants_progress
 from .._hf import model_folder_side_files
 from .._lazy.array import LazyArray
-from .._location import LocalLocation, Location, location_of
+from .._location import Location, location_of
 from .._location.publish import (
     destination_exists,
     is_unfinished,
@@ -183,13 +183,7 @@ def save(
     def job() -> SaveResult:
         if group is None:
             return write(tree, destination, options)
-        if not isinstance(destination, LocalLocation):
-            raise UnsupportedError(
-                f"Cannot write {str(destination)!r} from several processes: a save under "
-                f"jax.distributed writes local or mounted paths only. Save to a shared "
-                f"mounted folder, or from one process."
-            )
-        return write_collective(group, tree, destination.path, options)
+        return write_collective(group, tree, destination, options)
 
     return SaveHandle(job) if asynchronous else job()
 

@@ -2,17 +2,22 @@
 
 The steps, each ended by a barrier of all processes (`suture._exec.distributed.Group`):
 
-1. The primary takes the destination's lock and creates the temporary folder; every
-   process receives its name.
+1. Every process announces that it entered the save. The primary takes the destination's
+   lock and prepares where the result is written (`suture._location.publish.begin`):
+   locally a temporary sibling folder, whose name every process receives; on ``gs://``
+   and ``s3://`` the destination prefix itself, begun with a ``_CHECKPOINT_METADATA`` that
+   records no commit (as Orbax writes on GCS).
 2. Each process writes its share: its shards of globally sharded jax.Arrays, and a
    disjoint share of the blocks of every other leaf, into its own OCDBT database.
 3. The primary writes the tree's metadata and merges the databases (as Orbax does).
 4. With ``verify=True`` each process reads its own blocks back from the merged result.
-5. The primary moves the result into place and releases the lock.
+5. The primary publishes the result (a rename locally, ``commit_success.txt`` written last
+   on an object store) and releases the lock.
 
 A failure anywhere is reported to every process, which stops at its next block or barrier;
-the primary then removes the temporary folder once the others have stopped, so the
-destination never holds a partial result.
+the primary then removes what was written once the others have stopped (or, when a
+process is missing, at once), so the destination never holds anything suture or Orbax
+takes for a finished checkpoint.
 
 Safetensors output is written by the primary alone (one file cannot be merged from
 per-process parts), so it takes in-memory arrays that each process can read whole.
@@ -24,19 +29,19 @@ import contextlib
 import time
 import uuid
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._errors import DestinationError, UnsupportedError
+from .._errors import CollectiveError, DestinationError, UnsupportedError
 from .._exec.blocks import Block
 from .._exec.distributed import Group, global_array
 from .._exec.progress import progress_bar
 from .._exec.runner import run_blocks
-from .._location import LocalLocation, location_of
-from .._location.publish import TMP_MARKER, exclusive, rename_into_place
+from .._location import LocalLocation, Location
+from .._location.publish import TMP_MARKER, Publication, begin, exclusive
 from .._paths import flatten
+from ..sinks.orbax import OrbaxSink
 from ..sources.filesource import reading_directly
 from .options import SaveOptions
 from .verify import check, with_digests, written_leaves
@@ -51,25 +56,36 @@ from .writer import (
 )
 
 _STOP_WAIT_SECONDS = 60.0
+_MISSING_STOP_WAIT_SECONDS = 5.0  # when a process is missing, it will not report stopping
 
 
 def write_collective(
-    group: Group, tree: Any, destination: Path, options: SaveOptions
+    group: Group, tree: Any, destination: Location, options: SaveOptions
 ) -> SaveResult:
     """Writes this process's share of `tree`; see the module docstring for the steps."""
     started = time.perf_counter()
     format, overwrite = options.format, options.overwrite  # noqa: A001
     max_memory, verify = options.max_memory, options.verify
+    publication: list[Publication] = []  # the primary's
     with contextlib.ExitStack() as held:
 
         def prepare() -> str:
-            held.enter_context(exclusive(location_of(destination)))
-            name = destination.with_name(f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
+            lock = held.enter_context(exclusive(destination))
+            staged = format == "safetensors" and destination.is_remote
+            if isinstance(destination, LocalLocation):
+                name = f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}"
+                publication.append(Publication(destination, destination.with_name(name), staged))
+                if format == "orbax":
+                    publication[0].temporary.path.mkdir()  # type: ignore[attr-defined]
+                return name  # each host may mount the storage elsewhere: send the name only
+            publication.append(begin(destination, overwrite, staged, lock.reclaimed))
             if format == "orbax":
-                name.mkdir()
-            return name.name  # each host may mount the storage elsewhere: send the name only
+                OrbaxSink(destination).start()  # marks the prefix unfinished until the commit
+            return ""  # a URL is the same everywhere: written in place
 
-        temporary = destination.with_name(group.agree("temporary", prepare))
+        group.arrive("entered")
+        name = group.agree("temporary", prepare)
+        temporary = publication[0].temporary if publication else _temporary(destination, name)
         try:
             if format == "orbax":
                 blocks, finish, sync = orbax_blocks(tree, temporary, options, group)
@@ -104,13 +120,14 @@ def write_collective(
                 check(blocks, digests, written_leaves(temporary, format))
             group.barrier("verified")
             if group.is_primary:
-                rename_into_place(temporary, destination, overwrite)
+                publication[0].commit(overwrite)
             group.barrier("committed")
         except BaseException as error:
             group.fail(error)
             if group.is_primary:
-                _wait_for_others_to_stop(group)
-                LocalLocation(temporary).remove()
+                _wait_for_others_to_stop(group, error)
+                if publication:
+                    publication[0].abort()
             else:
                 with contextlib.suppress(Exception):
                     group.arrive("stopped")
@@ -124,7 +141,13 @@ def write_collective(
                 raise as_surgery_error(error, destination) from error
             raise
     seconds = time.perf_counter() - started
-    return SaveResult(destination, format, progress.written_bytes, progress.total_leaves, seconds)
+    result_path = destination.path if isinstance(destination, LocalLocation) else str(destination)
+    return SaveResult(result_path, format, progress.written_bytes, progress.total_leaves, seconds)
+
+
+def _temporary(destination: Location, name: str) -> Location:
+    """Where a non-primary process writes: the primary's temporary sibling, or the prefix."""
+    return destination.with_name(name) if name else destination
 
 
 def _primary_safetensors(group: Group, tree: Any, *arguments: Any) -> tuple[list[Block], Any]:
@@ -174,7 +197,14 @@ def _stopping_on_failure(block: Block, group: Group) -> Block:
     return replace(block, writer=_StoppingWriter(block.writer, group))
 
 
-def _wait_for_others_to_stop(group: Group) -> None:
-    """Gives the other processes a while to stop writing before their folder is removed."""
+def _wait_for_others_to_stop(group: Group, error: BaseException) -> None:
+    """Gives the other processes a while to stop writing before their output is removed.
+
+    After a process went missing (a barrier timed out) it will never report stopping: the
+    wait is then short, so that the primary cleans up and raises within one barrier
+    timeout, before JAX's own heartbeat check aborts it.
+    """
+    missing = isinstance(error, CollectiveError) and error.missing_process
+    wait = _MISSING_STOP_WAIT_SECONDS if missing else _STOP_WAIT_SECONDS
     with contextlib.suppress(Exception):
-        group.gather("stopped", min(_STOP_WAIT_SECONDS, group.timeout))
+        group.gather("stopped", min(wait, group.timeout))

@@ -299,20 +299,24 @@ class OrbaxSink:
             fsync_tree(self.folder.path)
 
 
-def merge_process_databases(folder: Path) -> None:
+def merge_process_databases(folder: Location | Path) -> None:
     """Merges the per-process databases under `folder` into its root database, as Orbax does.
 
     Only the databases' indexes are copied (in one atomic transaction); the data files stay
-    in the process folders, which the merged root refers to.
+    in the process folders, which the merged root refers to. `folder` is local or a
+    ``gs://``/``s3://`` prefix.
     """
     import tensorstore as ts  # heavy: loaded on first use, not at import
 
-    context = ts.Context()
-    children = [
-        ts.KvStore.open(_ocdbt_spec(child), context=context)
-        for child in sorted(folder.glob(f"{PROCESS_PREFIX}*"))
-    ]
-    root = ts.KvStore.open(_ocdbt_spec(folder), context=context).result()
+    folder = location_of(folder).resolve()
+    context = ts.Context({}, parent=remote_context() if folder.is_remote else None)
+
+    def database(where: Location) -> Any:
+        return ts.KvStore.open({"driver": "ocdbt", "base": where.kvstore_spec()}, context=context)
+
+    names = [name for name in folder.subfolders() if name.startswith(PROCESS_PREFIX)]
+    children = [database(folder / name) for name in sorted(names)]
+    root = database(folder).result()
     transaction = ts.Transaction(atomic=True)
     copies = [
         child.result().experimental_copy_range_to(root.with_transaction(transaction))
@@ -340,10 +344,6 @@ def _fsync(path: str) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
-
-
-def _ocdbt_spec(folder: Path) -> dict[str, Any]:
-    return {"driver": "ocdbt", "base": f"file://{folder.resolve()}/"}
 
 
 def _shard_chunk_shape(global_array: Any, chunk_bytes: int) -> tuple[int, ...]:
