@@ -17,7 +17,7 @@ from typing import Any
 
 from .._errors import MergeError
 from .._location import is_remote
-from .registry import check_params, check_weight, get_method
+from .registry import check_params, check_weight, compile_per_leaf, get_method
 
 MAX_CONFIG_BYTES = 1 << 20
 Key = tuple[Any, ...]
@@ -230,11 +230,10 @@ def _check_per_leaf(config: ConfigFile, per_leaf: Any, method: Any) -> None:
     for pattern, values in per_leaf.items():
         _need(config, ("per_leaf", pattern), pattern, str, "a regex (text)")
         try:
-            re.compile(pattern)
-        except re.error as error:
-            raise MergeError(
-                f"{config.where('per_leaf', pattern)}{pattern!r} is not a valid regex ({error})."
-            ) from None
+            compile_per_leaf(pattern)  # the `regex` module, as merging will match it
+        except MergeError as error:
+            reason = str(error).removeprefix("per_leaf: ")
+            raise MergeError(f"{config.where('per_leaf', pattern)}{reason}") from None
         _need(config, ("per_leaf", pattern), values, dict, "a mapping of parameters")
         rest = {k: v for k, v in values.items() if k not in ("take", "weights")}
         _checked(config, ("per_leaf", pattern), lambda rest=rest: check_params(method, rest))
