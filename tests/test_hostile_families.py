@@ -222,6 +222,25 @@ def test_a_device_is_not_read_as_a_config(tmp_path):
         read_config(tmp_path / "config.json")
 
 
+def test_a_remote_config_is_read_up_to_the_cap_and_checked(models, http, tmp_path):
+    """Over HTTP (a real range server on 127.0.0.1): at most the cap is fetched from an
+    oversized config, and a served config naming 10**9 layers fails like a local one."""
+    big = tmp_path / "big.json"
+    big.write_bytes(b'{"a": "' + b"x" * (8 * MAX_CONFIG_BYTES) + b'"}')
+    url = http.publish(big, f"{tmp_path.name}/big-config.json")
+    before = http.bytes_sent
+    with pytest.raises(suture.ConfigMismatchError, match="is over 1024 KiB"):
+        read_config(url)
+    assert http.bytes_sent - before <= 2 * MAX_CONFIG_BYTES
+    served = http.publish(
+        _config(models, tmp_path, num_hidden_layers=10**9), f"{tmp_path.name}/config.json"
+    )
+    started = time.perf_counter()
+    result = _convert(models, tmp_path / "out", "maxtext", False, "--config", served)
+    assert time.perf_counter() - started < FAST
+    _refused(result, "'num_hidden_layers' is 1000000000", "holds 2")
+
+
 # Item 13: every wrong value a SurgeryError naming the field ---------------------------------
 
 

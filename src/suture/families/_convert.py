@@ -141,7 +141,9 @@ def _config_beside(source: str | os.PathLike, name: str) -> dict[str, Any]:
     place = location_of(source)
     folder = place if place.is_dir() else place.parent
     candidate = folder / "config.json"
-    if not candidate.exists():  # a FIFO or folder there is refused by read_config, by name
+    # locally, a FIFO or folder named config.json is there, and read_config refuses it by name
+    there = candidate.exists() if isinstance(candidate, LocalLocation) else candidate.is_file()
+    if not there:
         raise ConfigMismatchError(
             f"Recipe {name!r} needs the model's config.json (head counts, head_dim, layers), "
             f"and {str(folder)!r} has none. Pass it: --config path/to/config.json "
