@@ -142,7 +142,8 @@ FIELDS = [
 ]
 HOSTILE_VALUES = st.one_of(
     st.sampled_from(
-        [0, -1, 1, 2, 3, 4, 16, 64, 128, 10**9, 2**62, 2**63, 10**30, True, False, None, DROP]
+        [0, -1, 1, 2, 3, 4, 16, 64, 128, 10**9, 2**62, 2**63, 10**30, -(10**400), 10**400]
+        + [True, False, None, DROP]
     ),
     st.sampled_from([2.5, 2.0, -0.0, 1e308, float("nan"), float("inf"), float("-inf")]),
     st.integers(),

@@ -285,6 +285,18 @@ def test_a_computed_default_names_where_it_came_from(models):
         suture.families.get_recipe("llama3.1:maxtext").operations_table(config)
 
 
+@pytest.mark.parametrize("value", [10**400, -(10**400), math.nan, "16", None])
+def test_a_scalar_field_must_be_a_finite_number(value):
+    """Gemma 2's query_pre_attn_scalar is neither a count nor a flag: any finite number."""
+    config = dict(LLAMA, model_type="gemma2", head_dim=16, query_pre_attn_scalar=value)
+    recipe = suture.families.get_recipe("gemma2:maxtext")
+    if value is None:  # null: its default, head_dim
+        assert recipe.config_names(config)["query_pre_attn_scalar"] == 16
+        return
+    with pytest.raises(suture.ConfigMismatchError, match="'query_pre_attn_scalar' is .* finite"):
+        recipe.config_names(config)
+
+
 def test_a_config_that_is_not_a_mapping_is_refused():
     with pytest.raises(suture.ConfigMismatchError, match="a JSON object; got list"):
         suture.families.get_recipe("qwen3:maxtext").config_names([1, 2])  # type: ignore[arg-type]

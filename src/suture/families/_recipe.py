@@ -141,12 +141,9 @@ class FamilyRecipe:
                 wanted, fits = f"a whole number up to 2**{MAX_COUNT.bit_length() - 1}", False
         else:
             wanted = "a finite number"
-            fits = (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and abs(value) <= MAX_COUNT
-            )
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            # abs() first: math.isfinite() of a 400-digit int raises OverflowError
+            fits = number and abs(value) <= MAX_COUNT and math.isfinite(value)
         if not fits:
             raise ConfigMismatchError(
                 f"config.json field {field!r} is {_shown(value)}{how}; recipe {self.name!r} "
@@ -393,7 +390,7 @@ def _indices(template: str, names: Any) -> set[int]:
 
 
 def _layers_held(template: str, found: set[int]) -> str:
-    """``2 ('model.layers.{}.mlp.down_proj.weight' for layers 0-1)``, for messages."""
+    """``2 ('model.layers.N.mlp.down_proj.weight' for N = 0-1)``, for messages."""
     if not found:
         return f"none ({template.replace('{}', 'N')!r} for no layer N)"
     return f"{len(found)} ({template.replace('{}', 'N')!r} for N = {_ranges(found)})"
