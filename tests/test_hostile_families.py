@@ -341,3 +341,17 @@ def test_a_per_leaf_pattern_in_a_merge_config_is_stopped(tmp_path):
 def test_a_per_leaf_pattern_the_regex_module_refuses_is_a_merge_error(tmp_path):
     with pytest.raises(suture.MergeError, match=r"per_leaf: '\(\?P<x' is not a valid regex"):
         suture.merge([{"w": np.ones(2)}, {"w": np.ones(2)}], "linear", per_leaf={"(?P<x": {}})
+
+
+def test_a_fifo_given_as_merge_config_is_refused_unopened(tmp_path):
+    """A merge config is read like a recipe and a family config (it was already size-capped,
+    but read whole first)."""
+    fifo = tmp_path / "merge.yaml"
+    os.mkfifo(fifo)
+    started = time.perf_counter()
+    with _unblocked(fifo, 2 * FAST):
+        result = CliRunner().invoke(
+            app, ["merge", str(fifo), "-o", str(tmp_path / "out"), "--no-progress"]
+        )
+    assert time.perf_counter() - started < FAST
+    _refused(result, "is not a regular file (a folder, pipe or device)", "a merge config")

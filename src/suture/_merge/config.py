@@ -17,6 +17,7 @@ from typing import Any
 
 from .._errors import MergeError
 from .._location import is_remote
+from .._surgery.recipes import read_limited
 from .registry import check_params, check_weight, compile_per_leaf, get_method
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -63,11 +64,9 @@ class ConfigFile:
 def read_config(path: str | Path) -> ConfigFile:
     """Parses a YAML or TOML merge config, refusing what cannot be a config."""
     file = Path(path)
-    if not file.is_file():
-        raise MergeError(f"Merge config {str(file)!r} does not exist or is not a regular file.")
-    raw = file.read_bytes()[: MAX_CONFIG_BYTES + 1]
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise MergeError(f"Merge config {str(file)!r} is over 1 MiB; a merge config is small.")
+    raw = read_limited(
+        file, f"Merge config {str(file)!r}", "a merge config", MAX_CONFIG_BYTES, MergeError
+    )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
