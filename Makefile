@@ -57,7 +57,8 @@ test-newest: $(NEWEST_STAMP)
 fuzz: $(STAMP)
 	SUTURE_FUZZ_EXAMPLES=10000 SUTURE_FUZZ_REPORT=fuzz-report.json $(BIN)/python -m pytest -q -p no:randomly tests/test_fuzz.py
 	SUTURE_CRASH_RUNS=20 SUTURE_CRASH_REPORT=crash-report.txt $(BIN)/python -m pytest -q tests/test_reliability.py -k "sigkill or two_writers"
-	@cat fuzz-report.json crash-report.txt
+	SUTURE_FUZZ_EXAMPLES=1000 SUTURE_FUZZ_REPORT=fuzz-families-report.json $(BIN)/python -m pytest -q -p no:randomly tests/test_fuzz_families.py
+	@cat fuzz-report.json crash-report.txt fuzz-families-report.json
 
 # The user guide (mkdocs.yml), built strictly: a warning (a broken link, a nav entry with
 # no page) fails the build; NO_MKDOCS_2_WARNING quiets Material's notice about its own

@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +39,7 @@ from .registry import (
     check_params,
     check_value,
     check_weight,
+    compile_per_leaf,
     get_method,
     with_defaults,
 )
@@ -105,10 +105,7 @@ def merge(
     default = leaf_merge(chosen, params or {}, weights, model_params, len(trees))
     overrides = []
     for pattern, values in (per_leaf or {}).items():
-        try:
-            overrides.append((re.compile(pattern), values))
-        except re.error as error:
-            raise MergeError(f"per_leaf: {pattern!r} is not a valid regex ({error}).") from None
+        overrides.append((compile_per_leaf(pattern), values))
     merged = {}
     for path in _all_paths(trees):
         present = [i for i, tree in enumerate(trees) if path in tree]
@@ -217,7 +214,7 @@ def leaf_merge(
 def _for_leaf(
     path: str,
     default: LeafMerge,
-    overrides: list[tuple[re.Pattern[str], dict[str, Any]]],
+    overrides: list[tuple[Any, dict[str, Any]]],
     count: int,
 ) -> LeafMerge:
     for pattern, values in overrides:

@@ -17,7 +17,8 @@ from typing import Any
 
 from .._errors import MergeError
 from .._location import is_remote
-from .registry import check_params, check_weight, get_method
+from .._surgery.recipes import read_limited
+from .registry import check_params, check_weight, compile_per_leaf, get_method
 
 MAX_CONFIG_BYTES = 1 << 20
 Key = tuple[Any, ...]
@@ -63,11 +64,9 @@ class ConfigFile:
 def read_config(path: str | Path) -> ConfigFile:
     """Parses a YAML or TOML merge config, refusing what cannot be a config."""
     file = Path(path)
-    if not file.is_file():
-        raise MergeError(f"Merge config {str(file)!r} does not exist or is not a regular file.")
-    raw = file.read_bytes()[: MAX_CONFIG_BYTES + 1]
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise MergeError(f"Merge config {str(file)!r} is over 1 MiB; a merge config is small.")
+    raw = read_limited(
+        file, f"Merge config {str(file)!r}", "a merge config", MAX_CONFIG_BYTES, MergeError
+    )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -230,11 +229,10 @@ def _check_per_leaf(config: ConfigFile, per_leaf: Any, method: Any) -> None:
     for pattern, values in per_leaf.items():
         _need(config, ("per_leaf", pattern), pattern, str, "a regex (text)")
         try:
-            re.compile(pattern)
-        except re.error as error:
-            raise MergeError(
-                f"{config.where('per_leaf', pattern)}{pattern!r} is not a valid regex ({error})."
-            ) from None
+            compile_per_leaf(pattern)  # the `regex` module, as merging will match it
+        except MergeError as error:
+            reason = str(error).removeprefix("per_leaf: ")
+            raise MergeError(f"{config.where('per_leaf', pattern)}{reason}") from None
         _need(config, ("per_leaf", pattern), values, dict, "a mapping of parameters")
         rest = {k: v for k, v in values.items() if k not in ("take", "weights")}
         _checked(config, ("per_leaf", pattern), lambda rest=rest: check_params(method, rest))

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._errors import PatternError
+from .._patterns import compile_pattern
 from . import methods as kernels
 from .task_vectors import (
     RESCALES,
@@ -185,3 +187,14 @@ def check_weight(value: Any, index: int, where: str = "") -> float:
             f"{where}the weight of model {index} must be a finite number; got {value!r}."
         )
     return float(value)
+
+
+def compile_per_leaf(pattern: Any) -> Any:
+    """A ``per_leaf`` key compiled like every user pattern: matched under a time bound."""
+    if not isinstance(pattern, str) or not pattern:
+        raise MergeError(f"per_leaf: a key must be a regex (text); got {pattern!r:.80}.")
+    try:
+        return compile_pattern(pattern, "per_leaf")
+    except PatternError as error:
+        reason = str(error.__cause__ or error)
+        raise MergeError(f"per_leaf: {pattern!r} is not a valid regex ({reason}).") from None

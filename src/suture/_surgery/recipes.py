@@ -23,6 +23,7 @@ signature (`suture._surgery.recipe_schema`), so a mistake names the field and it
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import stat
 import tomllib
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import RecipeError as RecipeError
+from .._errors import SurgeryError
 from ..sources.open import open as open_checkpoint
 from . import rule_set as rule_module
 from .recipe_schema import RULE_NAMES, check_arguments, positional_fields
@@ -69,25 +71,60 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def _check_regular(file: Path) -> None:
+    check_regular(file, f"Recipe {str(file)!r}", "a recipe file", RecipeError)
+
+
+def check_regular(file: Path, label: str, wanted: str, error: type[SurgeryError]) -> None:
+    """Refuses what is not a regular file before opening it: opening a FIFO for reading
+    blocks until a writer comes, and a device can be endless. `label` starts the message.
+    """
     try:
         mode = file.stat().st_mode
     except (OSError, ValueError):
-        raise RecipeError(f"Recipe {str(file)!r} does not exist.") from None
+        raise error(f"{label} does not exist.") from None
     if not stat.S_ISREG(mode):
-        raise RecipeError(
-            f"Recipe {str(file)!r} is not a regular file (a folder, pipe or device); give the "
-            f"path of a recipe file."
-        )
+        raise _not_regular(label, wanted, error)
+
+
+def read_limited(
+    file: Path, label: str, wanted: str, limit: int, error: type[SurgeryError]
+) -> bytes:
+    """The bytes of the regular file `file`, refusing one over `limit` bytes without reading on.
+
+    The file is opened non-blocking and checked again once open, so that a FIFO swapped in
+    after the check cannot hang the read either.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        ...     _ = f.write(b"{}"); f.flush()
+        ...     read_limited(Path(f.name), "Config", "a config", 10, RecipeError)
+        b'{}'
+    """
+    check_regular(file, label, wanted, error)
+    try:
+        descriptor = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as failure:
+        raise error(f"{label} cannot be read: {failure.strerror}.") from None
+    with os.fdopen(descriptor, "rb") as stream:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # swapped in after the check
+            raise _not_regular(label, wanted, error)
+        raw = stream.read(limit + 1)
+    if len(raw) > limit:
+        raise error(f"{label} is over {limit // 1024} KiB; {wanted} is small. Check the path.")
+    return raw
+
+
+def _not_regular(label: str, wanted: str, error: type[SurgeryError]) -> SurgeryError:
+    return error(
+        f"{label} is not a regular file (a folder, pipe or device); give the path of {wanted}."
+    )
 
 
 def _read_text(file: Path) -> str:
-    with open(file, "rb") as stream:
-        raw = stream.read(MAX_RECIPE_BYTES + 1)
-    if len(raw) > MAX_RECIPE_BYTES:
-        raise RecipeError(
-            f"Recipe {str(file)!r} is over {MAX_RECIPE_BYTES // 1024} KiB; a recipe is a list of "
-            f"rules. Check the path."
-        )
+    raw = read_limited(
+        file, f"Recipe {str(file)!r}", "a recipe file", MAX_RECIPE_BYTES, RecipeError
+    )
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:

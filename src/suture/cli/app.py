@@ -415,10 +415,9 @@ def recipes(
             typer.echo(f"{recipe_name:28} {recipe.description}")
         return
     recipe = families.get_recipe(name)
+    table = recipe.operations_table(read_config(config)) if config is not None else []
     typer.echo(f"{recipe.name}: {recipe.description}\nFollows {recipe.follows}.")
-    if config is None:
-        return
-    for maxtext, hf, operations in recipe.operations_table(read_config(config)):
+    for maxtext, hf, operations in table:
         typer.echo(f"  {maxtext:55} <- {hf:50} {operations}")
 
 

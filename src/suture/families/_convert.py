@@ -18,13 +18,15 @@ from typing import Any
 from .. import rules
 from .._errors import ConfigMismatchError, SurgeryError
 from .._hf import LAYOUT_KEY, keep_safetensors_layout, reuse_safetensors_layout
-from .._location import location_of
+from .._location import LocalLocation, location_of
 from .._paths import unflatten
 from .._save.api import SaveResult, save
+from .._surgery.recipes import read_limited
 from ..sources.open import open as open_checkpoint
 from ._recipe import get_recipe
 
 FAMILY_KEY = "suture.family"
+MAX_CONFIG_BYTES = 1 << 20  # as a recipe: a config.json is a few KB; more is a mistake or hostile
 DEFAULT_SHARD_SIZE = "5GB"  # save_pretrained's default
 
 
@@ -100,11 +102,32 @@ def _cast(tree: Any, dtype: str | None) -> Any:
 
 
 def read_config(config: Any) -> dict[str, Any]:
-    """A model config: a dict, or a config.json path, URL or Location."""
+    """A model config: a dict, or a config.json path, URL or Location, read like a recipe:
+    a regular file (a FIFO or device is refused unopened) of at most `MAX_CONFIG_BYTES`.
+
+    Its values are checked by the recipe that reads them (`FamilyRecipe.config_names`).
+    """
     if isinstance(config, dict):
         return dict(config)
+    label = f"Model config {str(config)!r}"
     try:
-        loaded = json.loads(location_of(config).read_bytes())
+        place = location_of(config)
+        if isinstance(place, LocalLocation):
+            raw = read_limited(
+                place.path, label, "a config.json", MAX_CONFIG_BYTES, ConfigMismatchError
+            )
+        else:
+            raw = place.read_head(MAX_CONFIG_BYTES + 1)
+            if len(raw) > MAX_CONFIG_BYTES:
+                raise ConfigMismatchError(
+                    f"{label} is over {MAX_CONFIG_BYTES // 1024} KiB; a config.json is small. "
+                    f"Check the path."
+                )
+        loaded = json.loads(raw)
+    except ConfigMismatchError:
+        raise
+    except RecursionError:
+        raise ConfigMismatchError(f"{label} nests too deeply to be a config.json.") from None
     except (OSError, ValueError, SurgeryError) as error:
         raise ConfigMismatchError(
             f"Cannot read the model config {str(config)!r}: {error}."
@@ -118,7 +141,9 @@ def _config_beside(source: str | os.PathLike, name: str) -> dict[str, Any]:
     place = location_of(source)
     folder = place if place.is_dir() else place.parent
     candidate = folder / "config.json"
-    if not candidate.is_file():
+    # locally, a FIFO or folder named config.json is there, and read_config refuses it by name
+    there = candidate.exists() if isinstance(candidate, LocalLocation) else candidate.is_file()
+    if not there:
         raise ConfigMismatchError(
             f"Recipe {name!r} needs the model's config.json (head counts, head_dim, layers), "
             f"and {str(folder)!r} has none. Pass it: --config path/to/config.json "

@@ -39,14 +39,45 @@ _FUNCTIONS = {"sqrt": math.sqrt}
 
 
 def evaluate(expression: str | int | float, names: Mapping[str, Any]) -> Any:
-    """The value of `expression` with `names` (config fields) bound."""
+    """The value of `expression` with `names` (config fields) bound.
+
+    Raises:
+        ExpressionError: a name the config lacks, or a value it cannot be computed with
+            (a division by zero, text where a number belongs), naming the values used.
+    """
     if isinstance(expression, int | float):
         return expression
+    tree = _parse(expression)
     try:
-        tree = ast.parse(str(expression), mode="eval")
+        return _value(tree.body, names, str(expression))
+    except (ArithmeticError, TypeError, ValueError) as error:
+        if isinstance(error, ExpressionError):
+            raise
+        used = ", ".join(f"{name}={names.get(name)!r:.40}" for name in sorted(names_in(expression)))
+        raise ExpressionError(
+            f"{expression!r} cannot be computed from the config ({used}): {error}."
+        ) from None
+
+
+def names_in(expression: str | int | float) -> set[str]:
+    """The config names `expression` uses.
+
+    Example:
+        >>> sorted(names_in("hidden_size // num_attention_heads"))
+        ['hidden_size', 'num_attention_heads']
+    """
+    if isinstance(expression, int | float):
+        return set()
+    return {node.id for node in ast.walk(_parse(expression)) if isinstance(node, ast.Name)} - set(
+        _FUNCTIONS
+    )
+
+
+def _parse(expression: str | int | float) -> ast.Expression:
+    try:
+        return ast.parse(str(expression), mode="eval")
     except SyntaxError as error:
         raise ExpressionError(f"{expression!r} is not an expression: {error.msg}.") from None
-    return _value(tree.body, names, str(expression))
 
 
 def _value(node: ast.AST, names: Mapping[str, Any], source: str) -> Any:

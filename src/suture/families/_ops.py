@@ -52,6 +52,10 @@ class Operation:
     def describe(self, names: dict[str, Any]) -> str:
         raise NotImplementedError
 
+    def expressions(self) -> tuple[Any, ...]:
+        """The config expressions it reads (their fields are checked before any planning)."""
+        return ()
+
 
 @dataclass(frozen=True)
 class Transpose(Operation):
@@ -93,6 +97,9 @@ class SplitAxis(Operation):
 
     def describe(self, names: dict[str, Any]) -> str:
         return f"split axis {self.axis} into {self._sizes(names)}"
+
+    def expressions(self) -> tuple[Any, ...]:
+        return self.sizes
 
 
 @dataclass(frozen=True)
@@ -160,6 +167,9 @@ class Scale(Operation):
         closeness = "exact round trip" if self.exact_for(names) else "round trip within 1 ulp"
         return f"{self.forward_op} by {self.forward_by} = {factor:.6g} ({closeness})"
 
+    def expressions(self) -> tuple[Any, ...]:
+        return (self.forward_by, self.backward_by)
+
 
 @dataclass(frozen=True)
 class Add(Operation):
@@ -177,23 +187,36 @@ class Add(Operation):
 
 @dataclass(frozen=True)
 class PadRows(Operation):
+    """Zero rows from `back_to` (the model's rows, ``vocab_size``) up to `to`, and back."""
+
     to: Any
     back_to: Any
 
     def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
-        rows = int(evaluate(self.to, names))
-        if rows < array.shape[0]:
+        rows, own = int(evaluate(self.to, names)), int(evaluate(self.back_to, names))
+        if array.shape[0] != own or rows < own:
             raise ConfigMismatchError(
-                f"Leaf {array.path!r} has {array.shape[0]} rows, more than the {rows} "
-                f"({self.to}) the recipe pads to. Pass a larger padded size."
+                f"Leaf {array.path!r} has {array.shape[0]} rows; the config says {own} "
+                f"({self.back_to}), padded to {rows} ({self.to}). Pass the config.json of "
+                f"these weights."
             )
         return fit_shape(array, (rows,) + array.shape[1:])
 
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
-        return fit_shape(array, (int(evaluate(self.back_to, names)),) + array.shape[1:])
+        rows, own = int(evaluate(self.to, names)), int(evaluate(self.back_to, names))
+        if array.shape[0] != rows or rows < own:
+            raise ConfigMismatchError(
+                f"Leaf {array.path!r} has {array.shape[0]} rows; the config says {rows} "
+                f"({self.to}), of which the model's own are {own} ({self.back_to}). Pass the "
+                f"config.json of this model."
+            )
+        return fit_shape(array, (own,) + array.shape[1:])
 
     def describe(self, names: dict[str, Any]) -> str:
         return f"pad rows to {int(evaluate(self.to, names))}"
+
+    def expressions(self) -> tuple[Any, ...]:
+        return (self.to, self.back_to)
 
 
 def parse_operation(spec: Any, where: str) -> Operation:

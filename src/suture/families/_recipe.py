@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +28,25 @@ from .._errors import ConfigMismatchError, RecipeError, did_you_mean
 from .._lazy.array import LazyArray, as_lazy
 from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
-from ._expr import evaluate
+from ._expr import evaluate, names_in
 from ._ops import Operation, RecipeFormatError, parse_operation
 
 MAXTEXT_ROOT = "params/params"
+# The config.json fields recipes read, by kind: Hugging Face's names, the same in every family.
+# Any other field a recipe's expressions read must be a finite number.
+COUNT_FIELDS = frozenset(
+    {
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_size",
+        "vocab_size",
+        "padded_vocab_size",
+    }
+)
+FLAG_FIELDS = frozenset({"tie_word_embeddings", "attention_bias", "mlp_bias"})
+MAX_COUNT = 1 << 62  # past any tensor's length (TensorStore's index limit)
 SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of every scanned tensor
 LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
 
@@ -63,23 +80,46 @@ class FamilyRecipe:
     groups: dict[str, LayerGroup]
     leaves: tuple[Leaf, ...]
     ignore: tuple[str, ...]
+    fields: frozenset[str]  # the config fields its expressions read
 
     @property
     def name(self) -> str:
         return f"{self.family}:{'maxtext' if self.scanned else 'maxtext-unscanned'}"
 
     def config_names(self, config: dict[str, Any]) -> dict[str, Any]:
-        """The config's fields with the recipe's defaults filled in, checked against it."""
+        """The config's fields with the recipe's defaults filled in, checked against it.
+
+        Every field the recipe reads is checked for its kind first (a count is a whole
+        number of at least 1, a flag true or false, anything else a finite number), so a
+        wrong value is an error naming the field, not a failure deep in the arithmetic.
+        """
+        if not isinstance(config, dict):
+            raise ConfigMismatchError(
+                f"Recipe {self.name!r} needs the model's config.json, a JSON object; got "
+                f"{type(config).__name__}."
+            )
         names = dict(config)
+        for field in sorted(self.fields):
+            if names.get(field) is None and field not in self.defaults:
+                if field in self.require:
+                    continue  # said below, with the values the recipe fits
+                raise ConfigMismatchError(
+                    f"config.json has no {field!r}{' (it is null)' if field in names else ''}; "
+                    f"recipe {self.name!r} needs it. Pass the model's own config.json "
+                    f"(--config)."
+                )
+            if names.get(field) is not None and field not in self.require:
+                self._check_kind(field, names[field], "")
         for field, default in self.defaults.items():
             if names.get(field) is None:
                 names[field] = evaluate(default, names)
+                self._check_kind(field, names[field], f" (its default, {default})")
         for field, allowed in self.require.items():
             if names.get(field) not in allowed:
                 raise ConfigMismatchError(
-                    f"config.json field {field!r} is {names.get(field)!r}; recipe {self.name!r} "
-                    f"fits {', '.join(map(repr, allowed))}. Pick the recipe of this model's "
-                    f"family (`suture recipes` lists them)."
+                    f"config.json field {field!r} is {names.get(field)!r:.80}; recipe "
+                    f"{self.name!r} fits {', '.join(map(repr, allowed))}. Pick the recipe of this "
+                    f"model's family (`suture recipes` lists them)."
                 )
         for check in self.checks:
             if not evaluate(check["test"], names):
@@ -89,6 +129,39 @@ class FamilyRecipe:
                     f"(recipe {self.name!r}, which follows {self.follows})."
                 )
         return names
+
+    def _check_kind(self, field: str, value: Any, how: str) -> None:
+        if field in FLAG_FIELDS:
+            wanted = "true or false"
+            fits = isinstance(value, bool)
+        elif field in COUNT_FIELDS:
+            wanted = "a whole number of at least 1"
+            fits = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            if fits and value > MAX_COUNT:
+                wanted, fits = f"a whole number up to 2**{MAX_COUNT.bit_length() - 1}", False
+        else:
+            wanted = "a finite number"
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            # abs() first: math.isfinite() of a 400-digit int raises OverflowError
+            fits = number and abs(value) <= MAX_COUNT and math.isfinite(value)
+        if not fits:
+            raise ConfigMismatchError(
+                f"config.json field {field!r} is {_shown(value)}{how}; recipe {self.name!r} "
+                f"needs {wanted}. Fix the config.json (or pass the model's own with --config)."
+            )
+
+    def layer_counts(self, names: dict[str, Any]) -> dict[str, int]:
+        """How many MaxText layers each layer group has, from the checked config."""
+        counts = {}
+        for group, spec in self.groups.items():
+            count = evaluate(spec.count, names)
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ConfigMismatchError(
+                    f"Recipe {self.name!r}: the layer count {spec.count} is {count!r} with this "
+                    f"config ({_fields_shown(spec.count, names)}); it must be a whole number."
+                )
+            counts[group] = count
+        return counts
 
     # Hugging Face -> MaxText ---------------------------------------------------------------
 
@@ -100,6 +173,7 @@ class FamilyRecipe:
         """
         names = self.config_names(config)
         hf = _hf_leaves(tree)
+        self._check_hf_layers(hf, names)
         used: set[str] = set()
         out: dict[str, Any] = {}
         for leaf in self._active(names):
@@ -137,8 +211,72 @@ class FamilyRecipe:
         spec = self.groups[group]
         return [
             int(evaluate(spec.hf_index, {**names, "i": i}))
-            for i in range(int(evaluate(spec.count, names)))
+            for i in range(self.layer_counts(names)[group])
         ]
+
+    def _check_hf_layers(self, hf: dict[str, Any], names: dict[str, Any]) -> None:
+        """The layers the config names against those the HF checkpoint holds, before planning.
+
+        A count past the layers present fails before any index is listed, so a config naming
+        10**9 layers is an error at once, not a loop over them.
+        """
+        counts = self.layer_counts(names)
+        templates: dict[str, set[str]] = {}  # tensor name with {} for the layer -> its groups
+        for leaf in self._active(names):
+            if leaf.group is not None:
+                templates.setdefault(leaf.hf.replace(f"{{{leaf.group}}}", "{}"), set()).add(
+                    leaf.group
+                )
+        for template, groups in templates.items():
+            self._compare_layers(
+                groups,
+                names,
+                sum(counts[group] for group in groups),
+                template,
+                _indices(template, hf),
+                lambda groups=groups: {
+                    index for group in groups for index in self._layer_indices(group, names)
+                },
+            )
+
+    def _compare_layers(
+        self,
+        groups: set[str],
+        names: dict[str, Any],
+        wanted: int,
+        template: str,
+        found: set[int],
+        expected: Callable[[], set[int]],
+    ) -> None:
+        """Refuses a config whose layers are not those found; `expected` runs only once
+        `wanted` is known to be no more than the layers found, so it lists few."""
+        held = _layers_held(template, found)
+        if wanted > len(found):
+            problem = f"{_layers(wanted)}, and the checkpoint holds {held}"
+        else:
+            numbers = expected()
+            missing, extra = sorted(numbers - found), sorted(found - numbers)
+            if not missing and not extra:
+                return
+            problem = (
+                f"{_layers(wanted)} ({_ranges(numbers) or 'none'}), and the checkpoint holds "
+                f"{held}: "
+                + (
+                    f"layer {missing[0]} is missing"
+                    if missing
+                    else f"layer {extra[0]} would be lost"
+                )
+            )
+        raise ConfigMismatchError(
+            f"{self._count_fields(groups, names)}: {problem}. Pass the config.json of these "
+            f"weights (--config)."
+        )
+
+    def _count_fields(self, groups: set[str], names: dict[str, Any]) -> str:
+        """``config.json field 'num_hidden_layers' is 1000000000``: what sets a layer count."""
+        fields = sorted(set().union(*(names_in(self.groups[g].count) for g in groups)))
+        shown = ", ".join(f"{field!r} is {_shown(names.get(field))}" for field in fields)
+        return f"Recipe {self.name!r}: config.json field {shown}"
 
     def _check_all_used(self, hf: dict, used: set[str], names: dict) -> None:
         left = sorted(
@@ -160,22 +298,51 @@ class FamilyRecipe:
         names = self.config_names(config)
         flat = flatten(tree)
         prefix = f"{MAXTEXT_ROOT}/" if any(p.startswith(f"{MAXTEXT_ROOT}/") for p in flat) else ""
+        self._check_maxtext_layers(flat, prefix, names)
         out: dict[str, LazyArray] = {}
         for leaf in self._active(names):
             if leaf.group is None:
                 out[leaf.hf] = self._restored(leaf, _take(flat, prefix + leaf.maxtext), names)
                 continue
             indices = self._layer_indices(leaf.group, names)
+            stacked = _take(flat, prefix + leaf.maxtext) if self.scanned else None
             for i, index in enumerate(indices):
-                if self.scanned:
-                    stacked = _take(flat, prefix + leaf.maxtext)
-                    _check_layers(stacked, len(indices), leaf.maxtext)
+                if stacked is not None:
                     member = stacked[(slice(None),) * SCAN_AXIS + (i,)]
                 else:
                     member = _take(flat, prefix + _unscanned(leaf.maxtext, i))
                 name = leaf.hf.replace(f"{{{leaf.group}}}", str(index))
                 out[name] = self._restored(leaf, member, names)
         return out
+
+    def _check_maxtext_layers(self, flat: dict[str, Any], prefix: str, names: dict) -> None:
+        """The layers the config names against those the MaxText tree holds, before planning."""
+        counts = self.layer_counts(names)
+        for leaf in self._active(names):
+            if leaf.group is None:
+                continue
+            wanted = counts[leaf.group]
+            if self.scanned:
+                stacked = _take(flat, prefix + leaf.maxtext)
+                if stacked.ndim <= SCAN_AXIS or stacked.shape[SCAN_AXIS] != wanted:
+                    held = stacked.shape[SCAN_AXIS] if stacked.ndim > SCAN_AXIS else "no"
+                    raise ConfigMismatchError(
+                        f"{self._count_fields({leaf.group}, names)}: {_layers(wanted)}, and "
+                        f"MaxText leaf {leaf.maxtext!r} holds {held} (shape {stacked.shape}, "
+                        f"layers on axis {SCAN_AXIS}). Pass the config.json of this model "
+                        f"(--config)."
+                    )
+                continue
+            template = prefix + _unscanned(leaf.maxtext, "{}")
+            found = _indices(template, flat)
+            self._compare_layers(
+                {leaf.group},
+                names,
+                wanted,
+                template,
+                found,
+                lambda wanted=wanted: set(range(wanted)),
+            )
 
     def _restored(self, leaf: Leaf, array: LazyArray, names: dict) -> LazyArray:
         for operation in reversed(leaf.operations):
@@ -194,7 +361,7 @@ class FamilyRecipe:
         ]
 
 
-def _unscanned(maxtext_path: str, index: int) -> str:
+def _unscanned(maxtext_path: str, index: int | str) -> str:
     return maxtext_path.replace("decoder/layers/", f"decoder/layers_{index}/", 1)
 
 
@@ -207,12 +374,53 @@ def _take(flat: dict[str, Any], path: str) -> LazyArray:
     return as_lazy(flat[path], path=path)
 
 
-def _check_layers(stacked: LazyArray, expected: int, path: str) -> None:
-    if stacked.ndim <= SCAN_AXIS or stacked.shape[SCAN_AXIS] != expected:
-        raise ConfigMismatchError(
-            f"MaxText leaf {path!r} has shape {stacked.shape}; expected {expected} layers on axis "
-            f"{SCAN_AXIS} from config.json's num_hidden_layers. Pass the config of this model."
-        )
+_INDEX = re.compile(r"0|[1-9][0-9]*")
+
+
+def _indices(template: str, names: Any) -> set[int]:
+    """The layer numbers of the names that fit `template` (a name with ``{}`` for the number)."""
+    before, after = template.split("{}", 1)
+    found = set()
+    for name in names:
+        if name.startswith(before) and name.endswith(after) and len(name) > len(template) - 2:
+            number = name[len(before) : len(name) - len(after)]
+            if _INDEX.fullmatch(number):
+                found.add(int(number))
+    return found
+
+
+def _layers_held(template: str, found: set[int]) -> str:
+    """``2 ('model.layers.N.mlp.down_proj.weight' for N = 0-1)``, for messages."""
+    if not found:
+        return f"none ({template.replace('{}', 'N')!r} for no layer N)"
+    return f"{len(found)} ({template.replace('{}', 'N')!r} for N = {_ranges(found)})"
+
+
+def _ranges(numbers: set[int]) -> str:
+    """``0-3, 5`` for {0, 1, 2, 3, 5}; long lists are cut."""
+    runs: list[list[int]] = []
+    for number in sorted(numbers):
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    shown = [f"{a}-{b}" if b > a else str(a) for a, b in runs[:8]]
+    return ", ".join(shown) + (" ..." if len(runs) > 8 else "")
+
+
+def _layers(count: int) -> str:
+    return f"{count} layer{'' if count == 1 else 's'}"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _fields_shown(expression: Any, names: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{field}={_shown(names.get(field))}" for field in sorted(names_in(expression))
+    )
 
 
 def _hf_leaves(tree: Any) -> dict[str, Any]:
@@ -273,15 +481,25 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         )
         leaves.append(Leaf(item["maxtext"], item["hf"], group, operations, item.get("when")))
     config = data.get("config", {})
+    defaults = dict(config.get("defaults") or {})
+    checks = tuple(config.get("checks") or ())
+    expressions = [*defaults.values(), *(check["test"] for check in checks)]
+    expressions += [text for group in groups.values() for text in (group.count, group.hf_index)]
+    for leaf in leaves:
+        expressions += [leaf.when or 0, *(e for op in leaf.operations for e in op.expressions())]
+    fields = set(defaults) | set(config.get("require") or {})
+    for expression in expressions:
+        fields |= names_in(expression)
     return FamilyRecipe(
         family=family,
         scanned=scanned,
         follows=data["follows"],
         description=data["description"],
         require={k: list(v) for k, v in (config.get("require") or {}).items()},
-        defaults=dict(config.get("defaults") or {}),
-        checks=tuple(config.get("checks") or ()),
+        defaults=defaults,
+        checks=checks,
         groups=groups,
         leaves=tuple(leaves),
         ignore=tuple(data.get("ignore") or ()),
+        fields=frozenset(fields - {"i"}),
     )
