@@ -30,7 +30,7 @@ from .._save.api import save
 from .._surgery.build import transform
 from .._surgery.plan import lossy_casts, lossy_lines
 from .._surgery.plan import plan as make_plan
-from .._surgery.recipes import load_recipe, reversed_rules, with_cast
+from .._surgery.recipes import forward_record, load_recipe, reversed_rules, with_cast
 from ..families._convert import read_config
 from ..sources.open import open as open_checkpoint
 from .demo import run_demo
@@ -273,8 +273,12 @@ def apply(
     recipes you trust.
     """
     surgery = _prepare(recipe, sources, target, allow_pickle, "apply")
+    record = None
     if reverse:
-        surgery["transform"] = reversed_rules(surgery["transform"], like)
+        source = surgery["sources"][0] if len(surgery["sources"]) == 1 else None
+        surgery["transform"] = reversed_rules(surgery["transform"], like, source)
+    else:  # what the recipe read, for a later --reverse to check --like against
+        record = forward_record(surgery["transform"], surgery["sources"], dtype, strict_casts)
     steps = with_cast(surgery["transform"], dtype) if dtype is not None else surgery["transform"]
     arguments = {**surgery["arguments"], "partial": partial, "strict_casts": strict_casts}
     if dry_run:
@@ -295,6 +299,7 @@ def apply(
         max_shard_size=max_shard_size,
         progress=progress,
         verify=verify,
+        metadata=record,
     )
     _report_written(result, verify)
 
