@@ -157,7 +157,7 @@ def check_gives(
             f"{like_name} is not the recipe's input: the recipe does not apply to it "
             f"({error}). Reverse with the checkpoint the recipe was applied to."
         ) from None
-    difference = _difference(signature(ran), signature(output), "the forward result", "source")
+    difference = _difference(signature(ran), signature(output), "the forward result", "the source")
     if difference:
         raise TreeMismatchError(
             f"{like_name} is not the input of {output_name!r}: run forward on it, the recipe "

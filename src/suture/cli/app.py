@@ -288,7 +288,8 @@ def apply(
             raise typer.Exit(code=2)
         return
     tree = transform(steps, *surgery["sources"], **arguments)
-    for line in lossy_lines(lossy_casts(tree)):  # what `suture plan` would list
+    unchecked = [cast for cast in lossy_casts(tree) if not cast.checked]
+    for line in lossy_lines(unchecked):  # as `suture plan` lists them
         typer.echo(f"Warning: {for_command_line(line)}", err=True)
     result = save(
         tree,
