@@ -54,7 +54,7 @@ class OutputLeaf:
 
 @dataclass
 class LossyCast:
-    """A cast on the way to an output that can destroy values (`suture._dtypes.cast_loss`)."""
+    """A cast on the way to an output that can destroy values, and what it can destroy."""
 
     path: str
     source_dtype: str

@@ -345,16 +345,22 @@ def reversed_rules(
 
 
 def forward_record(
-    transform: Any, sources: list[Any], dtype: str | None, strict_casts: bool
+    transform: Any,
+    sources: list[Any],
+    dtype: str | None,
+    strict_casts: bool,
+    target: Any = None,
+    init: Any = None,
 ) -> dict[str, str] | None:
     """Custom metadata recording a rule recipe's input in its output (`recorded_input`);
-    None for other transforms, several sources, or a tree too large to record."""
+    None for other transforms (or rules with a target or init), several sources, or a tree
+    too large to record."""
     if isinstance(transform, rule_module.Rule):
         transform = [transform]
     rules_only = isinstance(transform, list | tuple) and all(
         isinstance(rule, rule_module.Rule) for rule in transform
     )
-    if not rules_only or len(sources) != 1:
+    if not rules_only or len(sources) != 1 or target is not None or init is not None:
         return None
     return forward_metadata(sources[0], dtype, strict_casts)
 

@@ -32,7 +32,7 @@ from .._paths import flatten, unflatten
 from .rule_set import Rule, apply_rules
 
 RECORD_KEY = "suture.recipe_input"
-MAX_RECORD_BYTES = 16 << 20  # about 200,000 leaves; a larger tree is not recorded
+MAX_RECORD_BYTES = 1 << 20  # about 15,000 leaves; a larger tree is not recorded
 
 Signature = tuple[tuple[int, ...] | None, str]  # (shape, dtype), or (None, type) off arrays
 

@@ -278,7 +278,9 @@ def apply(
         source = surgery["sources"][0] if len(surgery["sources"]) == 1 else None
         surgery["transform"] = reversed_rules(surgery["transform"], like, source)
     else:  # what the recipe read, for a later --reverse to check --like against
-        record = forward_record(surgery["transform"], surgery["sources"], dtype, strict_casts)
+        record = forward_record(
+            surgery["transform"], surgery["sources"], dtype, strict_casts, **surgery["arguments"]
+        )
     steps = with_cast(surgery["transform"], dtype) if dtype is not None else surgery["transform"]
     arguments = {**surgery["arguments"], "partial": partial, "strict_casts": strict_casts}
     if dry_run:
