@@ -171,6 +171,30 @@ def test_the_record_survives_a_safetensors_output_and_a_dtype(tmp_path):
     _assert_identical(tree, _read(tmp_path / "back"))
 
 
+def test_convert_with_a_recipe_records_its_input_too(tmp_path):
+    tree = _model()
+    suture.save(tree, tmp_path / "source", progress=False)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE)
+    converted = _cli(
+        "convert", tmp_path / "source", tmp_path / "fwd.safetensors", "--recipe", recipe,
+        "--no-progress",
+    )  # fmt: skip
+    assert converted.exit_code == 0, converted.output
+    suture.save(_model(width=8), tmp_path / "other", progress=False)
+    refused = _cli(
+        "apply", recipe, tmp_path / "fwd.safetensors", "-o", tmp_path / "x", "--reverse",
+        "--like", tmp_path / "other",
+    )  # fmt: skip
+    _refused(refused, "is not the input that the forward run read")
+    back = _cli(
+        "apply", recipe, tmp_path / "fwd.safetensors", "-o", tmp_path / "back", "--reverse",
+        "--no-progress",
+    )  # fmt: skip
+    assert back.exit_code == 0, back.output
+    _assert_identical(tree, _read(tmp_path / "back"))
+
+
 @pytest.mark.parametrize(
     "record",
     [

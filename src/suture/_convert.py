@@ -18,7 +18,7 @@ from ._lazy.views import strict_casts as strict_casts_on
 from ._location import location_of
 from ._save.api import SaveResult, save
 from ._surgery.build import transform
-from ._surgery.recipes import load_recipe
+from ._surgery.recipes import forward_record, load_recipe
 from .families._convert import convert_with_recipe
 from .sources.open import open as open_checkpoint
 
@@ -78,6 +78,7 @@ def convert(
             separator,
             allow_pickle,
             progress,
+            strict_casts,
         )
 
 
@@ -95,6 +96,7 @@ def _convert(
     separator: str,
     allow_pickle: bool,
     progress: bool | None,
+    strict_casts: bool,
 ) -> SaveResult:
     if recipe is not None and families.is_recipe_name(str(recipe)):
         return convert_with_recipe(
@@ -131,6 +133,12 @@ def _convert(
     elif target_format == "safetensors" and max_shard_size is None and not renamed:
         one_file = str(destination).endswith(".safetensors")
         options = reuse_safetensors_layout(ckpt, location_of(source), separator, one_file)
+    if recipe is not None:  # what the recipe read, for `suture apply --reverse`
+        record = forward_record(
+            loaded.transform, [ckpt], dtype, strict_casts, loaded.target, loaded.init
+        )
+        if record is not None:
+            options["metadata"] = record
     folder_output = target_format == "orbax" or not str(destination).endswith(".safetensors")
     if folder_output and "extra_files" not in options:
         options["extra_files"] = model_folder_side_files(source)
