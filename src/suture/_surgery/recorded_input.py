@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .._dtypes import to_dtype
-from .._errors import CorruptCheckpointError, SurgeryError, TreeMismatchError
+from .._errors import CorruptCheckpointError, SurgeryError, TreeMismatchError, check_shape
 from .._paths import flatten, unflatten
 from .rule_set import Rule, apply_rules
 
@@ -104,7 +104,7 @@ def read_record(custom_metadata: dict[str, Any], where: str) -> Recorded | None:
         record = (
             json.loads(text) if isinstance(text, str) and len(text) <= MAX_RECORD_BYTES else None
         )
-    except ValueError:
+    except (ValueError, RecursionError):
         raise corrupt("not JSON") from None
     if not isinstance(record, dict) or record.get("version") != 1:
         raise corrupt("not a version 1 record")
@@ -126,9 +126,13 @@ def read_record(custom_metadata: dict[str, Any], where: str) -> Recorded | None:
         ):
             raise corrupt(f"leaf {path!r:.80} has shape {shape!r:.80}")
         try:
-            leaves[path] = (tuple(shape), to_dtype(kind).name)
+            dtype_of_leaf = to_dtype(kind)
         except SurgeryError:
-            raise corrupt(f"leaf {path!r:.80} has dtype {kind!r:.40}") from None
+            dtype_of_leaf = None
+        if dtype_of_leaf is None or dtype_of_leaf.kind not in "biufcV":
+            raise corrupt(f"leaf {path!r:.80} has dtype {kind!r:.40}")
+        check_shape(tuple(shape), dtype_of_leaf, f"{where}: {RECORD_KEY} leaf {path!r:.80}")
+        leaves[path] = (tuple(shape), dtype_of_leaf.name)
     return Recorded(leaves, dtype, strict)
 
 
