@@ -254,7 +254,8 @@ def apply(
         str | None,
         typer.Option(
             "--like",
-            help="With --reverse: the recipe's original input (for casts, reshapes, concats).",
+            help="With --reverse: the recipe's original input (for casts, reshapes, concats); "
+            "default: the input the forward output records. Checked against that record.",
         ),
     ] = None,
     strict_casts: StrictCasts = False,
