@@ -166,8 +166,22 @@ def test_reverse_on_disk_with_the_command_line(tmp_path):
         ],
     )
     assert forward.exit_code == 0, forward.output
-    missing = runner.invoke(
+    recorded = runner.invoke(  # the forward output records its input: no --like needed
         app, ["apply", str(recipe), str(tmp_path / "fwd"), "-o", str(tmp_path / "x"), "--reverse"]
+    )
+    assert recorded.exit_code == 0, recorded.output
+    _assert_identical(tree, _read(suture.load(tmp_path / "x")))
+    suture.save(suture.load(tmp_path / "fwd"), tmp_path / "unrecorded", progress=False)
+    missing = runner.invoke(
+        app,
+        [
+            "apply",
+            str(recipe),
+            str(tmp_path / "unrecorded"),
+            "-o",
+            str(tmp_path / "y"),
+            "--reverse",
+        ],
     )
     assert missing.exit_code == 2 and "--like SOURCE" in missing.output
     back = runner.invoke(

@@ -27,6 +27,7 @@ from ._errors import DestinationError as DestinationError
 from ._errors import DestinationExistsError as DestinationExistsError
 from ._errors import ExpressionError as ExpressionError
 from ._errors import InvalidIndexError as InvalidIndexError
+from ._errors import LossyCastError as LossyCastError
 from ._errors import MergeError as MergeError
 from ._errors import MissingLeafError as MissingLeafError
 from ._errors import NotACheckpointError as NotACheckpointError
@@ -88,6 +89,7 @@ __all__ = [
     "merge_trees",
     "PLACEHOLDER",
     "Plan",
+    "LossyCastError",
     "MergeError",
     "MissingLeafError",
     "NotACheckpointError",

@@ -14,10 +14,11 @@ from typing import Any
 from . import families, rules
 from ._errors import ArgumentError
 from ._hf import keep_safetensors_layout, model_folder_side_files, reuse_safetensors_layout
+from ._lazy.views import strict_casts as strict_casts_on
 from ._location import location_of
 from ._save.api import SaveResult, save
 from ._surgery.build import transform
-from ._surgery.recipes import load_recipe
+from ._surgery.recipes import forward_record, load_recipe
 from .families._convert import convert_with_recipe
 from .sources.open import open as open_checkpoint
 
@@ -37,6 +38,7 @@ def convert(
     separator: str = ".",
     allow_pickle: bool = False,
     progress: bool | None = None,
+    strict_casts: bool = False,
 ) -> SaveResult:
     """Converts `source` to `destination` (Orbax or safetensors), optionally applying a recipe.
 
@@ -61,6 +63,41 @@ def convert(
         >>> result.format
         'safetensors'
     """
+    with strict_casts_on(strict_casts):  # casts built meanwhile check their values
+        return _convert(
+            source,
+            destination,
+            format,
+            dtype,
+            recipe,
+            reverse,
+            config,
+            overwrite,
+            max_memory,
+            max_shard_size,
+            separator,
+            allow_pickle,
+            progress,
+            strict_casts,
+        )
+
+
+def _convert(
+    source: str | os.PathLike,
+    destination: str | os.PathLike,
+    format: str | None,  # noqa: A002
+    dtype: str | None,
+    recipe: str | os.PathLike | None,
+    reverse: bool,
+    config: str | os.PathLike | dict[str, Any] | None,
+    overwrite: bool,
+    max_memory: int | str | None,
+    max_shard_size: int | str | None,
+    separator: str,
+    allow_pickle: bool,
+    progress: bool | None,
+    strict_casts: bool,
+) -> SaveResult:
     if recipe is not None and families.is_recipe_name(str(recipe)):
         return convert_with_recipe(
             source,
@@ -96,6 +133,12 @@ def convert(
     elif target_format == "safetensors" and max_shard_size is None and not renamed:
         one_file = str(destination).endswith(".safetensors")
         options = reuse_safetensors_layout(ckpt, location_of(source), separator, one_file)
+    if recipe is not None:  # what the recipe read, for `suture apply --reverse`
+        record = forward_record(
+            loaded.transform, [ckpt], dtype, strict_casts, loaded.target, loaded.init
+        )
+        if record is not None:
+            options["metadata"] = record
     folder_output = target_format == "orbax" or not str(destination).endswith(".safetensors")
     if folder_output and "extra_files" not in options:
         options["extra_files"] = model_folder_side_files(source)

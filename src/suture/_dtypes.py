@@ -52,3 +52,121 @@ _EXTENDED_NAMES = frozenset(
     for name in dir(ml_dtypes)
     if isinstance(getattr(ml_dtypes, name), type) and not name.startswith("_")
 )
+
+
+def _kind(dtype: np.dtype) -> str | None:
+    """'b', 'i', 'u', 'f' or 'c' (ml_dtypes' bfloat16, float8 and int4 included), else None."""
+    if dtype.kind in "biufc":
+        return dtype.kind
+    try:
+        ml_dtypes.finfo(dtype)
+        return "f"
+    except (ValueError, TypeError):
+        pass
+    try:
+        return "i" if ml_dtypes.iinfo(dtype).min < 0 else "u"
+    except (ValueError, TypeError):
+        return None
+
+
+def _real(dtype: np.dtype) -> np.dtype:
+    """The dtype of a complex dtype's parts (the dtype itself otherwise)."""
+    return np.empty(0, dtype).real.dtype if dtype.kind == "c" else dtype
+
+
+def _range(dtype: np.dtype) -> str:
+    info = ml_dtypes.iinfo(dtype)
+    return f"{info.min}..{info.max}"
+
+
+def cast_loss(source: Any, target: Any) -> str | None:
+    """What casting `source` values to `target` can destroy, beyond a float's rounding; None
+    when every value survives up to rounding.
+
+    Precision-only narrowing of floats (float32 -> bfloat16, to the nearest representable
+    value) is None: it is the usual cast of weights. Flagged are the casts that wrap,
+    truncate, overflow to inf (or NaN, or saturate), drop an imaginary part, or round an
+    integer: float -> int or bool, int -> a narrower or differently signed int, int -> a
+    float that cannot hold every integer, float -> a float of smaller exponent range
+    (float32 -> float16), complex -> real.
+
+    Example:
+        >>> cast_loss("float32", "int8")
+        'fractions are cut, and values outside -128..127, NaN and inf become other numbers'
+        >>> cast_loss("float32", "bfloat16") is None
+        True
+        >>> cast_loss("float32", "float16")
+        'values beyond ±65504 become inf'
+    """
+    source, target = to_dtype(source), to_dtype(target)
+    have, want = _kind(source), _kind(target)
+    if source == target or None in (have, want) or have == "b":
+        return None
+    if want == "b":
+        return "every nonzero value becomes True"
+    if have == "c" and want != "c":
+        lost = cast_loss(_real(source), target)
+        return "the imaginary part is dropped" + (f", and {lost}" if lost else "")
+    if want in "iu":
+        if have in "fc":
+            return (
+                f"fractions are cut, and values outside {_range(target)}, NaN and inf become "
+                f"other numbers"
+            )
+        low, high = ml_dtypes.iinfo(source), ml_dtypes.iinfo(target)
+        if low.min < high.min or low.max > high.max:
+            return f"values outside {_range(target)} wrap around"
+        return None
+    parts = ml_dtypes.finfo(_real(target))
+    if have in "iu":
+        info = ml_dtypes.iinfo(source)
+        largest = max(-int(info.min), int(info.max))
+        if largest > float(parts.max):
+            return f"integers beyond ±{float(parts.max):g} {_overflow(parts)}, and above 2**{parts.nmant + 1} are rounded"
+        if largest > 2 ** (parts.nmant + 1):
+            return f"integers above 2**{parts.nmant + 1} are rounded"
+        return None
+    if ml_dtypes.finfo(_real(source)).maxexp > parts.maxexp:
+        return f"values beyond ±{float(parts.max):g} {_overflow(parts)}"
+    return None
+
+
+def _overflow(info: Any) -> str:
+    """What a value too large for a float type becomes: inf, NaN (float8_e4m3fn), or its max."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        large = np.asarray([np.finfo(np.float64).max]).astype(info.dtype)
+    if np.isinf(large[0]):
+        return "become inf"
+    return "become NaN" if np.isnan(large[0]) else f"are clamped to ±{float(info.max):g}"
+
+
+def cast_changes(values: np.ndarray, cast: np.ndarray) -> np.ndarray:
+    """Where `cast` (``values`` cast as `cast_loss` describes) lost more than rounding.
+
+    To a float (or complex) from a float: a finite value that became inf or NaN, or went
+    beyond the target's largest value (clamped); from complex to real, a nonzero
+    imaginary part too. Otherwise (to an int or bool, or from an int) the cast must give
+    the value back exactly.
+
+    Example:
+        >>> values = np.array([1.0, 300.0, 2.5], np.float32)
+        >>> cast_changes(values, values.astype(np.int8)).tolist()
+        [False, True, True]
+    """
+    have, want = _kind(values.dtype), _kind(cast.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if have in ("f", "c") and want in ("f", "c"):
+            largest = ml_dtypes.finfo(_real(cast.dtype)).max
+            lost = np.zeros(values.shape, bool)
+            parts = [(values.real, cast.real)]
+            if want == "c":
+                parts.append((values.imag, cast.imag))
+            elif have == "c":
+                lost |= values.imag != 0
+            for value, result in parts:
+                finite = np.isfinite(value)
+                limit = np.asarray(largest).astype(value.dtype)
+                lost |= finite & (~np.isfinite(result) | (np.abs(value) > limit))
+            return lost
+        back = cast.astype(values.dtype)
+        return ~((back == values) | (np.isnan(values) & np.isnan(back) if have in "fc" else False))

@@ -159,6 +159,11 @@ class MergeError(SurgeryError):
     """A merge that cannot be done as asked (method, parameters, models or config)."""
 
 
+class LossyCastError(SurgeryError):
+    """A cast that destroyed a value (300.0 to int8 wraps to 44) while strict casts were asked
+    for (``strict_casts=True``, ``--strict-casts``)."""
+
+
 class CollectiveError(SurgeryError, OSError):
     """Another process of a collective save failed or did not arrive; this one stopped too.
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .._dtypes import to_dtype
+from .._dtypes import cast_loss, to_dtype
 from .._errors import (
     ArgumentError,
     InvalidIndexError,
@@ -41,7 +41,14 @@ from .compute import MapNode
 from .graph import MemorySource, Node, SourceNode, source_nodes
 from .joins import ConcatNode, StackNode
 from .selection import full, parse_index
-from .views import CastNode, IndexNode, ReshapeNode, TransposeNode
+from .views import (
+    CastNode,
+    CheckedCastNode,
+    IndexNode,
+    ReshapeNode,
+    TransposeNode,
+    checking_casts,
+)
 
 
 class LazyArray:
@@ -159,10 +166,16 @@ class LazyArray:
         return view
 
     def astype(self, dtype: Any) -> LazyArray:
-        """The array converted to `dtype` when read (``"bfloat16"``, ``np.int8`` ...)."""
+        """The array converted to `dtype` when read (``"bfloat16"``, ``np.int8`` ...).
+
+        Inside `suture.transform(..., strict_casts=True)` (`views.strict_casts`), a cast that
+        can destroy values checks them as it is read.
+        """
         target = to_dtype(dtype)
         if target == self.dtype:
             return self
+        if checking_casts() and cast_loss(self.dtype, target):
+            return self.with_node(CheckedCastNode(self.node, target, self.path))
         if isinstance(self.node, (StackNode, ConcatNode)):
             # Members are converted as they are copied into the result: one pass, no
             # full-precision copy of the whole block.

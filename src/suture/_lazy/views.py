@@ -6,11 +6,17 @@ axes a reshape keeps), so a view of a view is still one read of the source.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from .._buffers import aligned_empty, assign
+from .._dtypes import cast_changes, cast_loss
+from .._errors import LossyCastError
 from .graph import Node, selected_bytes
 from .selection import (
     Selection,
@@ -125,6 +131,70 @@ class CastNode(Node):
 
     def inputs(self) -> tuple[Node, ...]:
         return (self.base,)
+
+
+_checking = contextvars.ContextVar("suture_strict_casts", default=False)
+
+
+@contextlib.contextmanager
+def strict_casts(on: bool = True) -> Iterator[None]:
+    """Casts that `LazyArray.astype` makes meanwhile check their values (`CheckedCastNode`).
+
+    Only casts that `cast_loss` flags are checked: precision-only narrowing (float32 ->
+    bfloat16) stays a plain cast. The flag is read when the graph is built, not when it is
+    read, so a lazy tree built inside keeps its checks wherever it is saved.
+    """
+    token = _checking.set(on)
+    try:
+        yield
+    finally:
+        _checking.reset(token)
+
+
+def checking_casts() -> bool:
+    """Whether casts made now are checked (inside `strict_casts`)."""
+    return _checking.get()
+
+
+class CheckedCastNode(CastNode):
+    """A cast that can destroy values, checked as it is read: a value the cast changes
+    beyond rounding (300.0 to int8) is a `LossyCastError` naming the leaf and the element.
+
+    Reads `base` in its own dtype first (one temporary block), then casts.
+    """
+
+    def __init__(self, base: Node, dtype: np.dtype, path: str | None = None) -> None:
+        super().__init__(base, dtype)
+        self.path = path
+        self.loss = cast_loss(base.dtype, dtype)
+
+    def read(self, selection: Selection) -> np.ndarray:
+        values = self.base.read(selection)
+        result = aligned_empty(values.shape, self.dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.copyto(result, values, casting="unsafe")
+        changed = cast_changes(values, result)
+        if changed.any():
+            at = tuple(int(i) for i in np.argwhere(changed)[0])
+            index = tuple(positions(axis)[i] for axis, i in zip(selection, at, strict=True))
+            raise LossyCastError(
+                f"Leaf {self.path or '(unnamed)'!r}: casting {self.base.dtype.name} to "
+                f"{self.dtype.name} changes element {index} from {values[at]} to "
+                f"{result[at]} ({int(changed.sum())} value(s) of this block do not fit: "
+                f"{self.loss}). Clip or rescale the values first, or cast to a dtype that "
+                f"holds them; without strict_casts=True the cast changes them silently."
+            )
+        return result
+
+    def read_into(self, selection: Selection, out: np.ndarray) -> None:
+        assign(out, self.read(selection))
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        held = self.base.held_while_reading(selection) + selected_bytes(self, selection)
+        return held + math.prod(selection_shape(selection)) * (1 + self.base.dtype.itemsize)
+
+    def describe(self) -> str:
+        return f"cast {self.dtype.name} (checked)"
 
 
 class TransposeNode(Node):

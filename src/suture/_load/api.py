@@ -451,6 +451,7 @@ def load_and_transform(
     partial: bool = False,
     as_jax: bool = False,
     seed: Any = 0,
+    strict_casts: bool = False,
 ) -> Any:
     """`suture.load` of `suture.transform`: the surgery's result in memory.
 
@@ -464,7 +465,13 @@ def load_and_transform(
         {'new': array([0, 1, 2])}
     """
     result = lazy_transform(
-        transform, *sources, target=target, init=init, partial=partial, seed=seed
+        transform,
+        *sources,
+        target=target,
+        init=init,
+        partial=partial,
+        seed=seed,
+        strict_casts=strict_casts,
     )
     if is_transformations_tree(transform) and target is not None:
         target = placeholders_as_stored(target)

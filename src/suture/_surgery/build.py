@@ -27,6 +27,7 @@ from .._jaxtypes import is_shape_dtype_struct
 from .._lazy.array import LazyArray
 from .._lazy.graph import SourceNode
 from .._lazy.trace import call_function, recording
+from .._lazy.views import strict_casts as checked_casts
 from .._paths import flatten, map_leaves_with_path
 from ..sources.checkpoint import Checkpoint
 from ..sources.detect import open_source
@@ -57,8 +58,16 @@ def build(
     init: Any = None,
     partial: bool = False,
     seed: Any = 0,
+    strict_casts: bool = False,
 ) -> Built:
     """The lazy result of a surgery, with every problem found (see `transform`)."""
+    with checked_casts(strict_casts):
+        return _build(transform, sources, target, init, partial, seed)
+
+
+def _build(
+    transform: Any, sources: Sequence[Any], target: Any, init: Any, partial: bool, seed: Any
+) -> Built:
     if is_transformations_tree(transform) and target is not None:
         target = placeholders_as_stored(target)  # Orbax's new_tree: `...` is "any value"
     _check_argument_order(transform, sources)
@@ -211,10 +220,16 @@ def _is_constant(leaf: Any) -> bool:
 
 
 def _checked_tree(
-    transform: Any, sources: Sequence[Any], target: Any, init: Any, partial: bool, seed: Any
+    transform: Any,
+    sources: Sequence[Any],
+    target: Any,
+    init: Any,
+    partial: bool,
+    seed: Any,
+    strict_casts: bool = False,
 ) -> Any:
     """The built tree, or a SurgeryError that lists every problem."""
-    built = build(transform, sources, target, init, partial, seed)
+    built = build(transform, sources, target, init, partial, seed, strict_casts)
     raise_problems(built.problems)
     return built.tree
 
@@ -226,6 +241,7 @@ def transform(
     init: Any = None,
     partial: bool = False,
     seed: Any = 0,
+    strict_casts: bool = False,
 ) -> Any:
     """The result of a surgery as a lazy tree; reads no array data.
 
@@ -242,6 +258,11 @@ def transform(
         partial: drop result leaves that `target` leaves out, instead of failing.
         seed: an int or a jax PRNG key for initializers that take a key; each leaf gets
             ``fold_in(seed, hash(path))``, so values do not depend on order.
+        strict_casts: the casts the surgery makes that can destroy values (those
+            `suture.plan` lists as lossy: float32 -> int8, float32 -> float16 ...) check
+            every value as it is read; one that does not fit is a `LossyCastError`, and a
+            save stops without leaving an output. Precision-only casts (float32 ->
+            bfloat16) are not checked.
 
     Returns:
         A tree of LazyArrays and values: load it with `suture.load`, or stream it to disk.
@@ -258,4 +279,4 @@ def transform(
         >>> lazy["layers"]["w"]
         LazyArray(path=None, shape=(2, 2), dtype=float64)
     """
-    return _checked_tree(transform, sources, target, init, partial, seed)
+    return _checked_tree(transform, sources, target, init, partial, seed, strict_casts)

@@ -25,12 +25,15 @@ from typing import Any
 
 import numpy as np
 
+from .._dtypes import cast_loss
 from .._format import format_table, human_bytes
 from .._jaxtypes import is_shape_dtype_struct
 from .._lazy.array import LazyArray
 from .._lazy.graph import Node, SourceNode
+from .._lazy.joins import ConcatNode, StackNode
 from .._lazy.reads import estimate_reads
 from .._lazy.selection import full
+from .._lazy.views import CastNode, CheckedCastNode
 from .._paths import flatten
 from .build import build
 
@@ -50,6 +53,17 @@ class OutputLeaf:
 
 
 @dataclass
+class LossyCast:
+    """A cast on the way to an output that can destroy values, and what it can destroy."""
+
+    path: str
+    source_dtype: str
+    dtype: str
+    loses: str
+    checked: bool  # made with strict casts: a value that does not fit stops the write
+
+
+@dataclass
 class Plan:
     """What a surgery does; printable (`str(plan)`) and serializable (`to_json`)."""
 
@@ -61,6 +75,7 @@ class Plan:
     fallbacks: list[str] = field(default_factory=list)  # why a function was not run lazily
     constants: list[str] = field(default_factory=list)
     bytes_read_by_functions: int = 0
+    lossy_casts: list[LossyCast] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -125,6 +140,7 @@ class Plan:
                 f"New, {CONSTANT} (no source; loaded as returned): {_listed(self.constants)}. "
                 f"To initialize them instead, name them in init=."
             )
+        lines.extend(lossy_lines(self.lossy_casts))
         lines.extend(f"Note: {note}" for note in self.notes)
         lines.extend(f"Function call: {fallback}" for fallback in self.fallbacks)
         if self.problems:
@@ -133,6 +149,37 @@ class Plan:
         else:
             lines.append("No problems.")
         return "\n".join(lines)
+
+
+def lossy_casts(tree: Any) -> list[LossyCast]:
+    """The lossy casts on the way to each LazyArray leaf of `tree` (as `Plan.lossy_casts`)."""
+    return [
+        cast
+        for path, leaf in flatten(tree).items()
+        if isinstance(leaf, LazyArray)
+        for cast in _lossy_casts(path, leaf.node)
+    ]
+
+
+def lossy_lines(casts: list[LossyCast]) -> list[str]:
+    """One line per kind of lossy cast, with the leaves it touches."""
+    groups: dict[tuple[str, str, str, bool], list[str]] = {}
+    for cast in casts:
+        key = (cast.source_dtype, cast.dtype, cast.loses, cast.checked)
+        groups.setdefault(key, []).append(cast.path)
+    lines = []
+    for (source, dtype, loses, checked), paths in groups.items():
+        after = (
+            "checked as it is written (strict casts): a value that does not fit stops the write."
+            if checked
+            else "not checked: pass strict_casts=True to stop at the first value that does not fit."
+        )
+        lines.append(
+            f"Lossy cast {source} -> {dtype} at {len(paths)} "
+            f"{'leaf' if len(paths) == 1 else 'leaves'} ({_listed(paths)}): "
+            f"{loses}; {after}"
+        )
+    return lines
 
 
 def _itemsize(dtype: str | None) -> int:
@@ -159,12 +206,16 @@ def plan(
     init: Any = None,
     partial: bool = False,
     seed: Any = 0,
+    strict_casts: bool = False,
 ) -> Plan:
     """What `suture.transform` (and `load_and_transform`) would do, without reading arrays.
 
     Arguments as in `suture.transform`. Problems do not raise: they are listed in the plan.
+    Casts that can destroy values (`lossy_casts`: float -> int, int64 -> int32, float32 ->
+    float16 ...) are listed too, and whether they are checked (`strict_casts`); a
+    precision-only cast (float32 -> bfloat16) is not.
     """
-    built = build(transform, sources, target, init, partial, seed)
+    built = build(transform, sources, target, init, partial, seed, strict_casts)
     result = Plan(
         initialized=list(built.initialized),
         problems=list(built.problems),
@@ -178,6 +229,8 @@ def plan(
     if built.tree is not None:
         for path, leaf in flatten(built.tree).items():
             result.outputs.append(_describe_leaf(path, leaf, path in built.initialized, used))
+            if isinstance(leaf, LazyArray):
+                result.lossy_casts.extend(_lossy_casts(path, leaf.node))
         result.constants = [output.path for output in result.outputs if output.value == CONSTANT]
     for ckpt in built.sources:
         for path, leaf in ckpt.arrays().items():
@@ -229,6 +282,31 @@ def _described_value(leaf: Any) -> tuple[list[int] | None, str, str]:
 def _stored(source: SourceNode) -> bool:
     """Whether `source` is a leaf of a source (not a constant made by a function)."""
     return source.path is not None or source.origin is not None
+
+
+def _lossy_casts(path: str, node: Node) -> list[LossyCast]:
+    """The casts in `node`'s graph that `cast_loss` flags (plain, checked, or of members)."""
+    found: dict[tuple[str, str], LossyCast] = {}
+    pending, seen = [node], set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        pending.extend(current.inputs())
+        if isinstance(current, CastNode):
+            sources = [current.base]
+        elif isinstance(current, (StackNode, ConcatNode)):
+            sources = list(current.members)
+        else:
+            continue
+        for source in sources:
+            loses = cast_loss(source.dtype, current.dtype)
+            key = (source.dtype.name, current.dtype.name)
+            if loses and key not in found:
+                checked = isinstance(current, CheckedCastNode)
+                found[key] = LossyCast(path, *key, loses, checked)
+    return list(found.values())
 
 
 def _operations(node: Node) -> list[str]:

@@ -34,9 +34,11 @@ from typing import Any
 
 from .._errors import RecipeError as RecipeError
 from .._errors import SurgeryError
+from ..sources.checkpoint import Checkpoint
 from ..sources.open import open as open_checkpoint
 from . import rule_set as rule_module
 from .recipe_schema import RULE_NAMES, check_arguments, positional_fields
+from .recorded_input import check_gives, check_like, forward_metadata, read_record
 
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of rules; a larger file is a mistake or hostile
 MAX_NESTING = 64  # brackets; a rule's arguments nest two or three deep
@@ -342,8 +344,15 @@ def _rule(item: Any, where: Callable[[str], str]) -> rule_module.Rule:
         raise RecipeError(f"Recipe {where('')}: {name}: {error}.") from error
 
 
-def reversed_rules(transform: Any, like: str | None) -> list[rule_module.Rule]:
-    """The inverse of a rule recipe (`rules.reverse`); `like` is the forward input's path."""
+def reversed_rules(
+    transform: Any, like: str | None, source: Checkpoint | None = None
+) -> list[rule_module.Rule]:
+    """The inverse of a rule recipe (`rules.reverse`), checked against what `source` records.
+
+    `like` is the forward input's path; without it, the input `source` (the forward run's
+    output) records is used. A like that is not that input, or on which the recipe does not
+    give `source`, is refused (`recorded_input`).
+    """
     if isinstance(transform, rule_module.Rule):
         transform = [transform]
     if not isinstance(transform, list | tuple) or not all(
@@ -353,8 +362,44 @@ def reversed_rules(transform: Any, like: str | None) -> list[rule_module.Rule]:
             "--reverse needs a recipe of rules (RULES = [...] or a YAML/TOML rule list): a "
             "transform function or a transformations tree has no inverse."
         )
+    forward = list(transform)
+    where = str(source.location) if source is not None else ""
+    recorded = read_record(source.custom_metadata, where) if source is not None else None
+    if recorded is not None and recorded.dtype is not None:
+        forward = with_cast(forward, recorded.dtype)  # the forward run's --dtype
+    like_tree: Any = None
+    if like is not None:
+        like_tree = open_checkpoint(like).tree
+        if recorded is not None:
+            check_like(like_tree, recorded, like, where)
+    elif recorded is not None:
+        like_tree = recorded.tree()
+    if like_tree is not None and source is not None:
+        named = f"--like {like!r}" if like is not None else "the recorded input"
+        check_gives(forward, like_tree, source.tree, named, where)
+    strict = recorded is not None and recorded.strict_casts
+    return rule_module.reverse(forward, like=like_tree, allow_lossy=strict)
 
-    return rule_module.reverse(transform, like=open_checkpoint(like) if like else None)
+
+def forward_record(
+    transform: Any,
+    sources: list[Any],
+    dtype: str | None,
+    strict_casts: bool,
+    target: Any = None,
+    init: Any = None,
+) -> dict[str, str] | None:
+    """Custom metadata recording a rule recipe's input in its output (`recorded_input`);
+    None for other transforms (or rules with a target or init), several sources, or a tree
+    too large to record."""
+    if isinstance(transform, rule_module.Rule):
+        transform = [transform]
+    rules_only = isinstance(transform, list | tuple) and all(
+        isinstance(rule, rule_module.Rule) for rule in transform
+    )
+    if not rules_only or len(sources) != 1 or target is not None or init is not None:
+        return None
+    return forward_metadata(sources[0], dtype, strict_casts)
 
 
 def with_cast(transform: Any, dtype: str) -> Any:

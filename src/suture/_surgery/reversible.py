@@ -10,7 +10,10 @@ and groups only (each group used by the template).
 Some inverses need what the recipe's input looked like (a cast's source dtype, a reshape's
 source shape, the sizes of concatenated parts): pass the input as `like=` (a lazy or
 abstract tree: nothing is read). Rules that lose information (drop, keep) have no inverse,
-nor has a `map_values` without ``inverse=``; reversing them is an error naming the rule.
+nor has a `map_values` without ``inverse=``; reversing them is an error naming the rule. So
+is a cast that can destroy values (float32 -> int8 wraps 300.0 to 44, and casting back
+gives 44), unless ``allow_lossy=True``; one that only rounds (float32 -> bfloat16) comes
+back rounded.
 
 Example:
     >>> import numpy as np
@@ -32,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .._dtypes import cast_loss
 from .._lazy.array import LazyArray, elementwise
 from .._paths import flatten
 from .rules import (
@@ -307,23 +311,47 @@ def _irreversible(rule: Rule, why: str) -> RuleError:
 # reverse() -------------------------------------------------------------------------------------
 
 
-def reverse(recipe: Rule | Sequence[Rule], like: Any = None) -> list[Rule]:
+def reverse(
+    recipe: Rule | Sequence[Rule], like: Any = None, *, allow_lossy: bool = False
+) -> list[Rule]:
     """The rules that undo `recipe` (in reverse order); see the module docstring.
 
     Args:
         recipe: a rule or a list of rules.
         like: the recipe's input (a tree, lazy tree or opened checkpoint; nothing is read),
             needed to reverse casts, reshapes and concatenations.
+        allow_lossy: undo casts that can destroy values (float32 -> int8; see
+            `suture.plan`'s lossy casts) anyway. Exact only when the forward run checked
+            that every value fit (``strict_casts=True``); otherwise such a cast is refused.
+            Precision-only casts (float32 -> bfloat16) are undone to the rounded values
+            either way.
 
     Raises:
-        RuleError: naming the first rule that has no inverse and why.
+        RuleError: naming the first rule that has no inverse and why, or a lossy cast.
     """
     rules = [recipe] if isinstance(recipe, Rule) else list(recipe)
     before = _inputs_of_each_rule(rules, like)
     inverses: list[Rule] = []
     for rule, leaves in zip(reversed(rules), reversed(before), strict=True):
+        if isinstance(rule, Cast) and not allow_lossy:
+            _refuse_lossy(rule, _need(leaves, rule, "the dtypes it casts from"))
         inverses.extend(_inverse(rule, leaves))
     return inverses
+
+
+def _refuse_lossy(rule: Cast, leaves: dict[str, Any]) -> None:
+    """A cast that can destroy values cannot be undone exactly: a RuleError saying why."""
+    for path, (value, anchor) in rule.edit(leaves).written.items():
+        source = np.dtype(leaves[anchor].dtype)
+        loses = cast_loss(source, value.dtype)
+        if loses:
+            raise RuleError(
+                f"{rule!r} cannot be undone exactly: {path!r} was {source.name}, and the cast "
+                f"to {value.dtype.name} is lossy ({loses}), so casting back gives the changed "
+                f"values, not the originals. Reverse it only if the forward run checked its "
+                f"values (strict_casts=True, which the output records) or you know they fit: "
+                f"pass allow_lossy=True. Otherwise reverse from the original checkpoint."
+            )
 
 
 def _inputs_of_each_rule(rules: list[Rule], like: Any) -> list[dict[str, Any] | None]:

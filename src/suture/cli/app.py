@@ -27,8 +27,9 @@ from .._interrupts import Terminated
 from .._interrupts import install as install_interrupt_handlers
 from .._save.api import save
 from .._surgery.build import transform
+from .._surgery.plan import lossy_casts, lossy_lines
 from .._surgery.plan import plan as make_plan
-from .._surgery.recipes import load_recipe, reversed_rules, with_cast
+from .._surgery.recipes import forward_record, load_recipe, reversed_rules, with_cast
 from ..families._convert import read_config
 from ..sources.open import open as open_checkpoint
 from .demo import run_demo
@@ -71,6 +72,14 @@ Partial = Annotated[bool, typer.Option("--partial", help="Drop leaves the target
 Progress = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")]
 Recipe = Annotated[str, typer.Argument(help="Recipe file (.py, .yaml, .toml).")]
 Sources = Annotated[list[str], typer.Argument(help="Source checkpoint(s).")]
+StrictCasts = Annotated[
+    bool,
+    typer.Option(
+        "--strict-casts",
+        help="A cast that changes a value beyond rounding (300.0 to int8, 1e5 to float16) is "
+        "an error, and nothing is written. The plan lists such casts either way.",
+    ),
+]
 Target = Annotated[
     str | None, typer.Option("--target", help="A checkpoint whose structure is the target.")
 ]
@@ -202,11 +211,16 @@ def plan(
     partial: Partial = False,
     as_json: AsJson = False,
     allow_pickle: AllowPickle = False,
+    strict_casts: StrictCasts = False,
 ) -> None:
     """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing."""
     surgery = _prepare(recipe, sources, target, allow_pickle, "plan")
     result = make_plan(
-        surgery["transform"], *surgery["sources"], **surgery["arguments"], partial=partial
+        surgery["transform"],
+        *surgery["sources"],
+        **surgery["arguments"],
+        partial=partial,
+        strict_casts=strict_casts,
     )
     typer.echo(result.to_json() if as_json else for_command_line(str(result)))
     if not result.ok:
@@ -239,9 +253,11 @@ def apply(
         str | None,
         typer.Option(
             "--like",
-            help="With --reverse: the recipe's original input (for casts, reshapes, concats).",
+            help="With --reverse: the recipe's original input (for casts, reshapes, concats); "
+            "default: the input the forward output records. Checked against that record.",
         ),
     ] = None,
+    strict_casts: StrictCasts = False,
 ) -> None:
     """Run a recipe on the source(s) and stream the result to OUTPUT.
 
@@ -257,18 +273,28 @@ def apply(
     recipes you trust.
     """
     surgery = _prepare(recipe, sources, target, allow_pickle, "apply")
+    record = None
     if reverse:
-        surgery["transform"] = reversed_rules(surgery["transform"], like)
+        source = surgery["sources"][0] if len(surgery["sources"]) == 1 else None
+        surgery["transform"] = reversed_rules(surgery["transform"], like, source)
+    else:  # what the recipe read, for a later --reverse to check --like against
+        record = forward_record(
+            surgery["transform"], surgery["sources"], dtype, strict_casts, **surgery["arguments"]
+        )
     steps = with_cast(surgery["transform"], dtype) if dtype is not None else surgery["transform"]
-    arguments = {**surgery["arguments"], "partial": partial}
+    arguments = {**surgery["arguments"], "partial": partial, "strict_casts": strict_casts}
     if dry_run:
         planned = make_plan(steps, *surgery["sources"], **arguments)
         typer.echo(for_command_line(str(planned)))
         if not planned.ok:  # as `suture plan` does: scripts can stop on a bad recipe
             raise typer.Exit(code=2)
         return
+    tree = transform(steps, *surgery["sources"], **arguments)
+    unchecked = [cast for cast in lossy_casts(tree) if not cast.checked]
+    for line in lossy_lines(unchecked):  # as `suture plan` lists them
+        typer.echo(f"Warning: {for_command_line(line)}", err=True)
     result = save(
-        transform(steps, *surgery["sources"], **arguments),
+        tree,
         output,
         format=format,
         overwrite=overwrite,
@@ -276,6 +302,7 @@ def apply(
         max_shard_size=max_shard_size,
         progress=progress,
         verify=verify,
+        metadata=record,
     )
     _report_written(result, verify)
 
@@ -378,6 +405,7 @@ def convert(
     overwrite: Overwrite = False,
     allow_pickle: AllowPickle = False,
     progress: Progress = None,
+    strict_casts: StrictCasts = False,
 ) -> None:
     """Convert a checkpoint to Orbax or safetensors, streaming it."""
     result = run_convert(
@@ -394,6 +422,7 @@ def convert(
         separator=separator,
         allow_pickle=allow_pickle,
         progress=progress,
+        strict_casts=strict_casts,
     )
     _report_written(result)
 

@@ -19,6 +19,11 @@ _COMMAND_LINE_WORDS = (
         "create them with init = {...} in a Python recipe (there is no --init option)",
     ),
     (re.compile(r"Pass target="), "Pass --target CHECKPOINT (or TARGET in a Python recipe)"),
+    (re.compile(r"strict_casts=True"), "--strict-casts"),
+    (
+        re.compile(r"pass allow_lossy=True"),
+        "reverse in Python with rules.reverse(..., allow_lossy=True) (no option here)",
+    ),
     (re.compile(r"pad_truncate=True"), "a Python recipe that pads (suture.load's pad_truncate)"),
 )
 
