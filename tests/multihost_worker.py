@@ -349,6 +349,21 @@ def restore_remote_with_orbax(base: str, expected: dict, values: dict) -> dict:
     return checks
 
 
+def safetensors_scenario(workdir: Path, report: dict) -> None:
+    """A sharded safetensors folder saved by every process: each writes its share of shards."""
+    import suture
+    from suture import rules
+
+    tree = suture.transform(
+        [rules.drop("opt_state"), rules.cast("params", "bfloat16")], workdir / "source"
+    )
+    for destination in [str(workdir / "sharded_st"), *os.environ["SUTURE_TEST_BASES"].split()]:
+        if "://" in destination:
+            destination = f"{destination}/sharded_st"
+        result = suture.save(tree, destination, format="safetensors", max_shard_size="160KiB")
+        report[destination] = result.bytes_written
+
+
 def lone_scenario(workdir: Path, report: dict) -> None:
     """Process 0 alone calls the collective save: it must hear why within the grace period."""
     import suture
@@ -515,6 +530,7 @@ SCENARIOS = {
     "remote": remote_scenario,
     "remote_kill": remote_kill_scenario,
     "lone": lone_scenario,
+    "safetensors": safetensors_scenario,
     "kill_cleanup": kill_cleanup_scenario,
 }
 # Short only where a test waits for JAX to notice a killed process.

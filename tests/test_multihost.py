@@ -304,3 +304,28 @@ def test_process_zero_cleans_up_within_one_barrier_timeout_when_a_process_dies(
     assert "waited 6 s" in report["error"], report
     assert report["waited"] < 6 + 10, report
     assert report["left"] == [], report  # no temporary folder, no lock
+
+
+def test_a_sharded_safetensors_folder_is_written_by_every_process(tmp_path: Path, s3: str) -> None:
+    """Each process writes whole shard files (its share of the bytes), the primary the index,
+    locally and to s3://; transformers-style readers see one folder."""
+    write_source(tmp_path / "source")
+    base = f"{s3}/multihost-safetensors"
+    results = run_processes("safetensors", 2, tmp_path, SUTURE_TEST_BASES=base)
+    assert_all_succeeded(results)
+    found = reports("safetensors", 2, tmp_path)
+    params = suture.open(tmp_path / "source")
+    for destination in (str(tmp_path / "sharded_st"), f"{base}/sharded_st"):
+        written = [report[destination] for report in found]
+        assert all(share > 0 for share in written), written  # both processes wrote shards
+        opened = suture.open(destination)
+        assert opened.format == "safetensors"
+        names = sorted(suture.flatten(opened.tree))
+        assert len(names) == 9 and sum(written) == sum(
+            leaf.nbytes for leaf in opened.arrays().values()
+        )
+        for name in names:
+            expected = params[name.replace(".", "/")].read().astype("bfloat16")
+            np.testing.assert_array_equal(opened[name].read(), expected)
+    index = json.loads((tmp_path / "sharded_st" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) >= 2

@@ -19,16 +19,21 @@ the primary then removes what was written once the others have stopped (or, when
 process is missing, at once), so the destination never holds anything suture or Orbax
 takes for a finished checkpoint.
 
-Safetensors output is written by the primary alone (one file cannot be merged from
-per-process parts), so it takes in-memory arrays that each process can read whole.
+Safetensors output: each process writes whole shard files of a folder (its share of the
+bytes; on an object store it uploads them too) and the primary writes the index, last; a
+single file is the primary's. A shard cannot be merged from per-process parts, so every
+leaf must be readable whole by the process writing it: arrays sharded across processes are
+refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import time
 import uuid
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -75,7 +80,7 @@ def write_collective(
             if isinstance(destination, LocalLocation):
                 name = f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}"
                 publication.append(Publication(destination, destination.with_name(name), staged))
-                if format == "orbax":
+                if format == "orbax" or not destination.name.endswith(".safetensors"):
                     publication[0].temporary.path.mkdir()  # type: ignore[attr-defined]
                 return name  # each host may mount the storage elsewhere: send the name only
             publication.append(begin(destination, overwrite, staged, lock.reclaimed))
@@ -86,13 +91,17 @@ def write_collective(
         group.arrive("entered")
         name = group.agree("temporary", prepare)
         temporary = publication[0].temporary if publication else _temporary(destination, name)
+        if format == "safetensors" and destination.is_remote and not publication:
+            temporary = _staging(destination)  # each process stages and uploads its shards
         try:
             if format == "orbax":
                 blocks, finish, sync = orbax_blocks(tree, temporary, options, group)
             else:
                 sync = None
                 one_file = destination.name.endswith(".safetensors")  # else a folder
-                blocks, finish = _primary_safetensors(group, tree, temporary, one_file, options)
+                _refuse_spanning_arrays(tree)
+                assert isinstance(temporary, LocalLocation)
+                blocks, finish = safetensors_blocks(tree, temporary.path, one_file, options, group)
             if verify:
                 _check_verifiable(blocks)
                 blocks, digests = with_digests(blocks)
@@ -110,6 +119,9 @@ def write_collective(
                 raise closing_error
             if sync is not None:  # this process's Orbax database, durable before "written"
                 sync()
+            if format == "safetensors" and destination.is_remote:
+                assert isinstance(temporary, LocalLocation)
+                _upload_shards(temporary, destination)  # the index waits for the commit
             group.barrier("written")
             if group.is_primary:
                 if format == "orbax":
@@ -121,6 +133,8 @@ def write_collective(
             group.barrier("verified")
             if group.is_primary:
                 publication[0].commit(overwrite)
+            elif format == "safetensors" and destination.is_remote:
+                temporary.remove()
             group.barrier("committed")
         except BaseException as error:
             group.fail(error)
@@ -128,9 +142,15 @@ def write_collective(
                 _wait_for_others_to_stop(group, error)
                 if publication:
                     publication[0].abort()
+                    if publication[0].staged:  # the other processes' uploaded shards
+                        with contextlib.suppress(Exception):
+                            destination.remove()
             else:
                 with contextlib.suppress(Exception):
                     group.arrive("stopped")
+            if format == "safetensors" and destination.is_remote and not publication:
+                with contextlib.suppress(Exception):
+                    temporary.remove()
             # A DestinationError (the destination appeared meanwhile) is an OSError but
             # already says what went wrong: raised as it is, not wrapped as a failed write.
             if (
@@ -150,8 +170,8 @@ def _temporary(destination: Location, name: str) -> Location:
     return destination.with_name(name) if name else destination
 
 
-def _primary_safetensors(group: Group, tree: Any, *arguments: Any) -> tuple[list[Block], Any]:
-    """The primary's blocks for `safetensors_blocks(tree, *arguments)`; none for the others."""
+def _refuse_spanning_arrays(tree: Any) -> None:
+    """A safetensors file cannot be assembled from shards held by several processes."""
     spanning = [path for path, leaf in flatten(tree).items() if global_array(leaf) is not None]
     if spanning:
         raise UnsupportedError(
@@ -160,9 +180,20 @@ def _primary_safetensors(group: Group, tree: Any, *arguments: Any) -> tuple[list
             f"writes its shards), or gather it first (jax.experimental.multihost_utils."
             f"process_allgather)."
         )
-    if not group.is_primary:
-        return [], lambda: None
-    return safetensors_blocks(tree, *arguments)
+
+
+def _staging(destination: Location) -> LocalLocation:
+    """A local folder where a process writes its safetensors shards before uploading them."""
+    return LocalLocation(Path(tempfile.mkdtemp(prefix="suture-upload-")) / destination.name)
+
+
+def _upload_shards(staged: LocalLocation, destination: Location) -> None:
+    """Uploads this process's shard files (not the index, which the primary commits last)."""
+    if destination.name.endswith(".safetensors"):
+        return  # one file: the primary's, uploaded by its commit
+    for file in sorted(staged.path.glob("*.safetensors")):
+        (destination / file.name).write_bytes(file.read_bytes())
+        file.unlink()  # the primary's commit uploads what is left: the index
 
 
 def _check_verifiable(blocks: list[Block]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .._errors import ArgumentError, DestinationError, PathConflictError, UnsupportedError
 from .._exec.blocks import Block, block_budget, check_blocks_fit, leaf_blocks
-from .._exec.distributed import Group, global_array, share_blocks
+from .._exec.distributed import Group, global_array, share, share_blocks
 from .._exec.progress import progress_bar
 from .._exec.runner import Budget, run_blocks
 from .._lazy.array import LazyArray, as_lazy
@@ -164,9 +164,13 @@ def copy_extra_files(extra_files: Mapping[str, Location], folder: Location | Pat
 
 
 def safetensors_blocks(
-    tree: Any, destination: Path, one_file: bool, options: SaveOptions
+    tree: Any, destination: Path, one_file: bool, options: SaveOptions, group: Group | None = None
 ) -> tuple[list[Block], Any]:
-    """The blocks that write `tree` as safetensors into `destination`, and the closing call."""
+    """The blocks that write `tree` as safetensors into `destination`, and the closing call.
+
+    With a `group` (under jax.distributed) this process writes whole shard files, about 1/N
+    of the bytes, and the primary the folder's index.
+    """
     separator, max_memory = options.separator, options.max_memory
     tensors: dict[str, LazyArray] = {}
     others = []
@@ -188,10 +192,18 @@ def safetensors_blocks(
     sink = SafetensorsSink(
         tensors, options.max_shard_size, options.metadata, options.shard_map, folder=not one_file
     )
-    writers = sink.open_writers(destination)
+    if group is None:
+        writers = sink.open_writers(destination)
+    else:
+        costs = [shard.nbytes for shard in sink.shards]
+        mine = {s.filename for s in share(sink.shards, costs, group.count, group.index)}
+        if one_file:  # the primary writes the one file, and publishes it
+            mine = {sink.shards[0].filename} if group.is_primary else set()
+        writers = sink.open_writers(destination, only=mine, index=group.is_primary)
     blocks = [
         block
         for name, array in tensors.items()
+        if name in writers  # under jax.distributed: this process's shards only
         for block in leaf_blocks(name, array, writers[name], block_budget(max_memory), max_memory)
     ]
     return blocks, sink.close

@@ -141,12 +141,20 @@ class SafetensorsSink:
             )
         self._descriptors: list[int] = []
 
-    def open_writers(self, destination: Path) -> dict[str, SafetensorsTensorWriter]:
-        """Creates the file(s): `destination` itself, or files in the folder `destination`."""
+    def open_writers(
+        self, destination: Path, only: set[str] | None = None, index: bool = True
+    ) -> dict[str, SafetensorsTensorWriter]:
+        """Creates the file(s): `destination` itself, or files in the folder `destination`.
+
+        `only`: create just these shard files (under jax.distributed each process writes
+        its share of the shards); `index`: write the folder's index (one process does).
+        """
         writers = {}
         if self.folder:
-            destination.mkdir()
+            destination.mkdir(exist_ok=only is not None)
         for shard in self.shards:
+            if only is not None and shard.filename not in only:
+                continue
             file_path = destination / shard.filename if self.folder else destination
             header = _header(shard, self.metadata)
             descriptor = os.open(file_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -157,7 +165,11 @@ class SafetensorsSink:
             for name, array in zip(shard.names, shard.arrays, strict=True):
                 writers[name] = SafetensorsTensorWriter(descriptor, offset, array)
                 offset += array.nbytes
-        if self.folder and (len(self.shards) > 1 or self.shards[0].filename != SINGLE_NAME):
+        if (
+            index
+            and self.folder
+            and (len(self.shards) > 1 or self.shards[0].filename != SINGLE_NAME)
+        ):
             index = {
                 "metadata": {"total_size": sum(shard.nbytes for shard in self.shards)},
                 "weight_map": {
