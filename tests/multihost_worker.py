@@ -15,8 +15,8 @@ Scenarios (WORKDIR holds ``source``, a checkpoint written by stock Orbax):
 - ``errors``: saves and loads that fail; the messages each process got.
 - ``orbax``: the peer route of the benchmark: stock Orbax restore, the same surgery in jax,
   stock Orbax multi-process save to ``orbax_out``.
-- ``remote``: for each URL of ``SUTURE_TEST_BASES``, the streamed surgery and the globally
-  sharded tree saved to ``BASE/lazy_out`` and ``BASE/global_out``; gs:// results restored by
+- ``remote``: for each URL of ``SUTURE_TEST_BASES``, the streamed surgery of ``BASE/source``
+  and the globally sharded tree saved to ``BASE/lazy_out`` and ``BASE/global_out``; gs:// results restored by
   stock Orbax onto a global sharding, every result read back by suture.
 - ``remote_kill``: ``kill`` to ``SUTURE_TEST_BASES``' first URL ``/killed_out``.
 - ``lone``: only process 0 calls save (to ``alone_out``); how soon it hears why.
@@ -288,8 +288,8 @@ def remote_scenario(workdir: Path, report: dict) -> None:
     values = global_values()
     for base in os.environ["SUTURE_TEST_BASES"].split():
         driver = base.split("://")[0].replace("gs", "gcs")
-        before = io_bytes(driver)
-        result = suture.save(surgery(workdir / "source"), f"{base}/lazy_out", chunk_bytes=16 << 10)
+        before = io_bytes(driver)  # the source too is in the bucket (uploaded by the test)
+        result = suture.save(surgery(f"{base}/source"), f"{base}/lazy_out", chunk_bytes=16 << 10)
         middle = io_bytes(driver)
         suture.save(global_tree(), f"{base}/global_out")
         after = io_bytes(driver)
@@ -305,7 +305,11 @@ def remote_scenario(workdir: Path, report: dict) -> None:
         for name, value in values.items():
             checks[f"suture/global/{name}"] = bool(np.array_equal(held[name].read(), value))
         report[base] = {
-            "lazy": {"written": middle[1] - before[1], "result_bytes": result.bytes_written},
+            "lazy": {
+                "read": middle[0] - before[0],
+                "written": middle[1] - before[1],
+                "result_bytes": result.bytes_written,
+            },
             "global": {"written": after[1] - middle[1]},
             "checks": checks,
         }

@@ -24,6 +24,7 @@ import safetensors.numpy
 import suture
 from suture._location import location_of
 from tests import multihost_worker as worker
+from tests.remote_servers import upload
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 TIMEOUT = 120
@@ -228,6 +229,8 @@ def test_collective_saves_to_gcs_and_s3(tmp_path: Path, gcs: str, s3: str, count
     Orbax restores the gs:// results in the same process group, suture reads both back."""
     write_source(tmp_path / "source")
     bases = f"{gcs}/multihost{count} {s3}/multihost{count}"
+    for base in bases.split():
+        upload(tmp_path / "source", f"{base}/source")
     results = run_processes(
         "remote",
         count,
@@ -246,18 +249,20 @@ def test_collective_saves_to_gcs_and_s3(tmp_path: Path, gcs: str, s3: str, count
         assert [f"ocdbt.process_{i}" for i in range(count)] == sorted(
             name for name in databases if name.startswith("ocdbt.process_")
         )
-        written = [report[base]["lazy"]["written"] for report in found]
-        alone = single_process_remote_reference(tmp_path / "source", f"{base}/reference_out")
-        for share in written:  # each process wrote about 1/N of what one process writes
-            assert 0 < share <= 1.25 * alone / count, (written, alone)
+        alone = single_process_remote_reference(f"{base}/source", f"{base}/reference_out")
+        for kind, bytes_alone in zip(("read", "written"), alone, strict=True):
+            shares = [report[base]["lazy"][kind] for report in found]
+            for share in shares:  # each process moved about 1/N of what one process does
+                assert 0 < share <= 1.25 * bytes_alone / count, (kind, shares, bytes_alone)
 
 
-def single_process_remote_reference(source: Path, url: str) -> int:
-    """Bytes one process alone writes to the bucket for the same surgery."""
+def single_process_remote_reference(source: str, url: str) -> tuple[int, int]:
+    """Bytes one process alone reads from and writes to the bucket for the same surgery."""
     driver = url.split("://")[0].replace("gs", "gcs")
     before = worker.io_bytes(driver)
     suture.save(worker.surgery(source), url, chunk_bytes=16 << 10, progress=False)
-    return worker.io_bytes(driver)[1] - before[1]
+    after = worker.io_bytes(driver)
+    return after[0] - before[0], after[1] - before[1]
 
 
 def test_a_process_killed_during_a_remote_save_leaves_nothing_finished(
