@@ -1,0 +1,293 @@
+"""Quantized checkpoints: FP8 block scales and MXFP4 read dequantized, FP8 written.
+
+The references are transformers' own functions, run here: `Fp8Dequantize._dequantize_one`
+and `_dequantize_fp8_weight` (integrations/finegrained_fp8.py: DeepSeek-V3's formula,
+``float32(w) * scale_inv`` per block, ragged edge blocks included), `Fp8Quantize._quantize_one`
+(the FP8 quantizer) and `convert_moe_packed_tensors` (integrations/mxfp4.py). DeepSeek-V3's
+``fp8_cast_bf16.py`` and MaxText's dequantization script are scripts of repositories that
+cannot be installed (the first needs a GPU for its Triton kernel); they compute the same
+``weight * scale_inv[i // 128, j // 128]`` that the transformers functions above compute.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import FineGrainedFP8Config
+from transformers.integrations.finegrained_fp8 import (
+    Fp8Dequantize,
+    Fp8Quantize,
+    _dequantize_fp8_weight,
+)
+from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+import suture
+from suture._quant.formats import dequantize_fp8, quantize_fp8
+
+FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
+
+
+def fp8_config(block=(128, 128), **extra):
+    return {**FP8_CONFIG, "weight_block_size": list(block), **extra}
+
+
+def quantizer(block=(128, 128), scale_fmt="float"):
+    """transformers' FP8 quantizer, as its HF quantizer object hands it its config."""
+    config = FineGrainedFP8Config(weight_block_size=block, scale_fmt=scale_fmt)
+    return Fp8Quantize(types.SimpleNamespace(quantization_config=config))
+
+
+def reference_quantize(weight: torch.Tensor, block=(128, 128), name="x.weight"):
+    out = quantizer(block)._quantize_one(name, weight)
+    return out[name], out[name.rsplit(".", 1)[0] + ".weight_scale_inv"]
+
+
+def write_folder(folder: Path, tensors: dict, quantization=None, shards=None) -> Path:
+    """A Hugging Face folder: tensors (torch) in one file or in `shards` files with an index."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "llama", "dtype": "bfloat16"}
+    if quantization is not None:
+        config["quantization_config"] = quantization
+    (folder / "config.json").write_text(json.dumps(config))
+    if not shards:
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+        return folder
+    names = list(tensors)
+    weight_map = {}
+    for index in range(shards):
+        part = names[index::shards]
+        file = f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({name: tensors[name] for name in part}, folder / file, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, file))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+    return folder
+
+
+def as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if tensor.dtype == torch.float8_e4m3fn:
+        return tensor.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+    return tensor.numpy()
+
+
+def random_fp8(shape, block, seed=0):
+    """A bfloat16 weight and its FP8 + scale_inv made by transformers' quantizer (padded to
+    whole blocks for the quantizer, then cut: zeros change no block's scale)."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(*shape, generator=generator, dtype=torch.float32).to(torch.bfloat16)
+    padded_shape = (
+        *shape[:-2],
+        math.ceil(shape[-2] / block[0]) * block[0],
+        math.ceil(shape[-1] / block[1]) * block[1],
+    )
+    padded = torch.zeros(padded_shape, dtype=torch.bfloat16)
+    padded[..., : shape[-2], : shape[-1]] = weight
+    values, scales = reference_quantize(padded, block)
+    return weight, values[..., : shape[-2], : shape[-1]].contiguous(), scales
+
+
+# --- the arithmetic, against transformers ---------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_dequantize_equals_transformers_where_blocks_divide(dtype) -> None:
+    _, values, scales = random_fp8((256, 384), (128, 128))
+    expected = Fp8Dequantize(None)._dequantize_one(values, scales, output_dtype=dtype)
+    ours = dequantize_fp8(as_numpy(values), scales.numpy(), (128, 128))
+    np.testing.assert_array_equal(ours.astype(as_numpy(expected).dtype), as_numpy(expected))
+
+
+@pytest.mark.parametrize("shape", [(200, 300), (576, 7168 // 8), (1, 129), (3, 130, 257)])
+def test_fp8_dequantize_ragged_edges_equal_transformers(shape) -> None:
+    _, values, scales = random_fp8(shape, (128, 128))
+    expected = _dequantize_fp8_weight(values, scales, [128, 128], torch.float32)
+    ours = dequantize_fp8(as_numpy(values), scales.numpy(), (128, 128))
+    np.testing.assert_array_equal(ours, expected.numpy())
+
+
+def test_fp8_quantize_bytes_equal_transformers() -> None:
+    weight = torch.randn(640, 512, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    weight[:128, :128] = 0  # an all-zero block keeps scale 1
+    values, scales = reference_quantize(weight)
+    ours, our_scales = quantize_fp8(as_numpy(weight), (128, 128))
+    assert ours.tobytes() == as_numpy(values).tobytes()
+    assert our_scales.tobytes() == scales.numpy().tobytes()
+
+
+def test_fp8_quantize_ragged_equals_transformers_on_the_padded_weight() -> None:
+    weight, values, scales = random_fp8((200, 300), (128, 128), seed=4)
+    ours, our_scales = quantize_fp8(as_numpy(weight), (128, 128))
+    assert ours.tobytes() == as_numpy(values).tobytes()
+    assert our_scales.tobytes() == scales.numpy().tobytes()
+
+
+def test_fp8_quantize_then_dequantize_within_one_fp8_step() -> None:
+    weight = np.random.default_rng(5).standard_normal((300, 260)).astype(np.float32)
+    weight[5, 7] = 40.0  # one large value in a block
+    values, scales = quantize_fp8(weight, (128, 128))
+    back = dequantize_fp8(values, scales, (128, 128))
+    per_block = np.repeat(np.repeat(scales, 128, 0), 128, 1)[:300, :260]
+    # E4M3 has 3 mantissa bits: a step is 2**(e-3) of the scaled value, at most 32 below 448
+    step = np.maximum(
+        2.0 ** (np.floor(np.log2(np.maximum(np.abs(weight / per_block), 2**-6))) - 3), 2**-9
+    )
+    assert np.all(np.abs(back - weight) <= step * per_block)
+
+
+def test_mxfp4_equals_transformers() -> None:
+    rng = np.random.default_rng(6)
+    blocks = rng.integers(0, 256, (3, 10, 4, 16), dtype=np.uint8)
+    scales = rng.integers(110, 140, (3, 10, 4), dtype=np.uint8)
+    scales[0, 0, 0], scales[1, 1, 1] = 0, 254  # the extremes E8M0 holds
+    for dtype in (torch.bfloat16, torch.float32):
+        expected = convert_moe_packed_tensors(
+            torch.from_numpy(blocks), torch.from_numpy(scales), dtype=dtype
+        )
+        from suture._lazy.graph import MemorySource
+        from suture._quant.nodes import MXFP4DequantNode
+
+        node = MXFP4DequantNode(
+            MemorySource(blocks), MemorySource(scales), as_numpy(expected).dtype, "mxfp4"
+        )
+        assert node.shape == tuple(expected.shape)
+        full = (range(3), range(128), range(10))
+        np.testing.assert_array_equal(node.read(full), as_numpy(expected))
+        part = (range(1, 3), np.array([5, 70, 33, 127]), range(9, 2, -3))
+        np.testing.assert_array_equal(
+            node.read(part), as_numpy(expected)[1:3][:, [5, 70, 33, 127]][:, :, 9:2:-3]
+        )
+
+
+# --- suture.open(dequantize=True) -------------------------------------------------------
+
+
+def fp8_folder(folder: Path, shards=None, block=(128, 128)):
+    """A folder with two FP8 weights (one ragged), a norm, and the bfloat16 originals."""
+    original, values, scales = random_fp8((300, 260), block, seed=1)
+    original2, values2, scales2 = random_fp8((256, 128), block, seed=2)
+    norm = torch.ones(260, dtype=torch.bfloat16)
+    tensors = {
+        "model.a.weight": values,
+        "model.a.weight_scale_inv": scales,
+        "model.b.weight": values2,
+        "model.b.weight_scale_inv": scales2,
+        "model.norm.weight": norm,
+    }
+    write_folder(folder, tensors, fp8_config(block), shards=shards)
+    expected = {
+        "model/a/weight": _dequantize_fp8_weight(values, scales, list(block), torch.float32),
+        "model/b/weight": _dequantize_fp8_weight(values2, scales2, list(block), torch.float32),
+    }
+    return folder, expected
+
+
+@pytest.mark.parametrize("shards", [None, 3])
+def test_open_dequantize_fp8_folder(tmp_path: Path, shards) -> None:
+    folder, expected = fp8_folder(tmp_path / "m", shards=shards)
+    stored = suture.open(folder)
+    assert "model/a/weight_scale_inv" in stored.paths()
+    assert stored["model/a/weight"].dtype == ml_dtypes.float8_e4m3fn
+    ckpt = suture.open(folder, dequantize=True)
+    assert sorted(ckpt.paths()) == ["model/a/weight", "model/b/weight", "model/norm/weight"]
+    for path, reference in expected.items():
+        leaf = ckpt[path]
+        assert leaf.dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(leaf.read(), reference.numpy().astype(ml_dtypes.bfloat16))
+    as_float32 = suture.open(folder, dequantize=True, dequantize_dtype="float32")
+    np.testing.assert_array_equal(
+        as_float32["model/a/weight"][130:290:3, 7:250].read(),
+        expected["model/a/weight"].numpy()[130:290:3, 7:250],
+    )
+    np.testing.assert_array_equal(
+        as_float32["model/a/weight"][[299, 0, 140], ::-1].read(),
+        expected["model/a/weight"].numpy()[[299, 0, 140], ::-1],
+    )
+
+
+def test_a_row_block_reads_its_share_of_weight_and_scales(tmp_path: Path) -> None:
+    _, values, scales = random_fp8((4096, 2048), (128, 128), seed=7)
+    folder = write_folder(
+        tmp_path / "m",
+        {"w.weight": values, "w.weight_scale_inv": scales},
+        fp8_config(),
+    )
+    leaf = suture.open(folder, dequantize=True)["w/weight"]
+    with suture.count_bytes_read() as counter:
+        block = leaf[1024:1280].read()
+    share = 256 * 2048 + 2 * 16 * 4  # 256 rows of FP8, 2 block rows of float32 scales
+    assert share <= counter.bytes <= share * 1.02
+    np.testing.assert_array_equal(
+        block,
+        _dequantize_fp8_weight(values[1024:1280], scales[8:10], [128, 128], torch.float32)
+        .numpy()
+        .astype(ml_dtypes.bfloat16),
+    )
+
+
+def test_ue8m0_scales(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    values = torch.from_numpy(
+        rng.standard_normal((200, 130))
+        .astype(np.float32)
+        .astype(ml_dtypes.float8_e4m3fn)
+        .view(np.uint8)
+    ).view(torch.float8_e4m3fn)
+    exponents = rng.integers(120, 135, (2, 2), dtype=np.uint8)
+    as_e8m0 = torch.from_numpy(exponents).view(torch.float8_e8m0fnu)
+    write_folder(
+        tmp_path / "m",
+        {
+            "w.weight": values,
+            "w.weight_scale_inv": as_e8m0,
+            "v.weight": values.clone(),
+            "v.weight_scale_inv": torch.from_numpy(exponents.copy()),
+        },
+        fp8_config(scale_fmt="ue8m0"),
+    )
+    ckpt = suture.open(tmp_path / "m", dequantize=True, dequantize_dtype="float32")
+    # transformers' dequantization reads uint8 scales as 2**(s-127); e8m0 converts exactly
+    expected = Fp8Dequantize(None)._dequantize_one(
+        torch.nn.functional.pad(values.float(), (0, 126, 0, 56)).to(torch.float8_e4m3fn),
+        torch.from_numpy(exponents),
+        output_dtype=torch.float32,
+    )[:200, :130]
+    np.testing.assert_array_equal(ckpt["w/weight"].read(), expected.numpy())
+    np.testing.assert_array_equal(ckpt["v/weight"].read(), expected.numpy())
+    assert (2.0 ** (exponents.astype(np.float64) - 127) == as_e8m0.float().numpy()).all()
+
+
+def test_open_dequantize_mxfp4_folder(tmp_path: Path) -> None:
+    rng = np.random.default_rng(9)
+    blocks = rng.integers(0, 256, (2, 64, 2, 16), dtype=np.uint8)
+    scales = rng.integers(115, 135, (2, 64, 2), dtype=np.uint8)
+    bias = torch.zeros(2, 64, dtype=torch.bfloat16)
+    write_folder(
+        tmp_path / "m",
+        {
+            "model.layers.0.mlp.experts.gate_up_proj_blocks": torch.from_numpy(blocks),
+            "model.layers.0.mlp.experts.gate_up_proj_scales": torch.from_numpy(scales),
+            "model.layers.0.mlp.experts.gate_up_proj_bias": bias,
+        },
+        {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]},
+    )
+    ckpt = suture.open(tmp_path / "m", dequantize=True)
+    assert sorted(ckpt.paths()) == [
+        "model/layers/0/mlp/experts/gate_up_proj",
+        "model/layers/0/mlp/experts/gate_up_proj_bias",
+    ]
+    expected = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales))
+    leaf = ckpt["model/layers/0/mlp/experts/gate_up_proj"]
+    assert leaf.shape == (2, 64, 64) and leaf.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(leaf.read(), as_numpy(expected))
+    np.testing.assert_array_equal(leaf[1, 33:40].read(), as_numpy(expected)[1, 33:40])
