@@ -291,3 +291,157 @@ def test_open_dequantize_mxfp4_folder(tmp_path: Path) -> None:
     assert leaf.shape == (2, 64, 64) and leaf.dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(leaf.read(), as_numpy(expected))
     np.testing.assert_array_equal(leaf[1, 33:40].read(), as_numpy(expected)[1, 33:40])
+
+
+# --- every command -------------------------------------------------------------------------
+
+
+def cli(*args: str):
+    from typer.testing import CliRunner
+
+    from suture.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_inspect_says_quantized_and_how_to_dequantize(tmp_path: Path) -> None:
+    folder, _ = fp8_folder(tmp_path / "m")
+    result = cli("inspect", str(folder))
+    assert result.exit_code == 0, result.output
+    assert "Quantized: FP8 E4M3 with 128x128 blocks; tensors shown as stored." in result.output
+    assert "--dequantize" in result.output and "weight_scale_inv" in result.output
+
+
+def test_convert_dequantize_writes_a_bfloat16_folder(tmp_path: Path) -> None:
+    folder, expected = fp8_folder(tmp_path / "m", shards=2)
+    result = cli(
+        "convert", str(folder), str(tmp_path / "out"), "--dequantize", "--format", "safetensors"
+    )
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert "quantization_config" not in config and config["dtype"] == "bfloat16"
+    out = suture.open(tmp_path / "out")
+    assert sorted(out.paths()) == ["model/a/weight", "model/b/weight", "model/norm/weight"]
+    for path, reference in expected.items():
+        assert out[path].dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(
+            out[path].read(), reference.numpy().astype(ml_dtypes.bfloat16)
+        )
+    assert "Quantized" not in cli("inspect", str(tmp_path / "out")).output
+
+
+def test_plan_shows_the_dequantization_with_its_bytes(tmp_path: Path) -> None:
+    folder, _ = fp8_folder(tmp_path / "m")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("rules:\n  - rename: {pattern: 'model', to: 'params'}\n")
+    result = cli("plan", str(recipe), str(folder), "--dequantize", "--json")
+    assert result.exit_code == 0, result.output
+    outputs = {leaf["path"]: leaf for leaf in json.loads(result.output)["outputs"]}
+    leaf = outputs["params/a/weight"]
+    assert leaf["operations"] == ["dequantize fp8 128x128 blocks -> bfloat16"]
+    assert leaf["bytes_to_read"] == 300 * 260 + 3 * 3 * 4  # FP8 values and float32 scales
+    assert leaf["dtype"] == "bfloat16"
+    assert "params/a/weight_scale_inv" not in outputs
+
+
+def test_merge_of_quantized_models_works_on_dequantized_values(tmp_path: Path) -> None:
+    first, expected = fp8_folder(tmp_path / "a")
+    second, _ = fp8_folder(tmp_path / "b")
+    merged = suture.merge([first, second], "linear", weights=[0.5, 0.5])
+    assert "model/a/weight_scale_inv" not in merged
+    np.testing.assert_array_equal(
+        np.asarray(merged["model"]["a"]["weight"].read(), np.float32),
+        expected["model/a/weight"].numpy().astype(ml_dtypes.bfloat16).astype(np.float32),
+    )
+
+
+def test_save_quantize_fp8_block_and_read_back(tmp_path: Path) -> None:
+    rng = np.random.default_rng(10)
+    tree = {
+        "model": {
+            "embed_tokens": {"weight": rng.standard_normal((64, 200)).astype(np.float32)},
+            "layers": {
+                "0": {
+                    "mlp": {
+                        "up_proj": {"weight": rng.standard_normal((300, 200)).astype(np.float32)},
+                        "gate": {"weight": rng.standard_normal((4, 200)).astype(np.float32)},
+                    },
+                    "input_layernorm": {"weight": np.ones(200, np.float32)},
+                }
+            },
+        },
+        "lm_head": {"weight": rng.standard_normal((64, 200)).astype(np.float32)},
+    }
+    side = tmp_path / "config.json"
+    side.write_text(json.dumps({"model_type": "deepseek_v3", "dtype": "float32"}))
+    suture.save(
+        tree,
+        tmp_path / "out",
+        format="safetensors",
+        quantize="fp8-block",
+        extra_files={"config.json": side},
+        max_memory="8MiB",
+        progress=False,
+    )
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["quantization_config"] == {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+        "modules_to_not_convert": ["model.embed_tokens", "model.layers.0.mlp.gate", "lm_head"],
+    }
+    out = suture.open(tmp_path / "out")
+    weight = tree["model"]["layers"]["0"]["mlp"]["up_proj"]["weight"]
+    stored = out["model/layers/0/mlp/up_proj/weight"]
+    assert stored.dtype == ml_dtypes.float8_e4m3fn
+    padded = np.zeros((384, 256), np.float32)
+    padded[:300, :200] = weight
+    values, scales = reference_quantize(torch.from_numpy(padded))
+    assert stored.read().tobytes() == as_numpy(values)[:300, :200].tobytes()
+    assert (
+        out["model/layers/0/mlp/up_proj/weight_scale_inv"].read().tobytes()
+        == scales.numpy().tobytes()
+    )
+    for kept in ("model/embed_tokens/weight", "model/layers/0/mlp/gate/weight", "lm_head/weight"):
+        assert out[kept].dtype == np.float32
+    back = suture.open(tmp_path / "out", dequantize=True, dequantize_dtype="float32")
+    np.testing.assert_allclose(
+        back["model/layers/0/mlp/up_proj/weight"].read(), weight, rtol=0.07, atol=1e-2
+    )
+
+
+def test_convert_quantize_with_keep_unquantized(tmp_path: Path) -> None:
+    folder, _ = fp8_folder(tmp_path / "m")
+    assert (
+        cli(
+            "convert",
+            str(folder),
+            str(tmp_path / "bf16"),
+            "--dequantize",
+            "--format",
+            "safetensors",
+        ).exit_code
+        == 0
+    )
+    result = cli(
+        "convert",
+        str(tmp_path / "bf16"),
+        str(tmp_path / "fp8"),
+        "--format",
+        "safetensors",
+        "--quantize",
+        "fp8-block",
+        "--keep-unquantized",
+        r"^model\.b\.",
+    )
+    assert result.exit_code == 0, result.output
+    out = suture.open(tmp_path / "fp8")
+    assert out["model/a/weight"].dtype == ml_dtypes.float8_e4m3fn
+    assert out["model/b/weight"].dtype == ml_dtypes.bfloat16
+    assert "model/b/weight_scale_inv" not in out
+    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    assert config["quantization_config"]["modules_to_not_convert"] == ["model.b"]
+    # the FP8 source's own values come back exactly: they are a fixed point of the quantizer
+    original = suture.open(folder)
+    assert out["model/a/weight"].read().tobytes() == original["model/a/weight"].read().tobytes()

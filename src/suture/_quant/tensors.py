@@ -30,11 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import CorruptCheckpointError
-from .._lazy.array import LazyArray
+from .._errors import ArgumentError, CorruptCheckpointError
+from .._lazy.array import LazyArray, as_lazy
+from .._paths import flatten, unflatten
 from .._patterns import compile_pattern, search
 from .nodes import FP8DequantNode, MXFP4DequantNode, quantized_pair
-from .scheme import FP8_BLOCK, Scheme
+from .scheme import FP8_BLOCK, Scheme, fp8_block_config
 
 FP8_SCALE_SUFFIX = "_scale_inv"
 MXFP4_SUFFIXES = ("_blocks", "_scales")
@@ -210,3 +211,56 @@ def describe_quantized(tensors: dict[str, Any]) -> str | None:
     if any(name.endswith("_blocks") for name in tensors):
         return "mxfp4"
     return None
+
+
+QUANTIZE_METHODS = ("fp8-block",)
+
+
+def quantize_tree(
+    tree: Any, method: str, keep: tuple[str, ...] | None, separator: str = "."
+) -> tuple[Any, dict[str, Any]]:
+    """`tree` with its linear weights quantized (`quantize_tensors`), and the output's
+    ``quantization_config``. Names for `keep` join the tree's keys with `separator`."""
+    if method not in QUANTIZE_METHODS:
+        raise ArgumentError(
+            f"Unknown quantize={method!r}: suture writes {', '.join(QUANTIZE_METHODS)} (FP8 E4M3 "
+            f"with a float32 scale per 128x128 block, DeepSeek-V3's layout)."
+        )
+    flat = flatten(tree)
+    arrays = {
+        path.replace("/", separator): as_lazy(leaf, path=path)
+        for path, leaf in flat.items()
+        if isinstance(leaf, LazyArray) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype"))
+    }
+    quantized, kept = quantize_tensors(arrays, keep)
+    by_name = {path.replace("/", separator): path for path in flat}
+    result: dict[str, Any] = {}
+    for path, leaf in flat.items():
+        name = path.replace("/", separator)
+        if name not in arrays:
+            result[path] = leaf
+            continue
+        result[path] = quantized[name]
+        scale = quantized.get(name + FP8_SCALE_SUFFIX)
+        if scale is not None and name + FP8_SCALE_SUFFIX not in by_name:
+            result[path + FP8_SCALE_SUFFIX] = scale
+    return unflatten(result), fp8_block_config(FP8_BLOCK, kept)
+
+
+def dequantized_config(dtype: str) -> Any:
+    """The edit of a ``config.json`` for a dequantized output: no ``quantization_config``,
+    its dtype fields `dtype`."""
+
+    def edit(config: dict[str, Any]) -> dict[str, Any]:
+        edited = {key: value for key, value in config.items() if key != "quantization_config"}
+        fields = [key for key in ("torch_dtype", "dtype") if key in edited] or ["torch_dtype"]
+        for key in fields:
+            edited[key] = dtype
+        return edited
+
+    return edit
+
+
+def quantized_config(quantization: dict[str, Any]) -> Any:
+    """The edit of a ``config.json`` for a quantized output: its ``quantization_config``."""
+    return lambda config: {**config, "quantization_config": quantization}
