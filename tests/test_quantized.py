@@ -445,3 +445,271 @@ def test_convert_quantize_with_keep_unquantized(tmp_path: Path) -> None:
     # the FP8 source's own values come back exactly: they are a fixed point of the quantizer
     original = suture.open(folder)
     assert out["model/a/weight"].read().tobytes() == original["model/a/weight"].read().tobytes()
+
+
+# --- bad input -----------------------------------------------------------------------------
+
+
+def broken_folder(folder: Path, scale, quantization=None, weight=None) -> Path:
+    _, values, _ = random_fp8((300, 260), (128, 128))
+    tensors = {
+        "model.a.weight": values if weight is None else weight,
+        "model.a.weight_scale_inv": scale,
+    }
+    return write_folder(folder, tensors, quantization or fp8_config())
+
+
+@pytest.mark.parametrize(
+    ("scale", "quantization", "weight", "kind", "words"),
+    [
+        (
+            torch.ones(2, 2),
+            None,
+            None,
+            suture.CorruptCheckpointError,
+            ["'model.a.weight_scale_inv'", "(2, 2)", "(3, 3)", "[128, 128]", "do not divide"],
+        ),
+        (
+            torch.ones(3, 3, dtype=torch.int32),
+            None,
+            None,
+            suture.CorruptCheckpointError,
+            ["'model.a.weight_scale_inv'", "int32", "expected float32"],
+        ),
+        (
+            torch.ones(3, 3),
+            fp8_config((64, 64)),
+            None,
+            suture.CorruptCheckpointError,
+            ["[64, 64]", "(5, 5)", "(3, 3)", "do not divide the weight as the config declares"],
+        ),
+        (
+            torch.ones(3, 3),
+            fp8_config((128,)),
+            None,
+            suture.ConfigMismatchError,
+            ["weight_block_size", "[128]", "two positive integers"],
+        ),
+        (
+            torch.ones(3, 3),
+            None,
+            torch.ones(300, 260, dtype=torch.bfloat16),
+            suture.CorruptCheckpointError,
+            ["'model.a.weight'", "bfloat16", "expected float8_e4m3fn"],
+        ),
+    ],
+)
+def test_bad_scales_and_configs_name_the_tensor(
+    tmp_path, scale, quantization, weight, kind, words
+) -> None:
+    folder = broken_folder(tmp_path / "m", scale, quantization, weight)
+    with pytest.raises(kind) as error:
+        suture.open(folder, dequantize=True)
+    for word in words:
+        assert word in str(error.value), (word, str(error.value))
+    result = cli("convert", str(folder), str(tmp_path / "out"), "--dequantize")
+    assert result.exit_code == 2 and result.output.startswith("Error: ")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq", "bitsandbytes", "compressed-tensors"])
+def test_unknown_quantization_methods_are_not_supported_yet(tmp_path: Path, method) -> None:
+    folder = write_folder(
+        tmp_path / "m",
+        {"model.a.qweight": torch.zeros(4, 4, dtype=torch.int32)},
+        {"quant_method": method, "bits": 4},
+    )
+    assert "model/a/qweight" in suture.open(folder)  # shown as stored
+    with pytest.raises(suture.UnsupportedError, match=f"quant_method='{method}'.*not support yet"):
+        suture.open(folder, dequantize=True)
+    assert "does not support yet" in cli("inspect", str(folder)).output
+    result = cli("convert", str(folder), str(tmp_path / "out"), "--dequantize")
+    assert result.exit_code == 2 and "not support yet" in result.output
+
+
+def test_quantized_tensors_without_their_pair_are_refused(tmp_path: Path) -> None:
+    _, values, scales = random_fp8((256, 128), (128, 128))
+    lone = write_folder(tmp_path / "lone", {"a.weight": values}, fp8_config())
+    with pytest.raises(
+        suture.CorruptCheckpointError,
+        match="'a.weight' is float8_e4m3fn but has no 'a.weight_scale_inv'",
+    ):
+        suture.open(lone, dequantize=True)
+    orphan = write_folder(tmp_path / "orphan", {"a.weight_scale_inv": scales}, fp8_config())
+    with pytest.raises(suture.CorruptCheckpointError, match="has no weight 'a.weight'"):
+        suture.open(orphan, dequantize=True)
+    blocks = write_folder(
+        tmp_path / "blocks",
+        {"e.down_proj_blocks": torch.zeros(1, 4, 1, 16, dtype=torch.uint8)},
+        {"quant_method": "mxfp4"},
+    )
+    with pytest.raises(
+        suture.CorruptCheckpointError, match="'e.down_proj_blocks' has no 'e.down_proj_scales'"
+    ):
+        suture.open(blocks, dequantize=True)
+    wrong = write_folder(
+        tmp_path / "wrong",
+        {
+            "e.down_proj_blocks": torch.zeros(1, 4, 1, 16, dtype=torch.uint8),
+            "e.down_proj_scales": torch.zeros(1, 4, 2, dtype=torch.uint8),
+        },
+        {"quant_method": "mxfp4"},
+    )
+    with pytest.raises(
+        suture.CorruptCheckpointError,
+        match=r"shape \(1, 4, 2\); expected uint8 \(E8M0\) of shape \(1, 4, 1\)",
+    ):
+        suture.open(wrong, dequantize=True)
+
+
+def test_quantized_values_are_never_cast_or_requantized_without_dequantize(tmp_path: Path) -> None:
+    folder, _ = fp8_folder(tmp_path / "m")
+    for extra in (["--dtype", "float32"], ["--quantize", "fp8-block"]):
+        result = cli("convert", str(folder), str(tmp_path / "out"), *extra)
+        assert result.exit_code == 2 and "Add --dequantize" in result.output, result.output
+    plain = write_folder(tmp_path / "plain", {"a.weight": torch.zeros(2, 2)})
+    with pytest.raises(suture.ArgumentError, match="nothing to dequantize"):
+        suture.open(plain, dequantize=True)
+    with pytest.raises(suture.ArgumentError, match="Unknown quantize='int4'"):
+        suture.save({"w": np.zeros((2, 2), np.float32)}, tmp_path / "x", quantize="int4")
+
+
+# --- end to end: a tiny DeepSeek-V3 quantized by the reference quantizer ---------------------
+
+
+def quantize_folder(source: Path, destination: Path, block=(8, 8)) -> Path:
+    """An HF folder quantized to FP8 as DeepSeek-V3 is published, by transformers' quantizer:
+    every 2-D linear weight but embeddings, norms, the LM head and the router."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(source / "model.safetensors")
+    quantize = quantizer(block)
+    out = {}
+    for name, tensor in tensors.items():
+        keep = any(word in name for word in ("embed", "norm", "lm_head", "mlp.gate."))
+        if tensor.ndim == 2 and name.endswith(".weight") and not keep:
+            out.update(quantize._quantize_one(name, tensor))
+        else:
+            out[name] = tensor
+    destination.mkdir()
+    save_file(out, destination / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = fp8_config(block)
+    (destination / "config.json").write_text(json.dumps(config))
+    return destination
+
+
+def reference_dequantize(source: Path, destination: Path) -> Path:
+    """The two-pass route's first pass: a bfloat16 copy by transformers' FP8 dequantization."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(source / "model.safetensors")
+    out = {}
+    for name, tensor in tensors.items():
+        if name.endswith("_scale_inv"):
+            continue
+        scale = tensors.get(name + "_scale_inv")
+        out[name] = (
+            tensor
+            if scale is None
+            else Fp8Dequantize(None)._dequantize_one(tensor, scale, output_dtype=torch.bfloat16)
+        )
+    destination.mkdir()
+    save_file(out, destination / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    del config["quantization_config"]
+    (destination / "config.json").write_text(json.dumps(config))
+    return destination
+
+
+@pytest.fixture(scope="module")
+def tiny_deepseek(tmp_path_factory) -> Path:
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        first_k_dense_replace=1,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("deepseek") / "bf16"
+    DeepseekV3ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+    return quantize_folder(folder, folder.parent / "fp8")
+
+
+def test_tiny_deepseek_one_pass_equals_dequantize_then_convert(tiny_deepseek, tmp_path) -> None:
+    fp8 = tiny_deepseek
+    assert (
+        suture.open(fp8)["model/layers/1/mlp/experts/0/up_proj/weight"].dtype.name
+        == "float8_e4m3fn"
+    )
+    # one pass: the FP8 folder to Orbax, dequantized as it streams
+    one = cli("convert", str(fp8), str(tmp_path / "one"), "--dequantize", "--max-memory", "1MiB")
+    assert one.exit_code == 0, one.output
+    # two passes: the reference dequantization writes bfloat16, then a plain conversion
+    dequantized = reference_dequantize(fp8, tmp_path / "bf16")
+    two = cli("convert", str(dequantized), str(tmp_path / "two"))
+    assert two.exit_code == 0, two.output
+    assert cli("diff", str(tmp_path / "one"), str(tmp_path / "two"), "--values").exit_code == 0
+    # and straight to a Hugging Face folder: the reference's bytes, loadable by transformers
+    hf = cli("convert", str(fp8), str(tmp_path / "hf"), "--dequantize", "--format", "safetensors")
+    assert hf.exit_code == 0, hf.output
+    assert cli("diff", str(tmp_path / "hf"), str(dequantized), "--values").exit_code == 0
+    from transformers import AutoModelForCausalLM
+
+    ours = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    reference = AutoModelForCausalLM.from_pretrained(dequantized)
+    tokens = torch.tensor([[1, 5, 9, 2, 33, 7, 60, 3]])
+    with torch.no_grad():
+        assert torch.equal(ours(tokens).logits, reference(tokens).logits)
+    assert "quantization_config" not in json.loads((tmp_path / "hf" / "config.json").read_text())
+
+
+def test_family_recipes_dequantize_a_quantized_source_in_the_same_pass(tmp_path: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    fp8 = quantize_folder(tmp_path / "bf16", tmp_path / "fp8")
+    dequantized = reference_dequantize(fp8, tmp_path / "dequantized")
+    one = cli("convert", str(fp8), str(tmp_path / "one"), "--recipe", "llama3.1:maxtext")
+    assert one.exit_code == 0, one.output
+    two = cli("convert", str(dequantized), str(tmp_path / "two"), "--recipe", "llama3.1:maxtext")
+    assert two.exit_code == 0, two.output
+    assert cli("diff", str(tmp_path / "one"), str(tmp_path / "two"), "--values").exit_code == 0
+    back = cli(
+        "convert",
+        str(tmp_path / "one"),
+        str(tmp_path / "back"),
+        "--recipe",
+        "llama3.1:maxtext",
+        "--reverse",
+    )
+    assert back.exit_code == 0, back.output
+    assert "quantization_config" not in json.loads((tmp_path / "back" / "config.json").read_text())
+    assert cli("diff", str(tmp_path / "back"), str(dequantized), "--values").exit_code == 0

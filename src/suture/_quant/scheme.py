@@ -49,7 +49,7 @@ def scheme_of(config: Any, where: str) -> Scheme:
     if method not in SUPPORTED:
         raise UnsupportedError(
             f"{where} is quantized with quant_method={method!r}, which suture does not "
-            f"dequantize yet: it reads {' and '.join(SUPPORTED)} (FP8 with block scales, as "
+            f"support yet: it dequantizes {' and '.join(SUPPORTED)} (FP8 with block scales, as "
             f"DeepSeek-V3 and Kimi-K2 publish; MXFP4, as gpt-oss does). Dequantize it with the "
             f"tool that made it, or open it without dequantize to see the stored tensors."
         )
