@@ -713,3 +713,39 @@ def test_family_recipes_dequantize_a_quantized_source_in_the_same_pass(tmp_path:
     assert back.exit_code == 0, back.output
     assert "quantization_config" not in json.loads((tmp_path / "back" / "config.json").read_text())
     assert cli("diff", str(tmp_path / "back"), str(dequantized), "--values").exit_code == 0
+
+
+# --- the dtypes, in both formats -------------------------------------------------------------
+
+
+def test_float8_and_packed_fp4_dtypes_round_trip_orbax_and_safetensors(tmp_path: Path) -> None:
+    import orbax.checkpoint as ocp
+    from safetensors.torch import load_file
+
+    values = np.arange(24, dtype=np.float32).reshape(4, 6) / 8
+    tree = {
+        name: values.astype(getattr(ml_dtypes, name))
+        for name in ("float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu")
+    }
+    tree["packed_fp4"] = np.arange(32, dtype=np.uint8).reshape(2, 16)  # MXFP4 blocks are U8
+    suture.save(tree, tmp_path / "orbax", progress=False)
+    restored = ocp.StandardCheckpointer().restore(tmp_path / "orbax")
+    suture.save(tree, tmp_path / "t.safetensors", format="safetensors", progress=False)
+    by_torch = load_file(tmp_path / "t.safetensors")
+    for path in ("orbax", "t.safetensors"):
+        opened = suture.open(tmp_path / path)
+        for name, value in tree.items():
+            assert opened[name].dtype == value.dtype
+            assert opened[name].read().tobytes() == value.tobytes()
+    for name, value in tree.items():
+        assert np.asarray(restored[name]).dtype == value.dtype
+        assert np.asarray(restored[name]).tobytes() == value.tobytes()
+        assert by_torch[name].view(torch.uint8).numpy().tobytes() == value.tobytes()
+    assert str(by_torch["float8_e8m0fnu"].dtype) == "torch.float8_e8m0fnu"
+    with pytest.raises(suture.SurgeryError, match="float4_e2m1fn"):
+        suture.save(
+            {"w": np.zeros(4, ml_dtypes.float4_e2m1fn)},
+            tmp_path / "x.safetensors",
+            format="safetensors",
+            progress=False,
+        )
