@@ -30,6 +30,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .._buffers import assign
+
 FP8_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448.0
 FP4_VALUES = np.array(
     [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
@@ -79,7 +81,7 @@ def dequantize_fp8_into(
             else:
                 for low, high, block in segments:
                     tile[:, low:high] *= per_row[:, block : block + 1]
-            np.copyto(out[(*lead, slice(start, stop))], tile, casting="unsafe")
+            assign(out[(*lead, slice(start, stop))], tile)  # fast into transposed views too
 
 
 def dequantize_fp8(weight: np.ndarray, scales: np.ndarray, block: tuple[int, int]) -> np.ndarray:
