@@ -139,13 +139,14 @@ class MXFP4DequantNode(Node):
 
 
 class _Quantizer:
-    """One 2-D weight quantized to FP8 by blocks; the scales found while its values are
-    written are kept (a few bytes per block) so that the scale tensor need not read the
-    weight again."""
+    """One 2-D weight quantized to FP8 by blocks. The scales found while its values are
+    written are kept (a few bytes per block), and a read of the scale tensor waits for block
+    rows being quantized at that moment, so that it need not read the weight again."""
 
     def __init__(self, source: Node, block: tuple[int, int]) -> None:
         self.source, self.block = source, block
         self.scale_rows: dict[int, np.ndarray] = {}  # block row -> scale_inv of every column
+        self._pending: dict[int, threading.Event] = {}  # block rows being quantized now
         self._lock = threading.Lock()
 
     @property
@@ -158,13 +159,48 @@ class _Quantizer:
         return (_span(selection[0], self.block[0], rows), _span(selection[1], self.block[1], cols))
 
     def quantize(self, span: Selection) -> tuple[np.ndarray, np.ndarray]:
-        values, scales = quantize_fp8(self.source.read(span), self.block)
-        if span[1] == range(self.source.shape[1]):
-            first = span[0].start // self.block[0]
+        """The FP8 values and scales of `span` (whole blocks); scales of whole block rows
+        are kept."""
+        whole_rows = span[1] == range(self.source.shape[1])
+        first = span[0].start // self.block[0] if len(span[0]) else 0
+        count = -(-len(span[0]) // self.block[0])
+        done, owned = threading.Event(), []
+        if whole_rows:
             with self._lock:
-                for index, row in enumerate(scales):
-                    self.scale_rows[first + index] = row
+                for row in range(first, first + count):
+                    if row not in self.scale_rows and row not in self._pending:
+                        self._pending[row] = done
+                        owned.append(row)
+        try:
+            values, scales = quantize_fp8(self.source.read(span), self.block)
+            if whole_rows:
+                with self._lock:
+                    for index, row in enumerate(scales):
+                        self.scale_rows[first + index] = row
+        finally:
+            with self._lock:
+                for row in owned:
+                    del self._pending[row]
+            done.set()
         return values, scales
+
+    def scales_of(self, rows: np.ndarray) -> np.ndarray:
+        """``scale_inv`` of the block `rows` (every column): kept ones, ones being computed
+        (waited for), the rest computed here."""
+        with self._lock:
+            missing = {int(row) for row in rows} - set(self.scale_rows)
+            waits = {id(event): event for row in missing if (event := self._pending.get(row))}
+        for event in waits.values():
+            event.wait()  # set in `quantize`'s finally: the other read finishes or fails
+        with self._lock:
+            missing = sorted({int(row) for row in rows} - set(self.scale_rows))
+        every_column = range(self.source.shape[1])
+        for low, high in _runs_of(missing):
+            stop = min(self.source.shape[0], (high + 1) * self.block[0])
+            self.quantize((range(low * self.block[0], stop), every_column))
+        if not len(rows):
+            return np.zeros((0, self.scale_shape[1]), np.float32)
+        return np.stack([self.scale_rows[int(row)] for row in rows])
 
 
 class FP8QuantNode(Node):
@@ -234,22 +270,8 @@ class FP8ScaleNode(Node):
         return f"fp8 scales of {block[0]}x{block[1]} blocks"
 
     def read(self, selection: Selection) -> np.ndarray:
-        quantizer = self.quantizer
         wanted = _numbers(selection[0])
-        missing = sorted({int(row) for row in wanted} - set(quantizer.scale_rows))
-        every_column = range(quantizer.source.shape[1])
-        for first, last in _runs_of(missing):
-            rows = range(
-                first * quantizer.block[0],
-                min(quantizer.source.shape[0], (last + 1) * quantizer.block[0]),
-            )
-            quantizer.quantize((rows, every_column))
-        table = (
-            np.stack([quantizer.scale_rows[int(row)] for row in wanted])
-            if len(wanted)
-            else np.zeros((0, self.shape[1]), np.float32)
-        )
-        return outer_index(table, (range(len(wanted)), selection[1]))
+        return outer_index(self.quantizer.scales_of(wanted), (range(len(wanted)), selection[1]))
 
 
 def _runs_of(numbers: list[int]) -> list[tuple[int, int]]:
