@@ -20,6 +20,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 from transformers import FineGrainedFP8Config
 from transformers.integrations.finegrained_fp8 import (
@@ -30,7 +32,10 @@ from transformers.integrations.finegrained_fp8 import (
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 import suture
+from suture._lazy.graph import MemorySource
+from suture._lazy.selection import outer_index
 from suture._quant.formats import dequantize_fp8, quantize_fp8
+from suture._quant.nodes import FP8DequantNode, MXFP4DequantNode
 
 FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
 
@@ -154,9 +159,6 @@ def test_mxfp4_equals_transformers() -> None:
         expected = convert_moe_packed_tensors(
             torch.from_numpy(blocks), torch.from_numpy(scales), dtype=dtype
         )
-        from suture._lazy.graph import MemorySource
-        from suture._quant.nodes import MXFP4DequantNode
-
         node = MXFP4DequantNode(
             MemorySource(blocks), MemorySource(scales), as_numpy(expected).dtype, "mxfp4"
         )
@@ -330,7 +332,7 @@ def test_convert_dequantize_writes_a_bfloat16_folder(tmp_path: Path) -> None:
     assert "Quantized" not in cli("inspect", str(tmp_path / "out")).output
 
 
-def test_plan_shows_the_dequantization_with_its_bytes(tmp_path: Path) -> None:
+def test_plan_and_apply_dequantize(tmp_path: Path) -> None:
     folder, _ = fp8_folder(tmp_path / "m")
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("rules:\n  - rename: {pattern: 'model', to: 'params'}\n")
@@ -342,6 +344,12 @@ def test_plan_shows_the_dequantization_with_its_bytes(tmp_path: Path) -> None:
     assert leaf["bytes_to_read"] == 300 * 260 + 3 * 3 * 4  # FP8 values and float32 scales
     assert leaf["dtype"] == "bfloat16"
     assert "params/a/weight_scale_inv" not in outputs
+    applied = cli("apply", str(recipe), str(folder), "-o", str(tmp_path / "out"), "--dequantize")
+    assert applied.exit_code == 0, applied.output
+    np.testing.assert_array_equal(
+        suture.open(tmp_path / "out")["params/a/weight"].read(),
+        suture.open(folder, dequantize=True)["model/a/weight"].read(),
+    )
 
 
 def test_merge_of_quantized_models_works_on_dequantized_values(tmp_path: Path) -> None:
@@ -749,3 +757,43 @@ def test_float8_and_packed_fp4_dtypes_round_trip_orbax_and_safetensors(tmp_path:
             format="safetensors",
             progress=False,
         )
+
+
+# --- any shape, block and selection ----------------------------------------------------------
+
+
+@st.composite
+def axis_selections(draw, length: int):
+    if draw(st.booleans()):
+        start = draw(st.integers(0, length - 1))
+        stop = draw(st.integers(start + 1, length))
+        step = draw(st.integers(1, 3))
+        return (
+            range(start, stop, step) if draw(st.booleans()) else range(stop - 1, start - 1, -step)
+        )
+    return np.array(draw(st.lists(st.integers(0, length - 1), min_size=1, max_size=6)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 300),
+    st.integers(1, 300),
+    st.sampled_from([(128, 128), (16, 32), (7, 5), (1, 300)]),
+    st.data(),
+)
+def test_any_slice_of_any_shape_equals_transformers(rows, cols, block, data) -> None:
+    rng = np.random.default_rng(rows * 1000 + cols)
+    raw = rng.integers(0, 256, (rows, cols), dtype=np.uint8)
+    raw[(raw & 0x7F) == 0x7F] = 0x38  # no NaN codes
+    scales = rng.random((-(-rows // block[0]), -(-cols // block[1])), dtype=np.float32)
+    values = torch.from_numpy(raw).view(torch.float8_e4m3fn)
+    expected = _dequantize_fp8_weight(values, torch.from_numpy(scales), list(block), torch.float32)
+    node = FP8DequantNode(
+        MemorySource(raw.view(ml_dtypes.float8_e4m3fn)),
+        MemorySource(scales),
+        block,
+        np.dtype(np.float32),
+        "fp8",
+    )
+    selection = (data.draw(axis_selections(rows)), data.draw(axis_selections(cols)))
+    np.testing.assert_array_equal(node.read(selection), outer_index(expected.numpy(), selection))
