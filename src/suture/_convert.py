@@ -13,13 +13,20 @@ from typing import Any
 
 from . import families, rules
 from ._errors import ArgumentError
-from ._hf import keep_safetensors_layout, model_folder_side_files, reuse_safetensors_layout
+from ._hf import (
+    LAYOUT_KEY,
+    keep_safetensors_layout,
+    model_folder_side_files,
+    reuse_safetensors_layout,
+    with_config_edited,
+)
 from ._lazy.views import strict_casts as strict_casts_on
 from ._location import location_of
+from ._quant.tensors import dequantized_config
 from ._save.api import SaveResult, save
 from ._surgery.build import transform
 from ._surgery.recipes import forward_record, load_recipe
-from .families._convert import convert_with_recipe
+from .families._convert import DEFAULT_SHARD_SIZE, convert_with_recipe
 from .sources.open import open as open_checkpoint
 
 
@@ -39,6 +46,9 @@ def convert(
     allow_pickle: bool = False,
     progress: bool | None = None,
     strict_casts: bool = False,
+    dequantize: bool = False,
+    quantize: str | None = None,
+    keep_unquantized: list[str] | tuple[str, ...] | None = None,
 ) -> SaveResult:
     """Converts `source` to `destination` (Orbax or safetensors), optionally applying a recipe.
 
@@ -49,10 +59,17 @@ def convert(
         recipe: a recipe file applied before writing: YAML or TOML rules, or a Python
             file (``RULES``, ``transform``, ``TARGET``, ``init``; see ``suture apply --help``),
             or the name of a built-in model-family recipe (``llama3.1:maxtext``;
-            `suture.families`).
+            `suture.families`). A family recipe dequantizes a quantized source (FP8 block
+            scales, MXFP4) itself, in the same pass.
         reverse: run a built-in family recipe backwards (MaxText -> Hugging Face folder).
         config: the model's ``config.json`` (path or dict) for a family recipe; default: the
             one in the source folder, or the one the forward conversion recorded.
+        dequantize: read a quantized Hugging Face folder (``quantization_config`` in its
+            ``config.json``: FP8 with block scales, MXFP4) dequantized, in the same streamed
+            pass, to `dtype` (default bfloat16); the output's ``config.json`` loses its
+            ``quantization_config`` and its dtype fields say the new dtype.
+        quantize: ``"fp8-block"``: write FP8 for serving (see `suture.save`);
+            `keep_unquantized` as there.
         Other arguments as in `suture.open` and `suture.save`.
 
     Example:
@@ -79,6 +96,9 @@ def convert(
             allow_pickle,
             progress,
             strict_casts,
+            dequantize,
+            quantize,
+            keep_unquantized,
         )
 
 
@@ -97,6 +117,9 @@ def _convert(
     allow_pickle: bool,
     progress: bool | None,
     strict_casts: bool,
+    dequantize: bool,
+    quantize: str | None,
+    keep_unquantized: list[str] | tuple[str, ...] | None,
 ) -> SaveResult:
     if recipe is not None and families.is_recipe_name(str(recipe)):
         return convert_with_recipe(
@@ -110,6 +133,7 @@ def _convert(
             max_memory=max_memory,
             max_shard_size=max_shard_size,
             progress=progress,
+            dequantize=dequantize,
         )
     if reverse or config is not None:
         raise ArgumentError(
@@ -119,7 +143,23 @@ def _convert(
     target_format = format or (
         "safetensors" if str(destination).endswith(".safetensors") else "orbax"
     )
-    ckpt = open_checkpoint(source, separator=separator, allow_pickle=allow_pickle)
+    if dequantize and quantize is not None:
+        raise ArgumentError("Pass dequantize= or quantize=, not both.")
+    ckpt = open_checkpoint(
+        source,
+        separator=separator,
+        allow_pickle=allow_pickle,
+        dequantize=dequantize,
+        dequantize_dtype=dtype or "bfloat16",
+    )
+    stored_quantized = "quantization_config" in ckpt.layout and not dequantize
+    if stored_quantized and (dtype is not None or quantize is not None):
+        raise ArgumentError(
+            f"{str(source)!r} is quantized (its config.json has a quantization_config): "
+            f"{'casting' if dtype is not None else 'quantizing'} its stored tensors would treat "
+            f"FP8 or packed FP4 values without their scales as weights. Add --dequantize "
+            f"(dequantize=True) to read the real values first."
+        )
     tree: Any = ckpt.tree
     if recipe is not None:
         loaded = load_recipe(recipe)
@@ -128,8 +168,13 @@ def _convert(
         tree = rules.apply_rules([rules.cast(".*", dtype, optional=True)], tree)
     options: dict[str, Any] = {}
     renamed = recipe is not None
+    reformatted = dequantize or quantize is not None  # other names, other sizes: new shards
     if ckpt.format == "safetensors" and target_format == "orbax" and not renamed:
         options = keep_safetensors_layout(ckpt, location_of(source), separator)
+        if reformatted:
+            options["metadata"][LAYOUT_KEY]["weight_map"] = None
+    elif target_format == "safetensors" and max_shard_size is None and reformatted:
+        max_shard_size = DEFAULT_SHARD_SIZE
     elif target_format == "safetensors" and max_shard_size is None and not renamed:
         one_file = str(destination).endswith(".safetensors")
         options = reuse_safetensors_layout(ckpt, location_of(source), separator, one_file)
@@ -142,6 +187,10 @@ def _convert(
     folder_output = target_format == "orbax" or not str(destination).endswith(".safetensors")
     if folder_output and "extra_files" not in options:
         options["extra_files"] = model_folder_side_files(source)
+    if dequantize and "extra_files" in options:
+        options["extra_files"] = with_config_edited(
+            options["extra_files"], dequantized_config(dtype or "bfloat16")
+        )
     separator = options.pop("separator", separator)
     return save(
         tree,
@@ -152,5 +201,7 @@ def _convert(
         max_shard_size=max_shard_size,
         separator=separator,
         progress=progress,
+        quantize=quantize,
+        keep_unquantized=keep_unquantized,
         **options,
     )

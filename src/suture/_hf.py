@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import warnings
@@ -223,3 +224,51 @@ def _check_layout(layout: dict, source: Location) -> None:
         raise CorruptCheckpointError(
             f"The {LAYOUT_KEY!r} custom metadata of {str(source)!r} records an empty separator."
         )
+
+
+class InlineFile(Location):
+    """A side file's new content, held in memory: a ``config.json`` rewritten for an output
+    whose weights changed format (dequantized, quantized)."""
+
+    def __init__(self, name: str, data: bytes) -> None:
+        self._name, self._data = name, data
+
+    def __str__(self) -> str:
+        return f"<{self._name}, rewritten>"
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def is_file(self) -> bool:
+        return True
+
+    def is_dir(self) -> bool:
+        return False
+
+    def read_bytes(self) -> bytes:
+        return self._data
+
+
+def with_config_edited(
+    side: dict[str, Any], edit: Any, where: str = "the source's config.json"
+) -> dict[str, Any]:
+    """`side` files with ``config.json`` replaced by ``edit(config)`` (unchanged without one).
+
+    Example:
+        >>> side = {"config.json": InlineFile("config.json", b'{"a": 1, "b": 2}')}
+        >>> edited = with_config_edited(side, lambda c: {**c, "b": 3})
+        >>> edited["config.json"].read_bytes()
+        b'{\\n  "a": 1,\\n  "b": 3\\n}\\n'
+    """
+    if "config.json" not in side:
+        return dict(side)
+    source = side["config.json"]
+    try:
+        config = json.loads(location_of(source).read_bytes())
+    except (OSError, ValueError, SurgeryError) as error:
+        raise CorruptCheckpointError(f"Cannot read {where} as JSON: {error}.") from error
+    if not isinstance(config, dict):
+        raise CorruptCheckpointError(f"{where} holds no JSON object.")
+    text = json.dumps(edit(config), indent=2) + "\n"
+    return {**side, "config.json": InlineFile("config.json", text.encode())}

@@ -97,11 +97,12 @@ def merge(
             shapes that differ.
     """
     chosen = get_method(method)
-    trees = [flatten(open_source(source).tree) for source in sources]
+    # quantized models merge on their dequantized values, never on FP8 bytes and scales
+    trees = [flatten(open_source(source, dequantize="auto").tree) for source in sources]
     if not trees:
         raise MergeError("merge needs at least one model.")
     check_model_count(chosen, len(trees), base is not None)
-    base_tree = flatten(open_source(base).tree) if base is not None else None
+    base_tree = flatten(open_source(base, dequantize="auto").tree) if base is not None else None
     default = leaf_merge(chosen, params or {}, weights, model_params, len(trees))
     overrides = []
     for pattern, values in (per_leaf or {}).items():

@@ -66,6 +66,7 @@ def hf_side_files(
         config["num_hidden_layers"] = layers
     if out_dtype:
         config["torch_dtype"] = out_dtype
+    config.pop("quantization_config", None)  # quantized models merge dequantized
     written = staging / "config.json"
     written.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     files["config.json"] = written

@@ -82,7 +82,7 @@ class MergekitReader:
                     f"{entry!r} is not a local model folder or file; suture does not download "
                     f"models, so download it first (e.g. huggingface-cli download).",
                 )
-            self.trees[path] = flatten(open_source(path).tree)
+            self.trees[path] = flatten(open_source(path, dequantize="auto").tree)
         return path
 
     def check_settings(self, settings: Any, key: Key, per_model: bool) -> dict[str, Any]:

@@ -16,11 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .._errors import DestinationError, UnsupportedError
+from .._errors import ArgumentError, DestinationError, UnsupportedError
 from .._exec.distributed import collective
 from .._exec.memory import tune_if_asked
 from .._exec.progress import wants_progress
-from .._hf import model_folder_side_files
+from .._hf import model_folder_side_files, with_config_edited
 from .._lazy.array import LazyArray
 from .._location import Location, location_of
 from .._location.publish import (
@@ -30,6 +30,7 @@ from .._location.publish import (
     unfinished_elsewhere,
 )
 from .._paths import flatten
+from .._quant.tensors import quantize_tree, quantized_config
 from ..sources.checkpoint import Checkpoint
 from ..sources.open import open as open_checkpoint
 from .collective import write_collective
@@ -85,6 +86,8 @@ def save(
     extra_files: dict[str, str | os.PathLike] | None = None,
     verify: bool = False,
     tune_allocator: bool | None = None,
+    quantize: str | None = None,
+    keep_unquantized: list[str] | tuple[str, ...] | None = None,
 ) -> SaveResult | SaveHandle:
     """Writes `tree` to `path`, streaming lazy leaves under a memory budget.
 
@@ -139,6 +142,14 @@ def save(
             share one malloc arena. None (the default) follows ``SUTURE_TUNE_ALLOCATOR=1``,
             and the command line always tunes (it owns its process). See docs/design.md,
             "Memory".
+        quantize: ``"fp8-block"`` writes each 2-D linear weight as ``weight`` in FP8 E4M3
+            plus ``weight_scale_inv`` (float32, one per 128 x 128 block), as DeepSeek-V3 is
+            published, computed as transformers' FP8 quantizer computes it; embeddings,
+            norms, the LM head and MoE routers stay as they are. A ``config.json`` among the
+            side files gets the matching ``quantization_config``. Streamed like any save.
+        keep_unquantized: with `quantize`, regular expressions (searched in each tensor's
+            name) of the weights kept in high precision, instead of the defaults
+            (``embed``, ``norm``, ``lm_head``, the MoE router ``.gate.weight``, ``router``).
 
     Returns:
         A `SaveResult` (or a `SaveHandle` when `asynchronous`).
@@ -174,6 +185,13 @@ def save(
     if extra_files is None and folder_output:
         options = replace(options, extra_files=_side_files_of(tree))
     tree = _tree_of(tree)
+    if quantize is not None:
+        keep = None if keep_unquantized is None else tuple(keep_unquantized)
+        tree, quantization = quantize_tree(tree, quantize, keep, separator)
+        edited = with_config_edited(dict(options.extra_files), quantized_config(quantization))
+        options = replace(options, extra_files=edited)
+    elif keep_unquantized is not None:
+        raise ArgumentError("keep_unquantized= goes with quantize='fp8-block'.")
     _check_writable_path(destination, format)
     _check_destination(destination, overwrite, tree)
     group = collective()  # under jax.distributed every process writes its share

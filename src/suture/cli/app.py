@@ -35,7 +35,14 @@ from ..sources.open import open as open_checkpoint
 from .demo import run_demo
 from .diff import diff as run_diff
 from .hints import check_recipe_first, for_command_line
-from .inspect import collect_stats, describe, render_flat, render_stats, render_tree
+from .inspect import (
+    collect_stats,
+    describe,
+    quantization_note,
+    render_flat,
+    render_stats,
+    render_tree,
+)
 from .merge import run_merge
 
 app = typer.Typer(
@@ -85,6 +92,13 @@ Target = Annotated[
 ]
 Verify = Annotated[
     bool, typer.Option("--verify", help="Read the result back and check it before committing.")
+]
+Dequantize = Annotated[
+    bool,
+    typer.Option(
+        "--dequantize",
+        help="Read quantized HF folders (FP8 block scales, MXFP4) dequantized, in the same pass.",
+    ),
 ]
 
 
@@ -178,6 +192,8 @@ def inspect(
         f"{ckpt.location}  ({ckpt.format}"
         + (f", step {ckpt.step})" if ckpt.step is not None else ")")
     )
+    if "quantization_config" in ckpt.layout:
+        typer.echo(quantization_note(ckpt.layout["quantization_config"], path))
     typer.echo(render_flat(description) if flat else render_tree(description, depth))
 
 
@@ -212,9 +228,10 @@ def plan(
     as_json: AsJson = False,
     allow_pickle: AllowPickle = False,
     strict_casts: StrictCasts = False,
+    dequantize: Dequantize = False,
 ) -> None:
     """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing."""
-    surgery = _prepare(recipe, sources, target, allow_pickle, "plan")
+    surgery = _prepare(recipe, sources, target, allow_pickle, "plan", dequantize)
     result = make_plan(
         surgery["transform"],
         *surgery["sources"],
@@ -258,6 +275,7 @@ def apply(
         ),
     ] = None,
     strict_casts: StrictCasts = False,
+    dequantize: Dequantize = False,
 ) -> None:
     """Run a recipe on the source(s) and stream the result to OUTPUT.
 
@@ -272,7 +290,7 @@ def apply(
     jax.jit; only the missing leaves are computed). A Python recipe is code: run only
     recipes you trust.
     """
-    surgery = _prepare(recipe, sources, target, allow_pickle, "apply")
+    surgery = _prepare(recipe, sources, target, allow_pickle, "apply", dequantize)
     record = None
     if reverse:
         source = surgery["sources"][0] if len(surgery["sources"]) == 1 else None
@@ -308,11 +326,19 @@ def apply(
 
 
 def _prepare(
-    recipe: str, sources: list[str], target: str | None, allow_pickle: bool, command: str
+    recipe: str,
+    sources: list[str],
+    target: str | None,
+    allow_pickle: bool,
+    command: str,
+    dequantize: bool = False,
 ) -> dict[str, Any]:
     check_recipe_first(recipe, sources, command)
     loaded = load_recipe(recipe)
-    opened = [open_checkpoint(source, allow_pickle=allow_pickle) for source in sources]
+    opened = [
+        open_checkpoint(source, allow_pickle=allow_pickle, dequantize=dequantize)
+        for source in sources
+    ]
     target_tree = open_checkpoint(target).abstract() if target is not None else loaded.target
     return {
         "transform": loaded.transform,
@@ -406,6 +432,30 @@ def convert(
     allow_pickle: AllowPickle = False,
     progress: Progress = None,
     strict_casts: StrictCasts = False,
+    dequantize: Annotated[
+        bool,
+        typer.Option(
+            "--dequantize",
+            help="Dequantize an FP8 (block scales) or MXFP4 HF folder in the same pass, to "
+            "--dtype (default bfloat16); config.json loses its quantization_config.",
+        ),
+    ] = False,
+    quantize: Annotated[
+        str | None,
+        typer.Option(
+            "--quantize",
+            help="fp8-block: linear weights as FP8 E4M3 + a float32 scale per 128x128 block "
+            "(DeepSeek-V3's layout), for serving.",
+        ),
+    ] = None,
+    keep_unquantized: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--keep-unquantized",
+            help="With --quantize: a regex of tensor names kept in high precision (repeatable; "
+            "replaces the defaults embed, norm, lm_head, routers).",
+        ),
+    ] = None,
 ) -> None:
     """Convert a checkpoint to Orbax or safetensors, streaming it."""
     result = run_convert(
@@ -423,6 +473,9 @@ def convert(
         allow_pickle=allow_pickle,
         progress=progress,
         strict_casts=strict_casts,
+        dequantize=dequantize,
+        quantize=quantize,
+        keep_unquantized=keep_unquantized,
     )
     _report_written(result)
 

@@ -18,12 +18,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._errors import SurgeryError
 from .._exec.progress import progress_bar, wants_progress
 from .._exec.runner import Progress
 from .._format import format_table, human_bytes, human_count
 from .._lazy.array import LazyArray
 from .._patterns import compile_pattern
 from .._patterns import search as bounded_search
+from .._quant.scheme import scheme_of
 from ..sources.checkpoint import Checkpoint
 from .stats import leaf_stats
 
@@ -112,6 +114,23 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, (list, tuple, dict)) and not value:
         return type(value)()
     return repr(value)
+
+
+def quantization_note(config: Any, path: str) -> str:
+    """What `suture inspect` says about a quantized Hugging Face folder.
+
+    Example:
+        >>> print(quantization_note({"quant_method": "mxfp4"}, "m"))
+        Quantized: MXFP4 (E2M1 values, an E8M0 scale per 32); tensors shown as stored. Dequantize: `suture convert m OUT --dequantize`, or suture.open('m', dequantize=True).
+    """
+    try:
+        how = scheme_of(config, repr(path)).describe()
+    except SurgeryError as error:
+        return f"Quantized (config.json quantization_config); tensors shown as stored. {error}"
+    return (
+        f"Quantized: {how}; tensors shown as stored. Dequantize: `suture convert {path} OUT "
+        f"--dequantize`, or suture.open({path!r}, dequantize=True)."
+    )
 
 
 def describe(ckpt: Checkpoint, pattern: str | None = None) -> Description:

@@ -17,9 +17,10 @@ from typing import Any
 
 from .. import rules
 from .._errors import ConfigMismatchError, SurgeryError
-from .._hf import LAYOUT_KEY, keep_safetensors_layout, reuse_safetensors_layout
+from .._hf import LAYOUT_KEY, keep_safetensors_layout, reuse_safetensors_layout, with_config_edited
 from .._location import LocalLocation, location_of
 from .._paths import unflatten
+from .._quant.tensors import dequantized_config
 from .._save.api import SaveResult, save
 from .._surgery.recipes import read_limited
 from ..sources.open import open as open_checkpoint
@@ -42,14 +43,32 @@ def convert_with_recipe(
     max_memory: int | str | None = None,
     max_shard_size: int | str | None = None,
     progress: bool | None = None,
+    dequantize: bool = False,
 ) -> SaveResult:
-    """Converts `source` with the built-in recipe `name`; see `suture.convert`."""
+    """Converts `source` with the built-in recipe `name`; see `suture.convert`.
+
+    A quantized Hugging Face source (FP8 block scales, MXFP4) is dequantized as it is read,
+    in the same pass (to `dtype`, default bfloat16): recipes see real values, never
+    packed bytes and scales.
+    """
     recipe = get_recipe(name)
-    ckpt = open_checkpoint(source, separator=".")
+    ckpt = open_checkpoint(
+        source,
+        separator=".",
+        dequantize=True if dequantize else "auto",
+        dequantize_dtype=dtype or "bfloat16",
+    )
     if not reverse:
         settings = read_config(config) if config is not None else _config_beside(source, name)
+        if ckpt.layout.get("dequantized"):
+            settings = dequantized_config(dtype or "bfloat16")(settings)
         tree = recipe.to_maxtext(ckpt.tree, settings)
         options = keep_safetensors_layout(ckpt, location_of(source), ".")
+        if ckpt.layout.get("dequantized"):  # the stored names and shards are not the tree's
+            options["metadata"][LAYOUT_KEY]["weight_map"] = None
+            options["extra_files"] = with_config_edited(
+                options["extra_files"], dequantized_config(dtype or "bfloat16")
+            )
         options["metadata"][FAMILY_KEY] = {"recipe": recipe.name, "config": settings}
         return save(
             _cast(tree, dtype),

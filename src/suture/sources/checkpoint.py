@@ -24,7 +24,9 @@ class Checkpoint:
             ``custom_metadata``, safetensors' ``__metadata__``), or an empty dict. For the
             tree's own metadata (shapes, dtypes), use `abstract`.
         layout: how the source was laid out on disk, where a writer can reproduce it (the
-            ``weight_map`` of a sharded safetensors folder), or an empty dict.
+            ``weight_map`` of a sharded safetensors folder; the ``quantization_config`` of a
+            quantized Hugging Face folder, and ``dequantized: True`` when it was opened with
+            ``dequantize=True``), or an empty dict.
 
     Example:
         >>> import numpy as np, suture

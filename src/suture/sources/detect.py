@@ -25,8 +25,10 @@ def open_source(
     format: str | None = None,  # noqa: A002
     separator: str = ".",
     allow_pickle: bool = False,
+    dequantize: bool | str = False,
+    dequantize_dtype: Any = "bfloat16",
 ) -> Checkpoint:
-    """Opens `source` lazily; see `suture.open`."""
+    """Opens `source` lazily; see `suture.open` (``dequantize="auto"``: if quantized)."""
     if isinstance(source, Checkpoint):
         return source
     if format is not None and format not in FORMATS:
@@ -49,14 +51,25 @@ def open_source(
             f"to a file first."
         )
     kind = format or detect(path)
-    checkpoint = _open_path(path, kind, step, separator, allow_pickle)
+    if dequantize is True and kind != "safetensors":
+        raise UnsupportedError(
+            f"{str(path)!r} is {kind}; dequantize=True reads Hugging Face safetensors folders "
+            f"whose config.json has a quantization_config (FP8 block scales, MXFP4)."
+        )
+    checkpoint = _open_path(path, kind, step, separator, allow_pickle, dequantize, dequantize_dtype)
     if kind != "orbax":  # an Orbax source's origin is its (step's) folder already
         _record_folder(checkpoint, path)
     return checkpoint
 
 
 def _open_path(
-    path: Location, kind: str, step: int | None, separator: str, allow_pickle: bool
+    path: Location,
+    kind: str,
+    step: int | None,
+    separator: str,
+    allow_pickle: bool,
+    dequantize: bool | str,
+    dequantize_dtype: Any,
 ) -> Checkpoint:
     if step is not None and kind != "orbax":
         raise ArgumentError(f"step= applies to Orbax CheckpointManager folders, not {kind} files.")
@@ -67,7 +80,7 @@ def _open_path(
     if kind == "safetensors":
         from .safetensors import open_safetensors  # a format plugin: loaded for the format found
 
-        return open_safetensors(path, separator)
+        return open_safetensors(path, separator, dequantize, dequantize_dtype)
     if kind == "msgpack":
         from .msgpack import open_msgpack  # a format plugin: loaded for the format found
 

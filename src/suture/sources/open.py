@@ -15,6 +15,8 @@ def open(  # noqa: A001
     format: str | None = None,  # noqa: A002
     separator: str = ".",
     allow_pickle: bool = False,
+    dequantize: bool = False,
+    dequantize_dtype: Any = "bfloat16",
 ) -> Checkpoint:
     """Opens a checkpoint lazily: reads metadata only, never array data.
 
@@ -30,6 +32,12 @@ def open(  # noqa: A001
             ``"torch"``.
         separator: safetensors and PyTorch: splits tensor names into tree paths.
         allow_pickle: open PyTorch files, which are pickles (unpickling can run code).
+        dequantize: a Hugging Face folder whose ``config.json`` has a
+            ``quantization_config`` (FP8 with block scales, MXFP4) is read dequantized: each
+            quantized tensor under its plain name (``...weight``; an MXFP4 ``X_blocks`` as
+            ``X``), lazily, a block at a time; the scale tensors are hidden; other tensors
+            pass through. Without it the stored tensors show as they are.
+        dequantize_dtype: the dequantized tensors' dtype (``"bfloat16"``, ``"float32"``).
 
     Returns:
         A `Checkpoint` whose ``.tree`` holds `LazyArray` leaves.
@@ -45,5 +53,11 @@ def open(  # noqa: A001
         (2, 2)
     """
     return open_source(
-        source, step=step, format=format, separator=separator, allow_pickle=allow_pickle
+        source,
+        step=step,
+        format=format,
+        separator=separator,
+        allow_pickle=allow_pickle,
+        dequantize=dequantize,
+        dequantize_dtype=dequantize_dtype,
     )

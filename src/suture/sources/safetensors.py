@@ -25,6 +25,7 @@ import numpy as np
 
 from .._dtypes import to_dtype
 from .._errors import (
+    ArgumentError,
     CorruptCheckpointError,
     NotACheckpointError,
     PathConflictError,
@@ -34,6 +35,8 @@ from .._errors import (
 from .._lazy.array import LazyArray
 from .._location import Location, location_of
 from .._paths import unflatten
+from .._quant.scheme import scheme_of
+from .._quant.tensors import dequantize_tensors
 from .checkpoint import Checkpoint
 from .filesource import FileRangeSource, local_identity
 
@@ -61,8 +64,15 @@ MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 SINGLE_NAMES = (f"model.safetensors{INDEX_SUFFIX}", "model.safetensors")  # Hugging Face's
 
 
-def open_safetensors(path: Any, separator: str = ".") -> Checkpoint:
-    """Opens a ``.safetensors`` file, an ``*.index.json``, or a folder of shards."""
+def open_safetensors(
+    path: Any, separator: str = ".", dequantize: bool | str = False, dtype: Any = "bfloat16"
+) -> Checkpoint:
+    """Opens a ``.safetensors`` file, an ``*.index.json``, or a folder of shards.
+
+    With `dequantize` (``"auto"``: only if the folder is quantized), the quantized tensors of
+    a folder whose ``config.json`` has a ``quantization_config`` are read dequantized to
+    `dtype`, under their plain names, and their scales are hidden (`suture._quant`).
+    """
     path = location_of(path)
     files, index = _files_of(path)
     tensors, weight_map, metadata = _read_tensors(files, path)
@@ -70,10 +80,41 @@ def open_safetensors(path: Any, separator: str = ".") -> Checkpoint:
     if index is not None:
         _check_index(index, tensors, path)
         layout = {"weight_map": weight_map, "index_metadata": index.get("metadata", {})}
+    quantization = quantization_config(path)
+    if quantization is not None:
+        layout["quantization_config"] = quantization
+    if dequantize and (quantization is not None or dequantize is True):
+        tensors = _dequantized(tensors, quantization, path, to_dtype(dtype))
+        layout["dequantized"] = True
     tree = _tree(tensors, separator, path)
     return Checkpoint(
         tree, location=str(path), format="safetensors", custom_metadata=metadata, layout=layout
     )
+
+
+def quantization_config(path: Location) -> Any:
+    """The ``quantization_config`` of the ``config.json`` beside `path`'s tensors, or None."""
+    folder = path.parent if path.name.endswith((INDEX_SUFFIX, ".safetensors")) else path
+    config_file = folder / "config.json"
+    try:
+        if not config_file.is_file():
+            return None
+        config = json.loads(config_file.read_bytes())
+    except (OSError, ValueError, SurgeryError):
+        return None  # an unreadable config is the family recipes' to report
+    return config.get("quantization_config") if isinstance(config, dict) else None
+
+
+def _dequantized(
+    tensors: dict[str, LazyArray], quantization: Any, path: Location, dtype: np.dtype
+) -> dict[str, LazyArray]:
+    where = repr(str(path))
+    if quantization is None:
+        raise ArgumentError(
+            f"{where} has no config.json with a quantization_config, so there is nothing to "
+            f"dequantize (suture reads the scheme from it). Open it without dequantize."
+        )
+    return dequantize_tensors(tensors, scheme_of(quantization, where), dtype, where)
 
 
 def tensors_by_name(path: Any) -> dict[str, LazyArray]:

@@ -1,0 +1,324 @@
+"""One DeepSeek-V3 MoE layer in FP8, dequantized and converted to bfloat16 Orbax: one pass
+against two (issue 28).
+
+The source: one MoE layer at DeepSeek-V3's full width, as its published checkpoint stores
+it: hidden 7168, `--experts` routed experts (256 by default) and one shared expert of
+intermediate 2048, each `gate_proj`/`up_proj`/`down_proj` an F8_E4M3 `weight` with a float32
+`weight_scale_inv` per 128 x 128 block, the router (`mlp.gate.weight`, bfloat16) and its
+bias; about 11 GiB in shards of about 4 GiB with `model.safetensors.index.json` and a
+`config.json` holding the FP8 `quantization_config`. Written a tensor at a time (random FP8
+bytes, NaN codes excluded; scales around 1e-3).
+
+Routes, each in a fresh process after dropping the page cache:
+- one pass: `suture convert SRC OUT --dequantize` (Orbax, bfloat16), default budget;
+- two passes: the reference dequantization, then `suture convert BF16 OUT`. The reference
+  is DeepSeek-V3's `inference/fp8_cast_bf16.py` loop (each shard loaded whole with
+  `safetensors.torch.load_file`, every weight with a scale dequantized, the shard saved as
+  bfloat16 with `save_file`, the index rewritten without the scales), with transformers'
+  CPU `Fp8Dequantize` in place of its Triton `weight_dequant` (which needs a GPU).
+
+Floors, in the same run: a cold read of the source (`cat`) and an fsync'd write of the
+one-pass output's size (`dd`). Values of one expert are checked against transformers'
+dequantization. Everything made is deleted at the end. Run from the repository root:
+``.venv/bin/python -m bench.quantized [--experts N] [--repeats R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench._common import DATA_DIR, drop_caches, machine, peak_rss_bytes, write_section
+
+HIDDEN, INTERMEDIATE, BLOCK = 7168, 2048, 128
+SHARD_BYTES = 4 << 30  # DeepSeek-V3's shards hold about 4.3 GB
+ROOT = DATA_DIR / "quantized"
+SOURCE, BF16, ONE, TWO = ROOT / "fp8", ROOT / "bf16", ROOT / "one_pass", ROOT / "two_pass"
+PREFIX = "model.layers.3.mlp"  # DeepSeek-V3's first MoE layer
+GiB = 1 << 30
+
+
+def tensors(experts: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """``(name, shape, safetensors dtype)`` of the layer, in the published order."""
+    found: list[tuple[str, tuple[int, ...], str]] = []
+    projections = {"down_proj": (HIDDEN, INTERMEDIATE), "gate_proj": (INTERMEDIATE, HIDDEN)}
+    projections["up_proj"] = (INTERMEDIATE, HIDDEN)
+    owners = [f"{PREFIX}.experts.{e}" for e in range(experts)] + [f"{PREFIX}.shared_experts"]
+    for owner in owners:
+        for projection, shape in projections.items():
+            name = f"{owner}.{projection}.weight"
+            found.append((name, shape, "F8_E4M3"))
+            scales = (math.ceil(shape[0] / BLOCK), math.ceil(shape[1] / BLOCK))
+            found.append((f"{name}_scale_inv", scales, "F32"))
+    found.append((f"{PREFIX}.gate.weight", (experts, HIDDEN), "BF16"))
+    found.append((f"{PREFIX}.gate.e_score_correction_bias", (experts,), "F32"))
+    return found
+
+
+ITEMSIZE = {"F8_E4M3": 1, "F32": 4, "BF16": 2}
+
+
+def values(shape: tuple[int, ...], dtype: str, seed: int):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if dtype == "F8_E4M3":
+        raw = rng.integers(0, 256, shape, dtype=np.uint8)
+        raw[(raw & 0x7F) == 0x7F] = 0x40  # E4M3's two NaN codes -> 2.0
+        return raw
+    if dtype == "F32":
+        return (rng.random(shape, dtype=np.float32) * 2e-3 + 1e-4).astype(np.float32)
+    return (rng.standard_normal(shape, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def write_source(experts: int) -> None:
+    """Shards written a tensor at a time with the safetensors layout (header, then bytes)."""
+    if (SOURCE / "model.safetensors.index.json").exists():
+        return
+    shutil.rmtree(SOURCE, ignore_errors=True)
+    SOURCE.mkdir(parents=True)
+    shards: list[list[tuple[str, tuple[int, ...], str]]] = [[]]
+    size = 0
+    for entry in tensors(experts):
+        nbytes = math.prod(entry[1]) * ITEMSIZE[entry[2]]
+        if size + nbytes > SHARD_BYTES and shards[-1]:
+            shards.append([])
+            size = 0
+        shards[-1].append(entry)
+        size += nbytes
+    weight_map, total = {}, 0
+    for number, shard in enumerate(shards, 1):
+        filename = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for name, shape, dtype in shard:
+            nbytes = math.prod(shape) * ITEMSIZE[dtype]
+            header[name] = {
+                "dtype": dtype,
+                "shape": list(shape),
+                "data_offsets": [offset, offset + nbytes],
+            }
+            offset += nbytes
+            weight_map[name] = filename
+        total += offset
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        with open(SOURCE / filename, "wb") as file:
+            file.write(len(text).to_bytes(8, "little") + text)
+            for seed, (_, shape, dtype) in enumerate(shard):
+                file.write(values(shape, dtype, seed + 1000 * number).tobytes())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (SOURCE / "model.safetensors.index.json").write_text(json.dumps(index))
+    config = {
+        "model_type": "deepseek_v3",
+        "hidden_size": HIDDEN,
+        "moe_intermediate_size": INTERMEDIATE,
+        "n_routed_experts": experts,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "quant_method": "fp8",
+            "weight_block_size": [BLOCK, BLOCK],
+        },
+    }
+    (SOURCE / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def reference_dequantize() -> None:
+    """DeepSeek-V3's fp8_cast_bf16.py, on CPU: transformers' Fp8Dequantize as weight_dequant."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    dequantize = Fp8Dequantize(None)._dequantize_one
+    BF16.mkdir(parents=True)
+    index = json.loads((SOURCE / "model.safetensors.index.json").read_text())
+    weight_map = index["weight_map"]
+    for shard in sorted(set(weight_map.values())):
+        state = load_file(SOURCE / shard)
+        out = {}
+        for name, tensor in state.items():
+            if name.endswith("_scale_inv"):
+                continue
+            if tensor.element_size() == 1:  # FP8: its scale may sit in another shard
+                scale_name = f"{name}_scale_inv"
+                scale = state.get(scale_name)
+                if scale is None:
+                    scale = load_file(SOURCE / weight_map[scale_name])[scale_name]
+                out[name] = dequantize(tensor, scale, output_dtype=torch.bfloat16)
+            else:
+                out[name] = tensor
+        save_file(out, BF16 / shard, metadata={"format": "pt"})
+        del state, out
+    index["weight_map"] = {k: v for k, v in weight_map.items() if not k.endswith("_scale_inv")}
+    (BF16 / "model.safetensors.index.json").write_text(json.dumps(index))
+    config = json.loads((SOURCE / "config.json").read_text())
+    del config["quantization_config"]
+    (BF16 / "config.json").write_text(json.dumps(config))
+
+
+def worker(route: str) -> None:
+    import suture
+
+    started = time.perf_counter()
+    if route == "one":
+        suture.convert(SOURCE, ONE, dequantize=True, progress=False)
+    elif route == "dequantize":
+        reference_dequantize()
+    else:
+        suture.convert(BF16, TWO, progress=False)
+    wall = time.perf_counter() - started
+    print(json.dumps({"wall_s": wall, "peak_rss_bytes": peak_rss_bytes()}))
+
+
+def run(route: str) -> dict:
+    cold = drop_caches()
+    environment = {**os.environ, "SUTURE_TUNE_ALLOCATOR": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.quantized", "--worker", route],
+        capture_output=True,
+        text=True,
+        env=environment,
+    )
+    if done.returncode:
+        raise RuntimeError(f"{route} failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["cold"] = cold
+    return result
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def timed(command: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(command, check=True)
+    return time.perf_counter() - started
+
+
+def floors(output_bytes: int) -> dict:
+    drop_caches()
+    files = [str(p) for p in sorted(SOURCE.glob("*.safetensors"))]
+    read = timed(["sh", "-c", 'cat "$@" > /dev/null', "cat", *files])
+    target = ROOT / "write_floor.bin"
+    count = max(1, output_bytes // (64 << 20))
+    write = timed(
+        [
+            "dd",
+            "if=/dev/zero",
+            f"of={target}",
+            "bs=64M",
+            f"count={count}",
+            "conv=fsync",
+            "status=none",
+        ]
+    )
+    target.unlink()
+    return {"read_s": read, "write_s": write * output_bytes / (count * (64 << 20))}
+
+
+def check_values() -> None:
+    import ml_dtypes
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    import suture
+
+    name = f"{PREFIX}.experts.1.up_proj.weight"
+    shard = json.loads((SOURCE / "model.safetensors.index.json").read_text())["weight_map"]
+    weight = load_file(SOURCE / shard[name])[name]
+    scale = load_file(SOURCE / shard[name + "_scale_inv"])[name + "_scale_inv"]
+    expected = Fp8Dequantize(None)._dequantize_one(weight, scale, output_dtype=torch.float32)
+    expected = expected.numpy().astype(ml_dtypes.bfloat16)
+    path = name.replace(".", "/")
+    for output in (ONE, TWO):
+        np.testing.assert_array_equal(suture.open(output)[path].read(), expected)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--experts", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--keep", action="store_true", help="keep the data afterwards")
+    arguments = parser.parse_args()
+    ROOT.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0]  # other work on the machine slows every route alike
+    write_source(arguments.experts)
+    source_bytes = folder_bytes(SOURCE)
+    results: dict[str, list[dict]] = {"one": [], "dequantize": [], "two": []}
+    written: dict[str, int] = {}
+    try:
+        for _ in range(arguments.repeats):
+            for folder in (ONE, TWO, BF16):
+                shutil.rmtree(folder, ignore_errors=True)
+            results["one"].append(run("one"))
+            results["dequantize"].append(run("dequantize"))
+            results["two"].append(run("two"))
+        check_values()
+        written = {"one": folder_bytes(ONE), "bf16": folder_bytes(BF16), "two": folder_bytes(TWO)}
+        floor = floors(written["one"])
+    finally:
+        if not arguments.keep:
+            shutil.rmtree(ROOT, ignore_errors=True)
+    report(arguments, results, written, floor, source_bytes, load)
+
+
+def report(arguments, results, written, floor, source_bytes, load) -> None:  # noqa: ANN001
+    def median(route: str, key: str) -> float:
+        return statistics.median(run[key] for run in results[route])
+
+    one_wall, one_rss = median("one", "wall_s"), max(r["peak_rss_bytes"] for r in results["one"])
+    deq_wall, deq_rss = (
+        median("dequantize", "wall_s"),
+        max(r["peak_rss_bytes"] for r in results["dequantize"]),
+    )
+    two_wall, two_rss = median("two", "wall_s"), max(r["peak_rss_bytes"] for r in results["two"])
+    floor_s = floor["read_s"] + floor["write_s"]
+    cold = all(r["cold"] for runs in results.values() for r in runs)
+    full = arguments.experts == 256
+    size = "full size" if full else f"**REDUCED: {arguments.experts} of 256 experts**"
+    body = f"""## quantized: one DeepSeek-V3 MoE layer, FP8 -> bfloat16 Orbax, one pass against two (issue 28)
+
+`python -m bench.quantized --experts {arguments.experts} --repeats {arguments.repeats}` — {machine()}; {size};
+median of {arguments.repeats} runs per route, each a fresh process, {"page cache dropped before every run" if cold else "**warm page cache: dropping caches was not permitted**"};
+load average {load:.1f} when it started.
+Source: one MoE layer at full width (hidden {HIDDEN}, {arguments.experts} routed experts + 1 shared of
+intermediate {INTERMEDIATE}, F8_E4M3 with float32 128x128 block scales, bfloat16 router):
+{source_bytes / GiB:.2f} GiB in shards with an index.
+
+| route | wall | peak RSS | bytes written |
+| --- | --- | --- | --- |
+| one pass: `suture convert SRC OUT --dequantize` | {one_wall:.1f} s | {one_rss / GiB:.2f} GiB | {written["one"] / GiB:.2f} GiB |
+| two passes, 1: reference dequantization (fp8_cast_bf16.py's loop, CPU) | {deq_wall:.1f} s | {deq_rss / GiB:.2f} GiB | {written["bf16"] / GiB:.2f} GiB |
+| two passes, 2: `suture convert BF16 OUT` | {two_wall:.1f} s | {two_rss / GiB:.2f} GiB | {written["two"] / GiB:.2f} GiB |
+| two passes, total | {deq_wall + two_wall:.1f} s | {max(deq_rss, two_rss) / GiB:.2f} GiB | {(written["bf16"] + written["two"]) / GiB:.2f} GiB |
+
+- Cold floor: reading the source {floor["read_s"]:.1f} s + an fsync'd write of the output's size
+  {floor["write_s"]:.1f} s = {floor_s:.1f} s. One pass: **{one_wall / floor_s:.2f}x** the floor (goal: within 1.3x);
+  peak RSS **{one_rss / GiB:.2f} GiB** (goal: under 1.5 GiB).
+- One pass against two: {one_wall / (deq_wall + two_wall):.2f}x the wall, {written["one"] / (written["bf16"] + written["two"]):.2f}x the bytes
+  written (the two-pass route also writes a {written["bf16"] / GiB:.2f} GiB bfloat16 copy).
+- Values of an expert checked against transformers' FP8 dequantization, in both outputs.
+- Runs (wall s): one {", ".join(f"{r['wall_s']:.1f}" for r in results["one"])}; reference
+  {", ".join(f"{r['wall_s']:.1f}" for r in results["dequantize"])}; convert {", ".join(f"{r['wall_s']:.1f}" for r in results["two"])}.
+"""
+    write_section("quantized", body)
+    print(body)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        worker(sys.argv[2])
+    else:
+        main()

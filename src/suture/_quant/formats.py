@@ -1,0 +1,164 @@
+"""The arithmetic of quantized formats, on numpy arrays of one block of rows.
+
+Each function follows a reference that the tests run against it:
+
+- FP8 with block scales: DeepSeek-V3's ``inference/fp8_cast_bf16.py`` (``weight_dequant``:
+  ``float32(w) * s`` per ``128 x 128`` block, edge blocks ragged) and transformers'
+  ``integrations/finegrained_fp8.py`` (``Fp8Dequantize._dequantize_one``); ``ue8m0`` scales
+  are powers of two, ``2 ** (s - 127)`` when stored as bytes.
+- FP8 quantization: transformers' ``Fp8Quantize._quantize_one`` (the scale is
+  ``448 * (1 / max|block|)``, as torch evaluates ``448 / max|block|``, ``weight_scale_inv`` its float32 reciprocal, values clamped to
+  ``[-448, 448]`` and rounded to float8_e4m3fn); a ragged edge block is the same formula over
+  the elements it has.
+- MXFP4: transformers' ``integrations/mxfp4.py`` (``convert_moe_packed_tensors``): two E2M1
+  values per byte, low nibble first, times ``2 ** (scale - 127)``, 32 values per scale; the
+  result is transposed on its last two axes, as transformers' GptOss experts hold it.
+
+Example:
+    >>> import numpy as np, ml_dtypes
+    >>> w = np.full((3, 5), 2.0, ml_dtypes.float8_e4m3fn)
+    >>> dequantize_fp8(w, np.array([[0.5, 4.0], [1.0, 1.0]], np.float32), (2, 4))[:, 3:]
+    array([[1., 8.],
+           [1., 8.],
+           [2., 2.]], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .._buffers import assign
+
+FP8_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448.0
+FP4_VALUES = np.array(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+    np.float32,
+)
+MXFP4_BLOCK = 32  # values per scale; 16 bytes of two values each
+
+
+def scale_values(scales: np.ndarray) -> np.ndarray:
+    """Stored scales as float32 multipliers: floats as they are, E8M0 bytes as ``2**(s-127)``.
+
+    Example:
+        >>> scale_values(np.array([127, 128, 125], np.uint8)).tolist()
+        [1.0, 2.0, 0.25]
+    """
+    if scales.dtype == np.uint8:
+        with np.errstate(over="ignore"):  # byte 255 is E8M0's NaN; 2**128 overflows to inf
+            return np.ldexp(np.float32(1.0), scales.astype(np.int32) - 127).astype(np.float32)
+    return scales.astype(np.float32)  # float8_e8m0fnu converts exactly to 2**(s-127)
+
+
+def dequantize_fp8_into(
+    out: np.ndarray, weight: np.ndarray, scales: np.ndarray, row_blocks: Any, col_blocks: Any
+) -> None:
+    """``out[...] = float32(weight) * scale`` of each element's block, a strip at a time.
+
+    `weight` and `out` have the selected elements' shape ``(..., rows, cols)``; `scales`
+    ``(..., scale rows, scale cols)`` (leading axes as `weight`'s); ``row_blocks[i]`` and
+    ``col_blocks[j]`` are the scale row and column of selected row ``i`` and column ``j``.
+    FP8 bytes become float32 through a 256-entry table (faster than a cast), in strips
+    that stay in cache.
+    """
+    table = _FP8_TABLES[weight.dtype.name]
+    values = scale_values(scales)
+    row_blocks, col_blocks = np.asarray(row_blocks), np.asarray(col_blocks)
+    segments = _runs(col_blocks)
+    raw = weight.view(np.uint8)
+    rows, cols = weight.shape[-2:]
+    strip = max(1, _STRIP_ELEMENTS // max(1, cols))
+    for lead in np.ndindex(*weight.shape[:-2]):
+        for start in range(0, rows, strip):
+            stop = min(rows, start + strip)
+            tile = np.take(table, raw[(*lead, slice(start, stop))])
+            per_row = values[(*lead, row_blocks[start:stop])]  # (strip rows, scale cols)
+            if segments is None:  # columns in no order: one scale per element
+                tile *= per_row[:, col_blocks]
+            else:
+                for low, high, block in segments:
+                    tile[:, low:high] *= per_row[:, block : block + 1]
+            assign(out[(*lead, slice(start, stop))], tile)  # fast into transposed views too
+
+
+def dequantize_fp8(weight: np.ndarray, scales: np.ndarray, block: tuple[int, int]) -> np.ndarray:
+    """A whole FP8 weight ``(..., rows, cols)`` times its block scales, as float32."""
+    out = np.empty(weight.shape, np.float32)
+    rows, cols = weight.shape[-2:]
+    dequantize_fp8_into(
+        out, weight, scales, np.arange(rows) // block[0], np.arange(cols) // block[1]
+    )
+    return out
+
+
+def _runs(col_blocks: np.ndarray) -> list[tuple[int, int, int]] | None:
+    """``(low, high, block)`` runs of equal, ascending block numbers, or None if unordered."""
+    if len(col_blocks) == 0:
+        return []
+    if np.any(np.diff(col_blocks) < 0):
+        return None
+    edges = [0, *(np.flatnonzero(np.diff(col_blocks)) + 1).tolist(), len(col_blocks)]
+    return [(low, high, int(col_blocks[low])) for low, high in zip(edges, edges[1:], strict=False)]
+
+
+_STRIP_ELEMENTS = 1 << 20  # a 4 MiB float32 strip
+_FP8_TABLES = {
+    name: np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, name)).astype(np.float32)
+    for name in ("float8_e4m3fn", "float8_e5m2")
+}
+
+
+def unpack_fp4(packed: np.ndarray) -> np.ndarray:
+    """Two E2M1 values per byte (low nibble first) -> float32, the last axis twice as long."""
+    packed = packed.view(np.uint8) if packed.dtype != np.uint8 else packed
+    out = np.empty((*packed.shape[:-1], packed.shape[-1] * 2), np.float32)
+    out[..., 0::2] = FP4_VALUES[packed & 0x0F]
+    out[..., 1::2] = FP4_VALUES[packed >> 4]
+    return out
+
+
+def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """``(..., rows, groups, 16)`` bytes and ``(..., rows, groups)`` E8M0 scales -> float32
+    ``(..., rows, groups * 32)``, before transformers' final transpose."""
+    values = unpack_fp4(blocks)  # (..., rows, groups, 32)
+    exponents = scales.view(np.uint8).astype(np.int32) - 127
+    with np.errstate(over="ignore", invalid="ignore"):  # 2**128 (byte 255) is inf, as in torch
+        factors = np.ldexp(np.float32(1.0), exponents).astype(np.float32)
+        values *= factors[..., None]  # as torch.ldexp: times 2**e computed in float32
+    return values.reshape(*blocks.shape[:-2], blocks.shape[-2] * blocks.shape[-1] * 2)
+
+
+def quantize_fp8(values: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """FP8 E4M3 values and float32 ``scale_inv`` per block of the last two axes.
+
+    The block rows and columns of `values` start at multiples of `block`; the last block of
+    an axis may be shorter (ragged). Bytes equal transformers' ``Fp8Quantize`` where the
+    shape divides; a ragged block uses the same formula over its elements.
+    """
+    *lead, rows, cols = values.shape
+    row_blocks, col_blocks = -(-rows // block[0]), -(-cols // block[1])
+    padded_rows, padded_cols = row_blocks * block[0], col_blocks * block[1]
+    x = values.astype(np.float32)
+    if (padded_rows, padded_cols) != (rows, cols):  # zeros change no block's largest magnitude
+        padded = np.zeros((*lead, padded_rows, padded_cols), np.float32)
+        padded[..., :rows, :cols] = x
+        x = padded
+    tiles = x.reshape(*lead, row_blocks, block[0], col_blocks, block[1])
+    max_abs = np.abs(tiles).max(axis=(-3, -1))
+    safe = np.where(max_abs > 0, max_abs, np.float32(1.0))
+    # torch computes `448.0 / t` as `t.reciprocal() * 448.0`, one rounding more than a
+    # division: the same two steps give the same scales, hence the same bytes
+    scales = (np.float32(FP8_MAX) * (np.float32(1.0) / safe)).astype(np.float32)
+    scales = np.where(max_abs > 0, scales, np.float32(1.0)).astype(np.float32)
+    inverse = (np.float32(1.0) / scales).astype(np.float32)
+    scaled = tiles * scales[..., :, None, :, None]
+    quantized = np.clip(scaled, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
+    quantized = quantized.reshape(*lead, padded_rows, padded_cols)[..., :rows, :cols]
+    return np.ascontiguousarray(quantized), inverse
+
+
+def _positions(axis: Any) -> Any:
+    return np.arange(axis.start, axis.stop, axis.step) if isinstance(axis, range) else axis

@@ -1,0 +1,290 @@
+"""Lazy nodes that dequantize or quantize a block of rows as it is read.
+
+A read of a slice of a dequantized weight reads that slice of the stored values and only
+the scales of the blocks it touches; a read of a quantized weight reads the source's rows
+and columns of the 128 x 128 blocks it touches (a block's scale needs all of it).
+
+Example:
+    >>> import numpy as np, ml_dtypes
+    >>> from suture._lazy.graph import MemorySource
+    >>> w = MemorySource(np.full((4, 4), 2.0, ml_dtypes.float8_e4m3fn))
+    >>> s = MemorySource(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32))
+    >>> node = FP8DequantNode(w, s, (2, 2), np.dtype(np.float32), "fp8")
+    >>> node.read((range(3, 4), range(4))).tolist()
+    [[6.0, 6.0, 8.0, 8.0]]
+    >>> [part for _, part in node.input_selections((range(3, 4), range(4)))]
+    [(range(3, 4), range(0, 4)), (range(1, 2), range(0, 2))]
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .._buffers import aligned_empty
+from .._lazy.graph import Node
+from .._lazy.selection import Selection, outer_index, positions, selection_shape
+from .formats import MXFP4_BLOCK, dequantize_fp8_into, dequantize_mxfp4, quantize_fp8
+
+
+def _span(axis: Any, block: int, length: int) -> range:
+    """The block-aligned range of indices covering every index `axis` selects."""
+    picked = positions(axis)
+    if len(picked) == 0:
+        return range(0)
+    low, high = int(np.min(picked)) // block, int(np.max(picked)) // block + 1
+    return range(low * block, min(high * block, length))
+
+
+def _block_span(axis: Any, block: int) -> range:
+    """The range of block numbers that the indices `axis` selects fall in."""
+    picked = positions(axis)
+    if len(picked) == 0:
+        return range(0)
+    return range(int(np.min(picked)) // block, int(np.max(picked)) // block + 1)
+
+
+def _numbers(axis: Any) -> np.ndarray:
+    return np.asarray(positions(axis), dtype=np.int64)
+
+
+class FP8DequantNode(Node):
+    """An FP8 `weight` times `scale` (``scale_inv``) of its `block`, read as `dtype`."""
+
+    def __init__(
+        self, weight: Node, scale: Node, block: tuple[int, int], dtype: np.dtype, name: str
+    ) -> None:
+        self.weight, self.scale, self.block, self.name = weight, scale, block, name
+        self.shape, self.dtype = weight.shape, np.dtype(dtype)
+
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.weight, self.scale)
+
+    def _scale_selection(self, selection: Selection) -> Selection:
+        return (
+            *selection[:-2],
+            _block_span(selection[-2], self.block[0]),
+            _block_span(selection[-1], self.block[1]),
+        )
+
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        return [(self.weight, selection), (self.scale, self._scale_selection(selection))]
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        held = sum(m.held_while_reading(part) for m, part in self.input_selections(selection))
+        count = math.prod(selection_shape(selection))
+        return held + min(count, 1 << 20) * 4 + (0 if into else count * self.dtype.itemsize)
+
+    def describe(self) -> str:
+        return f"dequantize {self.name} -> {self.dtype.name}"
+
+    def read(self, selection: Selection) -> np.ndarray:
+        out = aligned_empty(selection_shape(selection), self.dtype)
+        self.read_into(selection, out)
+        return out
+
+    def read_into(self, selection: Selection, out: np.ndarray) -> None:
+        scale_selection = self._scale_selection(selection)
+        weight = self.weight.read(selection)
+        scales = self.scale.read(scale_selection)
+        rows = _numbers(selection[-2]) // self.block[0] - scale_selection[-2].start
+        cols = _numbers(selection[-1]) // self.block[1] - scale_selection[-1].start
+        dequantize_fp8_into(out, weight, scales, rows, cols)
+
+
+class MXFP4DequantNode(Node):
+    """``(..., rows, groups, 16)`` packed FP4 `blocks` and ``(..., rows, groups)`` E8M0
+    `scales`, read as ``(..., groups * 32, rows)`` of `dtype` (transformers' layout)."""
+
+    def __init__(self, blocks: Node, scales: Node, dtype: np.dtype, name: str) -> None:
+        self.blocks, self.scales, self.name = blocks, scales, name
+        *lead, rows, groups, width = blocks.shape
+        self.shape = (*lead, groups * width * 2, rows)
+        self.dtype = np.dtype(dtype)
+
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.blocks, self.scales)
+
+    def _parts(self, selection: Selection) -> tuple[Selection, Selection, range]:
+        lead, columns, rows = selection[:-2], selection[-2], selection[-1]
+        groups = _block_span(columns, MXFP4_BLOCK)
+        width = self.blocks.shape[-1]
+        return (*lead, rows, groups, range(width)), (*lead, rows, groups), groups
+
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        blocks, scales, _ = self._parts(selection)
+        return [(self.blocks, blocks), (self.scales, scales)]
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        held = sum(m.held_while_reading(part) for m, part in self.input_selections(selection))
+        blocks, _, _ = self._parts(selection)
+        unpacked = math.prod(selection_shape(blocks)) * 2 * 4  # float32, before selecting
+        count = math.prod(selection_shape(selection))
+        return held + 2 * unpacked + (0 if into else count * self.dtype.itemsize)
+
+    def describe(self) -> str:
+        return f"dequantize {self.name} -> {self.dtype.name}"
+
+    def read(self, selection: Selection) -> np.ndarray:
+        blocks_part, scales_part, groups = self._parts(selection)
+        values = dequantize_mxfp4(self.blocks.read(blocks_part), self.scales.read(scales_part))
+        columns = _numbers(selection[-2]) - groups.start * MXFP4_BLOCK
+        lead = tuple(range(n) for n in values.shape[:-2])
+        values = outer_index(values, (*lead, range(values.shape[-2]), columns))
+        return np.ascontiguousarray(np.swapaxes(values, -1, -2)).astype(self.dtype, copy=False)
+
+
+class _Quantizer:
+    """One 2-D weight quantized to FP8 by blocks. The scales found while its values are
+    written are kept (a few bytes per block), and a read of the scale tensor waits for block
+    rows being quantized at that moment, so that it need not read the weight again."""
+
+    def __init__(self, source: Node, block: tuple[int, int]) -> None:
+        self.source, self.block = source, block
+        self.scale_rows: dict[int, np.ndarray] = {}  # block row -> scale_inv of every column
+        self._pending: dict[int, threading.Event] = {}  # block rows being quantized now
+        self._lock = threading.Lock()
+
+    @property
+    def scale_shape(self) -> tuple[int, int]:
+        rows, cols = self.source.shape
+        return -(-rows // self.block[0]), -(-cols // self.block[1])
+
+    def span(self, selection: Selection) -> Selection:
+        rows, cols = self.source.shape
+        return (_span(selection[0], self.block[0], rows), _span(selection[1], self.block[1], cols))
+
+    def quantize(self, span: Selection) -> tuple[np.ndarray, np.ndarray]:
+        """The FP8 values and scales of `span` (whole blocks); scales of whole block rows
+        are kept."""
+        whole_rows = span[1] == range(self.source.shape[1])
+        first = span[0].start // self.block[0] if len(span[0]) else 0
+        count = -(-len(span[0]) // self.block[0])
+        done, owned = threading.Event(), []
+        if whole_rows:
+            with self._lock:
+                for row in range(first, first + count):
+                    if row not in self.scale_rows and row not in self._pending:
+                        self._pending[row] = done
+                        owned.append(row)
+        try:
+            values, scales = quantize_fp8(self.source.read(span), self.block)
+            if whole_rows:
+                with self._lock:
+                    for index, row in enumerate(scales):
+                        self.scale_rows[first + index] = row
+        finally:
+            with self._lock:
+                for row in owned:
+                    del self._pending[row]
+            done.set()
+        return values, scales
+
+    def scales_of(self, rows: np.ndarray) -> np.ndarray:
+        """``scale_inv`` of the block `rows` (every column): kept ones, ones being computed
+        (waited for), the rest computed here."""
+        with self._lock:
+            missing = {int(row) for row in rows} - set(self.scale_rows)
+            waits = {id(event): event for row in missing if (event := self._pending.get(row))}
+        for event in waits.values():
+            event.wait()  # set in `quantize`'s finally: the other read finishes or fails
+        with self._lock:
+            missing = sorted({int(row) for row in rows} - set(self.scale_rows))
+        every_column = range(self.source.shape[1])
+        for low, high in _runs_of(missing):
+            stop = min(self.source.shape[0], (high + 1) * self.block[0])
+            self.quantize((range(low * self.block[0], stop), every_column))
+        if not len(rows):
+            return np.zeros((0, self.scale_shape[1]), np.float32)
+        return np.stack([self.scale_rows[int(row)] for row in rows])
+
+
+class FP8QuantNode(Node):
+    """The FP8 E4M3 values of a 2-D weight quantized by `block` (transformers' formula)."""
+
+    def __init__(self, quantizer: _Quantizer) -> None:
+        self.quantizer = quantizer
+        self.shape, self.dtype = quantizer.source.shape, np.dtype(ml_dtypes.float8_e4m3fn)
+
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.quantizer.source,)
+
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        return [(self.quantizer.source, self.quantizer.span(selection))]
+
+    def held_while_reading(self, selection: Selection, into: bool = False) -> int:
+        ((source, span),) = self.input_selections(selection)
+        count = math.prod(selection_shape(span))
+        result = 0 if into else math.prod(selection_shape(selection))
+        return source.held_while_reading(span) + 3 * count * 4 + count + result
+
+    def describe(self) -> str:
+        block = self.quantizer.block
+        return f"quantize fp8 e4m3, {block[0]}x{block[1]} blocks"
+
+    def read(self, selection: Selection) -> np.ndarray:
+        span = self.quantizer.span(selection)
+        values, _ = self.quantizer.quantize(span)
+        local = tuple(
+            _numbers(axis) - part.start
+            if not isinstance(axis, range)
+            else range(axis.start - part.start, axis.stop - part.start, axis.step)
+            for axis, part in zip(selection, span, strict=True)
+        )
+        return outer_index(values, local)
+
+
+class FP8ScaleNode(Node):
+    """The float32 ``weight_scale_inv`` of each block of a `_Quantizer`'s weight."""
+
+    def __init__(self, quantizer: _Quantizer) -> None:
+        self.quantizer = quantizer
+        self.shape, self.dtype = quantizer.scale_shape, np.dtype(np.float32)
+
+    def inputs(self) -> tuple[Node, ...]:
+        return (self.quantizer.source,)
+
+    def _source_span(self, selection: Selection) -> Selection:
+        rows, cols = self.quantizer.source.shape
+        block = self.quantizer.block
+        picked = [_numbers(axis) for axis in selection]
+        spans = []
+        for numbers, size, length in zip(picked, block, (rows, cols), strict=True):
+            if len(numbers) == 0:
+                spans.append(range(0))
+            else:
+                spans.append(
+                    range(int(numbers.min()) * size, min(length, (int(numbers.max()) + 1) * size))
+                )
+        return tuple(spans)
+
+    def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
+        return [(self.quantizer.source, self._source_span(selection))]
+
+    def describe(self) -> str:
+        block = self.quantizer.block
+        return f"fp8 scales of {block[0]}x{block[1]} blocks"
+
+    def read(self, selection: Selection) -> np.ndarray:
+        wanted = _numbers(selection[0])
+        return outer_index(self.quantizer.scales_of(wanted), (range(len(wanted)), selection[1]))
+
+
+def _runs_of(numbers: list[int]) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    for number in numbers:
+        if runs and runs[-1][1] == number - 1:
+            runs[-1] = (runs[-1][0], number)
+        else:
+            runs.append((number, number))
+    return runs
+
+
+def quantized_pair(source: Node, block: tuple[int, int]) -> tuple[Node, Node]:
+    """The FP8 values node and the ``scale_inv`` node of a 2-D weight `source`."""
+    quantizer = _Quantizer(source, block)
+    return FP8QuantNode(quantizer), FP8ScaleNode(quantizer)

@@ -1,0 +1,266 @@
+"""A checkpoint's tensors, by name, dequantized or quantized as a whole set.
+
+Dequantizing pairs each quantized tensor with its scales by name: FP8's ``X.weight`` with
+``X.weight_scale_inv`` (any ``N`` with ``N_scale_inv``), MXFP4's ``N_blocks`` with
+``N_scales``; the pair becomes one lazy tensor under the plain name (``X.weight``, ``N``),
+and every other tensor passes through. Everything is checked against the scheme before
+anything is read: a scale of the wrong shape or dtype, or a quantized tensor without its
+scales, is an error naming the tensor, never raw bytes passed off as weights.
+
+Quantizing (``"fp8-block"``) turns every 2-D floating-point linear weight, except those
+`DEFAULT_KEEP` or the caller's patterns keep, into ``weight`` (F8_E4M3) and
+``weight_scale_inv`` (float32, one per 128 x 128 block).
+
+Example:
+    >>> import numpy as np, ml_dtypes
+    >>> from suture._lazy.array import LazyArray
+    >>> tensors = {
+    ...     "a.weight": LazyArray.from_array(np.ones((3, 3), ml_dtypes.float8_e4m3fn)),
+    ...     "a.weight_scale_inv": LazyArray.from_array(np.full((1, 1), 0.5, np.float32)),
+    ...     "a.bias": LazyArray.from_array(np.zeros(3, np.float32)),
+    ... }
+    >>> out = dequantize_tensors(tensors, Scheme("fp8", (128, 128)), np.dtype("float32"), "m")
+    >>> list(out), out["a.weight"].read()[0].tolist()
+    (['a.weight', 'a.bias'], [0.5, 0.5, 0.5])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._errors import ArgumentError, CorruptCheckpointError
+from .._lazy.array import LazyArray, as_lazy
+from .._paths import flatten, unflatten
+from .._patterns import compile_pattern, search
+from .nodes import FP8DequantNode, MXFP4DequantNode, quantized_pair
+from .scheme import FP8_BLOCK, Scheme, fp8_block_config
+
+FP8_SCALE_SUFFIX = "_scale_inv"
+MXFP4_SUFFIXES = ("_blocks", "_scales")
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+FP8_SCALE_DTYPES = ("float32", "bfloat16", "float16", "float8_e8m0fnu", "uint8")
+# Kept in high precision by `quantize="fp8-block"`, as DeepSeek-V3's published checkpoint
+# keeps them: embeddings, norms, the LM head, and MoE routers (DeepSeek's `mlp.gate`).
+DEFAULT_KEEP = (r"embed", r"norm", r"lm_head", r"\.gate\.weight$", r"router")
+
+
+def is_quantized_name(name: str) -> bool:
+    """Whether `name` is a scale or packed tensor of a quantized pair."""
+    return name.endswith((FP8_SCALE_SUFFIX, *MXFP4_SUFFIXES))
+
+
+def dequantize_tensors(
+    tensors: dict[str, LazyArray], scheme: Scheme, dtype: np.dtype, where: str
+) -> dict[str, LazyArray]:
+    """`tensors` with each quantized pair replaced by its lazy dequantized tensor."""
+    if scheme.method == "mxfp4":
+        return _dequantize_mxfp4(tensors, dtype, where)
+    return _dequantize_fp8(tensors, scheme, dtype, where)
+
+
+def _dequantize_fp8(
+    tensors: dict[str, LazyArray], scheme: Scheme, dtype: np.dtype, where: str
+) -> dict[str, LazyArray]:
+    result: dict[str, LazyArray] = {}
+    scales = {name for name in tensors if name.endswith(FP8_SCALE_SUFFIX)}
+    for name in scales:
+        if name[: -len(FP8_SCALE_SUFFIX)] not in tensors:
+            raise CorruptCheckpointError(
+                f"{where}: scale tensor {name!r} has no weight {name[: -len(FP8_SCALE_SUFFIX)]!r} "
+                f"beside it. The checkpoint is incomplete (a missing shard?)."
+            )
+    for name, array in tensors.items():
+        if name in scales:
+            continue
+        scale = tensors.get(name + FP8_SCALE_SUFFIX)
+        if scale is None:
+            if array.dtype.name in FP8_DTYPES:
+                raise CorruptCheckpointError(
+                    f"{where}: tensor {name!r} is {array.dtype.name} but has no "
+                    f"{name + FP8_SCALE_SUFFIX!r}: its values cannot be dequantized. Expected "
+                    f"every FP8 tensor to have its scales; the checkpoint is incomplete."
+                )
+            result[name] = array
+            continue
+        block = _fp8_block(name, array, scale, scheme, where)
+        label = f"fp8 {block[0]}x{block[1]} blocks"
+        node = FP8DequantNode(array.node, scale.node, block, dtype, label)
+        result[name] = LazyArray(node, path=array.path)
+    return result
+
+
+def _fp8_block(
+    name: str, weight: LazyArray, scale: LazyArray, scheme: Scheme, where: str
+) -> tuple[int, int]:
+    """The block of `weight`'s scales, once their dtypes and shapes are checked."""
+    scale_name = name + FP8_SCALE_SUFFIX
+    if weight.dtype.name not in FP8_DTYPES:
+        raise CorruptCheckpointError(
+            f"{where}: tensor {name!r} has scales ({scale_name!r}) but is {weight.dtype.name}; "
+            f"expected float8_e4m3fn (F8_E4M3) values."
+        )
+    if scale.dtype.name not in FP8_SCALE_DTYPES:
+        raise CorruptCheckpointError(
+            f"{where}: scale tensor {scale_name!r} is {scale.dtype.name}; expected float32 "
+            f"(or bfloat16, float16, or E8M0 as float8_e8m0fnu/uint8 for ue8m0)."
+        )
+    if weight.ndim < 2 or scale.ndim != weight.ndim or scale.shape[:-2] != weight.shape[:-2]:
+        raise CorruptCheckpointError(
+            f"{where}: scale tensor {scale_name!r} has shape {scale.shape}, which does not "
+            f"fit weight {name!r} of shape {weight.shape}: expected the weight's leading axes "
+            f"and one scale per block of its last two axes."
+        )
+    rows, cols = weight.shape[-2:]
+    if scheme.block is not None:
+        block = scheme.block
+        expected = (*weight.shape[:-2], -(-rows // block[0]), -(-cols // block[1]))
+        if scale.shape != expected:
+            raise CorruptCheckpointError(
+                f"{where}: scale tensor {scale_name!r} has shape {scale.shape}; with "
+                f"weight_block_size {list(block)} the weight {name!r} of shape {weight.shape} "
+                f"needs {expected} (one scale per block, edge blocks included). The scales do "
+                f"not divide the weight as the config declares."
+            )
+        return block
+    scale_rows, scale_cols = scale.shape[-2:]
+    if not scale_rows or not scale_cols or rows % scale_rows or cols % scale_cols:
+        raise CorruptCheckpointError(
+            f"{where}: scale tensor {scale_name!r} of shape {scale.shape} does not divide weight "
+            f"{name!r} of shape {weight.shape} into equal blocks, and the config gives no "
+            f"weight_block_size."
+        )
+    return rows // scale_rows, cols // scale_cols
+
+
+def _dequantize_mxfp4(
+    tensors: dict[str, LazyArray], dtype: np.dtype, where: str
+) -> dict[str, LazyArray]:
+    result: dict[str, LazyArray] = {}
+    for name, array in tensors.items():
+        if name.endswith("_scales"):
+            if name[: -len("_scales")] + "_blocks" not in tensors:
+                raise CorruptCheckpointError(
+                    f"{where}: MXFP4 scales {name!r} have no {name[: -len('_scales')] + '_blocks'!r} "
+                    f"beside them. The checkpoint is incomplete (a missing shard?)."
+                )
+            continue
+        if not name.endswith("_blocks"):
+            result[name] = array
+            continue
+        base = name[: -len("_blocks")]
+        scales = tensors.get(base + "_scales")
+        if scales is None:
+            raise CorruptCheckpointError(
+                f"{where}: MXFP4 tensor {name!r} has no {base + '_scales'!r}: its values cannot "
+                f"be dequantized. The checkpoint is incomplete (a missing shard?)."
+            )
+        if array.dtype.name != "uint8" or array.ndim < 3 or array.shape[-1] != 16:
+            raise CorruptCheckpointError(
+                f"{where}: MXFP4 tensor {name!r} is {array.dtype.name} of shape {array.shape}; "
+                f"expected uint8 (U8) of shape (..., rows, groups, 16): 32 FP4 values in 16 bytes."
+            )
+        if scales.dtype.name not in ("uint8", "float8_e8m0fnu") or scales.shape != array.shape[:-1]:
+            raise CorruptCheckpointError(
+                f"{where}: MXFP4 scales {base + '_scales'!r} are {scales.dtype.name} of shape "
+                f"{scales.shape}; expected uint8 (E8M0) of shape {array.shape[:-1]}, one per "
+                f"32 values of {name!r}."
+            )
+        node = MXFP4DequantNode(array.node, scales.node, dtype, "mxfp4")
+        path = array.path[: -len("_blocks")] if array.path else None
+        result[base] = LazyArray(node, path=path)
+    return result
+
+
+def quantize_tensors(
+    tensors: dict[str, LazyArray], keep: tuple[str, ...] | None = None
+) -> tuple[dict[str, LazyArray], list[str]]:
+    """FP8 block quantization of `tensors` (names joined by ``.``), and the kept modules.
+
+    A tensor is quantized when it is a floating-point 2-D ``weight`` whose name matches none
+    of `keep` (`DEFAULT_KEEP` when None; each a regular expression searched in the name).
+    Returns the new tensors, each quantized weight followed by its ``weight_scale_inv``, and
+    the modules of the 2-D weights kept in high precision (for ``modules_to_not_convert``).
+    """
+    patterns = [
+        compile_pattern(p, "keep-unquantized") for p in (DEFAULT_KEEP if keep is None else keep)
+    ]
+    result: dict[str, LazyArray] = {}
+    kept: list[str] = []
+    for name, array in tensors.items():
+        high_precision = array.dtype.name in ("float32", "float16", "bfloat16", "float64")
+        linear = array.ndim == 2 and name.rsplit(".", 1)[-1] == "weight" and high_precision
+        if not linear:
+            result[name] = array
+            continue
+        if any(search(pattern, name) for pattern in patterns):
+            result[name] = array
+            kept.append(name[: -len(".weight")])
+            continue
+        values, scales = quantized_pair(array.node, FP8_BLOCK)
+        result[name] = LazyArray(values, path=array.path)
+        result[name + FP8_SCALE_SUFFIX] = LazyArray(scales, path=None)
+    return result, kept
+
+
+def describe_quantized(tensors: dict[str, Any]) -> str | None:
+    """How the tensor names look quantized (for `suture inspect` on a folder without a config)."""
+    if any(name.endswith(FP8_SCALE_SUFFIX) for name in tensors):
+        return "fp8"
+    if any(name.endswith("_blocks") for name in tensors):
+        return "mxfp4"
+    return None
+
+
+QUANTIZE_METHODS = ("fp8-block",)
+
+
+def quantize_tree(
+    tree: Any, method: str, keep: tuple[str, ...] | None, separator: str = "."
+) -> tuple[Any, dict[str, Any]]:
+    """`tree` with its linear weights quantized (`quantize_tensors`), and the output's
+    ``quantization_config``. Names for `keep` join the tree's keys with `separator`."""
+    if method not in QUANTIZE_METHODS:
+        raise ArgumentError(
+            f"Unknown quantize={method!r}: suture writes {', '.join(QUANTIZE_METHODS)} (FP8 E4M3 "
+            f"with a float32 scale per 128x128 block, DeepSeek-V3's layout)."
+        )
+    flat = flatten(tree)
+    arrays = {
+        path.replace("/", separator): as_lazy(leaf, path=path)
+        for path, leaf in flat.items()
+        if isinstance(leaf, LazyArray) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype"))
+    }
+    quantized, kept = quantize_tensors(arrays, keep)
+    by_name = {path.replace("/", separator): path for path in flat}
+    result: dict[str, Any] = {}
+    for path, leaf in flat.items():
+        name = path.replace("/", separator)
+        if name not in arrays:
+            result[path] = leaf
+            continue
+        result[path] = quantized[name]
+        scale = quantized.get(name + FP8_SCALE_SUFFIX)
+        if scale is not None and name + FP8_SCALE_SUFFIX not in by_name:
+            result[path + FP8_SCALE_SUFFIX] = scale
+    return unflatten(result), fp8_block_config(FP8_BLOCK, kept)
+
+
+def dequantized_config(dtype: str) -> Any:
+    """The edit of a ``config.json`` for a dequantized output: no ``quantization_config``,
+    its dtype fields `dtype`."""
+
+    def edit(config: dict[str, Any]) -> dict[str, Any]:
+        edited = {key: value for key, value in config.items() if key != "quantization_config"}
+        fields = [key for key in ("torch_dtype", "dtype") if key in edited] or ["torch_dtype"]
+        for key in fields:
+            edited[key] = dtype
+        return edited
+
+    return edit
+
+
+def quantized_config(quantization: dict[str, Any]) -> Any:
+    """The edit of a ``config.json`` for a quantized output: its ``quantization_config``."""
+    return lambda config: {**config, "quantization_config": quantization}
