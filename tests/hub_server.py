@@ -26,6 +26,7 @@ import http.server
 import json
 import re
 import shutil
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -62,13 +63,14 @@ class HubServer:
         self.repos: dict[str, Repo] = {}
         self.requests: list[Request] = []
         self.bytes_sent = 0
+        self.honour_ranges = True  # False: answer 200 and the whole file, as olah 0.5.4 does
         self.lock = threading.Lock()
         hub = self
 
         class Handler(_HubHandler):
             server_state = hub
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.server = _QuietServer(("127.0.0.1", free_port()), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -111,6 +113,14 @@ def hub_server(root: Path) -> Iterator[HubServer]:
         server.server.shutdown()
         server.server.server_close()
         server.thread.join(timeout=10)
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up
+            super().handle_error(request, client_address)
 
 
 _API = re.compile(
@@ -242,7 +252,7 @@ class _HubHandler(http.server.BaseHTTPRequestHandler):
         begin, end = 0, size
         match = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
         status = 200
-        if match and (match.group(1) or match.group(2)):
+        if match and (match.group(1) or match.group(2)) and self.server_state.honour_ranges:
             if match.group(1):
                 begin = int(match.group(1))
                 end = min(size, int(match.group(2)) + 1) if match.group(2) else size
@@ -274,7 +284,11 @@ class _HubHandler(http.server.BaseHTTPRequestHandler):
                 block = stream.read(min(remaining, 1 << 20))
                 if not block:
                     break
-                self.wfile.write(block)
+                try:
+                    self.wfile.write(block)
+                except OSError:  # the client stopped reading
+                    self.close_connection = True
+                    return
                 remaining -= len(block)
                 with self.server_state.lock:
                     self.server_state.bytes_sent += len(block)

@@ -117,6 +117,38 @@ def test_a_slice_reads_only_its_bytes(hub: HubServer, cache: Path, tmp_path: Pat
     assert len(hub.file_requests()) == 1 and hub.file_requests()[0].range.startswith("bytes=")
 
 
+def test_a_source_is_read_at_one_commit(
+    hub: HubServer, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from suture._location import hub as hub_module
+
+    first = llama(tmp_path / "v1", seed=1)
+    llama(tmp_path / "v2", seed=2)
+    hub.publish(tmp_path / "v1", "org/pinned")
+    hub.reset_counts()
+    ckpt = suture.open("hf://org/pinned")
+    hub.publish(tmp_path / "v2", "org/pinned")  # a push while the source is being read
+    got = flat(ckpt)
+    assert all(np.array_equal(got[k], first[k]) for k in first)
+    commits = {r.path.split("/")[4] for r in hub.file_requests()}
+    assert len(commits) == 1
+    monkeypatch.setattr(hub_module, "PIN_SECONDS", 0.0)  # a later open sees the push
+    again = flat(suture.open("hf://org/pinned"))
+    assert not np.array_equal(again["lm_head.weight"], first["lm_head.weight"])
+
+
+def test_a_hub_that_ignores_ranges_is_refused(hub: HubServer, cache: Path, tmp_path: Path) -> None:
+    llama(tmp_path / "model")
+    hub.publish(tmp_path / "model", "org/no-ranges")
+    ckpt = suture.open("hf://org/no-ranges")
+    hub.honour_ranges = False
+    try:
+        with pytest.raises(suture.UnsupportedError, match="does not serve byte ranges"):
+            ckpt["model/embed_tokens/weight"][3].read()
+    finally:
+        hub.honour_ranges = True
+
+
 def test_sharded_folder_at_a_revision_and_in_a_subfolder(
     hub: HubServer, cache: Path, tmp_path: Path
 ) -> None:

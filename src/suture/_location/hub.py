@@ -2,8 +2,9 @@
 
 Read through ``huggingface_hub`` (installed with transformers; else ``pip install
 huggingface_hub``): the revision (``main`` by default; a branch, tag or commit) is resolved
-to its commit once per process, and every file is read at that commit, so a push while
-reading cannot mix two versions. Folders are listed with the Hub's tree API (one request
+to its commit when a source is first read, and every file of it is read at that commit, so
+a push while reading cannot mix two versions. URLs named again within `PIN_SECONDS` share
+that commit (a conversion names its source several times); later ones see new pushes. Folders are listed with the Hub's tree API (one request
 per folder), and each read is a ranged ``GET`` of only the bytes asked for. The token is
 the one ``huggingface_hub`` finds (``HF_TOKEN``, ``hf auth login``'s file) and is never
 printed; ``HF_ENDPOINT`` names another Hub (a mirror, an enterprise Hub).
@@ -23,6 +24,7 @@ import os
 import re
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -154,18 +156,23 @@ class _Repo:
         return entries
 
 
-_repos: dict[tuple[str, str, str | None], _Repo] = {}
+PIN_SECONDS = 300.0
+_repos: dict[tuple[str, str, str | None], tuple[float, _Repo]] = {}
 _repos_lock = threading.Lock()
 
 
 def _repo(repo_id: str, revision: str | None) -> _Repo:
-    """The shared `_Repo` (one per endpoint, id and revision in this process)."""
+    """The `_Repo` shared by the URLs of one endpoint, id and revision named within
+    `PIN_SECONDS` of the first (Locations made from it keep its commit for good)."""
     endpoint = _endpoint()
     key = (endpoint, repo_id, revision)
+    now = time.monotonic()
     with _repos_lock:
-        if key not in _repos:
-            _repos[key] = _Repo(repo_id, revision, endpoint)
-        return _repos[key]
+        made, repo = _repos.get(key, (0.0, None))
+        if repo is None or now - made > PIN_SECONDS:
+            made, repo = now, _Repo(repo_id, revision, endpoint)
+            _repos[key] = (made, repo)
+        return repo
 
 
 def _endpoint() -> str:
