@@ -100,18 +100,21 @@ def missing_repo_error(text: str) -> CheckpointNotFoundError | None:
     saying where suture looked, and how to fetch the model; None for other paths."""
     if not looks_like_repo_id(text) or Path(text).exists():
         return None
-    return not_in_cache(text, DEFAULT_REVISION)
-
-
-def not_in_cache(repo_id: str, revision: str, why: str = "") -> CheckpointNotFoundError:
-    storage = repo_folder(repo_id)
-    at = "" if revision == DEFAULT_REVISION else f" at revision {revision!r}"
-    reason = why or f"{repo_id!r} is not a local path, so it was looked up as a Hub model id"
     return CheckpointNotFoundError(
-        f"{reason}, and the Hugging Face cache ({str(cache_folder())!r}) holds no snapshot of "
-        f"{repo_id!r}{at} (looked for {str(storage)!r}). Download it first (`hf download "
-        f"{repo_id}`), read it from the Hub as 'hf://{repo_id}', or set HF_HUB_CACHE to the "
-        f"cache that holds it."
+        f"No such file or folder: {text!r}, and no Hugging Face model of that id in the cache "
+        f"{str(cache_folder())!r} (looked for {str(repo_folder(text))!r}). Check the path; for "
+        f"a model on the Hub, download it first (`hf download {text}`), read it as "
+        f"'hf://{text}', or set HF_HUB_CACHE to the cache that holds it."
+    )
+
+
+def not_in_cache(repo_id: str, revision: str, why: str) -> CheckpointNotFoundError:
+    """The error for `repo_id` at `revision` missing from the cache; `why` it was looked up."""
+    at = "" if revision == DEFAULT_REVISION else f" at revision {revision!r}"
+    return CheckpointNotFoundError(
+        f"{why}, and the Hugging Face cache ({str(cache_folder())!r}) holds no snapshot of "
+        f"{repo_id!r}{at} (looked for {str(repo_folder(repo_id))!r}). Download it first (`hf "
+        f"download {repo_id}`), or set HF_HUB_CACHE to the cache that holds it."
     )
 
 
