@@ -2,9 +2,10 @@
 
 A small Hub-protocol server of the tests' own (tests/hub_server.py) runs on 127.0.0.1;
 huggingface_hub's own ``hf_hub_download``, ``snapshot_download`` and ``HfFileSystem`` are
-first shown to work against it. Models are real: transformers' ``save_pretrained`` (sharded,
-with an index), the safetensors library. The cache is the one ``snapshot_download`` writes
-from that server, then read with the server told to refuse every request.
+first shown to work against it. Models are tiny Llamas in ``save_pretrained``'s layout
+(transformers' config.json, safetensors files written by the safetensors library, sharded
+with an index), so no torch is needed. The cache is the one ``snapshot_download`` writes
+from that server, then read offline with ``HF_ENDPOINT`` pointing nowhere.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from suture.cli import app
 from tests.hub_server import HubServer, hub_server
 
 transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
 hf = pytest.importorskip("huggingface_hub")
 
 runner = CliRunner()
@@ -48,9 +48,10 @@ def cache(hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
     return tmp_path / "hf-cache"
 
 
-def llama(folder: Path, shard: str | None = None, seed: int = 0) -> dict[str, np.ndarray]:
-    """A tiny random Llama saved by transformers (sharded when `shard` is given)."""
-    torch.manual_seed(seed)
+def llama(folder: Path, shard: int | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """A tiny random Llama laid out as ``save_pretrained`` lays it out: its config.json (from
+    transformers), a tokenizer config, and ``model.safetensors`` or, given `shard` (bytes),
+    ``model-0000K-of-0000N.safetensors`` shards with ``model.safetensors.index.json``."""
     config = transformers.LlamaConfig(
         vocab_size=64,
         hidden_size=64,
@@ -60,10 +61,46 @@ def llama(folder: Path, shard: str | None = None, seed: int = 0) -> dict[str, np
         num_key_value_heads=2,
         max_position_embeddings=64,
     )
-    model = transformers.LlamaForCausalLM(config).eval()
-    model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
+    rng = np.random.default_rng(seed)
+    shapes = {"model.embed_tokens.weight": (64, 64)}
+    for i in range(2):
+        layer = f"model.layers.{i}."
+        shapes |= {
+            layer + "self_attn.q_proj.weight": (64, 64),
+            layer + "self_attn.k_proj.weight": (32, 64),
+            layer + "self_attn.v_proj.weight": (32, 64),
+            layer + "self_attn.o_proj.weight": (64, 64),
+            layer + "mlp.gate_proj.weight": (96, 64),
+            layer + "mlp.up_proj.weight": (96, 64),
+            layer + "mlp.down_proj.weight": (64, 96),
+            layer + "input_layernorm.weight": (64,),
+            layer + "post_attention_layernorm.weight": (64,),
+        }
+    shapes |= {"model.norm.weight": (64,), "lm_head.weight": (64, 64)}
+    tensors = {
+        name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()
+    }
+    folder.mkdir(parents=True)
+    config.to_json_file(folder / "config.json")
     (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 64}))
-    return tensors_of(folder)
+    if shard is None:
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+        return tensors
+    groups: list[dict[str, np.ndarray]] = [{}]
+    for name, array in tensors.items():
+        if groups[-1] and sum(a.nbytes for a in groups[-1].values()) + array.nbytes > shard:
+            groups.append({})
+        groups[-1][name] = array
+    weight_map = {}
+    for number, group in enumerate(groups, start=1):
+        file = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
+        save_file(group, folder / file, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(group, file)
+    index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())}}
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({**index, "weight_map": weight_map}, indent=2)
+    )
+    return tensors
 
 
 def tensors_of(folder: Path) -> dict[str, np.ndarray]:
@@ -81,7 +118,7 @@ def flat(ckpt: suture.Checkpoint) -> dict[str, np.ndarray]:
 def test_huggingface_hub_itself_downloads_lists_and_reads_ranges(
     hub: HubServer, cache: Path, tmp_path: Path
 ) -> None:
-    tensors = llama(tmp_path / "model", shard="100KB")
+    tensors = llama(tmp_path / "model", shard=100_000)
     commit = hub.publish(tmp_path / "model", "org/itself")
     index = "model.safetensors.index.json"
     one = hf.hf_hub_download("org/itself", index, endpoint=hub.url, cache_dir=cache)
@@ -152,8 +189,8 @@ def test_a_hub_that_ignores_ranges_is_refused(hub: HubServer, cache: Path, tmp_p
 def test_sharded_folder_at_a_revision_and_in_a_subfolder(
     hub: HubServer, cache: Path, tmp_path: Path
 ) -> None:
-    first = llama(tmp_path / "v1" / "weights", shard="100KB", seed=1)
-    second = llama(tmp_path / "v2" / "weights", shard="100KB", seed=2)
+    first = llama(tmp_path / "v1" / "weights", shard=100_000, seed=1)
+    second = llama(tmp_path / "v2" / "weights", shard=100_000, seed=2)
     assert len(list((tmp_path / "v1" / "weights").glob("*.safetensors"))) > 1
     commit = hub.publish(tmp_path / "v1", "org/sharded", branch="v1")
     hub.publish(tmp_path / "v2", "org/sharded")  # main moves on
@@ -171,14 +208,14 @@ def test_sharded_folder_at_a_revision_and_in_a_subfolder(
 def test_convert_from_the_hub_copies_the_side_files(
     hub: HubServer, cache: Path, tmp_path: Path
 ) -> None:
-    tensors = llama(tmp_path / "model", shard="100KB")
+    tensors = llama(tmp_path / "model", shard=100_000)
     hub.publish(tmp_path / "model", "org/convert")
     out = tmp_path / "out"
     result = runner.invoke(
         app, ["convert", "hf://org/convert", str(out), "--format", "safetensors", "--no-progress"]
     )
     assert result.exit_code == 0, result.output
-    for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+    for name in ("config.json", "tokenizer_config.json"):
         assert (out / name).read_bytes() == (tmp_path / "model" / name).read_bytes()
     assert (out / "model.safetensors.index.json").is_file()
     got = tensors_of(out)
@@ -288,7 +325,7 @@ def cached(hub: HubServer, cache: Path, tmp_path: Path, monkeypatch: pytest.Monk
     models = {}
     for seed, name in enumerate(("org/cached-a", "org/cached-b"), start=1):
         folder = tmp_path / name.replace("/", "-")
-        models[name] = llama(folder, shard="100KB", seed=seed)
+        models[name] = llama(folder, shard=100_000, seed=seed)
         hub.publish(folder, name)
         hf.snapshot_download(name, endpoint=hub.url, cache_dir=cache)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
