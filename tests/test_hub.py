@@ -148,9 +148,10 @@ def test_a_slice_reads_only_its_bytes(hub: HubServer, cache: Path, tmp_path: Pat
     assert ckpt.format == "safetensors" and ckpt.location == "hf://org/slice"
     embed = ckpt["model/embed_tokens/weight"]
     hub.reset_counts()
-    row = embed[5].read()
+    with suture.count_bytes_read() as counter:
+        row = embed[5].read()
     np.testing.assert_array_equal(row, tensors["model.embed_tokens.weight"][5])
-    assert hub.bytes_sent == row.nbytes == 64 * 4
+    assert hub.bytes_sent == counter.bytes == row.nbytes == 64 * 4
     assert len(hub.file_requests()) == 1 and hub.file_requests()[0].range.startswith("bytes=")
 
 
