@@ -78,7 +78,7 @@ def hub_location(text: str) -> Location:
         )
     repo_id, revision = match.group("repo"), match.group("revision")
     path = (match.group("path") or "").strip("/")
-    if any(part in ("", ".", "..") for part in path.split("/")) and path:
+    if path and any(part in ("", ".", "..") for part in path.split("/")):
         raise ArgumentError(f"{text!r}: a path in a repository has no '', '.' or '..' parts.")
     if is_offline():
         return _from_cache(text, repo_id, revision or DEFAULT_REVISION, path)
