@@ -14,7 +14,9 @@ internet for repository info), so the tests run this one. It answers what
 
 Errors carry the Hub's ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``,
 ``EntryNotFound``). A repository published with ``token=`` answers 401 without that bearer
-token, as a private one does. Every request is recorded (`requests`) and every body byte of
+token, as a private one does. Given a `cdn` (another `HubServer`, so another origin), large
+files are redirected there (``302``, with the ``X-Linked-*`` headers), as the Hub sends them
+to its CDN; the CDN serves ``/cdn/SHA256`` with ``Range`` too. Every request is recorded (`requests`) and every body byte of
 a file counted (`bytes_sent`), so tests can prove that a slice reads only its bytes.
 """
 
@@ -64,6 +66,8 @@ class HubServer:
         self.requests: list[Request] = []
         self.bytes_sent = 0
         self.honour_ranges = True  # False: answer 200 and the whole file, as olah 0.5.4 does
+        self.cdn: HubServer | None = None  # another server: large files redirect there
+        self.blobs: dict[str, Path] = {}  # as a CDN: files by sha256
         self.lock = threading.Lock()
         hub = self
 
@@ -175,6 +179,9 @@ class _HubHandler(http.server.BaseHTTPRequestHandler):
                 return
             self._info(repo_id, unquote(rest) if kind == "revision" else "main")
             return
+        if url.path.startswith("/cdn/"):
+            self._blob(url.path[len("/cdn/") :], body)
+            return
         match = _RESOLVE.match(url.path)
         if match:
             self._resolve(
@@ -248,6 +255,33 @@ class _HubHandler(http.server.BaseHTTPRequestHandler):
         if ".." in Path(path).parts or not file.is_file():
             self._error(404, "EntryNotFound", f"{path} does not exist on {revision}")
             return
+        entry = _entry(folder, file)
+        headers = {"X-Repo-Commit": commit, "ETag": f'"{entry["oid"]}"'}
+        if "lfs" in entry:
+            headers["X-Linked-Etag"] = f'"{entry["lfs"]["oid"]}"'
+            headers["X-Linked-Size"] = str(entry["size"])
+        cdn = self.server_state.cdn
+        if cdn is not None and "lfs" in entry:  # as the Hub sends large files to its CDN
+            with cdn.lock:
+                cdn.blobs[entry["lfs"]["oid"]] = file
+            self.send_response(302)
+            self.send_header("Location", f"{cdn.url}/cdn/{entry['lfs']['oid']}?signed=1")
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self._send_file(file, body, headers)
+
+    def _blob(self, sha: str, body: bool) -> None:
+        with self.server_state.lock:
+            file = self.server_state.blobs.get(sha)
+        if file is None:
+            self._error(404, "", "No such blob")
+            return
+        self._send_file(file, body, {})
+
+    def _send_file(self, file: Path, body: bool, headers: dict[str, str]) -> None:
         size = file.stat().st_size
         begin, end = 0, size
         match = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
@@ -262,18 +296,14 @@ class _HubHandler(http.server.BaseHTTPRequestHandler):
                 self._error(416, "", "Range not satisfiable")
                 return
             status = 206
-        entry = _entry(folder, file)
         self.send_response(status)
         if status == 206:
             self.send_header("Content-Range", f"bytes {begin}-{end - 1}/{size}")
         self.send_header("Content-Length", str(end - begin))
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("X-Repo-Commit", commit)
-        self.send_header("ETag", f'"{entry["oid"]}"')
-        if "lfs" in entry:
-            self.send_header("X-Linked-Etag", f'"{entry["lfs"]["oid"]}"')
-            self.send_header("X-Linked-Size", str(size))
+        for name, value in headers.items():
+            self.send_header(name, value)
         self.end_headers()
         if not body:
             return

@@ -43,6 +43,7 @@ def cache(hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hf.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))  # read at import
     monkeypatch.setattr(hf.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     monkeypatch.setattr(hf.constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
     return tmp_path / "hf-cache"
@@ -173,6 +174,37 @@ def test_a_source_is_read_at_one_commit(
     monkeypatch.setattr(hub_module, "PIN_SECONDS", 0.0)  # a later open sees the push
     again = flat(suture.open("hf://org/pinned"))
     assert not np.array_equal(again["lm_head.weight"], first["lm_head.weight"])
+
+
+@pytest.fixture
+def cdn(hub: HubServer, tmp_path: Path):
+    """A second server (another origin) that the Hub redirects large files to, as its CDN."""
+    with hub_server(tmp_path / "cdn") as server:
+        hub.cdn = server
+        try:
+            yield server
+        finally:
+            hub.cdn = None
+
+
+def test_ranges_follow_the_redirect_to_a_cdn_without_the_token(
+    hub: HubServer, cdn: HubServer, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tensors = llama(tmp_path / "model")
+    hub.publish(tmp_path / "model", "org/cdn", token=TOKEN)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    downloaded = hf.hf_hub_download(
+        "org/cdn", "model.safetensors", endpoint=hub.url, cache_dir=cache
+    )
+    assert load_file(downloaded).keys() == tensors.keys()  # huggingface_hub's own way
+    embed = suture.open("hf://org/cdn")["model/embed_tokens/weight"]
+    hub.reset_counts()
+    cdn.reset_counts()
+    row = embed[7].read()
+    np.testing.assert_array_equal(row, tensors["model.embed_tokens.weight"][7])
+    assert cdn.bytes_sent == row.nbytes and hub.bytes_sent == 0
+    assert [r.authorization for r in hub.file_requests()] == [f"Bearer {TOKEN}"]
+    assert [r.authorization for r in cdn.requests] == [None]  # the token stays with the Hub
 
 
 def test_a_hub_that_ignores_ranges_is_refused(hub: HubServer, cache: Path, tmp_path: Path) -> None:
