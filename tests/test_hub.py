@@ -187,7 +187,7 @@ def cdn(hub: HubServer, tmp_path: Path):
             hub.cdn = None
 
 
-def test_ranges_follow_the_redirect_to_a_cdn_without_the_token(
+def test_ranges_follow_the_redirect_to_a_cdn_without_the_token_and_keep_it(
     hub: HubServer, cdn: HubServer, cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tensors = llama(tmp_path / "model")
@@ -197,14 +197,20 @@ def test_ranges_follow_the_redirect_to_a_cdn_without_the_token(
         "org/cdn", "model.safetensors", endpoint=hub.url, cache_dir=cache
     )
     assert load_file(downloaded).keys() == tensors.keys()  # huggingface_hub's own way
-    embed = suture.open("hf://org/cdn")["model/embed_tokens/weight"]
     hub.reset_counts()
+    embed = suture.open("hf://org/cdn")["model/embed_tokens/weight"]  # reads the header
+    assert [r.authorization for r in hub.file_requests()] == [f"Bearer {TOKEN}"]
     cdn.reset_counts()
-    row = embed[7].read()
+    row = embed[7].read()  # the CDN's address was kept: the Hub is not asked again
     np.testing.assert_array_equal(row, tensors["model.embed_tokens.weight"][7])
     assert cdn.bytes_sent == row.nbytes and hub.bytes_sent == 0
-    assert [r.authorization for r in hub.file_requests()] == [f"Bearer {TOKEN}"]
-    assert [r.authorization for r in cdn.requests] == [None]  # the token stays with the Hub
+    assert len(hub.file_requests()) == 1 and [r.authorization for r in cdn.requests] == [None]
+    with cdn.lock:
+        cdn.blobs.clear()  # the signed address expires
+    row = embed[11].read()
+    np.testing.assert_array_equal(row, tensors["model.embed_tokens.weight"][11])
+    assert len(hub.file_requests()) == 2 and cdn.bytes_sent == 2 * row.nbytes
+    assert all(r.authorization is None for r in cdn.requests)  # the token stays with the Hub
 
 
 def test_a_hub_that_ignores_ranges_is_refused(hub: HubServer, cache: Path, tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import numpy as np
 
@@ -115,6 +115,7 @@ class _Repo:
     lock: threading.Lock = field(default_factory=threading.Lock)
     commit_id: str | None = None
     listings: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    redirects: dict[str, str] = field(default_factory=dict)  # path: its CDN address
 
     def api(self) -> Any:
         hf = _huggingface_hub()
@@ -255,33 +256,14 @@ class HubLocation(Location):
         count = into.nbytes
         if not count:
             return
-        hf = _huggingface_hub()
         view = memoryview(into.reshape(-1).view(np.uint8))
-        url = self.url()
-        headers = hf.utils.build_hf_headers()
-        headers["Range"] = f"bytes={offset}-{offset + count - 1}"
-        headers["Accept-Encoding"] = "identity"
-        done = 0
+        redirect = self.repo.redirects.get(self.path)
         try:
-            with hf.utils.http_stream_backoff(
-                "GET", url, headers=headers, timeout=hf.constants.HF_HUB_DOWNLOAD_TIMEOUT
-            ) as response:
-                if response.status_code == 416:
-                    raise short_read(self, what, count, offset, None)
-                hf.utils.hf_raise_for_status(response)
-                if response.status_code != 206 and not (offset == 0 and _length(response) == count):
-                    raise UnsupportedError(
-                        f"{self.repo.endpoint} answered a ranged read of {str(self)!r} with "
-                        f"HTTP {response.status_code} instead of 206: it does not serve byte "
-                        f"ranges, so suture would download the whole file for every slice. Use "
-                        f"a Hub that does (HF_ENDPOINT), or download the model first."
-                    )
-                for chunk in response.iter_bytes(1 << 20):
-                    take = min(len(chunk), count - done)
-                    view[done : done + take] = chunk[:take]
-                    done += take
-                    if done == count:
-                        break
+            try:
+                done = self._fetch(redirect or self.url(), offset, view, what, redirect is not None)
+            except _StaleRedirect:  # a signed CDN address that expired: ask the Hub again
+                self.repo.redirects.pop(self.path, None)
+                done = self._fetch(self.url(), offset, view, what, False)
         except SurgeryError:
             raise
         except Exception as error:  # noqa: BLE001 (huggingface_hub's and httpx's errors)
@@ -293,6 +275,44 @@ class HubLocation(Location):
         if done != count:
             raise short_read(self, what, count, offset, done)
         record_read(count)
+
+    def _fetch(self, url: str, offset: int, view: memoryview, what: str, redirected: bool) -> int:
+        """One ranged GET of ``len(view)`` bytes into `view`; returns the bytes received.
+
+        The Hub answers large files with a redirect to its CDN (another host, which gets no
+        token); that address is kept, so later reads of the file skip the Hub.
+        """
+        hf = _huggingface_hub()
+        count = len(view)
+        headers = {} if redirected else hf.utils.build_hf_headers()
+        headers["Range"] = f"bytes={offset}-{offset + count - 1}"
+        headers["Accept-Encoding"] = "identity"
+        done = 0
+        with hf.utils.http_stream_backoff(
+            "GET", url, headers=headers, timeout=hf.constants.HF_HUB_DOWNLOAD_TIMEOUT
+        ) as response:
+            if redirected and response.status_code in (401, 403, 404, 410):
+                raise _StaleRedirect
+            if response.status_code == 416:
+                raise short_read(self, what, count, offset, None)
+            hf.utils.hf_raise_for_status(response)
+            if response.status_code != 206 and not (offset == 0 and _length(response) == count):
+                raise UnsupportedError(
+                    f"{self.repo.endpoint} answered a ranged read of {str(self)!r} with "
+                    f"HTTP {response.status_code} instead of 206: it does not serve byte "
+                    f"ranges, so suture would download the whole file for every slice. Use "
+                    f"a Hub that does (HF_ENDPOINT), or download the model first."
+                )
+            final = str(response.url)
+            if not redirected and _origin(final) != _origin(url):
+                self.repo.redirects[self.path] = final
+            for chunk in response.iter_bytes(1 << 20):
+                take = min(len(chunk), count - done)
+                view[done : done + take] = chunk[:take]
+                done += take
+                if done == count:
+                    break
+        return done
 
     def url(self) -> str:
         """The file's ``resolve`` URL at the pinned commit."""
@@ -323,6 +343,15 @@ class HubLocation(Location):
             f"Cannot write {str(self)!r}: suture reads the Hugging Face Hub but does not push "
             f"to it. Write a local folder, then upload it (`hf upload`)."
         )
+
+
+class _StaleRedirect(Exception):
+    """A kept CDN address no longer serves the file."""
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc
 
 
 class _RangeReader(io.RawIOBase):
