@@ -1,7 +1,7 @@
 """Model repositories on the Hugging Face Hub: ``hf://ORG/NAME[@REVISION][/PATH]``.
 
-Read through ``huggingface_hub`` (installed with transformers; else ``pip install
-huggingface_hub``): the revision (``main`` by default; a branch, tag or commit) is resolved
+Read through ``huggingface_hub`` 1.0 or newer (installed with transformers; else ``pip
+install huggingface_hub``): the revision (``main`` by default; a branch, tag or commit) is resolved
 to its commit when a source is first read, and every file of it is read at that commit, so
 a push while reading cannot mix two versions. URLs named again within `PIN_SECONDS` share
 that commit (a conversion names its source several times); later ones see new pushes. Folders are listed with the Hub's tree API (one request
@@ -392,6 +392,12 @@ def _huggingface_hub() -> Any:
         raise UnsupportedError(
             "Reading hf:// URLs needs the huggingface_hub package: pip install huggingface_hub."
         ) from None
+    if not hasattr(huggingface_hub.utils, "http_stream_backoff"):  # before 1.0 (requests)
+        raise UnsupportedError(
+            f"Reading hf:// URLs needs huggingface_hub 1.0 or newer; this is "
+            f"{huggingface_hub.__version__}. Upgrade it (pip install -U huggingface_hub), or "
+            f"download the model (hf download ORG/NAME) and pass its id or folder."
+        )
     return huggingface_hub
 
 
