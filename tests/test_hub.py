@@ -338,6 +338,15 @@ def test_private_model_reads_with_hf_token_which_is_never_printed(
         assert TOKEN not in output
     got = flat(suture.open("hf://org/private"))
     assert all(np.array_equal(got[k], tensors[k]) for k in tensors)
+    monkeypatch.delenv("HF_TOKEN")  # the file `hf auth login` writes works as well
+    (tmp_path / "token").write_text(TOKEN)
+    monkeypatch.setattr(hf.constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
+    hub.reset_counts()
+    assert suture.open("hf://org/private@main/model.safetensors")["lm_head/weight"].shape == (
+        64,
+        64,
+    )
+    assert hub.requests and all(r.authorization == f"Bearer {TOKEN}" for r in hub.requests)
 
 
 def test_hub_errors_name_the_model_and_the_fix(hub: HubServer, cache: Path, tmp_path: Path) -> None:
