@@ -183,7 +183,8 @@ def test_mergekit_ties_with_per_model_density_and_lambda(tmp_path: Path) -> None
         ),
         (
             "merge_method: linear\nmodels:\n  - model: org/not-here\n",
-            r"'org/not-here' is not a local model folder or file; suture does not download",
+            r"No such file or folder: 'org/not-here', and no Hugging Face model of that id in "
+            r"the cache",
         ),
         ("merge_method: blend\nmodels: []\n", r"\(merge_method\): Unknown merge method 'blend'"),
     ],

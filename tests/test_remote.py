@@ -153,8 +153,10 @@ def test_cli_inspect_stats_and_diff_on_remote_files(remote_files: str) -> None:
 def test_unsupported_scheme_is_an_error_naming_the_supported_ones(tmp_path: Path) -> None:
     with pytest.raises(suture.SurgeryError, match=r"scheme 'ftp'.*Supported: local paths, gs://"):
         suture.open("ftp://host/ckpt")
-    with pytest.raises(suture.SurgeryError, match=r"scheme 'hf'"):
-        suture.save({"w": np.ones(2)}, "hf://org/model", progress=False)
+    with pytest.raises(suture.SurgeryError, match=r"scheme 'sftp'"):
+        suture.save({"w": np.ones(2)}, "sftp://host/model", progress=False)
+    with pytest.raises(suture.DestinationError, match=r"hf://org/model.*does not push"):
+        suture.save({"w": np.ones(2)}, "hf://org/model", progress=False)  # read-only
     shown = runner.invoke(app, ["inspect", "ftp://host/ckpt"])
     assert shown.exit_code == 2 and "Error: 'ftp://host/ckpt' uses the scheme 'ftp'" in shown.output
 

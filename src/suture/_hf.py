@@ -7,6 +7,8 @@ when a folder is converted or saved, so ``from_pretrained`` can load the output.
 regular files directly inside the folder are taken: a symbolic link, or a name that leads
 out of the folder, is skipped with a warning, so converting a folder someone else prepared
 never copies a file from elsewhere on the machine (``tokenizer.json -> ~/.ssh/id_rsa``).
+The one kind of link followed is a Hugging Face cache snapshot's own, into the blobs of the
+same cached repository (`hub_cache.trusted_cache_link`).
 
 Example:
     >>> import tempfile, pathlib
@@ -27,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import CorruptCheckpointError, SurgeryError, SutureWarning
-from ._location import LocalLocation, Location, RemoteLocation, location_of
+from ._location import LocalLocation, Location, location_of
+from ._location.hub_cache import trusted_cache_link
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".npz")
 _CHECKPOINT_FILES = ("commit_success.txt", "manifest.ocdbt")
@@ -40,9 +43,9 @@ class SideFileWarning(SutureWarning):
 def side_files(folder: Path | Location) -> dict[str, Any]:
     """``{name: path}`` of the folder's regular files that are not weights or indexes.
 
-    A remote folder's are `RemoteLocation`s (none for an HTTP folder, which cannot be listed).
+    A remote folder's are remote Locations (none for an HTTP folder, which cannot be listed).
     """
-    if isinstance(folder, RemoteLocation):
+    if isinstance(folder, Location) and folder.is_remote:
         return _remote_side_files(folder)
     folder = folder.path if isinstance(folder, LocalLocation) else folder
     if not folder.is_dir():
@@ -70,7 +73,7 @@ def model_folder_side_files(location: str | os.PathLike | Location) -> dict[str,
     Anything that is not such a folder has none.
     """
     where = location_of(location)
-    if isinstance(where, RemoteLocation):
+    if where.is_remote:
         folder_of = where.parent if where.name.endswith(".index.json") else where
         return side_files(folder_of) if not folder_of.name.endswith(".safetensors") else {}
     folder = Path(str(where))
@@ -89,7 +92,7 @@ def side_file(folder: Path | Location, name: str) -> Any:
     if not name or name in (".", "..") or os.sep in name or "/" in name:
         _skip(folder / name, "its name is not a plain file name")
         return None
-    if isinstance(folder, RemoteLocation):  # an object store has no links or special files
+    if isinstance(folder, Location) and folder.is_remote:  # no links or special files there
         return folder / name if (folder / name).is_file() else None
     folder = folder.path if isinstance(folder, LocalLocation) else folder
     path = folder / name
@@ -98,6 +101,9 @@ def side_file(folder: Path | Location, name: str) -> Any:
     except OSError:
         return None  # gone: nothing to copy
     if stat.S_ISLNK(status.st_mode):
+        blob = trusted_cache_link(folder, name)  # a Hugging Face cache snapshot's own link
+        if blob is not None:
+            return blob
         _skip(path, "it is a symbolic link")
         return None
     if not stat.S_ISREG(status.st_mode):
@@ -118,7 +124,7 @@ def _skip(path: Path, why: str) -> None:
     )
 
 
-def _remote_side_files(folder: RemoteLocation) -> dict[str, Any]:
+def _remote_side_files(folder: Location) -> dict[str, Any]:
     try:
         names, subfolders = folder.children(), set(folder.subfolders())
     except SurgeryError:  # an HTTP folder cannot be listed

@@ -1,4 +1,4 @@
-"""Where checkpoint bytes live: a local path, or a ``gs://``, ``s3://`` or ``http(s)://`` URL.
+"""Where checkpoint bytes live: a local path, a ``gs://``, ``s3://``, ``http(s)://`` or ``hf://`` URL.
 
 Every source, sink and lock reaches checkpoint data through a `Location`; nothing else
 touches `pathlib`/`os` for it. A `LocalLocation` keeps the fast local routes (``pread``,
@@ -20,20 +20,25 @@ Example:
     >>> location_of("ftp://host/x")
     Traceback (most recent call last):
     ...
-    suture._errors.UnsupportedError: 'ftp://host/x' uses the scheme 'ftp', which suture does not read or write. Supported: local paths, gs://, s3://, http://, https:// (http(s) read-only).
+    suture._errors.UnsupportedError: 'ftp://host/x' uses the scheme 'ftp', which suture does not read or write. Supported: local paths, gs://, s3://, http://, https://, hf:// (http(s) and hf read-only).
 
 The package: `base` (the `Location` interface, local paths), `remote` (object stores and
-HTTP through TensorStore), `publish` (a writer's lock, temporary place and commit).
+HTTP through TensorStore), `publish` (a writer's lock, temporary place and commit), `hub`
+(``hf://`` model repositories through huggingface_hub) and `hub_cache` (a bare ``org/name``
+that is not a local path, read from the local Hugging Face cache).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from .._errors import ArgumentError, UnsupportedError
 from .base import LocalLocation, Location
+from .hub import hub_location
+from .hub_cache import cached_location
 from .remote import WRITABLE_SCHEMES, RemoteLocation, remote_context
 
 __all__ = [
@@ -49,7 +54,7 @@ __all__ = [
 
 REMOTE_SCHEMES = ("gs", "s3", "http", "https")
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)$")
-_SUPPORTED_TEXT = "local paths, gs://, s3://, http://, https:// (http(s) read-only)"
+_SUPPORTED_TEXT = "local paths, gs://, s3://, http://, https://, hf:// (http(s) and hf read-only)"
 
 
 def location_of(path: Any) -> Location:
@@ -65,10 +70,12 @@ def location_of(path: Any) -> Location:
     text = path if isinstance(path, str) else str(path)  # epath.Path('gs://b/x') -> 'gs://b/x'
     match = _URL.match(text)
     if match is None:
-        return LocalLocation(Path(text))
+        return cached_location(text) or LocalLocation(Path(text))
     scheme = match.group("scheme").lower()
     if scheme == "file":
         return LocalLocation(Path(match.group("rest")))
+    if scheme == "hf":
+        return hub_location(text)
     if scheme not in REMOTE_SCHEMES:
         raise UnsupportedError(
             f"{text!r} uses the scheme {scheme!r}, which suture does not read or write. "
@@ -83,5 +90,8 @@ def location_of(path: Any) -> Location:
 
 
 def is_remote(path: Any) -> bool:
-    """True for a URL suture reads through TensorStore (``gs://``, ``s3://``, ``http(s)://``)."""
-    return isinstance(location_of(path), RemoteLocation)
+    """True for a URL of a remote store (``gs://``, ``s3://``, ``http(s)://``, ``hf://``)."""
+    match = _URL.match(str(path)) if isinstance(path, (str, os.PathLike)) else None
+    if match is not None and match.group("scheme").lower() == "hf":
+        return True  # offline, read from the cache: still not a path relative to anything
+    return location_of(path).is_remote

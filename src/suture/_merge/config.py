@@ -17,6 +17,7 @@ from typing import Any
 
 from .._errors import MergeError
 from .._location import is_remote
+from .._location.hub_cache import looks_like_repo_id
 from .._surgery.recipes import read_limited
 from .registry import check_params, check_weight, compile_per_leaf, get_method
 
@@ -52,13 +53,17 @@ class ConfigFile:
         return f"Merge config {str(self.path)!r}{at} ({field.lstrip('.') or 'top level'}): "
 
     def resolve(self, entry: str) -> str:
-        """A model path as written: a URL, absolute, relative to the working folder or the config."""
+        """A model path as written: a URL, absolute, relative to the working folder or the
+        config, or else a Hub model id (``org/name``) read from the Hugging Face cache."""
         if is_remote(entry):
             return entry
         candidate = Path(entry)
         if candidate.is_absolute() or candidate.exists():
             return str(candidate)
-        return str(self.path.parent / candidate)
+        beside = self.path.parent / candidate
+        if not beside.exists() and looks_like_repo_id(entry):
+            return entry  # opened from the cache, or refused naming the cache folder
+        return str(beside)
 
 
 def read_config(path: str | Path) -> ConfigFile:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from .._errors import MergeError
 from .._hf import side_file
+from .._location import LocalLocation, location_of
 
 TOKENIZER_FILES = (
     "tokenizer_config.json",
@@ -31,8 +33,8 @@ TOKENIZER_FILES = (
 
 
 def is_hf_folder(path: str | Path) -> bool:
-    """Whether `path` is a model folder with a ``config.json``."""
-    folder = Path(path)
+    """Whether `path` (a folder, URL or cached Hub id) is a model folder with a ``config.json``."""
+    folder = location_of(path)
     return folder.is_dir() and (folder / "config.json").is_file()
 
 
@@ -46,14 +48,15 @@ def hf_side_files(
     config_text: str,
     layers: int | None = None,
     out_dtype: str | None = None,
-) -> dict[str, Path]:
+) -> dict[str, Any]:
     """The files to place next to the merged weights: ``{name: file}``.
 
     ``config.json`` and ``README.md`` are written into `staging`; tokenizer files are the
     donor's own (checked to be regular files inside the donor folder).
     """
-    folder = Path(donor)
-    files: dict[str, Path] = {}
+    where = location_of(donor)
+    folder: Any = where.path if isinstance(where, LocalLocation) else where
+    files: dict[str, Any] = {}
     source_config = side_file(folder, "config.json")
     if source_config is None:
         raise MergeError(
@@ -61,7 +64,7 @@ def hf_side_files(
             f"config.json only as a regular file inside the model folder. Replace the link with "
             f"the file itself."
         )
-    config = json.loads(source_config.read_text(encoding="utf-8"))
+    config = json.loads(source_config.read_bytes().decode("utf-8"))
     if layers and "num_hidden_layers" in config:
         config["num_hidden_layers"] = layers
     if out_dtype:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .._errors import MergeError
+from .._location import location_of
+from .._location.hub_cache import missing_repo_error
 from .._paths import flatten
 from ..sources.detect import open_source
 from .config import ConfigFile, Key
@@ -76,11 +77,15 @@ class MergekitReader:
             )
         path = self.config.resolve(entry)
         if path not in self.trees:
-            if not Path(path).exists():
+            if not location_of(path).exists():
+                missing = missing_repo_error(path)  # an 'org/name' in no Hugging Face cache
                 raise self.fail(
                     key,
-                    f"{entry!r} is not a local model folder or file; suture does not download "
-                    f"models, so download it first (e.g. huggingface-cli download).",
+                    str(missing)
+                    if missing is not None
+                    else f"{entry!r} is not a local model folder or file. Pass a path, a URL "
+                    f"(hf://ORG/NAME reads the Hugging Face Hub), or the id of a model in the "
+                    f"Hugging Face cache.",
                 )
             self.trees[path] = flatten(open_source(path, dequantize="auto").tree)
         return path

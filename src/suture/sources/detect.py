@@ -13,6 +13,7 @@ from .._errors import (
     UnsupportedError,
 )
 from .._location import Location, RemoteLocation, location_of
+from .._location.hub_cache import missing_repo_error
 from .checkpoint import Checkpoint
 
 FORMATS = ("orbax", "safetensors", "msgpack", "npz", "torch", "memory")
@@ -42,6 +43,10 @@ def open_source(
     if format == "memory":
         raise ArgumentError("format='memory' is for in-memory trees, not paths.")
     path = location_of(source)
+    if isinstance(source, str) and not path.is_remote and not path.exists():
+        missing_repo = missing_repo_error(source)  # 'org/name': not local, not in the HF cache
+        if missing_repo is not None:
+            raise missing_repo
     if format is not None and not path.exists():
         raise CheckpointNotFoundError(f"No such file or folder: {str(path)!r}. Check the path.")
     if not path.is_remote and path.exists() and not (path.is_dir() or path.is_file()):

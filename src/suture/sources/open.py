@@ -26,7 +26,10 @@ def open(  # noqa: A001
             ``ocp.save``, a CheckpointManager root or step), a ``.safetensors`` file, a
             Hugging Face folder or ``*.safetensors.index.json`` of shards, a Flax msgpack
             file, an ``.npz`` archive, or (with `allow_pickle`) a PyTorch file. The format
-            is detected from the content.
+            is detected from the content. A path may be a ``gs://``, ``s3://`` or
+            ``http(s)://`` URL, ``hf://ORG/NAME[@REVISION][/PATH]`` for a model on the
+            Hugging Face Hub, or a bare ``ORG/NAME`` that is no local path, read offline
+            from the local Hugging Face cache.
         step: for a CheckpointManager root, which step to open (default: the newest).
         format: force a format: ``"orbax"``, ``"safetensors"``, ``"msgpack"``, ``"npz"``,
             ``"torch"``.

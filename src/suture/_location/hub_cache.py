@@ -1,0 +1,140 @@
+"""Models in the local Hugging Face cache, named by repository id (``org/name``).
+
+``huggingface_hub`` keeps each downloaded repository under the cache folder as
+``models--ORG--NAME/snapshots/COMMIT/...`` (files there are links into ``blobs/``) and each
+branch or tag as ``refs/BRANCH`` (a file holding the commit). A bare ``org/name`` that is
+not a local path opens the snapshot its ``main`` ref names, offline: nothing is downloaded
+and no server is asked. The cache folder is found at each call as ``huggingface_hub`` finds
+it: ``HF_HUB_CACHE``, else ``HUGGINGFACE_HUB_CACHE``, else ``HF_HOME/hub``, else
+``XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``.
+
+Example:
+    >>> looks_like_repo_id("meta-llama/Llama-3.1-8B"), looks_like_repo_id("./runs/ckpt")
+    (True, False)
+    >>> looks_like_repo_id("/abs/path"), looks_like_repo_id("a/b/c")
+    (False, False)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from .._errors import CheckpointNotFoundError, DestinationError
+from .base import LocalLocation
+
+DEFAULT_REVISION = "main"
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?"
+_REPO_ID = re.compile(rf"^{_NAME}/{_NAME}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def looks_like_repo_id(text: str) -> bool:
+    """Whether `text` has the shape of a Hub model id: ``org/name``, no ``..`` nor ``--``."""
+    return bool(_REPO_ID.match(text)) and ".." not in text and "--" not in text
+
+
+def cache_folder() -> Path:
+    """The Hugging Face hub cache folder, from the environment as it is now."""
+    for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(variable):
+            return Path(os.path.expandvars(os.environ[variable])).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.path.expandvars(os.environ["HF_HOME"])).expanduser() / "hub"
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return Path(os.path.expandvars(cache)).expanduser() / "huggingface" / "hub"
+
+
+def repo_folder(repo_id: str) -> Path:
+    """Where the cache keeps `repo_id`: ``CACHE/models--ORG--NAME``."""
+    return cache_folder() / ("models--" + repo_id.replace("/", "--"))
+
+
+def cached_snapshot(repo_id: str, revision: str = DEFAULT_REVISION) -> Path | None:
+    """The cached snapshot folder of `repo_id` at `revision` (a branch, tag or commit), or None."""
+    storage = repo_folder(repo_id)
+    commit = revision if _COMMIT.match(revision) else None
+    if commit is None:
+        ref = storage / "refs" / revision
+        if ".." in Path(revision).parts or not ref.is_file():
+            return None
+        commit = ref.read_text(encoding="utf-8", errors="replace").strip()
+        if not _COMMIT.match(commit):
+            return None
+    snapshot = storage / "snapshots" / commit
+    return snapshot if snapshot.is_dir() else None
+
+
+class CachedLocation(LocalLocation):
+    """A file or folder of a cached snapshot: read like any local path, never written.
+
+    `name` is what the user typed (``org/name``), kept for messages.
+    """
+
+    def __init__(self, path: Path, name: str) -> None:
+        super().__init__(path)
+        self.repo_name = name
+
+    def __truediv__(self, name: str) -> CachedLocation:
+        return CachedLocation(self.path / name, f"{self.repo_name}/{name}")
+
+    def require_writable(self) -> None:
+        raise DestinationError(
+            f"{self.repo_name!r} names the model {self.repo_name!r} in the Hugging Face cache "
+            f"({str(self.path)!r}), which suture does not write. To write a local folder of "
+            f"that name, write './{self.repo_name}'."
+        )
+
+
+def cached_location(text: str) -> LocalLocation | None:
+    """The cached snapshot that `text` (``org/name``, not a local path) names, else None."""
+    if not looks_like_repo_id(text) or Path(text).exists():
+        return None
+    snapshot = cached_snapshot(text)
+    return CachedLocation(snapshot, text) if snapshot is not None else None
+
+
+def missing_repo_error(text: str) -> CheckpointNotFoundError | None:
+    """For `text` shaped ``org/name`` that is neither a local path nor cached: the error
+    saying where suture looked, and how to fetch the model; None for other paths."""
+    if not looks_like_repo_id(text) or Path(text).exists():
+        return None
+    return CheckpointNotFoundError(
+        f"No such file or folder: {text!r}, and no Hugging Face model of that id in the cache "
+        f"{str(cache_folder())!r} (looked for {str(repo_folder(text))!r}). Check the path; for "
+        f"a model on the Hub, download it first (`hf download {text}`), read it as "
+        f"'hf://{text}', or set HF_HUB_CACHE to the cache that holds it."
+    )
+
+
+def not_in_cache(repo_id: str, revision: str, why: str) -> CheckpointNotFoundError:
+    """The error for `repo_id` at `revision` missing from the cache; `why` it was looked up."""
+    at = "" if revision == DEFAULT_REVISION else f" at revision {revision!r}"
+    return CheckpointNotFoundError(
+        f"{why}, and the Hugging Face cache ({str(cache_folder())!r}) holds no snapshot of "
+        f"{repo_id!r}{at} (looked for {str(repo_folder(repo_id))!r}). Download it first (`hf "
+        f"download {repo_id}`), or set HF_HUB_CACHE to the cache that holds it."
+    )
+
+
+def trusted_cache_link(folder: Path, name: str) -> Path | None:
+    """The blob that `folder / name` links to when `folder` is a cached snapshot (or a
+    folder in one) and the link stays in that repository's ``blobs/``; else None.
+
+    Snapshot files are links by design; a link anywhere else is not followed.
+    """
+    parts = folder.parts
+    if "snapshots" not in parts:
+        return None
+    at = len(parts) - 1 - parts[::-1].index("snapshots")
+    storage = Path(*parts[:at])
+    if not storage.name.startswith(("models--", "datasets--")) or at + 1 >= len(parts):
+        return None
+    blobs = storage / "blobs"
+    if blobs.is_symlink() or not blobs.is_dir():
+        return None
+    target = Path(os.path.realpath(folder / name))
+    if target.parent != Path(os.path.realpath(blobs)) or not target.is_file():
+        return None
+    return target
