@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ArgumentError, UnsupportedError
-from .base import LocalLocation, Location
-from .remote import WRITABLE_SCHEMES, RemoteLocation, remote_context
+from .base import MAX_METADATA_BYTES, LocalLocation, Location, too_large
+from .remote import WRITABLE_SCHEMES, RemoteLocation, remote_context, wait
 
 __all__ = [
+    "MAX_METADATA_BYTES",
     "REMOTE_SCHEMES",
     "WRITABLE_SCHEMES",
     "LocalLocation",
@@ -45,6 +46,8 @@ __all__ = [
     "is_remote",
     "location_of",
     "remote_context",
+    "too_large",
+    "wait",
 ]
 
 REMOTE_SCHEMES = ("gs", "s3", "http", "https")

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from .._buffers import aligned_empty, assign, scratch_buffer
-from .._errors import CorruptCheckpointError
+from .._errors import CorruptCheckpointError, SurgeryError
 from .._lazy.graph import Node, ReadCost, SourceNode
 from .._lazy.selection import Selection, positions, selection_shape, to_slice
+from .._location import wait
 
 _TILE_BYTES = 8 << 20  # a read tile, when filling a transposed view
 
@@ -34,7 +35,8 @@ class TensorStoreSource(SourceNode):
     The store is opened on first read, once, from any thread; `open_store` returns
     TensorStore's open future, so that many stores can be opened at once (`open_all`).
     `recorded_sharding`, where set, returns the sharding Orbax recorded for the array (its
-    JSON description, see `_shardings`) or None.
+    JSON description, see `_shardings`) or None. A `remote` array's opening and reads each
+    have a deadline (`suture._location.wait`).
     """
 
     recorded_sharding: Callable[[], str | None] | None = None
@@ -47,7 +49,9 @@ class TensorStoreSource(SourceNode):
         path: str | None = None,
         origin: str | None = None,
         chunk_shape: tuple[int, ...] | Callable[[], tuple[int, ...] | None] | None = None,
+        remote: bool = False,
     ) -> None:
+        self.remote = remote
         self._open_store = open_store
         self._chunk_shape = chunk_shape  # the stored read granularity, or how to find it
         self._store: Any = None
@@ -73,7 +77,9 @@ class TensorStoreSource(SourceNode):
         if opening is None:  # another thread finished opening in the meantime
             return self._store
         try:
-            store = opening.result()  # waited for outside the lock: other sources open meanwhile
+            store = self._result(opening)  # waited for outside the lock: others open meanwhile
+        except SurgeryError:
+            raise
         except ValueError as error:  # TensorStore reports damage as ValueError
             raise self._damaged(error) from error
         with self._lock:
@@ -100,7 +106,9 @@ class TensorStoreSource(SourceNode):
         # aligning it to 64 bytes lets jax.device_put use it without another copy.
         result = aligned_empty(view.shape, view.dtype.numpy_dtype)
         try:
-            ts_array(result).write(view).result()
+            self._result(ts_array(result).write(view), result.nbytes)
+        except SurgeryError:
+            raise
         except ValueError as error:
             raise self._damaged(error) from error
         return result.astype(self.dtype, copy=False)
@@ -113,7 +121,7 @@ class TensorStoreSource(SourceNode):
         first = selection[0] if selection else None
         try:
             if out.flags.c_contiguous or not isinstance(first, range) or first.step != 1:
-                ts_array(out).write(self._view(store, selection)).result()
+                self._result(ts_array(out).write(self._view(store, selection)), out.nbytes)
                 return
             # TensorStore fills a transposed view at half the speed of a contiguous tile
             # copied in squares (`assign`); tiles are whole chunks along the first axis
@@ -126,11 +134,17 @@ class TensorStoreSource(SourceNode):
                 tile = scratch_buffer("decode", (stop - start) * row_bytes).view(self.dtype)
                 tile = tile.reshape((stop - start, *selection_shape(selection[1:])))
                 part = (range(start, stop), *selection[1:])
-                ts_array(tile).write(self._view(store, part)).result()
+                self._result(ts_array(tile).write(self._view(store, part)), tile.nbytes)
                 assign(out[start - first.start : stop - first.start], tile)
                 start = stop
+        except SurgeryError:
+            raise
         except ValueError as error:
             raise self._damaged(error) from error
+
+    def _result(self, future: Any, count: int = 0) -> Any:
+        """A TensorStore future's result; a remote one's within its deadline."""
+        return wait(future, self.origin, count) if self.remote else future.result()
 
     def read_cost(self, selection: Selection, into: bool = False) -> ReadCost:
         """Whole chunks are read and decoded (into the caller's array or a result of our own;
