@@ -4,7 +4,11 @@
   implementation of the GCS JSON and XML APIs. TensorStore reaches it through
   ``TENSORSTORE_GCS_HTTP_URL``; gcsfs (and so etils/Orbax) through ``STORAGE_EMULATOR_HOST``.
 - S3: moto's server mode (``ThreadedMotoServer``), reached through ``AWS_ENDPOINT_URL_S3``.
-- HTTP: a small threaded server answering ``Range`` requests, counting the bytes it sends.
+- HTTP: a small threaded server answering ``Range`` requests with an ``ETag`` (as nginx
+  makes it: inode, size, modification time), counting the bytes it sends. A path can be
+  made hostile (`Hostile`): a body that never comes, one compressed with
+  ``Content-Encoding: gzip``, a huge one generated as it is sent (never stored), ranges
+  ignored.
 
 Each is started on a free port, and stopped through its own handle.
 """
@@ -12,7 +16,9 @@ Each is started on a free port, and stopped through its own handle.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.server
+import io
 import json
 import logging
 import os
@@ -23,7 +29,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 BUCKET = "suture-test"
@@ -129,6 +135,25 @@ def s3_server() -> Iterator[str]:
         server.stop()
 
 
+@dataclasses.dataclass
+class Hostile:
+    """How the HTTP server misbehaves for one path (`RangeServer.hostile`).
+
+    stall: accepts the request and sends nothing (until the server stops, 120 s at most).
+    gzip: this body is sent instead of the file's, with ``Content-Encoding: gzip`` (as a
+        server with precompressed files does); ranges apply to it.
+    size, fill: a virtual file of `size` bytes, ``fill(offset, count)`` each, made as
+        they are sent and never stored.
+    ignore_range: answers every request with the whole body (status 200).
+    """
+
+    stall: bool = False
+    gzip: bytes | None = None
+    size: int | None = None
+    fill: Callable[[int, int], bytes] = lambda offset, count: b" " * count
+    ignore_range: bool = False
+
+
 class _RangeHandler(http.server.SimpleHTTPRequestHandler):
     """Serves files of the server's folder; honours ``Range: bytes=a-b``; no listings."""
 
@@ -137,15 +162,32 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
 
     def send_head(self):  # type: ignore[no-untyped-def]
         path = Path(self.translate_path(self.path))
+        hostile = self.server.hostile.get(self.path)  # type: ignore[attr-defined]
+        self._fill = None
         if self.path.startswith("/forbidden/"):  # as a server refusing a client would
             self.send_error(403)
             return None
-        if not path.is_file():
+        if hostile is not None and hostile.stall:
+            self.server.stopping.wait(120)  # type: ignore[attr-defined]
+            self.close_connection = True
+            return None
+        if hostile is not None and hostile.size is not None:
+            size, etag = hostile.size, f'"virtual-{hostile.size}"'
+            self._fill = hostile.fill
+        elif hostile is not None and hostile.gzip is not None:
+            size, etag = len(hostile.gzip), f'"gzip-{len(hostile.gzip)}"'
+            self._fill = lambda offset, count: hostile.gzip[offset : offset + count]
+        elif not path.is_file():
             self.send_error(404)
             return None
-        size = path.stat().st_size
+        else:
+            status = path.stat()
+            size = status.st_size
+            etag = f'"{status.st_ino:x}-{size:x}-{status.st_mtime_ns:x}"'
         begin, end = 0, size
         match = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
+        if hostile is not None and hostile.ignore_range:
+            match = None
         if match and (match.group(1) or match.group(2)):
             if match.group(1):
                 begin = int(match.group(1))
@@ -162,16 +204,26 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Content-Length", str(end - begin))
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("ETag", etag)
+        if hostile is not None and hostile.gzip is not None:
+            self.send_header("Content-Encoding", "gzip")
         self.end_headers()
+        self._remaining, self._offset = end - begin, begin
+        if self._fill is not None:
+            return io.BytesIO()  # a stand-in: copyfile makes the bytes
         stream = open(path, "rb")  # noqa: SIM115 (closed by copyfile's caller)
         stream.seek(begin)
-        self._remaining = end - begin
         return stream
 
     def copyfile(self, source, outputfile) -> None:  # type: ignore[no-untyped-def]
         remaining = self._remaining
         while remaining > 0:
-            block = source.read(min(remaining, 1 << 20))
+            count = min(remaining, 1 << 20)
+            if self._fill is not None:
+                block = self._fill(self._offset, count)
+                self._offset += count
+            else:
+                block = source.read(count)
             if not block:
                 break
             outputfile.write(block)
@@ -191,6 +243,8 @@ class RangeServer:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
         self.server.bytes_sent = 0  # type: ignore[attr-defined]
         self.server.lock = threading.Lock()  # type: ignore[attr-defined]
+        self.server.hostile = self.hostile = {}  # type: ignore[attr-defined]
+        self.server.stopping = threading.Event()  # type: ignore[attr-defined]
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -216,6 +270,7 @@ def http_server(root: Path) -> Iterator[RangeServer]:
     try:
         yield server
     finally:
+        server.server.stopping.set()  # type: ignore[attr-defined]
         server.server.shutdown()
         server.server.server_close()
         server.thread.join(timeout=10)

@@ -171,9 +171,10 @@ class RemoteLocation(Location):
         result = self._read(self.key, pin=limit is not None)
         if result.state != "value":
             raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
-        if limit is not None and len(result.value) > limit:  # a compressed body, inflated
+        value = result.value  # each access of `.value` makes a new copy
+        if limit is not None and len(value) > limit:  # a compressed body, inflated
             raise too_large(self, limit, what)
-        return bytes(result.value)
+        return value
 
     def _has_byte(self, offset: int) -> bool:
         try:
@@ -192,9 +193,10 @@ class RemoteLocation(Location):
             if "changed since it was opened" in str(error):
                 raise
             raise short_read(self, what, count, offset, None) from None
-        if result.state != "value" or len(result.value) != count:
-            raise short_read(self, what, count, offset, len(result.value))
-        buffer[:] = np.frombuffer(result.value, np.uint8)
+        value = result.value  # each access of `.value` makes a new copy
+        if result.state != "value" or len(value) != count:
+            raise short_read(self, what, count, offset, len(value))
+        buffer[:] = np.frombuffer(value, np.uint8)
         return buffer
 
     def read_head(self, count: int) -> bytes:
@@ -208,7 +210,7 @@ class RemoteLocation(Location):
                 raise CheckpointNotFoundError(
                     f"No such file: {str(self)!r}. Check the path."
                 ) from None
-            return bytes(result.value)[:count]
+            return result.value[:count]
 
     def size(self) -> int:
         if self._size is None:
@@ -432,6 +434,8 @@ def _open_store(scheme: str, host: str) -> Any:
         shown = redact_url(f"{scheme}://{host}")
         try:
             store = wait(ts.KvStore.open(spec, context=remote_context()), shown)
+        except SurgeryError:
+            raise
         except ValueError as error:
             raise SurgeryError(f"Cannot reach {shown}: {_clean(error)}") from None
         with _stores_lock:
@@ -440,6 +444,8 @@ def _open_store(scheme: str, host: str) -> Any:
 
 
 def _remote_error(location: Location, error: ValueError) -> SurgeryError:
+    if isinstance(error, SurgeryError):  # already worded (a deadline passed)
+        return error
     text = _clean(error)
     if "OUT_OF_RANGE" in text:
         return CorruptCheckpointError(f"{str(location)!r}: {text}")

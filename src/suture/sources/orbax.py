@@ -144,9 +144,10 @@ class _ItemStore:
         found = []
         for key, name, read in zip(keys, names, results, strict=True):
             if read.state == "value":
-                if len(read.value) > MAX_METADATA_BYTES:
+                value = read.value  # each access of `.value` makes a new copy
+                if len(value) > MAX_METADATA_BYTES:
                     raise too_large(self.folder / key, MAX_METADATA_BYTES, "the array metadata")
-                found.append((name, bytes(read.value)))
+                found.append((name, value))
         return found
 
     def opener(self, name: str, driver: str) -> Any:
