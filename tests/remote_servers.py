@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import http.server
 import io
 import json
@@ -139,19 +140,29 @@ def s3_server() -> Iterator[str]:
 class Hostile:
     """How the HTTP server misbehaves for one path (`RangeServer.hostile`).
 
-    stall: accepts the request and sends nothing (until the server stops, 120 s at most).
-    gzip: this body is sent instead of the file's, with ``Content-Encoding: gzip`` (as a
-        server with precompressed files does); ranges apply to it.
-    size, fill: a virtual file of `size` bytes, ``fill(offset, count)`` each, made as
-        they are sent and never stored.
+    after, until: the first `after` requests for the path, and those after the `until`-th,
+        are answered as usual; the others as below.
+    stall: seconds to hold each request without answering a byte, then drop it (the server
+        stopping ends a stall early).
+    body: sent instead of the file, with an ETag of its own (a file replaced meanwhile).
+    encoding: the ``Content-Encoding`` header sent with the body (``gzip``: `body` holds
+        the compressed bytes, as a server of precompressed files does); ranges apply to it.
+    size, fill: a virtual file of `size` bytes, ``fill(offset, count)`` each, made as they
+        are sent and never stored.
     ignore_range: answers every request with the whole body (status 200).
+    cut: stops sending after this many body bytes of each answer and drops the connection.
     """
 
-    stall: bool = False
-    gzip: bytes | None = None
+    after: int = 0
+    until: int | None = None
+    stall: float = 0.0
+    body: bytes | None = None
+    encoding: str | None = None
     size: int | None = None
     fill: Callable[[int, int], bytes] = lambda offset, count: b" " * count
     ignore_range: bool = False
+    cut: int | None = None
+    seen: int = 0  # requests for the path so far
 
 
 class _RangeHandler(http.server.SimpleHTTPRequestHandler):
@@ -160,23 +171,34 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
+    def _hostile(self) -> Hostile | None:
+        hostile = self.server.hostile.get(self.path)  # type: ignore[attr-defined]
+        if hostile is None:
+            return None
+        with self.server.lock:  # type: ignore[attr-defined]
+            hostile.seen += 1
+            if hostile.seen <= hostile.after:
+                return None
+            return None if hostile.until is not None and hostile.seen > hostile.until else hostile
+
     def send_head(self):  # type: ignore[no-untyped-def]
         path = Path(self.translate_path(self.path))
-        hostile = self.server.hostile.get(self.path)  # type: ignore[attr-defined]
-        self._fill = None
+        hostile = self._hostile()
+        self._fill, self._cut = None, None
         if self.path.startswith("/forbidden/"):  # as a server refusing a client would
             self.send_error(403)
             return None
         if hostile is not None and hostile.stall:
-            self.server.stopping.wait(120)  # type: ignore[attr-defined]
+            self.server.stopping.wait(hostile.stall)  # type: ignore[attr-defined]
             self.close_connection = True
             return None
         if hostile is not None and hostile.size is not None:
             size, etag = hostile.size, f'"virtual-{hostile.size}"'
             self._fill = hostile.fill
-        elif hostile is not None and hostile.gzip is not None:
-            size, etag = len(hostile.gzip), f'"gzip-{len(hostile.gzip)}"'
-            self._fill = lambda offset, count: hostile.gzip[offset : offset + count]
+        elif hostile is not None and hostile.body is not None:
+            body = hostile.body
+            size, etag = len(body), f'"{hashlib.md5(body).hexdigest()}"'
+            self._fill = lambda offset, count: body[offset : offset + count]
         elif not path.is_file():
             self.send_error(404)
             return None
@@ -205,10 +227,13 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("ETag", etag)
-        if hostile is not None and hostile.gzip is not None:
-            self.send_header("Content-Encoding", "gzip")
+        if hostile is not None and hostile.encoding:
+            self.send_header("Content-Encoding", hostile.encoding)
         self.end_headers()
         self._remaining, self._offset = end - begin, begin
+        if hostile is not None and hostile.cut is not None:
+            self._cut = hostile.cut
+            self.close_connection = True
         if self._fill is not None:
             return io.BytesIO()  # a stand-in: copyfile makes the bytes
         stream = open(path, "rb")  # noqa: SIM115 (closed by copyfile's caller)
@@ -216,7 +241,7 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
         return stream
 
     def copyfile(self, source, outputfile) -> None:  # type: ignore[no-untyped-def]
-        remaining = self._remaining
+        remaining = self._remaining if self._cut is None else min(self._cut, self._remaining)
         while remaining > 0:
             count = min(remaining, 1 << 20)
             if self._fill is not None:
@@ -226,7 +251,10 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
                 block = source.read(count)
             if not block:
                 break
-            outputfile.write(block)
+            try:
+                outputfile.write(block)
+            except OSError:  # the client gave up (a deadline): nothing more to send
+                return
             remaining -= len(block)
             with self.server.lock:  # type: ignore[attr-defined]
                 self.server.bytes_sent += len(block)  # type: ignore[attr-defined]

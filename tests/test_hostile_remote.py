@@ -138,7 +138,7 @@ def test_server_stalling_mid_checkpoint_ends_in_an_error(
     url = http.publish(two_tensors(tmp_path / "m.safetensors", 1, 2), "stall/m.safetensors")
     ckpt = suture.open(url)
     monkeypatch.setenv("SUTURE_REMOTE_TIMEOUT", "1")
-    http.hostile["/stall/m.safetensors"] = Hostile(stall=True)
+    http.hostile["/stall/m.safetensors"] = Hostile(stall=60)
     try:
         started = time.monotonic()
         with pytest.raises(suture.SurgeryError, match=r"No answer from .*within 1 s"):
@@ -180,7 +180,7 @@ def test_gzip_index_inflating_past_the_cap_is_refused(http, tmp_path: Path) -> N
     padding = MAX_METADATA_BYTES + (44 << 20)
     body = gzip.compress(b'{"weight_map": {}, "pad": "' + b" " * padding + b'"}', 1)
     assert len(body) < 2 << 20  # about 1.3 MB sent
-    http.hostile["/bomb/model.safetensors.index.json"] = Hostile(gzip=body)
+    http.hostile["/bomb/model.safetensors.index.json"] = Hostile(body=body, encoding="gzip")
     try:
         with pytest.raises(suture.CorruptCheckpointError, match="more than 268,435,456 bytes"):
             suture.open(f"{http.url}/bomb/model.safetensors.index.json")
@@ -193,7 +193,7 @@ def test_small_gzip_index_is_read(http, tmp_path: Path) -> None:
     http.publish(two_tensors(tmp_path / "m.safetensors", 1, 2), "small/m.safetensors")
     index = {"metadata": {}, "weight_map": {"a": "m.safetensors", "b": "m.safetensors"}}
     http.hostile["/small/model.safetensors.index.json"] = Hostile(
-        gzip=gzip.compress(json.dumps(index).encode())
+        body=gzip.compress(json.dumps(index).encode()), encoding="gzip"
     )
     try:
         ckpt = suture.open(f"{http.url}/small/model.safetensors.index.json")
