@@ -384,7 +384,7 @@ def wait(future: Any, location: Any, count: int = 0) -> Any:
     except TimeoutError:
         future.cancel()
         raise SurgeryError(
-            f"No answer from {redact_text(str(location))!r} within {deadline:.0f} s: the server "
+            f"No answer from {redact_text(str(location))!r} within {deadline:.3g} s: the server "
             f"accepted the request but did not finish it (stalled, or too slow), retries "
             f"included. Check the server and the network; {TIMEOUT_VARIABLE} sets the seconds "
             f"to wait (now {remote_timeout():g})."

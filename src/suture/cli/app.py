@@ -26,6 +26,7 @@ from .._format import human_bytes
 from .._hf import SideFileWarning
 from .._interrupts import Terminated
 from .._interrupts import install as install_interrupt_handlers
+from .._redact import redact_text
 from .._save.api import save
 from .._surgery.build import transform
 from .._surgery.plan import plan as make_plan
@@ -438,7 +439,7 @@ def demo(
 def _show_warning(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
     """suture's own warnings as one ``Warning: ...`` line; others as Python shows them."""
     if issubclass(category, SideFileWarning):
-        typer.echo(f"Warning: {message}", err=True)
+        typer.echo(f"Warning: {redact_text(str(message))}", err=True)
     else:
         _python_show_warning(message, category, *args, **kwargs)
 
