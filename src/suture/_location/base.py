@@ -175,10 +175,19 @@ class LocalLocation(Location):
         if limit is None:
             return self.path.read_bytes()
         with open(self.path, "rb") as stream:
-            data = stream.read(limit + 1)
-        if len(data) > limit:
+            size = os.fstat(stream.fileno()).st_size  # read(limit + 1) would allocate it all
+            if size > limit:
+                raise too_large(self, limit, what)
+            parts, total = [], 0
+            while total <= limit:  # the size said, or (a file with none) at most the limit
+                part = stream.read(min(max(size + 1, 1 << 16), limit + 1 - total))
+                if not part:
+                    break
+                parts.append(part)
+                total += len(part)
+        if total > limit:
             raise too_large(self, limit, what)
-        return data
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def read_range(self, offset: int, count: int, what: str = "") -> np.ndarray:
         buffer = aligned_empty((count,), np.dtype(np.uint8))
