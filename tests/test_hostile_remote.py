@@ -304,3 +304,27 @@ def test_s3_commands_print_no_credential_provider_lines(s3: str, tmp_path: Path)
     assert result.returncode == 0, result.stderr
     assert "AuthCredentialsProvider" not in result.stderr
     assert ".aws" not in result.stderr and result.stderr == ""
+
+
+def test_the_credential_chain_is_quiet_unless_debug(s3: str, tmp_path: Path) -> None:
+    """No keys in the environment: the driver's default chain runs (and finds nothing here)."""
+    url = upload(two_tensors(tmp_path / "m.safetensors", 1, 2), f"{s3}/quiet/chain.safetensors")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    }
+    env["HOME"] = str(home)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "suture", *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+
+    quiet = run("inspect", url)
+    assert quiet.returncode == 2 and quiet.stderr.startswith("Error: Cannot access 's3://")
+    assert "AuthCredentialsProvider" not in quiet.stderr and ".aws" not in quiet.stderr
+    assert len(quiet.stderr.splitlines()) == 1
+    debug = run("--debug", "inspect", url)
+    assert "AuthCredentialsProvider" in debug.stderr  # --debug shows what the chain tried

@@ -38,6 +38,7 @@ from .diff import diff as run_diff
 from .hints import check_recipe_first, for_command_line
 from .inspect import collect_stats, describe, render_flat, render_stats, render_tree
 from .merge import run_merge
+from .quiet import quiet_native_logs
 
 app = typer.Typer(
     name="suture",
@@ -450,10 +451,13 @@ _python_show_warning = warnings.showwarning
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `suture` script and of ``python -m suture``."""
     warnings.showwarning = _show_warning
+    args = argv if argv is not None else sys.argv[1:]
+    if "--debug" not in args:
+        quiet_native_logs()  # the AWS credential chain's misses, logged as errors
     install_interrupt_handlers()
     limit_malloc_arenas()  # the command line owns its process: one malloc arena (docs/design.md)
     try:
-        app(args=argv if argv is not None else sys.argv[1:], prog_name="suture")
+        app(args=args, prog_name="suture")
     except SystemExit as exit_:
         if exit_.code in (130, 143):  # interrupted: the output is cleaned up; skip the
             sys.stdout.flush()  # libraries' exit handlers, which can take a second
