@@ -100,23 +100,22 @@ class RemoteLocation(Location):
     def _store_and_key(self) -> tuple[Any, str]:
         return _open_store(self.scheme, self.host), self.key
 
-    def _read(self, key: str, byte_range: slice | None = None, pin: bool = False) -> Any:
-        """A kvstore read within its deadline; `pin`: it must come from the pinned version."""
+    def _read(self, key: str, byte_range: slice | None = None) -> Any:
+        """A kvstore read within its deadline."""
         store, _ = self._store_and_key()
         count = 0 if byte_range is None else (byte_range.stop or 0) - (byte_range.start or 0)
         try:
-            result = wait(store.read(key, byte_range=byte_range), self, count)
+            return wait(store.read(key, byte_range=byte_range), self, count)
         except ValueError as error:
             raise _remote_error(self, error) from None
-        if pin and result.state == "value":
-            self._check_generation(result.stamp.generation)
-        return result
 
-    def _check_generation(self, generation: bytes) -> None:
+    def _pinned(self, result: Any) -> Any:
+        """`result`, checked to come from the version of the file the first read pinned."""
+        generation = result.stamp.generation
         # TensorStore's generations start with a flags byte: 0 for one the server gave (an
         # ETag, a GCS generation); a server that sends no ETag gives none, and is not checked
-        if generation[:1] != b"\x00" or len(generation) < 2:
-            return
+        if result.state != "value" or generation[:1] != b"\x00" or len(generation) < 2:
+            return result
         if self._generation is None:
             self._generation = generation
         elif generation != self._generation:
@@ -127,6 +126,7 @@ class RemoteLocation(Location):
                 f"belong to another version of the file, and would mix with what was read "
                 f"before. Open the checkpoint again once it stops changing."
             )
+        return result
 
     # --- reading ------------------------------------------------------------------------
     def is_file(self) -> bool:
@@ -168,7 +168,9 @@ class RemoteLocation(Location):
     def read_bytes(self, limit: int | None = None, what: str = "") -> bytes:
         if limit is not None and self._has_byte(limit):  # too big: refused before reading it
             raise too_large(self, limit, what)
-        result = self._read(self.key, pin=limit is not None)
+        result = self._read(self.key)
+        if limit is not None:
+            self._pinned(result)
         if result.state != "value":
             raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
         value = result.value  # each access of `.value` makes a new copy
@@ -178,22 +180,20 @@ class RemoteLocation(Location):
 
     def _has_byte(self, offset: int) -> bool:
         try:
-            result = self._read(self.key, slice(offset, offset + 1), pin=True)
+            result = self._read(self.key, slice(offset, offset + 1))
         except CorruptCheckpointError:  # the file ends before `offset`
             return False
-        return result.state == "value" and len(result.value) == 1
+        return self._pinned(result).state == "value" and len(result.value) == 1
 
     def read_range(self, offset: int, count: int, what: str = "") -> np.ndarray:
         buffer = aligned_empty((count,), np.dtype(np.uint8))
         if not count:
             return buffer
         try:
-            result = self._read(self.key, slice(offset, offset + count), pin=True)
-        except CorruptCheckpointError as error:
-            if "changed since it was opened" in str(error):
-                raise
+            result = self._read(self.key, slice(offset, offset + count))
+        except CorruptCheckpointError:  # the file ends before the range does
             raise short_read(self, what, count, offset, None) from None
-        value = result.value  # each access of `.value` makes a new copy
+        value = self._pinned(result).value  # each access of `.value` makes a new copy
         if result.state != "value" or len(value) != count:
             raise short_read(self, what, count, offset, len(value))
         buffer[:] = np.frombuffer(value, np.uint8)
@@ -201,16 +201,12 @@ class RemoteLocation(Location):
 
     def read_head(self, count: int) -> bytes:
         try:
-            return bytes(self.read_range(0, count))
-        except CorruptCheckpointError as error:
-            if "changed since it was opened" in str(error):
-                raise
-            result = self._read(self.key, pin=True)  # shorter than `count`: the whole file
-            if result.state != "value":
-                raise CheckpointNotFoundError(
-                    f"No such file: {str(self)!r}. Check the path."
-                ) from None
-            return result.value[:count]
+            result = self._read(self.key, slice(0, count))
+        except CorruptCheckpointError:  # shorter than `count`: the whole file
+            result = self._read(self.key)
+        if result.state != "value":
+            raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
+        return self._pinned(result).value[:count]
 
     def size(self) -> int:
         if self._size is None:
