@@ -116,7 +116,8 @@ class _ItemStore:
         for key, name in zip(keys, names, strict=True):
             candidate = self.folder / key
             if candidate.is_file():
-                found.append((name, candidate.read_bytes()))
+                raw = candidate.read_bytes(MAX_METADATA_BYTES, "the array metadata")
+                found.append((name, raw))
         return found
 
     def _read_from_ocdbt(self, keys: list[str], names: list[str]) -> list[tuple[str, bytes]]:
