@@ -3,7 +3,7 @@
 Three guards stand between a hostile or broken server and the caller:
 
 - Every request has a deadline (`wait`): ``SUTURE_REMOTE_TIMEOUT`` seconds (120 by
-  default), plus a second per MiB it moves; the HTTP client also drops a connection that
+  default), plus four seconds per MiB it moves; the HTTP client also drops a connection that
   sends nothing for 30 seconds, so that its retries end too.
 - A file's ETag (http, s3) or generation (gcs) is pinned by its first ranged read; a later
   ranged read that comes from another version of the file is an error, not a mix of both.
@@ -36,7 +36,9 @@ from .base import Location, short_read, too_large
 WRITABLE_SCHEMES = ("gs", "s3")
 TIMEOUT_VARIABLE = "SUTURE_REMOTE_TIMEOUT"
 DEFAULT_TIMEOUT = 120.0  # seconds: about the two minutes the drivers' retries take at most
-MIN_RATE = 1 << 20  # bytes per second that a transfer's deadline allows on top of it
+# bytes per second a transfer is given on top of the timeout: four reads share a link, and a
+# request may wait behind others for one of its 64 slots
+MIN_RATE = 256 << 10
 STALL_SECONDS = 30  # the HTTP client drops a connection that sends nothing for this long
 
 
@@ -368,7 +370,7 @@ def remote_timeout() -> float:
 def wait(future: Any, location: Any, count: int = 0) -> Any:
     """The result of a TensorStore future for `location`, within the request's deadline.
 
-    The deadline is `remote_timeout` plus a second per MiB of the `count` bytes moved.
+    The deadline is `remote_timeout` plus four seconds per MiB of the `count` bytes moved.
 
     Raises:
         SurgeryError: no result in time (the request is cancelled).
