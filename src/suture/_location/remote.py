@@ -341,8 +341,7 @@ def _limit_stalls() -> None:
     its retries) forever. TensorStore reads these settings when its first HTTP request is
     made; values the user set are kept.
     """
-    seconds = max(1, math.ceil(min(STALL_SECONDS, remote_timeout())))
-    os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", str(seconds))
+    os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", str(STALL_SECONDS))
     os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "1")
 
 
