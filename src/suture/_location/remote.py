@@ -2,9 +2,9 @@
 
 Three guards stand between a hostile or broken server and the caller:
 
-- Every request has a deadline (`wait`): ``SUTURE_REMOTE_TIMEOUT`` seconds (120 by
-  default), plus four seconds per MiB it moves; the HTTP client also drops a connection that
-  sends nothing for 30 seconds, so that its retries end too.
+- Every request waited on here has a deadline (`wait`): ``SUTURE_REMOTE_TIMEOUT`` seconds
+  (120 by default), plus four seconds per MiB it moves; the HTTP client also drops a
+  connection that sends nothing for 30 seconds, so that every driver's retries end too.
 - A file's ETag (http, s3) or generation (gcs) is pinned by its first ranged read; a later
   ranged read that comes from another version of the file is an error, not a mix of both.
 - URLs are shown without their user info and query values (`suture._redact`).

@@ -35,8 +35,10 @@ class TensorStoreSource(SourceNode):
     The store is opened on first read, once, from any thread; `open_store` returns
     TensorStore's open future, so that many stores can be opened at once (`open_all`).
     `recorded_sharding`, where set, returns the sharding Orbax recorded for the array (its
-    JSON description, see `_shardings`) or None. A `remote` array's opening and reads each
-    have a deadline (`suture._location.wait`).
+    JSON description, see `_shardings`) or None. A `remote` array's opening has a deadline
+    (`suture._location.wait`); its reads have none of their own, as they decode into the
+    caller's buffers, which a cancelled read could still fill: the HTTP client's stall
+    limit and capped retries end them.
     """
 
     recorded_sharding: Callable[[], str | None] | None = None
@@ -106,9 +108,7 @@ class TensorStoreSource(SourceNode):
         # aligning it to 64 bytes lets jax.device_put use it without another copy.
         result = aligned_empty(view.shape, view.dtype.numpy_dtype)
         try:
-            self._result(ts_array(result).write(view), result.nbytes)
-        except SurgeryError:
-            raise
+            ts_array(result).write(view).result()
         except ValueError as error:
             raise self._damaged(error) from error
         return result.astype(self.dtype, copy=False)
@@ -121,7 +121,7 @@ class TensorStoreSource(SourceNode):
         first = selection[0] if selection else None
         try:
             if out.flags.c_contiguous or not isinstance(first, range) or first.step != 1:
-                self._result(ts_array(out).write(self._view(store, selection)), out.nbytes)
+                ts_array(out).write(self._view(store, selection)).result()
                 return
             # TensorStore fills a transposed view at half the speed of a contiguous tile
             # copied in squares (`assign`); tiles are whole chunks along the first axis
@@ -134,17 +134,15 @@ class TensorStoreSource(SourceNode):
                 tile = scratch_buffer("decode", (stop - start) * row_bytes).view(self.dtype)
                 tile = tile.reshape((stop - start, *selection_shape(selection[1:])))
                 part = (range(start, stop), *selection[1:])
-                self._result(ts_array(tile).write(self._view(store, part)), tile.nbytes)
+                ts_array(tile).write(self._view(store, part)).result()
                 assign(out[start - first.start : stop - first.start], tile)
                 start = stop
-        except SurgeryError:
-            raise
         except ValueError as error:
             raise self._damaged(error) from error
 
-    def _result(self, future: Any, count: int = 0) -> Any:
-        """A TensorStore future's result; a remote one's within its deadline."""
-        return wait(future, self.origin, count) if self.remote else future.result()
+    def _result(self, future: Any) -> Any:
+        """A TensorStore open future's result; a remote one's within its deadline."""
+        return wait(future, self.origin) if self.remote else future.result()
 
     def read_cost(self, selection: Selection, into: bool = False) -> ReadCost:
         """Whole chunks are read and decoded (into the caller's array or a result of our own;
