@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import suture
+from suture._location.remote import forget_stores
 from suture.sources import safetensors as safetensors_source
 from tests.remote_servers import Hostile, RangeServer, http_server
 
@@ -125,7 +126,12 @@ def misbehaviour(body_for_change: bytes) -> st.SearchStrategy[Hostile]:
 
 
 def outcome_of(kind: str, read) -> None:  # noqa: ANN001 (a function reading the checkpoint)
-    """Runs `read`; records the outcome; fails on anything but a SurgeryError or one version."""
+    """Runs `read`; records the outcome; fails on anything but a SurgeryError or one version.
+
+    Each case starts with a fresh pool of request slots: requests earlier cases gave up on
+    go on retrying against their hostile paths for a while, and would hold slots.
+    """
+    forget_stores()
     started = time.monotonic()
     try:
         values = read()

@@ -334,6 +334,18 @@ def remote_context() -> Any:
 _shared: dict[str, Any] = {}
 
 
+def forget_stores() -> None:
+    """Drops the shared context and open stores; the next request opens fresh ones.
+
+    Requests given up on (a deadline passed) keep their slot among the 64 until their
+    retries end; a fresh context starts with all of them free (the hostile-server tests
+    start each case so).
+    """
+    with _stores_lock:
+        _shared.clear()
+        _stores.clear()
+
+
 def _limit_stalls() -> None:
     """Makes TensorStore's HTTP client drop a connection that sends nothing for a while.
 
