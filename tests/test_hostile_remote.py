@@ -65,6 +65,19 @@ def test_http_file_replaced_after_open_is_an_error(http, tmp_path: Path) -> None
     np.testing.assert_array_equal(reopened["a"].read(), np.full(4, 7, np.float32))
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_http_npz_replaced_after_open_is_an_error(http, tmp_path: Path, compressed: bool) -> None:
+    save = np.savez_compressed if compressed else np.savez
+    save(tmp_path / "first.npz", a=np.full(64, 1, np.float32), b=np.full(64, 2, np.float32))
+    url = http.publish(tmp_path / "first.npz", f"changing/m{int(compressed)}.npz")
+    ckpt = suture.open(url)
+    np.testing.assert_array_equal(ckpt["a"].read(), np.full(64, 1, np.float32))
+    save(tmp_path / "second.npz", a=np.full(64, 7, np.float32), b=np.full(64, 8, np.float32))
+    os.replace(tmp_path / "second.npz", http.root / f"changing/m{int(compressed)}.npz")
+    with pytest.raises(suture.CorruptCheckpointError, match="changed since it was opened"):
+        ckpt["b"].read()
+
+
 @pytest.mark.parametrize("store", ["gcs", "s3"])
 def test_object_replaced_after_open_is_an_error(
     store: str, request: pytest.FixtureRequest, tmp_path: Path
