@@ -56,9 +56,10 @@ test-newest: $(NEWEST_STAMP)
 # 10,000 hostile inputs per reader and 20 SIGKILLs of a streaming save; counts in docs/reliability.md.
 fuzz: $(STAMP)
 	SUTURE_FUZZ_EXAMPLES=10000 SUTURE_FUZZ_REPORT=fuzz-report.json $(BIN)/python -m pytest -q -p no:randomly tests/test_fuzz.py
+	SUTURE_FUZZ_EXAMPLES=1000 SUTURE_FUZZ_REPORT=fuzz-remote-report.json $(BIN)/python -m pytest -q -p no:randomly tests/test_fuzz_remote.py
 	SUTURE_CRASH_RUNS=20 SUTURE_CRASH_REPORT=crash-report.txt $(BIN)/python -m pytest -q tests/test_reliability.py -k "sigkill or two_writers"
 	SUTURE_FUZZ_EXAMPLES=1000 SUTURE_FUZZ_REPORT=fuzz-families-report.json $(BIN)/python -m pytest -q -p no:randomly tests/test_fuzz_families.py
-	@cat fuzz-report.json crash-report.txt fuzz-families-report.json
+	@cat fuzz-report.json fuzz-remote-report.json crash-report.txt fuzz-families-report.json
 
 # The user guide (mkdocs.yml), built strictly: a warning (a broken link, a nav entry with
 # no page) fails the build; NO_MKDOCS_2_WARNING quiets Material's notice about its own

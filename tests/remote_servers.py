@@ -4,7 +4,11 @@
   implementation of the GCS JSON and XML APIs. TensorStore reaches it through
   ``TENSORSTORE_GCS_HTTP_URL``; gcsfs (and so etils/Orbax) through ``STORAGE_EMULATOR_HOST``.
 - S3: moto's server mode (``ThreadedMotoServer``), reached through ``AWS_ENDPOINT_URL_S3``.
-- HTTP: a small threaded server answering ``Range`` requests, counting the bytes it sends.
+- HTTP: a small threaded server answering ``Range`` requests with an ``ETag`` (as nginx
+  makes it: inode, size, modification time), counting the bytes it sends. A path can be
+  made hostile (`Hostile`): a body that never comes, one compressed with
+  ``Content-Encoding: gzip``, a huge one generated as it is sent (never stored), ranges
+  ignored.
 
 Each is started on a free port, and stopped through its own handle.
 """
@@ -12,7 +16,10 @@ Each is started on a free port, and stopped through its own handle.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import http.server
+import io
 import json
 import logging
 import os
@@ -23,7 +30,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 BUCKET = "suture-test"
@@ -129,23 +136,80 @@ def s3_server() -> Iterator[str]:
         server.stop()
 
 
+@dataclasses.dataclass
+class Hostile:
+    """How the HTTP server misbehaves for one path (`RangeServer.hostile`).
+
+    after, until: the first `after` requests for the path, and those after the `until`-th,
+        are answered as usual; the others as below.
+    stall: seconds to hold each request without answering a byte, then drop it (the server
+        stopping ends a stall early).
+    body: sent instead of the file, with an ETag of its own (a file replaced meanwhile).
+    encoding: the ``Content-Encoding`` header sent with the body (``gzip``: `body` holds
+        the compressed bytes, as a server of precompressed files does); ranges apply to it.
+    size, fill: a virtual file of `size` bytes, ``fill(offset, count)`` each, made as they
+        are sent and never stored.
+    ignore_range: answers every request with the whole body (status 200).
+    cut: stops sending after this many body bytes of each answer and drops the connection.
+    """
+
+    after: int = 0
+    until: int | None = None
+    stall: float = 0.0
+    body: bytes | None = None
+    encoding: str | None = None
+    size: int | None = None
+    fill: Callable[[int, int], bytes] = lambda offset, count: b" " * count
+    ignore_range: bool = False
+    cut: int | None = None
+    seen: int = 0  # requests for the path so far
+
+
 class _RangeHandler(http.server.SimpleHTTPRequestHandler):
     """Serves files of the server's folder; honours ``Range: bytes=a-b``; no listings."""
 
     def log_message(self, *args: object) -> None:
         pass
 
+    def _hostile(self) -> Hostile | None:
+        hostile = self.server.hostile.get(self.path)  # type: ignore[attr-defined]
+        if hostile is None:
+            return None
+        with self.server.lock:  # type: ignore[attr-defined]
+            hostile.seen += 1
+            if hostile.seen <= hostile.after:
+                return None
+            return None if hostile.until is not None and hostile.seen > hostile.until else hostile
+
     def send_head(self):  # type: ignore[no-untyped-def]
         path = Path(self.translate_path(self.path))
+        hostile = self._hostile()
+        self._fill, self._cut = None, None
         if self.path.startswith("/forbidden/"):  # as a server refusing a client would
             self.send_error(403)
             return None
-        if not path.is_file():
+        if hostile is not None and hostile.stall:
+            self.server.stopping.wait(hostile.stall)  # type: ignore[attr-defined]
+            self.close_connection = True
+            return None
+        if hostile is not None and hostile.size is not None:
+            size, etag = hostile.size, f'"virtual-{hostile.size}"'
+            self._fill = hostile.fill
+        elif hostile is not None and hostile.body is not None:
+            body = hostile.body
+            size, etag = len(body), f'"{hashlib.md5(body).hexdigest()}"'
+            self._fill = lambda offset, count: body[offset : offset + count]
+        elif not path.is_file():
             self.send_error(404)
             return None
-        size = path.stat().st_size
+        else:
+            status = path.stat()
+            size = status.st_size
+            etag = f'"{status.st_ino:x}-{size:x}-{status.st_mtime_ns:x}"'
         begin, end = 0, size
         match = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
+        if hostile is not None and hostile.ignore_range:
+            match = None
         if match and (match.group(1) or match.group(2)):
             if match.group(1):
                 begin = int(match.group(1))
@@ -162,19 +226,35 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
         self.send_header("Content-Length", str(end - begin))
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("ETag", etag)
+        if hostile is not None and hostile.encoding:
+            self.send_header("Content-Encoding", hostile.encoding)
         self.end_headers()
+        self._remaining, self._offset = end - begin, begin
+        if hostile is not None and hostile.cut is not None:
+            self._cut = hostile.cut
+            self.close_connection = True
+        if self._fill is not None:
+            return io.BytesIO()  # a stand-in: copyfile makes the bytes
         stream = open(path, "rb")  # noqa: SIM115 (closed by copyfile's caller)
         stream.seek(begin)
-        self._remaining = end - begin
         return stream
 
     def copyfile(self, source, outputfile) -> None:  # type: ignore[no-untyped-def]
-        remaining = self._remaining
+        remaining = self._remaining if self._cut is None else min(self._cut, self._remaining)
         while remaining > 0:
-            block = source.read(min(remaining, 1 << 20))
+            count = min(remaining, 1 << 20)
+            if self._fill is not None:
+                block = self._fill(self._offset, count)
+                self._offset += count
+            else:
+                block = source.read(count)
             if not block:
                 break
-            outputfile.write(block)
+            try:
+                outputfile.write(block)
+            except OSError:  # the client gave up (a deadline): nothing more to send
+                return
             remaining -= len(block)
             with self.server.lock:  # type: ignore[attr-defined]
                 self.server.bytes_sent += len(block)  # type: ignore[attr-defined]
@@ -191,6 +271,8 @@ class RangeServer:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
         self.server.bytes_sent = 0  # type: ignore[attr-defined]
         self.server.lock = threading.Lock()  # type: ignore[attr-defined]
+        self.server.hostile = self.hostile = {}  # type: ignore[attr-defined]
+        self.server.stopping = threading.Event()  # type: ignore[attr-defined]
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -216,6 +298,7 @@ def http_server(root: Path) -> Iterator[RangeServer]:
     try:
         yield server
     finally:
+        server.server.stopping.set()  # type: ignore[attr-defined]
         server.server.shutdown()
         server.server.server_close()
         server.thread.join(timeout=10)

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ._redact import redact_text
+
 
 class SurgeryError(ValueError):
     """Base class of every error suture raises on bad input; a ``ValueError``.
@@ -31,7 +33,13 @@ class SurgeryError(ValueError):
         ... except suture.SurgeryError as error:
         ...     print(type(error).__name__)
         CheckpointNotFoundError
+
+    A URL in the message loses its user info and query values (``http://***@host/x``):
+    messages reach terminals and CI logs.
     """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact_text(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 class CheckpointNotFoundError(SurgeryError, FileNotFoundError):

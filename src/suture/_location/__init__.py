@@ -36,12 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ArgumentError, UnsupportedError
-from .base import LocalLocation, Location
+from .base import MAX_METADATA_BYTES, LocalLocation, Location, too_large
 from .hub import hub_location
 from .hub_cache import cached_location
-from .remote import WRITABLE_SCHEMES, RemoteLocation, remote_context
+from .remote import WRITABLE_SCHEMES, RemoteLocation, remote_context, wait
 
 __all__ = [
+    "MAX_METADATA_BYTES",
     "REMOTE_SCHEMES",
     "WRITABLE_SCHEMES",
     "LocalLocation",
@@ -50,6 +51,8 @@ __all__ = [
     "is_remote",
     "location_of",
     "remote_context",
+    "too_large",
+    "wait",
 ]
 
 REMOTE_SCHEMES = ("gs", "s3", "http", "https")

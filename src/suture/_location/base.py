@@ -15,6 +15,10 @@ from .._errors import CorruptCheckpointError
 from .._iostats import record_read
 from . import direct
 
+# The most bytes a metadata file (JSON: _METADATA, an index.json, ...) may hold once
+# decoded; the safetensors header has its own (100 MiB, as the safetensors library).
+MAX_METADATA_BYTES = 256 << 20
+
 
 class Location:
     """A file or folder of a checkpoint, local or remote (see the module docstring)."""
@@ -63,7 +67,12 @@ class Location:
         """Names of the folders directly inside this folder, sorted."""
         raise NotImplementedError
 
-    def read_bytes(self) -> bytes:
+    def read_bytes(self, limit: int | None = None, what: str = "") -> bytes:
+        """The whole file; with `limit`, refused when it holds (or decodes to) more bytes.
+
+        Raises:
+            CorruptCheckpointError: over `limit` (`what` names the file's role).
+        """
         raise NotImplementedError
 
     def read_range(self, offset: int, count: int, what: str = "") -> np.ndarray:
@@ -162,8 +171,23 @@ class LocalLocation(Location):
     def subfolders(self) -> list[str]:
         return sorted(child.name for child in self.path.iterdir() if child.is_dir())
 
-    def read_bytes(self) -> bytes:
-        return self.path.read_bytes()
+    def read_bytes(self, limit: int | None = None, what: str = "") -> bytes:
+        if limit is None:
+            return self.path.read_bytes()
+        with open(self.path, "rb") as stream:
+            size = os.fstat(stream.fileno()).st_size  # read(limit + 1) would allocate it all
+            if size > limit:
+                raise too_large(self, limit, what)
+            parts, total = [], 0
+            while total <= limit:  # the size said, or (a file with none) at most the limit
+                part = stream.read(min(max(size + 1, 1 << 16), limit + 1 - total))
+                if not part:
+                    break
+                parts.append(part)
+                total += len(part)
+        if total > limit:
+            raise too_large(self, limit, what)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def read_range(self, offset: int, count: int, what: str = "") -> np.ndarray:
         buffer = aligned_empty((count,), np.dtype(np.uint8))
@@ -222,6 +246,16 @@ def short_read(
     return CorruptCheckpointError(
         f"{str(location)!r} is shorter than its header says: {subject} {count} bytes at offset "
         f"{offset}, {gave}. The file is truncated or was changed while being read."
+    )
+
+
+def too_large(location: Location, limit: int, what: str = "") -> CorruptCheckpointError:
+    subject = f"{what} {str(location)!r}" if what else repr(str(location))
+    return CorruptCheckpointError(
+        f"{subject} holds more than {limit:,} bytes (decoded), more than any checkpoint's "
+        f"metadata needs; suture stops reading there rather than exhaust memory. The file "
+        f"is damaged or hostile (a compressed body that inflates without bound, a server that "
+        f"sends too much); restore it from a copy."
     )
 
 

@@ -1,8 +1,19 @@
-"""Object stores and HTTP servers, through TensorStore's kvstore drivers (gcs, s3, http)."""
+"""Object stores and HTTP servers, through TensorStore's kvstore drivers (gcs, s3, http).
+
+Three guards stand between a hostile or broken server and the caller:
+
+- Every request waited on here has a deadline (`wait`): ``SUTURE_REMOTE_TIMEOUT`` seconds
+  (120 by default), plus four seconds per MiB it moves; the HTTP client also drops a
+  connection that sends nothing for 30 seconds, so that every driver's retries end too.
+- A file's ETag (http, s3) or generation (gcs) is pinned by its first ranged read; a later
+  ranged read that comes from another version of the file is an error, not a mix of both.
+- URLs are shown without their user info and query values (`suture._redact`).
+"""
 
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import threading
@@ -12,15 +23,23 @@ import numpy as np
 
 from .._buffers import aligned_empty
 from .._errors import (
+    ArgumentError,
     CheckpointNotFoundError,
     CorruptCheckpointError,
     DestinationError,
     SurgeryError,
     UnsupportedError,
 )
-from .base import Location, short_read
+from .._redact import redact_text, redact_url
+from .base import Location, short_read, too_large
 
 WRITABLE_SCHEMES = ("gs", "s3")
+TIMEOUT_VARIABLE = "SUTURE_REMOTE_TIMEOUT"
+DEFAULT_TIMEOUT = 120.0  # seconds: about the two minutes the drivers' retries take at most
+# bytes per second a transfer is given on top of the timeout: four reads share a link, and a
+# request may wait behind others for one of its 64 slots
+MIN_RATE = 256 << 10
+STALL_SECONDS = 30  # the HTTP client drops a connection that sends nothing for this long
 
 
 class RemoteLocation(Location):
@@ -35,13 +54,25 @@ class RemoteLocation(Location):
     def __init__(self, scheme: str, host: str, key: str) -> None:
         self.scheme, self.host, self.key = scheme, host, key
         self._size: int | None = None
+        self._generation: bytes | None = None  # pinned by the first ranged read
 
-    def __str__(self) -> str:
+    @property
+    def url(self) -> str:
+        """The URL as given, credentials included: for the driver only, never for display."""
         return (
             f"{self.scheme}://{self.host}/{self.key}"
             if self.key
             else f"{self.scheme}://{self.host}"
         )
+
+    def __str__(self) -> str:
+        return redact_url(self.url)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemoteLocation) and self.url == other.url
+
+    def __hash__(self) -> int:
+        return hash(self.url)
 
     @property
     def name(self) -> str:
@@ -72,11 +103,32 @@ class RemoteLocation(Location):
         return _open_store(self.scheme, self.host), self.key
 
     def _read(self, key: str, byte_range: slice | None = None) -> Any:
+        """A kvstore read within its deadline."""
         store, _ = self._store_and_key()
+        count = 0 if byte_range is None else (byte_range.stop or 0) - (byte_range.start or 0)
         try:
-            return store.read(key, byte_range=byte_range).result()
+            return wait(store.read(key, byte_range=byte_range), self, count)
         except ValueError as error:
-            raise _remote_error(self, error) from error
+            raise _remote_error(self, error) from None
+
+    def _pinned(self, result: Any) -> Any:
+        """`result`, checked to come from the version of the file the first read pinned."""
+        generation = result.stamp.generation
+        # TensorStore's generations start with a flags byte: 0 for one the server gave (an
+        # ETag, a GCS generation); a server that sends no ETag gives none, and is not checked
+        if result.state != "value" or generation[:1] != b"\x00" or len(generation) < 2:
+            return result
+        if self._generation is None:
+            self._generation = generation
+        elif generation != self._generation:
+            what = "generation" if self.scheme == "gs" else "ETag"
+            raise CorruptCheckpointError(
+                f"{str(self)!r} changed since it was opened (its {what} was "
+                f"{_shown(self._generation)}, now {_shown(generation)}): the bytes read now "
+                f"belong to another version of the file, and would mix with what was read "
+                f"before. Open the checkpoint again once it stops changing."
+            )
+        return result
 
     # --- reading ------------------------------------------------------------------------
     def is_file(self) -> bool:
@@ -110,16 +162,30 @@ class RemoteLocation(Location):
         prefix = f"{key}/" if key else ""
         end = prefix[:-1] + "0" if prefix else ""  # '0' sorts right after '/'
         try:
-            keys = store.list(ts.KvStore.KeyRange(prefix, end)).result()
+            keys = wait(store.list(ts.KvStore.KeyRange(prefix, end)), self)
         except ValueError as error:
-            raise _remote_error(self, error) from error
+            raise _remote_error(self, error) from None
         return [k.decode()[len(prefix) :] for k in keys]
 
-    def read_bytes(self) -> bytes:
+    def read_bytes(self, limit: int | None = None, what: str = "") -> bytes:
+        if limit is not None and self._has_byte(limit):  # too big: refused before reading it
+            raise too_large(self, limit, what)
         result = self._read(self.key)
+        if limit is not None:
+            self._pinned(result)
         if result.state != "value":
             raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
-        return bytes(result.value)
+        value = result.value  # each access of `.value` makes a new copy
+        if limit is not None and len(value) > limit:  # a compressed body, inflated
+            raise too_large(self, limit, what)
+        return value
+
+    def _has_byte(self, offset: int) -> bool:
+        try:
+            result = self._read(self.key, slice(offset, offset + 1))
+        except CorruptCheckpointError:  # the file ends before `offset`
+            return False
+        return self._pinned(result).state == "value" and len(result.value) == 1
 
     def read_range(self, offset: int, count: int, what: str = "") -> np.ndarray:
         buffer = aligned_empty((count,), np.dtype(np.uint8))
@@ -127,18 +193,22 @@ class RemoteLocation(Location):
             return buffer
         try:
             result = self._read(self.key, slice(offset, offset + count))
-        except CorruptCheckpointError:
+        except CorruptCheckpointError:  # the file ends before the range does
             raise short_read(self, what, count, offset, None) from None
-        if result.state != "value" or len(result.value) != count:
-            raise short_read(self, what, count, offset, len(result.value))
-        buffer[:] = np.frombuffer(result.value, np.uint8)
+        value = self._pinned(result).value  # each access of `.value` makes a new copy
+        if result.state != "value" or len(value) != count:
+            raise short_read(self, what, count, offset, len(value))
+        buffer[:] = np.frombuffer(value, np.uint8)
         return buffer
 
     def read_head(self, count: int) -> bytes:
         try:
-            return bytes(self.read_range(0, count))
-        except CorruptCheckpointError:
-            return self.read_bytes()[:count]
+            result = self._read(self.key, slice(0, count))
+        except CorruptCheckpointError:  # shorter than `count`: the whole file
+            result = self._read(self.key)
+        if result.state != "value":
+            raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
+        return self._pinned(result).value[:count]
 
     def size(self) -> int:
         if self._size is None:
@@ -148,12 +218,7 @@ class RemoteLocation(Location):
     def _probe_size(self) -> int:
         """Doubles, then bisects, the offset of one-byte reads: 2 log2(size) small requests."""
 
-        def has_byte(offset: int) -> bool:
-            try:
-                return len(self._read(self.key, slice(offset, offset + 1)).value) == 1
-            except CorruptCheckpointError:
-                return False
-
+        has_byte = self._has_byte
         if not has_byte(0):
             return 0
         low, high = 0, 1  # has_byte(low) holds; find the first offset without a byte
@@ -173,21 +238,23 @@ class RemoteLocation(Location):
     def write_bytes(self, data: bytes) -> None:
         self.require_writable()
         store, key = self._store_and_key()
+        self._generation, self._size = None, None  # the next version is this one
         try:
-            store.write(key, data).result()
+            wait(store.write(key, data), self, len(data))
         except ValueError as error:
-            raise _remote_error(self, error) from error
+            raise _remote_error(self, error) from None
 
     def remove(self) -> None:
         import tensorstore as ts  # heavy: loaded on first use, not at import
 
         self.require_writable()
         store, key = self._store_and_key()
+        self._generation, self._size = None, None
         try:
-            store.delete_range(ts.KvStore.KeyRange(f"{key}/", f"{key}0")).result()
-            store.delete_range(ts.KvStore.KeyRange(key, key + "\x00")).result()
+            wait(store.delete_range(ts.KvStore.KeyRange(f"{key}/", f"{key}0")), self)
+            wait(store.delete_range(ts.KvStore.KeyRange(key, key + "\x00")), self)
         except ValueError as error:
-            raise _remote_error(self, error) from error
+            raise _remote_error(self, error) from None
 
     def require_writable(self) -> None:
         if self.scheme not in WRITABLE_SCHEMES:
@@ -259,11 +326,87 @@ def remote_context() -> Any:
 
     with _stores_lock:
         if "context" not in _shared:
+            _limit_stalls()
             _shared["context"] = ts.Context(_CONTEXT_SPEC)
         return _shared["context"]
 
 
 _shared: dict[str, Any] = {}
+
+
+def forget_stores() -> None:
+    """Drops the shared context and open stores; the next request opens fresh ones.
+
+    Requests given up on (a deadline passed) keep their slot among the 64 until their
+    retries end; a fresh context starts with all of them free (the hostile-server tests
+    start each case so).
+    """
+    with _stores_lock:
+        _shared.clear()
+        _stores.clear()
+
+
+def _limit_stalls() -> None:
+    """Makes TensorStore's HTTP client drop a connection that sends nothing for a while.
+
+    Without it a server that accepts a connection and never answers holds the request (and
+    its retries) forever. TensorStore reads these settings when its first HTTP request is
+    made; values the user set are kept.
+    """
+    os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", str(STALL_SECONDS))
+    os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "1")
+
+
+def remote_timeout() -> float:
+    """Seconds a remote request may take (``SUTURE_REMOTE_TIMEOUT``, 120 by default).
+
+    Raises:
+        ArgumentError: the variable is set to something other than a positive number.
+    """
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ArgumentError(
+            f"{TIMEOUT_VARIABLE}={text!r} is not a number of seconds. Set it to a positive "
+            f"number (the default is {DEFAULT_TIMEOUT:g}), or unset it."
+        )
+    return seconds
+
+
+def wait(future: Any, location: Any, count: int = 0) -> Any:
+    """The result of a TensorStore future for `location`, within the request's deadline.
+
+    The deadline is `remote_timeout` plus four seconds per MiB of the `count` bytes moved.
+
+    Raises:
+        SurgeryError: no result in time (the request is cancelled).
+        ValueError: the driver's own error, for the caller to word.
+    """
+    deadline = remote_timeout() + count / MIN_RATE
+    try:
+        return future.result(timeout=deadline)
+    except TimeoutError:
+        future.cancel()
+        raise SurgeryError(
+            f"No answer from {redact_text(str(location))!r} within {deadline:.3g} s: the server "
+            f"accepted the request but did not finish it (stalled, or too slow), retries "
+            f"included. Check the server and the network; {TIMEOUT_VARIABLE} sets the seconds "
+            f"to wait (now {remote_timeout():g})."
+        ) from None
+
+
+def _shown(generation: bytes) -> str:
+    """A pinned generation as a person reads it: an ETag's text, a GCS generation number."""
+    raw = generation[1:]
+    text = raw.decode("utf-8", "replace")
+    if text.isprintable() and text:
+        return repr(text[:80])
+    return str(int.from_bytes(raw[:8], "little")) if len(raw) >= 8 else raw.hex()
 
 
 def _base_spec(scheme: str, host: str) -> dict[str, Any]:
@@ -277,6 +420,11 @@ def _base_spec(scheme: str, host: str) -> dict[str, Any]:
             spec["endpoint"] = endpoint
         if region:
             spec["aws_region"] = region
+        if os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"):
+            # the default chain takes these first anyway; naming the provider skips its
+            # probes of ~/.aws/config and the web-identity settings, which log an error
+            # line each when absent
+            spec["aws_credentials"] = {"type": "environment"}
         return spec
     return {"driver": "http", "base_url": f"{scheme}://{host}"}
 
@@ -292,16 +440,21 @@ def _open_store(scheme: str, host: str) -> Any:
     with _stores_lock:
         store = _stores.get(cache_key)
     if store is None:
+        shown = redact_url(f"{scheme}://{host}")
         try:
-            store = ts.KvStore.open(spec, context=remote_context()).result()
+            store = wait(ts.KvStore.open(spec, context=remote_context()), shown)
+        except SurgeryError:
+            raise
         except ValueError as error:
-            raise SurgeryError(f"Cannot reach {scheme}://{host}: {_clean(error)}") from error
+            raise SurgeryError(f"Cannot reach {shown}: {_clean(error)}") from None
         with _stores_lock:
             _stores[cache_key] = store
     return store
 
 
 def _remote_error(location: Location, error: ValueError) -> SurgeryError:
+    if isinstance(error, SurgeryError):  # already worded (a deadline passed)
+        return error
     text = _clean(error)
     if "OUT_OF_RANGE" in text:
         return CorruptCheckpointError(f"{str(location)!r}: {text}")
@@ -313,7 +466,7 @@ def _remote_error(location: Location, error: ValueError) -> SurgeryError:
 
 def _clean(error: BaseException) -> str:
     """The driver's message without anything that looks like a credential."""
-    text = str(error)
+    text = redact_text(str(error))
     return re.sub(
         r"(?i)(authorization|token|signature|credential)[^\s,;]*[=:]\s*\S+", r"\1=<hidden>", text
     )

@@ -25,6 +25,7 @@ from .._exec.memory import limit_malloc_arenas
 from .._format import human_bytes
 from .._interrupts import Terminated
 from .._interrupts import install as install_interrupt_handlers
+from .._redact import redact_text
 from .._save.api import save
 from .._surgery.build import transform
 from .._surgery.plan import lossy_casts, lossy_lines
@@ -44,6 +45,7 @@ from .inspect import (
     render_tree,
 )
 from .merge import run_merge
+from .quiet import quiet_native_logs
 
 app = typer.Typer(
     name="suture",
@@ -518,7 +520,7 @@ def demo(
 def _show_warning(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
     """suture's own warnings as one ``Warning: ...`` line; others as Python shows them."""
     if issubclass(category, SutureWarning):
-        typer.echo(f"Warning: {message}", err=True)
+        typer.echo(f"Warning: {redact_text(str(message))}", err=True)
     else:
         _python_show_warning(message, category, *args, **kwargs)
 
@@ -529,10 +531,13 @@ _python_show_warning = warnings.showwarning
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `suture` script and of ``python -m suture``."""
     warnings.showwarning = _show_warning
+    args = argv if argv is not None else sys.argv[1:]
+    if "--debug" not in args:
+        quiet_native_logs()  # the AWS credential chain's misses, logged as errors
     install_interrupt_handlers()
     limit_malloc_arenas()  # the command line owns its process: one malloc arena (docs/design.md)
     try:
-        app(args=argv if argv is not None else sys.argv[1:], prog_name="suture")
+        app(args=args, prog_name="suture")
     except SystemExit as exit_:
         if exit_.code in (130, 143):  # interrupted: the output is cleaned up; skip the
             sys.stdout.flush()  # libraries' exit handlers, which can take a second

@@ -18,7 +18,14 @@ import numpy as np
 from .._dtypes import from_zarr
 from .._errors import CorruptCheckpointError, SurgeryError, UnsupportedError, check_shape
 from .._lazy.array import LazyArray
-from .._location import Location, location_of, remote_context
+from .._location import (
+    MAX_METADATA_BYTES,
+    Location,
+    location_of,
+    remote_context,
+    too_large,
+    wait,
+)
 from .._paths import check_depth
 from . import orbax_layout
 from .checkpoint import Checkpoint
@@ -109,7 +116,8 @@ class _ItemStore:
         for key, name in zip(keys, names, strict=True):
             candidate = self.folder / key
             if candidate.is_file():
-                found.append((name, candidate.read_bytes()))
+                raw = candidate.read_bytes(MAX_METADATA_BYTES, "the array metadata")
+                found.append((name, raw))
         return found
 
     def _read_from_ocdbt(self, keys: list[str], names: list[str]) -> list[tuple[str, bytes]]:
@@ -119,21 +127,29 @@ class _ItemStore:
         """Reads `keys` through the item's kvstore, all requests in flight at once."""
         import tensorstore as ts  # heavy: loaded on first use, not at import
 
+        def result(future: Any) -> Any:
+            return wait(future, self.folder) if self.folder.is_remote else future.result()
+
         try:
             if self._kvstore is None:
-                self._kvstore = ts.KvStore.open(self.kvstore_spec(), context=self.context).result()
+                self._kvstore = result(ts.KvStore.open(self.kvstore_spec(), context=self.context))
             futures = [self._kvstore.read(key.encode()) for key in keys]
-            results = [future.result() for future in futures]
+            results = [result(future) for future in futures]
+        except SurgeryError:
+            raise
         except ValueError as error:
             raise CorruptCheckpointError(
                 f"Cannot read {what} of {str(self.folder)!r}: {error}. The checkpoint "
                 f"is damaged or incomplete; restore it from a copy."
             ) from error
-        return [
-            (name, bytes(result.value))
-            for name, result in zip(names, results, strict=True)
-            if result.state == "value"
-        ]
+        found = []
+        for key, name, read in zip(keys, names, results, strict=True):
+            if read.state == "value":
+                value = read.value  # each access of `.value` makes a new copy
+                if len(value) > MAX_METADATA_BYTES:
+                    raise too_large(self.folder / key, MAX_METADATA_BYTES, "the array metadata")
+                found.append((name, value))
+        return found
 
     def opener(self, name: str, driver: str) -> Any:
         spec = {"driver": driver, "kvstore": self.kvstore_spec(name), "recheck_cached_data": False}
@@ -160,7 +176,8 @@ def read_item(folder: Any) -> Any:
 
 
 def _read_item_unchecked(folder: Location) -> Any:
-    metadata = _parse_json((folder / PYTREE_METADATA).read_bytes(), folder / PYTREE_METADATA)
+    metadata_file = folder / PYTREE_METADATA
+    metadata = _parse_json(metadata_file.read_bytes(MAX_METADATA_BYTES, "Orbax's"), metadata_file)
     entries = metadata.get("tree_metadata") if isinstance(metadata, dict) else None
     if not isinstance(entries, dict):
         raise CorruptCheckpointError(
@@ -197,7 +214,13 @@ def _read_item_unchecked(folder: Location) -> Any:
             shape, dtype = _shape_and_dtype(description, path, folder)
             chunks = functools.partial(_read_chunk_shape, description, len(shape))  # needed rarely
             source = TensorStoreSource(
-                store.opener(name, driver), shape, dtype, path, str(folder), chunks
+                store.opener(name, driver),
+                shape,
+                dtype,
+                path,
+                str(folder),
+                chunks,
+                remote=folder.is_remote,
             )
             source.recorded_sharding = functools.partial(shardings.get, name)
             leaf: Any = LazyArray(source, path=path, stored_as=value_type)
@@ -270,7 +293,7 @@ class _RecordedShardings:
         sharding_file = self.folder / "_sharding"
         if not sharding_file.is_file():
             return {}
-        parsed = _parse_json(sharding_file.read_bytes(), sharding_file)
+        parsed = _parse_json(sharding_file.read_bytes(MAX_METADATA_BYTES), sharding_file)
         if not isinstance(parsed, dict):
             return {}
         shardings = {}
@@ -288,7 +311,7 @@ def _read_strings(folder: Location) -> dict[str, str]:
     strings_file = folder / "_strings.json"
     if not strings_file.is_file():
         return {}
-    parsed = _parse_json(strings_file.read_bytes(), strings_file)
+    parsed = _parse_json(strings_file.read_bytes(MAX_METADATA_BYTES), strings_file)
     return parsed if isinstance(parsed, dict) else {}
 
 

@@ -30,9 +30,10 @@ from .._errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
     NotACheckpointError,
+    SurgeryError,
     UnfinishedCheckpointError,
 )
-from .._location import Location, RemoteLocation
+from .._location import MAX_METADATA_BYTES, Location, RemoteLocation
 from .._location.publish import COMMIT_SUCCESS_FILE
 
 TMP_MARKER = ".orbax-checkpoint-tmp"
@@ -271,9 +272,17 @@ def _custom_metadata(path: Location) -> dict:
 
 def _read_json(path: Location) -> object:
     try:
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError, CheckpointNotFoundError) as error:
-        raise CorruptCheckpointError(
-            f"Cannot read {str(path)!r} as JSON ({error}). The checkpoint is damaged; "
-            f"restore it from a copy."
-        ) from error
+        return json.loads(path.read_bytes(MAX_METADATA_BYTES))
+    except SurgeryError as error:
+        if not isinstance(error, CheckpointNotFoundError):
+            raise  # already says what is wrong (too large, no answer, changed)
+        raise _unreadable(path, error) from error
+    except (OSError, ValueError) as error:
+        raise _unreadable(path, error) from error
+
+
+def _unreadable(path: Location, error: BaseException) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"Cannot read {str(path)!r} as JSON ({error}). The checkpoint is damaged; "
+        f"restore it from a copy."
+    )

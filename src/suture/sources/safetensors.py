@@ -33,7 +33,7 @@ from .._errors import (
     check_shape,
 )
 from .._lazy.array import LazyArray
-from .._location import Location, location_of
+from .._location import MAX_METADATA_BYTES, Location, location_of
 from .._paths import unflatten
 from .._quant.scheme import scheme_of
 from .._quant.tensors import dequantize_tensors
@@ -184,8 +184,12 @@ def _folder_names(folder: Location) -> list[str]:
 
 def _read_index(path: Location) -> dict:
     try:
-        index = json.loads(path.read_bytes())
-    except (OSError, ValueError, SurgeryError) as error:
+        raw = path.read_bytes(MAX_METADATA_BYTES, "the index")
+    except OSError as error:
+        raise CorruptCheckpointError(f"Cannot read {str(path)!r}: {error}.") from error
+    try:
+        index = json.loads(raw)
+    except ValueError as error:
         raise CorruptCheckpointError(f"Cannot read {str(path)!r} as JSON: {error}.") from error
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):

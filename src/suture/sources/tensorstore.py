@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from .._buffers import aligned_empty, assign, scratch_buffer
-from .._errors import CorruptCheckpointError
+from .._errors import CorruptCheckpointError, SurgeryError
 from .._lazy.graph import Node, ReadCost, SourceNode
 from .._lazy.selection import Selection, positions, selection_shape, to_slice
+from .._location import wait
 
 _TILE_BYTES = 8 << 20  # a read tile, when filling a transposed view
 
@@ -34,7 +35,10 @@ class TensorStoreSource(SourceNode):
     The store is opened on first read, once, from any thread; `open_store` returns
     TensorStore's open future, so that many stores can be opened at once (`open_all`).
     `recorded_sharding`, where set, returns the sharding Orbax recorded for the array (its
-    JSON description, see `_shardings`) or None.
+    JSON description, see `_shardings`) or None. A `remote` array's opening has a deadline
+    (`suture._location.wait`); its reads have none of their own, as they decode into the
+    caller's buffers, which a cancelled read could still fill: the HTTP client's stall
+    limit and capped retries end them.
     """
 
     recorded_sharding: Callable[[], str | None] | None = None
@@ -47,7 +51,9 @@ class TensorStoreSource(SourceNode):
         path: str | None = None,
         origin: str | None = None,
         chunk_shape: tuple[int, ...] | Callable[[], tuple[int, ...] | None] | None = None,
+        remote: bool = False,
     ) -> None:
+        self.remote = remote
         self._open_store = open_store
         self._chunk_shape = chunk_shape  # the stored read granularity, or how to find it
         self._store: Any = None
@@ -73,7 +79,9 @@ class TensorStoreSource(SourceNode):
         if opening is None:  # another thread finished opening in the meantime
             return self._store
         try:
-            store = opening.result()  # waited for outside the lock: other sources open meanwhile
+            store = self._result(opening)  # waited for outside the lock: others open meanwhile
+        except SurgeryError:
+            raise
         except ValueError as error:  # TensorStore reports damage as ValueError
             raise self._damaged(error) from error
         with self._lock:
@@ -131,6 +139,10 @@ class TensorStoreSource(SourceNode):
                 start = stop
         except ValueError as error:
             raise self._damaged(error) from error
+
+    def _result(self, future: Any) -> Any:
+        """A TensorStore open future's result; a remote one's within its deadline."""
+        return wait(future, self.origin) if self.remote else future.result()
 
     def read_cost(self, selection: Selection, into: bool = False) -> ReadCost:
         """Whole chunks are read and decoded (into the caller's array or a result of our own;
