@@ -151,6 +151,7 @@ class Hostile:
         are sent and never stored.
     ignore_range: answers every request with the whole body (status 200).
     cut: stops sending after this many body bytes of each answer and drops the connection.
+    redirect: answers ``302 Found`` with this ``Location`` (a path, or a URL on another host).
     """
 
     after: int = 0
@@ -162,11 +163,15 @@ class Hostile:
     fill: Callable[[int, int], bytes] = lambda offset, count: b" " * count
     ignore_range: bool = False
     cut: int | None = None
+    redirect: str | None = None
     seen: int = 0  # requests for the path so far
 
 
 class _RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves files of the server's folder; honours ``Range: bytes=a-b``; no listings."""
+    """Serves files of the server's folder; honours ``Range: bytes=a-b``; no listings.
+
+    A folder named without its slash is redirected to it (``301``), as ``http.server`` does.
+    """
 
     def log_message(self, *args: object) -> None:
         pass
@@ -191,6 +196,19 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
         if hostile is not None and hostile.stall:
             self.server.stopping.wait(hostile.stall)  # type: ignore[attr-defined]
             self.close_connection = True
+            return None
+        if hostile is not None and hostile.redirect is not None:
+            self.send_response(302)
+            self.send_header("Location", hostile.redirect)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        if path.is_dir() and not self.path.split("?")[0].endswith("/"):
+            # as http.server (and nginx, Apache) answer a folder named without its slash
+            self.send_response(301)
+            self.send_header("Location", self.path.split("?")[0] + "/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return None
         if hostile is not None and hostile.size is not None:
             size, etag = hostile.size, f'"virtual-{hostile.size}"'

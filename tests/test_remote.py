@@ -173,7 +173,7 @@ def test_remote_errors_name_the_url_and_the_fix(gcs: str, http, local_files: Pat
         suture.open("gs:///x")
     with pytest.raises(suture.SurgeryError, match=r"Cannot reach gs://Bad_Bucket!: .*bucket"):
         suture.open("gs://Bad_Bucket!/x")
-    with pytest.raises(suture.SurgeryError, match=r"Cannot access .*forbidden.*credentials"):
+    with pytest.raises(suture.SurgeryError, match=r"Cannot read .*forbidden.*HTTP 403 Forbidden"):
         suture.open(f"{http.url}/forbidden/model.safetensors")
     with pytest.raises(suture.CheckpointNotFoundError, match=r"No such file: 'gs://"):
         suture._location.location_of(f"{gcs}/absent.json").read_bytes()

@@ -32,6 +32,7 @@ from .._errors import (
 )
 from .._redact import redact_text, redact_url
 from .base import Location, short_read, too_large
+from .http_redirect import REDIRECT_CODES, describe_status, redirect_target
 
 WRITABLE_SCHEMES = ("gs", "s3")
 TIMEOUT_VARIABLE = "SUTURE_REMOTE_TIMEOUT"
@@ -109,7 +110,35 @@ class RemoteLocation(Location):
         try:
             return wait(store.read(key, byte_range=byte_range), self, count)
         except ValueError as error:
+            code = _http_code(error)
+            if self.scheme not in ("http", "https") or code not in REDIRECT_CODES:
+                raise _remote_error(self, error) from None
+        target = self._redirected(key)
+        if target.endswith("/"):  # a folder, as a file server names it: no file here
+            import tensorstore as ts  # heavy: loaded on first use, not at import
+
+            return ts.KvStore.ReadResult(state="missing")
+        try:
+            return wait(store.read(target, byte_range=byte_range), self, count)
+        except ValueError as error:
             raise _remote_error(self, error) from None
+
+    def _redirected(self, key: str) -> str:
+        """The key a server's redirect of `key` leads to, on the same host (asked once)."""
+        cache_key = (self.scheme, self.host, key)
+        with _stores_lock:
+            target = _redirects.get(cache_key)
+        if target is None:
+            target = redirect_target(self.scheme, self.host, key, remote_timeout())
+            if target.endswith("/") and target != f"{key}/":
+                raise UnsupportedError(
+                    f"{str(self)!r} redirects to the folder {target!r} on the same server; "
+                    f"suture reads a folder under the name it was given. Pass "
+                    f"{redact_url(f'{self.scheme}://{self.host}/{target}')!r} instead."
+                )
+            with _stores_lock:
+                _redirects[cache_key] = target
+        return target
 
     def _pinned(self, result: Any) -> Any:
         """`result`, checked to come from the version of the file the first read pinned."""
@@ -303,6 +332,7 @@ _FOLDER_PROBES = (
 
 _stores: dict[tuple[str, str, str, tuple], Any] = {}
 _stores_lock = threading.Lock()
+_redirects: dict[tuple[str, str, str], str] = {}  # (scheme, host, key) -> key redirected to
 _CONTEXT_SPEC = {
     "cache_pool": {"total_bytes_limit": 0},
     "gcs_request_concurrency": {"limit": 64},
@@ -344,6 +374,7 @@ def forget_stores() -> None:
     with _stores_lock:
         _shared.clear()
         _stores.clear()
+        _redirects.clear()
 
 
 def _limit_stalls() -> None:
@@ -458,6 +489,12 @@ def _remote_error(location: Location, error: ValueError) -> SurgeryError:
     text = _clean(error)
     if "OUT_OF_RANGE" in text:
         return CorruptCheckpointError(f"{str(location)!r}: {text}")
+    code = _http_code(error)
+    if getattr(location, "scheme", "") in ("http", "https") and code is not None:
+        meaning = describe_status(code)
+        if code in (404, 410):
+            return CheckpointNotFoundError(f"Cannot read {str(location)!r}: {meaning}.")
+        return SurgeryError(f"Cannot read {str(location)!r}: {meaning}.")
     return SurgeryError(
         f"Cannot access {str(location)!r}: {text}. Check the path, and the credentials the "
         f"driver reads (environment variables, metadata server, config files)."
@@ -470,3 +507,9 @@ def _clean(error: BaseException) -> str:
     return re.sub(
         r"(?i)(authorization|token|signature|credential)[^\s,;]*[=:]\s*\S+", r"\1=<hidden>", text
     )
+
+
+def _http_code(error: BaseException) -> int | None:
+    """The HTTP status in a driver's message (``... [HTTP code 301]``), if any."""
+    found = re.search(r"\[HTTP code (\d{3})\]", str(error))
+    return int(found.group(1)) if found else None
