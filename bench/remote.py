@@ -1,127 +1,278 @@
-"""Open + params-only load of a ~1 GiB Orbax checkpoint on a local GCS server: suture vs Orbax.
+"""Object storage at a real bucket's latency: loads, a streamed surgery and a conversion.
 
-A stock Orbax checkpoint (params + Adam mu and nu, random float32, ~0.94 GiB) is written
-locally, uploaded to a fake-gcs-server started on 127.0.0.1, and loaded from ``gs://``
-in fresh processes, params only:
+fake-gcs-server and moto's S3 server run on 127.0.0.1, each behind a latency-and-bandwidth
+proxy (`bench/_latency_proxy.py`: ``--latency-ms`` per request, 30 by default, and
+``--bandwidth-mbs`` per connection, 200 MB/s by default; it counts requests and bytes).
+The data is uploaded to the servers directly; every measured route goes through a proxy
+(``TENSORSTORE_GCS_HTTP_URL``, ``STORAGE_EMULATOR_HOST`` and ``AWS_ENDPOINT_URL_S3`` name it).
+Each route runs in a fresh process (wall: from before opening to the result being ready or
+committed, imports excluded), after one discarded run of it.
 
-- suture: ``suture.load(url, suture.placeholders(url, skip="opt_state"))``
-- Orbax:  v1 ``ocp.load(url, tree)`` with ``PLACEHOLDER`` under opt_state (the Orbax
-  partial-loading guide's way), ``epath`` reaching the server through gcsfs.
+(a) params-only load of a stock Orbax checkpoint (params + Adam mu and nu, float32) from
+    gs://: ``suture.load(url, suture.placeholders(url, skip="opt_state"))`` against Orbax v1
+    ``ocp.load`` with PLACEHOLDER under opt_state (``epath`` through gcsfs).
+(b) a streamed surgery gs:// -> gs:// of the same checkpoint: drop the optimizer state,
+    stack the layers, cast to bfloat16 (``suture.save(suture.transform(rules, src), dst)``).
+(c) a sharded safetensors Llama folder (bfloat16) -> MaxText layout with
+    ``--recipe llama3.1:maxtext``, gs:// -> gs:// and s3:// -> s3://.
 
-Both read array data through TensorStore's gcs driver, so its counters (bytes fetched,
-read requests) measure both routes alike; Orbax's metadata reads through gcsfs are not in
-them (a few KiB). Goal (issue 15): no more bytes than Orbax and no slower.
+The floor of a route is the bytes it moved through the proxy (both ways) over one
+connection's bandwidth. Goals (issue 30): loads at most Orbax's wall and requests; streamed
+surgeries and conversions within 1.3x of the floor.
 Run from the repository root: ``.venv/bin/python -m bench.remote``.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
+import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 from bench._common import (
     DATA_DIR,
+    REPO_ROOT,
     machine,
     orbax_load_params_only,
     peak_rss_bytes,
-    run_cold_worker,
     write_adam_checkpoint,
     write_section,
 )
+from bench._latency_proxy import stats_of
 
-LAYERS = 5
-WIDTH = 4096
-CHECKPOINT = DATA_DIR / "remote"
-REPEATS = 3
+HF = DATA_DIR / "remote-hf"
+LLAMA = dict(
+    hidden_size=1024,
+    intermediate_size=3584,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    num_hidden_layers=8,
+    vocab_size=32000,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=4096,
+    model_type="llama",
+    architectures=["LlamaForCausalLM"],
+    tie_word_embeddings=False,
+    rope_theta=500000.0,
+)
+MIB = 2**20
 
 
-def worker(route: str, url: str) -> None:
+def worker(route: str, source: str, destination: str) -> None:
     import jax
     from etils import epath
-    from orbax.checkpoint import v1  # noqa: F401 (both routes import before the clock starts)
+    from orbax.checkpoint import v1  # noqa: F401 (every route imports before the clock starts)
 
     import suture
-    from suture._iostats import bytes_read, remote_requests
+    from suture import rules
+    from suture.families._convert import convert_with_recipe
 
     started = time.perf_counter()
-    bytes_before, requests_before = bytes_read(), remote_requests()
-    if route == "suture":
-        loaded = suture.load(url, suture.placeholders(url, skip="opt_state"))
+    if route == "suture-load":
+        loaded = suture.load(source, suture.placeholders(source, skip="opt_state"))
+        jax.block_until_ready(jax.tree.leaves(loaded["params"]))
+    elif route == "orbax-load":
+        loaded = orbax_load_params_only(epath.Path(source))
+        jax.block_until_ready(jax.tree.leaves(loaded["params"]))
+    elif route == "suture-surgery":
+        surgery = [
+            rules.drop("opt_state|step"),
+            rules.stack(r"params/layer(?P<i>\d+)", into="params/layers"),
+            rules.cast("params", "bfloat16"),
+        ]
+        suture.save(suture.transform(surgery, source), destination, progress=False)
+    elif route == "suture-convert":
+        convert_with_recipe(source, destination, "llama3.1:maxtext", progress=False)
     else:
-        loaded = orbax_load_params_only(epath.Path(url))
-    jax.block_until_ready(jax.tree.leaves(loaded["params"]))
-    print(
-        json.dumps(
-            {
-                "wall_s": time.perf_counter() - started,
-                "bytes": bytes_read() - bytes_before,
-                "requests": remote_requests() - requests_before,
-                "peak_rss_bytes": peak_rss_bytes(),
-                "params_bytes": sum(leaf.nbytes for leaf in jax.tree.leaves(loaded["params"])),
-            }
-        )
+        raise SystemExit(f"unknown route {route}")
+    wall = time.perf_counter() - started
+    print(json.dumps({"wall_s": wall, "peak_rss_bytes": peak_rss_bytes()}))
+
+
+def _measure(route: str, source: str, destination: str, proxy: str) -> dict:
+    """One fresh-process run of `route`; its wall time and what went through the proxy."""
+    before, load_before = stats_of(proxy), os.getloadavg()[0]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.remote", "--worker", route, source, destination],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
     )
+    if done.returncode:
+        raise RuntimeError(f"{route} failed:\n{done.stderr[-3000:]}")
+    after = stats_of(proxy)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result.update(
+        {key: after[key] - before[key] for key in ("requests", "bytes_up", "bytes_down")},
+        load=(load_before + os.getloadavg()[0]) / 2,
+    )
+    return result
+
+
+@contextlib.contextmanager
+def _proxy(upstream: str, latency: float, bandwidth: float) -> Iterator[str]:
+    from tests.remote_servers import free_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench._latency_proxy",
+            upstream,
+            str(port),
+            str(latency),
+            str(bandwidth),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    try:
+        if process.stdout.readline().strip() != "ready":
+            raise RuntimeError("the proxy did not start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _checkpoint(layers: int, width: int) -> Path:
+    return DATA_DIR / f"remote-{layers}x{width}"
+
+
+def _prepare(layers: int, width: int) -> None:
+    from bench.families import generate
+
+    DATA_DIR.mkdir(exist_ok=True)
+    write_adam_checkpoint(_checkpoint(layers, width), layers, width)
+    if not (HF / "model.safetensors.index.json").exists():
+        shutil.rmtree(HF, ignore_errors=True)
+        generate(HF, LLAMA, "bfloat16", layers_per_shard=2)
 
 
 def main() -> None:
-    from tests.remote_servers import BUCKET, gcs_server, upload
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--latency-ms", type=float, default=30.0)
+    parser.add_argument("--bandwidth-mbs", type=float, default=200.0, help="MB/s (10^6 bytes)")
+    parser.add_argument("--layers", type=int, default=5)
+    parser.add_argument("--width", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cases", default="load,surgery,convert-gs,convert-s3")
+    parser.add_argument("--section", default="remote", help="the RESULTS.md section written")
+    parser.add_argument("--note", default="", help="a line added under the table")
+    args = parser.parse_args()
+    latency, bandwidth = args.latency_ms / 1000, args.bandwidth_mbs * 1e6
+    cases = args.cases.split(",")
 
-    DATA_DIR.mkdir(exist_ok=True)
-    write_adam_checkpoint(CHECKPOINT, LAYERS, WIDTH)
-    stored = sum(p.stat().st_size for p in CHECKPOINT.rglob("*") if p.is_file())
+    from tests.remote_servers import BUCKET, environment, gcs_server, s3_server, upload
+
+    _prepare(args.layers, args.width)
+    checkpoint = _checkpoint(args.layers, args.width)
+    stored = sum(p.stat().st_size for p in checkpoint.rglob("*") if p.is_file())
+    hf_bytes = sum(p.stat().st_size for p in HF.rglob("*") if p.is_file())
     server_root = DATA_DIR / "remote-gcs"
     shutil.rmtree(server_root, ignore_errors=True)
+    runs: dict[str, list[dict]] = {}
     try:
-        with gcs_server(server_root):
-            url = f"gs://{BUCKET}/remote/ckpt"
-            upload(CHECKPOINT, url)
-            runs: dict[str, list[dict]] = {}
-            for route in ("suture", "orbax"):
-                run_cold_worker("bench.remote", route, url)  # discarded: warms the server
-                runs[route] = [run_cold_worker("bench.remote", route, url) for _ in range(REPEATS)]
+        with gcs_server(server_root) as gcs_url, s3_server() as s3_url:
+            upload(checkpoint, f"gs://{BUCKET}/ckpt")
+            upload(HF, f"gs://{BUCKET}/hf")
+            if "convert-s3" in cases:
+                upload(HF, f"s3://{BUCKET}/hf")
+            with (
+                _proxy(gcs_url, latency, bandwidth) as gcs_proxy,
+                _proxy(s3_url, latency, bandwidth) as s3_proxy,
+                environment(
+                    TENSORSTORE_GCS_HTTP_URL=gcs_proxy,
+                    STORAGE_EMULATOR_HOST=gcs_proxy,
+                    AWS_ENDPOINT_URL_S3=s3_proxy,
+                    GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",  # gcsfs's gRPC probe stalls
+                ),
+            ):
+                plan = []
+                if "load" in cases:
+                    for route in ("suture-load", "orbax-load"):
+                        plan.append((f"(a) {route}", route, f"gs://{BUCKET}/ckpt", "", gcs_proxy))
+                if "surgery" in cases:
+                    plan.append(
+                        ("(b) surgery gs->gs", "suture-surgery", f"gs://{BUCKET}/ckpt",
+                         f"gs://{BUCKET}/out/surgery", gcs_proxy)
+                    )  # fmt: skip
+                for store, proxy in (("gs", gcs_proxy), ("s3", s3_proxy)):
+                    if f"convert-{store}" in cases:
+                        plan.append(
+                            (f"(c) convert {store}->{store}", "suture-convert",
+                             f"{store}://{BUCKET}/hf", f"{store}://{BUCKET}/out/maxtext", proxy)
+                        )  # fmt: skip
+                for name, route, source, destination, proxy in plan:
+                    results = []
+                    for attempt in range(args.repeats + 1):  # the first discarded
+                        target = f"{destination}-{attempt}" if destination else ""
+                        results.append(_measure(route, source, target, proxy))
+                        print(name, json.dumps(results[-1]), flush=True)
+                    runs[name] = results[1:]
     finally:
         shutil.rmtree(server_root, ignore_errors=True)
-        shutil.rmtree(CHECKPOINT, ignore_errors=True)
-    summary = {
-        route: {key: statistics.median(r[key] for r in results) for key in results[0]}
-        for route, results in runs.items()
-    }
-    ours, peer = summary["suture"], summary["orbax"]
-    gib = 2**30
-    rows = "\n".join(
-        f"| {name} | {s['wall_s']:.2f} s | {s['bytes'] / gib:.3f} GiB | {s['requests']:.0f} "
-        f"| {s['peak_rss_bytes'] / gib:.2f} GiB |"
-        for name, s in (("suture.load + placeholders", ours), ("orbax v1 load + PLACEHOLDER", peer))
+    report(args, runs, stored, hf_bytes, bandwidth)
+
+
+def report(args, runs: dict[str, list[dict]], stored: int, hf_bytes: int, bandwidth: float) -> None:
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name])
+
+    rows = []
+    for name in runs:
+        moved = median(name, "bytes_up") + median(name, "bytes_down")
+        floor = moved / bandwidth
+        rows.append(
+            f"| {name} | {median(name, 'wall_s'):.2f} s | {median(name, 'requests'):.0f} "
+            f"| {median(name, 'bytes_down') / MIB:.0f} / {median(name, 'bytes_up') / MIB:.0f} MiB "
+            f"| {floor:.2f} s | **{median(name, 'wall_s') / floor:.2f}x** "
+            f"| {median(name, 'load'):.1f} |"
+        )
+    every = "; ".join(
+        f"{name} " + ", ".join(f"{r['wall_s']:.2f}" for r in results)
+        for name, results in runs.items()
     )
-    body = f"""## remote: params-only load of a 1 GiB Orbax checkpoint from gs:// (issue 15)
+    command = (
+        f"python -m bench.remote --latency-ms {args.latency_ms:g} --bandwidth-mbs "
+        f"{args.bandwidth_mbs:g} --layers {args.layers} --width {args.width} --repeats "
+        f"{args.repeats}"
+    )
+    body = f"""## remote: gs:// and s3:// at 30 ms and 200 MB/s per connection (issue 30)
 
-`python -m bench.remote` — {machine()}; fake-gcs-server on 127.0.0.1 (filesystem backend),
-median of {REPEATS} runs per route, each a fresh process (wall: from before opening to the
-arrays being ready, imports excluded), after one discarded run per route.
-Checkpoint: stock `StandardCheckpointer`, {LAYERS} layers of ({WIDTH}, {WIDTH}) float32 kernels
-+ biases for params, mu and nu; {stored / gib:.3f} GiB stored, params
-{ours["params_bytes"] / gib:.3f} GiB in memory.
+`{command}` — {machine()}; fake-gcs-server and moto's S3 server on 127.0.0.1, each behind
+the benchmark's proxy ({args.latency_ms:g} ms per request, {args.bandwidth_mbs:g} MB/s per
+connection, requests and bytes counted by it). Median of {args.repeats} runs per route, each
+a fresh process after one discarded run (wall: from before opening to the arrays being
+ready or the checkpoint committed, imports excluded). The machine is shared: the load
+average (1 min) during each route is in the last column.
+Checkpoint (a, b): stock `StandardCheckpointer`, {args.layers} layers of
+({args.width}, {args.width}) float32 kernels + biases for params, mu and nu,
+{stored / MIB:.0f} MiB stored. HF folder (c): Llama, hidden {LLAMA["hidden_size"]},
+{LLAMA["num_hidden_layers"]} layers, bfloat16, {hf_bytes / MIB:.0f} MiB in 5 shards.
 
-| route | open + load wall | bytes fetched (TensorStore gcs) | read requests | peak RSS |
-| --- | --- | --- | --- | --- |
-{rows}
+| route | wall | requests | down / up through the proxy | floor (bytes / bandwidth) | wall / floor | load |
+| --- | --- | --- | --- | --- | --- | --- |
+{chr(10).join(rows)}
 
-- Bytes fetched ratio suture / Orbax: **{ours["bytes"] / peer["bytes"]:.3f}x**; wall time ratio:
-  **{ours["wall_s"] / peer["wall_s"]:.2f}x** (goal: at most 1x each).
-- Wall times of every run: suture {", ".join(f"{r['wall_s']:.2f}" for r in runs["suture"])};
-  Orbax {", ".join(f"{r['wall_s']:.2f}" for r in runs["orbax"])}.
-- Orbax reads `_METADATA` and its other JSON files through gcsfs, outside TensorStore's
-  counters; suture reads them through TensorStore, so its count includes them.
+- Every run's wall time: {every}.
+{args.note}
 """
-    write_section("remote", body)
+    write_section(args.section, body)
     print(body)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], sys.argv[3])
+    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         main()

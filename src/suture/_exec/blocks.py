@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,6 +29,10 @@ from .._lazy.selection import full
 
 DEFAULT_MAX_MEMORY = 1 << 30
 WRITE_THREADS = 4
+# On an object store a block's reads and writes wait on round trips more than on the CPU:
+# more blocks in flight hide them, and writes arriving together share one OCDBT commit
+# (the memory budget still bounds the bytes in flight).
+REMOTE_WRITE_THREADS = 16
 
 
 class LeafWriter(Protocol):
@@ -264,6 +268,11 @@ def _cost(array: LazyArray, rows: slice, writer: LeafWriter, axis: int = 0) -> i
     working = sum(n.working_bytes(view.nbytes) for n in _walk(view.node))
     reading = view.node.held_while_reading(full(view.shape), into=True)
     return reading + view.nbytes + working + writer.held_while_writing(view.nbytes)
+
+
+def write_threads(destination: Any) -> int:
+    """Blocks run at once when writing to `destination` (a `Location`)."""
+    return REMOTE_WRITE_THREADS if destination.is_remote else WRITE_THREADS
 
 
 def block_budget(max_memory: int, threads: int = WRITE_THREADS) -> int:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import CollectiveError, DestinationError, UnsupportedError
-from .._exec.blocks import Block
+from .._exec.blocks import Block, write_threads
 from .._exec.distributed import Group, global_array
 from .._exec.progress import progress_bar
 from .._exec.runner import run_blocks
@@ -112,7 +112,9 @@ def write_collective(
             ) as on_progress:
                 try:
                     with reading_directly(block.array for block in blocks):
-                        progress = run_blocks(blocks, max_memory, on_progress)
+                        progress = run_blocks(
+                            blocks, max_memory, on_progress, threads=write_threads(temporary)
+                        )
                 finally:  # safetensors: each process closes what it opened
                     closing_error = call_collecting_error(finish) if format != "orbax" else None
             if closing_error is not None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ArgumentError, DestinationError, PathConflictError, UnsupportedError
-from .._exec.blocks import Block, block_budget, check_blocks_fit, leaf_blocks
+from .._exec.blocks import Block, block_budget, check_blocks_fit, leaf_blocks, write_threads
 from .._exec.distributed import Group, global_array, share, share_blocks
 from .._exec.progress import progress_bar
 from .._exec.runner import Budget, run_blocks
@@ -69,7 +69,11 @@ def write(tree: Any, destination: Location, options: SaveOptions) -> SaveResult:
                 try:
                     with reading_directly(block.array for block in blocks):
                         progress = run_blocks(
-                            blocks, max_memory, on_progress, on_budget=budget.append
+                            blocks,
+                            max_memory,
+                            on_progress,
+                            threads=write_threads(temporary),
+                            on_budget=budget.append,
                         )
                 finally:
                     finish_error = call_collecting_error(finish)
@@ -136,6 +140,7 @@ def orbax_blocks(
             array = sink.add_value(keys, kinds, leaf)
         if array is not None:
             arrays.append((path, array, sink.add_array(keys, kinds, array)))
+    sink.opened()
     if group is None:
         blocks = [
             block

@@ -49,6 +49,7 @@ DEFAULT_CHUNK_BYTES = 16 << 20
 _HANDLER = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
 _SEQUENCE_KEY, _DICT_KEY = 1, 2
 PROCESS_PREFIX = "ocdbt.process_"  # Orbax's name for one process's database
+REMOTE_DATA_FILE_BYTES = 8 << 20
 
 
 class OrbaxArrayWriter:
@@ -56,11 +57,28 @@ class OrbaxArrayWriter:
 
     A block (rows of the first axis, or positions of a stacking axis) is handed to
     TensorStore one chunk at a time: TensorStore holds what it is given and its compressed
-    bytes, so this keeps what it holds to two chunks.
+    bytes, so this keeps what it holds to two chunks. On an object store (`together`) all
+    of a block's chunks are handed over before any is waited for, so that they go up in
+    the same OCDBT commit, side by side; TensorStore then holds the block's compressed bytes.
     """
 
-    def __init__(self, store: Any, chunk: tuple[int, ...]) -> None:
-        self._store, self._chunk = store, chunk
+    def __init__(
+        self,
+        opening: Any,
+        chunk: tuple[int, ...],
+        itemsize: int,
+        rows: tuple[int, ...] = (),
+        together: bool = False,
+    ) -> None:
+        self._opening, self._chunk, self._itemsize, self._rows = opening, chunk, itemsize, rows
+        self._together = together  # a block's chunks handed over at once (object stores)
+
+    @property
+    def _store(self) -> Any:
+        store = self._opening.result()  # opened before the blocks run (`OrbaxSink.opened`)
+        for index in self._rows:
+            store = store[index]
+        return store
 
     def block_rows(self) -> int:
         return self._chunk[0] if self._chunk else 1
@@ -69,45 +87,78 @@ class OrbaxArrayWriter:
         return self._chunk[axis] if axis < len(self._chunk) else None
 
     def held_while_writing(self, nbytes: int) -> int:
-        chunk_bytes = math.prod(self._chunk) * self._store.dtype.numpy_dtype.itemsize
+        chunk_bytes = math.prod(self._chunk) * self._itemsize
+        if self._together:  # every chunk's compressed bytes, and one being compressed
+            return nbytes + min(nbytes, chunk_bytes)
         return 2 * min(nbytes, chunk_bytes)
 
     def row(self, index: int) -> OrbaxArrayWriter:
         """The writer of row `index` alone (its chunks are one row high)."""
-        return OrbaxArrayWriter(self._store[index], self._chunk[1:])
+        return OrbaxArrayWriter(
+            self._opening, self._chunk[1:], self._itemsize, (*self._rows, index), self._together
+        )
 
     def write(self, rows: slice, values: np.ndarray) -> None:
         self.write_along(0, rows, values)
 
     def write_along(self, axis: int, rows: slice, values: np.ndarray) -> None:
-        if not self._store.ndim:
-            self._store.write(values).result()
+        store = self._store
+        if not store.ndim:
+            store.write(values).result()
             return
         start = rows.start or 0
         span = (slice(None),) * axis + (slice(start, start + values.shape[axis]),)
-        _write_by_chunks(self._store[span].translate_to[0], values, self._chunk)
+        _write_by_chunks(store[span].translate_to[0], values, self._chunk, self._together)
 
 
-def _write_by_chunks(target: Any, values: np.ndarray, chunk: tuple[int, ...]) -> None:
+def _write_by_chunks(
+    target: Any, values: np.ndarray, chunk: tuple[int, ...], together: bool = False
+) -> None:
     """Writes `values` into `target` (of its shape, origin 0) one chunk at a time: cut along
-    the first axis a chunk does not cover whole, each part cut further along the next one."""
+    the first axis a chunk does not cover whole, each part cut further along the next one.
+
+    `together`: every chunk is handed over before any is waited for, so that they share
+    OCDBT commits (on an object store each commit costs round trips); TensorStore then
+    holds all the block's compressed chunks at once.
+    """
+    pending: list[Any] = []
+    failures: list[BaseException] = []
+    try:
+        _hand_over(target, values, chunk, pending, wait=not together)
+    finally:  # TensorStore may read `values` until then: nothing reuses them before
+        for future in pending:
+            try:
+                future.result()
+            except Exception as error:  # noqa: BLE001 (the first one is raised below)
+                failures.append(error)
+    if failures:
+        raise failures[0]
+
+
+def _hand_over(
+    target: Any, values: np.ndarray, chunk: tuple[int, ...], pending: list[Any], wait: bool
+) -> None:
     cut = [axis for axis, length in enumerate(chunk) if length < values.shape[axis]]
     if not cut:
         # The block is not touched until the write is committed, so TensorStore may encode
         # straight from it instead of copying it first.
-        target.write(values, can_reference_source_data_indefinitely=True).result()
+        future = target.write(values, can_reference_source_data_indefinitely=True)
+        if wait:
+            future.result()
+        else:
+            pending.append(future)
         return
     axis, extent = cut[0], values.shape[cut[0]]
     for start in range(0, extent, chunk[axis]):
         part = (slice(None),) * axis + (slice(start, min(start + chunk[axis], extent)),)
-        _write_by_chunks(target[part].translate_to[0], values[part], chunk)
+        _hand_over(target[part].translate_to[0], values[part], chunk, pending, wait)
 
 
 class OrbaxShardWriter:
     """One shard of a globally sharded jax.Array: its chunks, written whole."""
 
-    def __init__(self, store: Any, index: tuple[slice, ...]) -> None:
-        self._store, self.index = store, index
+    def __init__(self, opening: Any, index: tuple[slice, ...]) -> None:
+        self._opening, self.index = opening, index
 
     def block_rows(self) -> int:
         return 1
@@ -116,7 +167,8 @@ class OrbaxShardWriter:
         return 2 * nbytes  # TensorStore's copy of the shard and its compressed bytes
 
     def write(self, rows: slice, values: np.ndarray) -> None:
-        target = self._store[self.index] if self._store.ndim else self._store
+        store = self._opening.result()
+        target = store[self.index] if store.ndim else store
         target.write(values).result()
 
 
@@ -144,13 +196,22 @@ class OrbaxSink:
         self._entries: dict[str, dict] = {}
         self._strings: dict[str, str] = {}
         self._names = OrbaxNames()
+        self._openings: list[Any] = []  # TensorStore futures of the arrays being created
         # Chunks are not fsync'd one by one (TensorStore's default): that stalls each writing
         # thread on the disk. `sync` makes everything durable once, before publication.
         self._context = ts.Context(
-            {"file_io_concurrency": {"limit": 64}, "file_io_sync": False},
+            {
+                "file_io_concurrency": {"limit": 64},
+                "file_io_sync": False,
+            },
             parent=remote_context() if self.folder.is_remote else None,
         )
         self._started = time.time_ns()
+        # An OCDBT commit writes its new data in one file, on one connection, and commits
+        # run one after another: on a bucket, files of a few MiB go up side by side.
+        self._data_files = (
+            {"target_data_file_size": REMOTE_DATA_FILE_BYTES} if self.folder.is_remote else {}
+        )
 
     def start(self) -> None:
         """Creates the folder with a ``_CHECKPOINT_METADATA`` recording a start, no commit.
@@ -176,7 +237,10 @@ class OrbaxSink:
         self, keys: tuple[str, ...], kinds: tuple[int, ...], array: LazyArray
     ) -> OrbaxArrayWriter:
         chunk = _chunk_shape(array, self.chunk_bytes)
-        return OrbaxArrayWriter(self._open(keys, kinds, array, chunk), chunk)
+        itemsize = np.dtype(array.dtype).itemsize
+        return OrbaxArrayWriter(
+            self._open(keys, kinds, array, chunk), chunk, itemsize, together=self.folder.is_remote
+        )
 
     def add_sharded(
         self, keys: tuple[str, ...], kinds: tuple[int, ...], global_array: Any
@@ -217,6 +281,7 @@ class OrbaxSink:
                 "driver": "ocdbt",
                 "base": self._database.resolve().kvstore_spec(),
                 "path": name,
+                **self._data_files,
             },
             "metadata": {
                 "shape": list(array.shape),
@@ -233,8 +298,17 @@ class OrbaxSink:
             # Orbax readers expect every chunk, zeros included (its _METADATA says so below).
             "store_data_equal_to_fill_value": True,
         }
-        with native_call():  # interrupted, the open would go on writing into the folder
-            return ts.open(spec, context=self._context).result()
+        # Opened together, the arrays' creations share OCDBT commits (one each is a few
+        # round trips on a bucket); `opened` waits for them all.
+        opening = ts.open(spec, context=self._context)
+        self._openings.append(opening)
+        return opening
+
+    def opened(self) -> None:
+        """Waits until every array added so far is created."""
+        with native_call():  # interrupted, the opens would go on writing into the folder
+            for opening in self._openings:
+                opening.result()
 
     def add_value(
         self, keys: tuple[str, ...], kinds: tuple[int, ...], value: Any

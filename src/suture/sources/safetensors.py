@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,7 @@ DTYPES = {
 INDEX_SUFFIX = ".index.json"
 MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 SINGLE_NAMES = (f"model.safetensors{INDEX_SUFFIX}", "model.safetensors")  # Hugging Face's
+REMOTE_OPENS = 16  # remote shards whose headers are read at once (each waits on round trips)
 
 
 def open_safetensors(
@@ -130,9 +132,12 @@ def _read_tensors(
     tensors: dict[str, LazyArray] = {}
     weight_map: dict[str, str] = {}
     metadata: dict[str, str] = {}
-    for file in files:
+
+    def opened(file: Location) -> tuple[Any, dict[str, Any], int]:
         identity = local_identity(file)  # before the header: a swap in between fails the reads
-        header, data_start = read_header(file)
+        return (identity, *read_header(file))
+
+    for file, (identity, header, data_start) in zip(files, _each(opened, files), strict=True):
         metadata = metadata or header.get("__metadata__") or {}
         for name, entry in header.items():
             if name == "__metadata__":
@@ -163,7 +168,8 @@ def _files_of(path: Location) -> tuple[list[Location], dict | None]:
     if path.name.endswith(INDEX_SUFFIX):
         index = _read_index(path)
         names = sorted(set(index["weight_map"].values()))
-        missing = [name for name in names if not (path.parent / name).is_file()]
+        present = _each(lambda name: (path.parent / name).is_file(), names, path.is_remote)
+        missing = [name for name, there in zip(names, present, strict=True) if not there]
         if missing:
             raise CorruptCheckpointError(
                 f"{str(path)!r} lists shard {missing[0]!r}, which is not in {str(path.parent)!r}. "
@@ -171,6 +177,17 @@ def _files_of(path: Location) -> tuple[list[Location], dict | None]:
             )
         return [path.parent / name for name in names], index
     return [path], None
+
+
+def _each(function: Any, items: list, remote: bool | None = None) -> list:
+    """``[function(item) for item in items]``; for remote files side by side, since each
+    call waits on round trips (the first error raised, as the loop would)."""
+    if remote is None:
+        remote = any(getattr(item, "is_remote", False) for item in items)
+    if not remote or len(items) < 2:
+        return [function(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(REMOTE_OPENS, len(items))) as pool:
+        return list(pool.map(function, items))
 
 
 def _folder_names(folder: Location) -> list[str]:
