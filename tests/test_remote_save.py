@@ -126,3 +126,30 @@ def test_cli_commands_write_to_object_stores(gcs: str, s3: str, tmp_path: Path) 
 def test_http_is_read_only(tmp_path: Path) -> None:
     with pytest.raises(suture.SurgeryError, match=r"http:// is read-only for suture"):
         suture.save({"w": np.ones(2)}, "http://127.0.0.1:9/out", progress=False)
+
+
+def _gcs_writes() -> int:
+    import tensorstore as ts
+
+    return sum(
+        int(value.get("value", 0))
+        for metric in ts.experimental_collect_matching_metrics("/tensorstore/kvstore/gcs/write")
+        if metric.get("name") == "/tensorstore/kvstore/gcs/write"
+        for value in metric.get("values", [])
+    )
+
+
+def test_a_save_to_a_bucket_shares_commits_among_arrays_and_chunks(gcs: str) -> None:
+    # Each OCDBT commit is a data file and a manifest written one after the other: on a bucket
+    # (tens of ms a request) one commit per array, and per chunk, made saves latency-bound.
+    rng = np.random.default_rng(5)
+    tree = {f"w{i}": rng.standard_normal((64, 256), np.float32) for i in range(24)}  # 64 KiB
+    chunks = 24 * 4  # 16 KiB chunks: four per array
+    before = _gcs_writes()
+    suture.save(tree, f"{gcs}/shared-commits", chunk_bytes=16 << 10, progress=False)
+    writes = _gcs_writes() - before
+    one_commit_each = 2 * (24 + chunks)  # a commit per array created and per chunk written
+    assert writes < one_commit_each / 3, writes
+    restored = restore_with_stock_orbax(f"{gcs}/shared-commits")
+    for name, values in tree.items():
+        np.testing.assert_array_equal(restored[name], values)
