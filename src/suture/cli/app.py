@@ -532,10 +532,11 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the `suture` script and of ``python -m suture``."""
     warnings.showwarning = _show_warning
     args = argv if argv is not None else sys.argv[1:]
+    # first, before any thread starts: the command line owns its process, one malloc arena
+    limit_malloc_arenas()  # (docs/design.md, "Memory")
     if "--debug" not in args:
         quiet_native_logs()  # the AWS credential chain's misses, logged as errors
     install_interrupt_handlers()
-    limit_malloc_arenas()  # the command line owns its process: one malloc arena (docs/design.md)
     try:
         app(args=args, prog_name="suture")
     except SystemExit as exit_:
