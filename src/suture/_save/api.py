@@ -20,7 +20,7 @@ from .._errors import DestinationError, UnsupportedError
 from .._exec.distributed import collective
 from .._exec.memory import tune_if_asked
 from .._exec.progress import wants_progress
-from .._hf import model_folder_side_files
+from .._hf import model_folder_side_files, with_output_dtype
 from .._lazy.array import LazyArray
 from .._location import LocalLocation, Location, location_of
 from .._location.publish import destination_exists, is_unfinished
@@ -169,6 +169,8 @@ def save(
     if extra_files is None and folder_output:
         options = replace(options, extra_files=_side_files_of(tree))
     tree = _tree_of(tree)
+    if "config.json" in options.extra_files:  # its dtype fields follow the weights written
+        options = replace(options, extra_files=with_output_dtype(options.extra_files, tree))
     _check_writable_path(destination, format)
     _check_destination(destination, overwrite, tree)
     group = collective()  # under jax.distributed every process writes its share

@@ -1,0 +1,85 @@
+"""A newcomer's first hour: outputs that load as they say, calls that do not crash, and
+messages a new user can act on (issue: silent wrong dtypes, crashes, rough edges)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from suture.cli import app
+
+torch = pytest.importorskip("torch", reason="transformers' models need torch (the dev extra)")
+transformers = pytest.importorskip("transformers", reason="in the dev extra")
+
+runner = CliRunner()
+
+
+def tiny_llama(folder: Path, seed: int = 0) -> None:
+    """A 2-layer Llama saved by transformers 5, whose config.json says ``"dtype": "float32"``."""
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+    )
+    torch.manual_seed(seed)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+
+
+def loaded_dtypes(folder: Path) -> set[torch.dtype]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    return {parameter.dtype for parameter in model.parameters()}
+
+
+def test_convert_dtype_writes_the_config_fields_transformers_reads(tmp_path: Path) -> None:
+    tiny_llama(tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "float32"
+    done = runner.invoke(
+        app,
+        ["convert", str(tmp_path / "hf"), str(tmp_path / "out"), "--dtype", "bfloat16"]
+        + ["--format", "safetensors", "--no-progress"],
+    )
+    assert done.exit_code == 0, done.output
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"
+    assert config.get("torch_dtype", "bfloat16") == "bfloat16"
+    assert loaded_dtypes(tmp_path / "out") == {torch.bfloat16}
+    # through Orbax (which keeps the config beside it) and back: still bfloat16
+    through = ["convert", str(tmp_path / "hf"), str(tmp_path / "orbax"), "--dtype", "bfloat16"]
+    assert runner.invoke(app, [*through, "--no-progress"]).exit_code == 0
+    back = ["convert", str(tmp_path / "orbax"), str(tmp_path / "back"), "--format", "safetensors"]
+    assert runner.invoke(app, [*back, "--no-progress"]).exit_code == 0
+    assert loaded_dtypes(tmp_path / "back") == {torch.bfloat16}
+
+
+def test_convert_without_a_cast_copies_the_config_byte_for_byte(tmp_path: Path) -> None:
+    tiny_llama(tmp_path / "hf")
+    args = ["convert", str(tmp_path / "hf"), str(tmp_path / "out"), "--format", "safetensors"]
+    assert runner.invoke(app, [*args, "--no-progress"]).exit_code == 0
+    assert (tmp_path / "out" / "config.json").read_bytes() == (
+        tmp_path / "hf" / "config.json"
+    ).read_bytes()
+
+
+def test_merge_dtype_writes_dtype_and_torch_dtype(tmp_path: Path) -> None:
+    tiny_llama(tmp_path / "a", seed=1)
+    tiny_llama(tmp_path / "b", seed=2)
+    config = tmp_path / "merge.yml"
+    config.write_text(
+        "merge_method: linear\n"
+        "models:\n"
+        "  - model: a\n    parameters: {weight: 0.5}\n"
+        "  - model: b\n    parameters: {weight: 0.5}\n"
+        "dtype: bfloat16\n"
+    )
+    done = runner.invoke(app, ["merge", str(config), "-o", str(tmp_path / "out"), "--no-progress"])
+    assert done.exit_code == 0, done.output
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["dtype"] == written["torch_dtype"] == "bfloat16"
+    assert loaded_dtypes(tmp_path / "out") == {torch.bfloat16}
