@@ -4,6 +4,8 @@ messages a new user can act on (issue: silent wrong dtypes, crashes, rough edges
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,38 @@ def test_merge_dtype_writes_dtype_and_torch_dtype(tmp_path: Path) -> None:
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert written["dtype"] == written["torch_dtype"] == "bfloat16"
     assert loaded_dtypes(tmp_path / "out") == {torch.bfloat16}
+
+
+def test_map_takes_numpy_ufuncs_and_numpy_code_jax_cannot_trace() -> None:
+    # in a process of its own: jax 0.10 handed a ufunc crashed the process on the second call
+    script = """
+import numpy as np, suture
+x = suture.LazyArray.from_array(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
+for _ in range(3):
+    tanh = suture.map(np.tanh, x)
+    assert (tanh.shape, tanh.dtype) == ((2, 3), np.float32)
+    np.testing.assert_allclose(tanh.read(), np.tanh(x.read()))
+row = suture.LazyArray.from_array(np.arange(3, dtype=np.int64))
+added = suture.map(np.add, x, row)  # broadcasting, numpy's promotion
+assert (added.shape, added.dtype) == ((2, 3), np.float64)
+numpy_only = suture.map(lambda a: np.tanh(a) * 2, x)  # numpy on tracers fails in jax
+np.testing.assert_allclose(numpy_only.read(), np.tanh(x.read()) * 2)
+big = suture.LazyArray.from_array(np.zeros((2048, 1024), np.float32))
+halved = suture.map(lambda a: np.log1p(a) / 2, big, elementwise=True)
+assert (halved.shape, halved.dtype) == ((2048, 1024), np.float32)
+try:
+    suture.map(lambda a: np.log1p(a).sum(axis=0), big)
+except suture.SurgeryError as error:
+    assert "Pass shape= and dtype=" in str(error), error
+else:
+    raise AssertionError("no error for a too large input")
+try:
+    suture.map(np.divmod, x, x)
+except suture.SurgeryError as error:
+    assert "must return one" in str(error), error
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
