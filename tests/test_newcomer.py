@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import suture
 from suture.cli import app
 
 torch = pytest.importorskip("torch", reason="transformers' models need torch (the dev extra)")
@@ -120,3 +122,39 @@ print("ok")
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+def manager_with_items(root: Path) -> None:
+    """A CheckpointManager run with items ``model`` and ``optimizer``, as Flax users save."""
+    import orbax.checkpoint as ocp  # heavy: loaded on first use, not at import
+
+    model = {"embed": {"embedding": np.ones((4, 2), np.float32)}}
+    optimizer = {"step": np.asarray(3, np.int32), "mu": {"embed": np.zeros((4, 2), np.float32)}}
+    with ocp.CheckpointManager(root, item_names=("model", "optimizer")) as manager:
+        manager.save(
+            3,
+            args=ocp.args.Composite(
+                model=ocp.args.StandardSave(model), optimizer=ocp.args.StandardSave(optimizer)
+            ),
+        )
+        manager.wait_until_finished()
+
+
+def test_the_plan_names_sources_with_their_checkpoint_manager_item(tmp_path: Path) -> None:
+    manager_with_items(tmp_path / "run")
+    recipe = tmp_path / "rename.yaml"
+    recipe.write_text("- rename: {pattern: model/embed, to: params/embed}\n")
+    expected = {
+        "params/embed/embedding": ["model/embed/embedding"],
+        "optimizer/mu/embed": ["optimizer/mu/embed"],
+        "optimizer/step": ["optimizer/step"],
+    }
+    planned = suture.plan([suture.rules.rename("model/embed", "params/embed")], tmp_path / "run")
+    assert {output.path: output.sources for output in planned.outputs} == expected
+    shown = runner.invoke(app, ["plan", str(recipe), str(tmp_path / "run")])
+    assert shown.exit_code == 0, shown.output
+    assert "model/embed/embedding" in shown.output
+    assert "optimizer/step" in shown.output
+    as_json = runner.invoke(app, ["plan", str(recipe), str(tmp_path / "run"), "--json"])
+    outputs = json.loads(as_json.output)["outputs"]
+    assert {output["path"]: output["sources"] for output in outputs} == expected

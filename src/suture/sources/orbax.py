@@ -35,7 +35,10 @@ def open_orbax(path: Any, step: int | None = None) -> Checkpoint:
     """Opens the Orbax checkpoint at `path` (a path, URL or Location) lazily (see `suture.open`)."""
     location = location_of(path)
     layout = resolve(location, step)
-    trees = {name: read_item(folder) for name, folder in layout.items.items()}
+    trees = {
+        name: read_item(folder, prefix="" if name is None else f"{name}/")
+        for name, folder in layout.items.items()
+    }
     tree = trees[None] if list(trees) == [None] else {**trees, **layout.json_items}
     return Checkpoint(
         tree,
@@ -146,10 +149,12 @@ class _ItemStore:
         return open_store
 
 
-def read_item(folder: Any) -> Any:
+def read_item(folder: Any, prefix: str = "") -> Any:
+    """The tree of one pytree item folder; its leaves' paths start with `prefix` (the item's
+    name in a CheckpointManager step, ``"model/"``), so plans and errors name real paths."""
     folder = location_of(folder)
     try:
-        return _read_item_unchecked(folder)
+        return _read_item_unchecked(folder, prefix)
     except SurgeryError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
@@ -159,7 +164,7 @@ def read_item(folder: Any) -> Any:
         ) from error
 
 
-def _read_item_unchecked(folder: Location) -> Any:
+def _read_item_unchecked(folder: Location, prefix: str) -> Any:
     metadata = _parse_json((folder / PYTREE_METADATA).read_bytes(), folder / PYTREE_METADATA)
     entries = metadata.get("tree_metadata") if isinstance(metadata, dict) else None
     if not isinstance(entries, dict):
@@ -184,7 +189,7 @@ def _read_item_unchecked(folder: Location) -> Any:
 
     builder = _TreeBuilder()
     for keys, (key_kinds, value_type) in leaves.items():
-        path = "/".join(keys)
+        path = prefix + "/".join(keys)
         name = ".".join(keys)
         if value_type in ARRAY_VALUE_TYPES:
             if name not in zarr_metadata:
