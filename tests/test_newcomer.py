@@ -158,3 +158,44 @@ def test_the_plan_names_sources_with_their_checkpoint_manager_item(tmp_path: Pat
     as_json = runner.invoke(app, ["plan", str(recipe), str(tmp_path / "run"), "--json"])
     outputs = json.loads(as_json.output)["outputs"]
     assert {output["path"]: output["sources"] for output in outputs} == expected
+
+
+def test_follow_finds_flax_nnx_params_and_their_optimizer_state(tmp_path: Path) -> None:
+    import optax
+    from flax import nnx
+
+    class Old(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.linear = nnx.Linear(2, 3, rngs=rngs)
+            self.head = nnx.Linear(3, 1, rngs=rngs)
+
+    class New(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.encoder = nnx.Linear(2, 3, rngs=rngs)
+            self.head = nnx.Linear(3, 1, rngs=rngs)
+
+    old = Old(nnx.Rngs(0))
+    old_optimizer = nnx.Optimizer(old, optax.adam(0.1), wrt=nnx.Param)
+    old_optimizer.update(
+        old, nnx.grad(lambda m: (m.head(m.linear(np.ones((1, 2)))) ** 2).sum())(old)
+    )
+    suture.save({"model": nnx.state(old), "optimizer": nnx.state(old_optimizer)}, tmp_path / "run")
+    model = New(nnx.Rngs(1))
+    optimizer = nnx.Optimizer(model, optax.adam(0.1), wrt=nnx.Param)
+    renamed = suture.optax.follow([suture.rules.rename("model/linear", "model/encoder")])
+    target = {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
+    restored = suture.load_and_transform(renamed, tmp_path / "run", target=target)
+    nnx.update(model, restored["model"])
+    nnx.update(optimizer, restored["optimizer"])
+    np.testing.assert_array_equal(model.encoder.kernel[...], old.linear.kernel[...])
+    mu, old_mu = optimizer.opt_state[0].mu, old_optimizer.opt_state[0].mu
+    np.testing.assert_array_equal(mu["encoder"]["kernel"][...], old_mu["linear"]["kernel"][...])
+    assert int(optimizer.step[...]) == 1
+    # a tree without params or model, and no mirrored subtree: an error naming root=
+    tree = {"state": {"w": np.ones(2)}, "step": np.asarray(1)}
+    with pytest.raises(suture.SurgeryError, match=r"Pass root= naming the subtree"):
+        suture.rules.apply_rules(
+            suture.optax.follow([suture.rules.rename("state/w", "state/v")]), tree
+        )
+    explicit = suture.optax.follow([suture.rules.rename("state/w", "state/v")], root="state")
+    assert sorted(suture.flatten(suture.rules.apply_rules(explicit, tree))) == ["state/v", "step"]
