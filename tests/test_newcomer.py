@@ -4,6 +4,7 @@ messages a new user can act on (issue: silent wrong dtypes, crashes, rough edges
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 import suture
 from suture.cli import app
+from tests.orbax_writers import save_standard
 
 torch = pytest.importorskip("torch", reason="transformers' models need torch (the dev extra)")
 transformers = pytest.importorskip("transformers", reason="in the dev extra")
@@ -199,3 +201,60 @@ def test_follow_finds_flax_nnx_params_and_their_optimizer_state(tmp_path: Path) 
         )
     explicit = suture.optax.follow([suture.rules.rename("state/w", "state/v")], root="state")
     assert sorted(suture.flatten(suture.rules.apply_rules(explicit, tree))) == ["state/v", "step"]
+
+
+_LOAD_ON_ONE_DEVICE = """
+import sys
+import jax, numpy as np, suture
+from flax import nnx
+assert len(jax.devices()) == 1
+path = sys.argv[1]
+loaded = suture.nnx.load_into(lambda: nnx.Linear(8, 16, rngs=nnx.Rngs(1)), path)
+assert loaded.kernel[...].sharding == jax.sharding.SingleDeviceSharding(jax.devices()[0])
+np.testing.assert_array_equal(loaded.kernel[...], np.load(sys.argv[2]))
+
+class Annotated(nnx.Module):
+    def __init__(self, rngs):
+        init = nnx.with_partitioning(nnx.initializers.lecun_normal(), (None, "x"))
+        self.linear = nnx.Linear(8, 16, kernel_init=init, rngs=rngs)
+
+def factory():
+    return Annotated(nnx.Rngs(1))
+
+with nnx.use_eager_sharding(False):
+    try:
+        suture.nnx.load_into(factory, path, lambda tree: {"linear": tree})
+    except suture.SurgeryError as error:
+        assert "jax.set_mesh" in str(error) and "mesh=" in str(error), error
+    else:
+        raise AssertionError("an annotated model without a mesh loaded")
+print("ok")
+"""
+
+
+def test_load_into_a_factory_on_one_device_from_a_checkpoint_of_eight(tmp_path: Path) -> None:
+    import jax
+    from flax import nnx
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    assert len(jax.devices()) == 8  # tests/conftest.py
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
+    state = nnx.state(nnx.Linear(8, 16, rngs=nnx.Rngs(0)))
+    spread = jax.tree.map(
+        lambda a: jax.device_put(a, NamedSharding(mesh, P(None, "x") if a.ndim == 2 else P("x"))),
+        state,
+    )
+    save_standard(tmp_path / "ckpt", spread)  # Orbax records the 8 devices' sharding
+    np.save(tmp_path / "kernel.npy", np.asarray(state["kernel"][...]))
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_ON_ONE_DEVICE, str(tmp_path / "ckpt")]
+        + [str(tmp_path / "kernel.npy")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr

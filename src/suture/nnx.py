@@ -25,6 +25,7 @@ from ._errors import (
     MissingLeafError,
     PathConflictError,
     TreeMismatchError,
+    UnsupportedError,
     did_you_mean,
 )
 from ._jaxtypes import is_shape_dtype_struct
@@ -67,6 +68,8 @@ def load_into(
         in_place: update the given live module's variables (as ``nnx.update`` does) and
             return that same module, instead of a new one.
         mesh: a concrete mesh for shardings of an abstract model (default: ``jax.set_mesh``'s).
+            Variables without sharding annotations go on the default device, as a live
+            module's do, wherever the checkpoint was saved from (a pod, read on a laptop).
         seed: seed or key for JAX initializers in `init` (see `suture.transform`).
 
     Raises:
@@ -86,7 +89,8 @@ def load_into(
     factory = model if callable(model) and not isinstance(model, nnx.Module) else None
     abstract = nnx.eval_shape(factory) if factory is not None else model
     graphdef, state = nnx.split(abstract)
-    target = _target_of(nnx.to_pure_dict(state))
+    annotated = _sharding_annotations(state, nnx)
+    target = _target_of(nnx.to_pure_dict(state), on_default_device=not annotated)
     if init is None:
         init = _default_init(factory, model, nnx)
     if in_place and init is None:
@@ -98,7 +102,16 @@ def load_into(
     transformed = lazy_transform(transform, tree, seed=seed)
     transformed = _matched(transformed, flatten(target), partial, pad_truncate, init)
     result = lazy_transform(None, transformed, target=target, init=init, partial=partial, seed=seed)
-    loaded = load(result, target, partial=partial, pad_truncate=pad_truncate, mesh=mesh)
+    try:
+        loaded = load(result, target, partial=partial, pad_truncate=pad_truncate, mesh=mesh)
+    except UnsupportedError as error:
+        if not annotated:
+            raise
+        raise UnsupportedError(
+            f"{error} The model's variables name mesh axes ({', '.join(annotated[:3])}) but "
+            f"have no sharding: create the model and load under `with jax.set_mesh(mesh):`, "
+            f"or pass mesh= to load_into."
+        ) from error
     nnx.replace_by_pure_dict(state, loaded)
     if in_place:
         nnx.update(model, state)
@@ -168,11 +181,38 @@ def _both_sides(model_only: list[str], checkpoint_only: list[str], limit: int = 
     return "\n".join(model_side + checkpoint_side)
 
 
-def _target_of(pure: Any) -> Any:
+def _sharding_annotations(state: Any, nnx: Any) -> list[str]:
+    """``path: axes`` of the variables that carry sharding annotations (``with_partitioning``)."""
+    found = []
+    for keys, variable in nnx.to_flat_state(state):
+        metadata = variable.get_metadata() if hasattr(variable, "get_metadata") else {}
+        for field in ("out_sharding", "sharding_names", "sharding"):
+            if metadata.get(field) is not None:
+                found.append(f"{'/'.join(map(str, keys))}: {metadata[field]}")
+                break
+    return found
+
+
+def _target_of(pure: Any, on_default_device: bool = False) -> Any:
+    """The load's target: the model's leaves as ShapeDtypeStructs with their shardings.
+
+    An abstract leaf without a sharding (a factory's, from ``nnx.eval_shape``) goes on the
+    default device when `on_default_device`, as a live module's arrays are, rather than
+    on the devices the checkpoint was saved from (a pod's, absent on a laptop).
+    """
     import jax  # heavy: loaded on first use, not at import
+
+    default = None
+    if on_default_device:
+        device = jax.config.jax_default_device
+        if device is None or isinstance(device, str):
+            device = jax.devices(device)[0]
+        default = jax.sharding.SingleDeviceSharding(device)
 
     def describe(leaf: Any) -> Any:
         if is_shape_dtype_struct(leaf):
+            if getattr(leaf, "sharding", None) is None and default is not None:
+                return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=default)
             return leaf
         if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
             sharding = getattr(leaf, "sharding", None)
