@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -258,3 +259,33 @@ def test_load_into_a_factory_on_one_device_from_a_checkpoint_of_eight(tmp_path: 
         check=False,
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+def test_a_budget_error_names_a_budget_that_works_and_advice_that_exists(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):  # 8 MiB each: a slerp computes the whole leaf at once
+        suture.save({"w": rng.standard_normal((1024, 2048)).astype(np.float32)}, tmp_path / name)
+    config = tmp_path / "slerp.yaml"
+    config.write_text(
+        f"method: slerp\nmodels: [{tmp_path / 'a'}, {tmp_path / 'b'}]\nparams: {{t: 0.5}}\n"
+    )
+
+    def merge(budget: str, out: str):
+        args = ["merge", str(config), "-o", str(tmp_path / out), "--max-memory", budget]
+        return runner.invoke(app, [*args, "--no-progress"])
+
+    refused = merge("16MiB", "small")
+    assert refused.exit_code == 2
+    message = " ".join(refused.output.split())
+    suggested = re.search(r"Pass --max-memory (\d+MiB) or more", message)
+    assert suggested, message
+    assert "chunk_bytes" not in message and "elementwise" not in message  # no such flags
+    done = merge(suggested.group(1), "enough")  # the budget it names is enough: no second error
+    assert done.exit_code == 0, done.output
+    # in Python, the advice names Python's arguments
+    stored = suture.open(tmp_path / "a")["w"]
+    whole = suture.map(lambda x: x / np.linalg.norm(x), stored, shape=stored.shape, dtype="float32")
+    with pytest.raises(suture.SurgeryError) as error:
+        suture.save({"w": whole}, tmp_path / "python", max_memory="16MiB")
+    assert "Pass max_memory='" in str(error.value)
+    assert "chunk_bytes=" in str(error.value) and "elementwise=True" in str(error.value)
