@@ -289,3 +289,15 @@ def test_a_budget_error_names_a_budget_that_works_and_advice_that_exists(tmp_pat
         suture.save({"w": whole}, tmp_path / "python", max_memory="16MiB")
     assert "Pass max_memory='" in str(error.value)
     assert "chunk_bytes=" in str(error.value) and "elementwise=True" in str(error.value)
+
+
+def test_demo_takes_a_relative_workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    done = runner.invoke(app, ["demo", "--workdir", "demo_wd/nested"])
+    assert done.exit_code == 0, done.output
+    assert "Done:" in done.output
+    written = sorted(path.name for path in (tmp_path / "demo_wd" / "nested").iterdir())
+    assert written == ["mlp_checkpoint", "mlp_for_scan"]  # no *.orbax-checkpoint-tmp left
+    (tmp_path / "a_file").write_text("")
+    refused = runner.invoke(app, ["demo", "--workdir", "a_file"])
+    assert refused.exit_code == 2 and refused.output.startswith("Error: Cannot use 'a_file'")
