@@ -301,3 +301,34 @@ def test_demo_takes_a_relative_workdir(tmp_path: Path, monkeypatch: pytest.Monke
     (tmp_path / "a_file").write_text("")
     refused = runner.invoke(app, ["demo", "--workdir", "a_file"])
     assert refused.exit_code == 2 and refused.output.startswith("Error: Cannot use 'a_file'")
+
+
+def test_integer_leaves_of_a_merge_come_from_the_base_or_first_model(tmp_path: Path) -> None:
+    def state(step: int, value: float) -> dict:
+        return {
+            "params": {"w": np.full(3, value, np.float32)},
+            "opt_state": {"count": np.asarray(step, np.int32)},
+            "step": np.asarray(step, np.int32),
+        }
+
+    for name, step, value in (("a", 2, 1.0), ("b", 3, 2.0), ("base", 1, 0.0)):
+        suture.save(state(step, value), tmp_path / name)
+    averaged = suture.load(
+        suture.merge([tmp_path / "a", tmp_path / "b"], "linear", dtype="bfloat16")
+    )
+    assert averaged["step"] == 2 and averaged["step"].dtype == np.int32  # a's, not int(2.5)
+    assert averaged["opt_state"]["count"] == 2
+    assert averaged["params"]["w"].dtype.name == "bfloat16"
+    np.testing.assert_array_equal(averaged["params"]["w"].astype(np.float32), 1.5)
+    tied = suture.merge([tmp_path / "a", tmp_path / "b"], "ties", base=tmp_path / "base")
+    assert suture.load(tied)["step"] == 1  # the base's
+    # through the command line, and with per_leaf take: another model's
+    config = tmp_path / "merge.yaml"
+    config.write_text(
+        f"method: linear\nmodels: [{tmp_path / 'a'}, {tmp_path / 'b'}]\n"
+        "per_leaf: {step: {take: 1}}\n"
+    )
+    done = runner.invoke(app, ["merge", str(config), "-o", str(tmp_path / "out"), "--no-progress"])
+    assert done.exit_code == 0, done.output
+    written = suture.load(tmp_path / "out")
+    assert written["step"] == 3 and written["opt_state"]["count"] == 2
