@@ -332,3 +332,22 @@ def test_integer_leaves_of_a_merge_come_from_the_base_or_first_model(tmp_path: P
     assert done.exit_code == 0, done.output
     written = suture.load(tmp_path / "out")
     assert written["step"] == 3 and written["opt_state"]["count"] == 2
+
+
+def test_a_plan_prints_its_problems_before_the_table(tmp_path: Path) -> None:
+    suture.save({f"layer{i}": {"w": np.ones(2, np.float32)} for i in range(60)}, tmp_path / "c")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "- rename: {pattern: nope, to: x}\n- cast: {pattern: layer1/w, dtype: bfloat16}\n"
+    )
+    shown = runner.invoke(app, ["plan", str(recipe), str(tmp_path / "c")])
+    assert shown.exit_code == 2
+    lines = shown.output.splitlines()
+    assert lines[0] == "1 problem(s):" and "rename('nope', 'x') matches no path" in lines[1]
+    assert lines[-1] == "1 problem(s), listed above."
+    alone = runner.invoke(app, ["plan", str(recipe), str(tmp_path / "c"), "--problems"])
+    assert alone.exit_code == 2
+    assert alone.output.splitlines() == lines[:2]
+    recipe.write_text("- cast: {pattern: layer1/w, dtype: bfloat16}\n")
+    fine = runner.invoke(app, ["plan", str(recipe), str(tmp_path / "c"), "--problems"])
+    assert fine.exit_code == 0 and fine.output == "No problems.\n"

@@ -202,14 +202,21 @@ def plan(
     target: Target = None,
     partial: Partial = False,
     as_json: AsJson = False,
+    problems: Annotated[
+        bool, typer.Option("--problems", help="Print only the problems (exit 2 if any).")
+    ] = False,
     allow_pickle: AllowPickle = False,
 ) -> None:
-    """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing."""
+    """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing.
+
+    Problems (a pattern matching nothing, a bad regex, an unknown dtype) come first.
+    """
     surgery = _prepare(recipe, sources, target, allow_pickle, "plan")
     result = make_plan(
         surgery["transform"], *surgery["sources"], **surgery["arguments"], partial=partial
     )
-    typer.echo(result.to_json() if as_json else for_command_line(str(result)))
+    shown = result.problems_text() if problems else str(result)
+    typer.echo(result.to_json() if as_json else for_command_line(shown))
     if not result.ok:
         raise typer.Exit(code=2)
 
