@@ -351,3 +351,14 @@ def test_a_plan_prints_its_problems_before_the_table(tmp_path: Path) -> None:
     recipe.write_text("- cast: {pattern: layer1/w, dtype: bfloat16}\n")
     fine = runner.invoke(app, ["plan", str(recipe), str(tmp_path / "c"), "--problems"])
     assert fine.exit_code == 0 and fine.output == "No problems.\n"
+
+
+@pytest.mark.parametrize("name", ["llama31:maxtext", "llama3.1", "llama3.1:maxtex"])
+def test_a_misspelt_recipe_name_gets_did_you_mean(tmp_path: Path, name: str) -> None:
+    suture.save({"w": np.ones(2, np.float32)}, tmp_path / "ckpt")
+    done = runner.invoke(
+        app, ["convert", str(tmp_path / "ckpt"), str(tmp_path / "out"), "--recipe", name]
+    )
+    assert done.exit_code == 2
+    assert done.output.startswith(f"Error: No built-in recipe {name!r}")
+    assert "Did you mean 'llama3.1:maxtext'" in done.output

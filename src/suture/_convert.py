@@ -9,10 +9,11 @@ reuses them, so the round trip gives the same names, the same shards and the sam
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from . import families, rules
-from ._errors import ArgumentError
+from ._errors import ArgumentError, RecipeError, did_you_mean
 from ._hf import keep_safetensors_layout, model_folder_side_files, reuse_safetensors_layout
 from ._location import location_of
 from ._save.api import SaveResult, save
@@ -85,6 +86,7 @@ def convert(
     ckpt = open_checkpoint(source, separator=separator, allow_pickle=allow_pickle)
     tree: Any = ckpt.tree
     if recipe is not None:
+        _check_not_a_misspelt_name(str(recipe))
         loaded = load_recipe(recipe)
         tree = transform(loaded.transform, ckpt, target=loaded.target, init=loaded.init)
     if dtype is not None:
@@ -110,4 +112,21 @@ def convert(
         separator=separator,
         progress=progress,
         **options,
+    )
+
+
+RECIPE_SUFFIXES = (".py", ".yaml", ".yml", ".toml")
+
+
+def _check_not_a_misspelt_name(recipe: str) -> None:
+    """A recipe that is no file and has no recipe suffix (``llama31:maxtext``, ``llama3.1``)
+    is a built-in name misspelt: the error suggests the names, as for ``llama3.1:maxtex``."""
+    if Path(recipe).suffix.lower() in RECIPE_SUFFIXES or Path(recipe).exists():
+        return
+    names = families.recipe_names()
+    wanted = recipe if ":" in recipe else f"{recipe}:maxtext"  # a family named alone
+    raise RecipeError(
+        f"No built-in recipe {recipe!r}, and no recipe file of that name.{did_you_mean(wanted, names)} "
+        f"Built in: {', '.join(names)} (`suture recipes` lists them); a recipe file ends in "
+        f"{', '.join(RECIPE_SUFFIXES)}."
     )
