@@ -362,3 +362,91 @@ def test_a_misspelt_recipe_name_gets_did_you_mean(tmp_path: Path, name: str) -> 
     assert done.exit_code == 2
     assert done.output.startswith(f"Error: No built-in recipe {name!r}")
     assert "Did you mean 'llama3.1:maxtext'" in done.output
+
+
+def test_rename_to_nothing_lifts_the_subtree_without_a_leading_separator() -> None:
+    tree = {"model": {"dense": {"w": np.ones(1)}, "b": np.ones(1)}, "step": np.ones(1)}
+    lifted = suture.rules.apply_rules([suture.rules.rename("model", "")], tree)
+    assert sorted(suture.flatten(lifted)) == ["b", "dense/w", "step"]
+    with pytest.raises(suture.SurgeryError, match="to an empty path"):
+        suture.rules.apply_rules([suture.rules.rename("step", "")], tree)
+
+
+def test_inspect_stats_honours_depth(tmp_path: Path) -> None:
+    tree = {"params": {"a": np.asarray([0.0, 2.0], np.float32), "b": np.asarray([4.0, 6.0])}}
+    suture.save({**tree, "step": np.asarray(3, np.int32)}, tmp_path / "c")
+    shown = runner.invoke(app, ["inspect", str(tmp_path / "c"), "--stats", "--depth", "1"])
+    assert shown.exit_code == 0, shown.output
+    rows = [line.split() for line in shown.output.splitlines()[1:-1]]
+    assert rows[0] == ["params/", "mixed", "2", "arrays", "0", "6", "3", "2.23607", "0"]
+    assert rows[1][0] == "step" and len(rows) == 2
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"), [("bf16", "bfloat16"), ("fp16", "float16"), ("f32", "float32")]
+)
+def test_dtype_aliases(tmp_path: Path, alias: str, name: str) -> None:
+    suture.save({"w": np.ones(2, np.float64)}, tmp_path / "c")
+    args = ["convert", str(tmp_path / "c"), str(tmp_path / "out"), "--dtype", alias]
+    assert runner.invoke(app, args).exit_code == 0
+    assert suture.open(tmp_path / "out")["w"].dtype.name == name
+
+
+def test_help_short_option_flags_and_wrapping() -> None:
+    for command in ([], ["apply"], ["merge"], ["convert"]):
+        assert runner.invoke(app, [*command, "-h"], env={"COLUMNS": "80"}).exit_code == 0
+    shown = runner.invoke(app, ["apply", "-h"], env={"COLUMNS": "80"}).output
+    assert "<bool>" not in shown  # flags take no value
+    assert "--max-memory" in shown and "(default: 1GiB)" in " ".join(shown.split())
+    # each paragraph fills its lines: no line of prose ends after a word or two
+    prose = shown[shown.index("RECIPE is") : shown.index("╭")].splitlines()
+    short = [line for line in prose[:-1] if line.strip() and len(line.strip()) < 40]
+    assert len(short) <= 2, prose  # the last line of each paragraph only
+
+
+def test_convert_dry_run_and_verify(tmp_path: Path) -> None:
+    suture.save({"w": np.ones(2, np.float32)}, tmp_path / "c")
+    args = ["convert", str(tmp_path / "c"), str(tmp_path / "out"), "--dtype", "bf16"]
+    planned = runner.invoke(app, [*args, "--dry-run"])
+    assert planned.exit_code == 0 and "cast bfloat16" in planned.output
+    assert not (tmp_path / "out").exists()
+    verified = runner.invoke(app, [*args, "--verify"])
+    assert verified.exit_code == 0 and verified.output.rstrip().endswith("verified.")
+
+
+def test_progress_eta_waits_for_a_meaningful_average() -> None:
+    from suture._exec.progress import time_left
+
+    assert time_left(0.2, 1, 100) is None  # too early: opening files, starting threads
+    assert time_left(5.0, 1, 1000) is None  # too little done to extrapolate
+    assert time_left(3.0, 50, 100) == 3.0  # at the average speed so far
+
+
+def test_packaging_metadata_is_current() -> None:
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"  # SPDX: no setuptools deprecation
+    assert project["project"]["optional-dependencies"]["torch"] == ["torch>=2.13"]
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    heading = re.search(r"^## (\w+) commands\n\n```bash\n(.*?)```", readme, re.S | re.M)
+    assert heading, "the README's commands heading"
+    count = len([line for line in heading.group(2).splitlines() if line.startswith("make ")])
+    assert heading.group(1).lower() == {2: "two", 3: "three", 4: "four"}[count]
+
+
+def test_remote_storage_snippet_runs_on_local_paths(tmp_path: Path) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "guide" / "remote-storage.md").read_text()
+    block = re.search(r"```text\n(import suture\n.*?)```", page, re.S).group(1)
+    ckpt = tmp_path / "checkpoints"
+    suture.save(
+        {
+            "params": {"embed": {"embedding": np.ones((64, 8), np.float32)}},
+            "opt_state": {"mu": {"embed": {"embedding": np.zeros((64, 8), np.float32)}}},
+        },
+        ckpt,
+    )
+    code = block.replace("gs://my-bucket/runs/llm/checkpoints", str(ckpt))
+    code = code.replace("s3://other-bucket/llm-bf16", str(tmp_path / "bf16"))
+    exec(compile(code, "remote-storage.md", "exec"), {})
+    assert sorted(suture.flatten(suture.open(tmp_path / "bf16").tree)) == ["params/embed/embedding"]

@@ -38,6 +38,7 @@ def convert(
     separator: str = ".",
     allow_pickle: bool = False,
     progress: bool | None = None,
+    verify: bool = False,
 ) -> SaveResult:
     """Converts `source` to `destination` (Orbax or safetensors), optionally applying a recipe.
 
@@ -52,6 +53,7 @@ def convert(
         reverse: run a built-in family recipe backwards (MaxText -> Hugging Face folder).
         config: the model's ``config.json`` (path or dict) for a family recipe; default: the
             one in the source folder, or the one the forward conversion recorded.
+        verify: read the output back and check it before publishing it (`suture.save`).
         Other arguments as in `suture.open` and `suture.save`.
 
     Example:
@@ -74,7 +76,46 @@ def convert(
             max_memory=max_memory,
             max_shard_size=max_shard_size,
             progress=progress,
+            verify=verify,
         )
+    tree, options = converted(
+        source,
+        destination,
+        format,
+        dtype,
+        recipe,
+        reverse,
+        config,
+        separator,
+        allow_pickle,
+        max_shard_size,
+    )
+    return save(
+        tree,
+        destination,
+        overwrite=overwrite,
+        max_memory=max_memory,
+        max_shard_size=max_shard_size,
+        progress=progress,
+        verify=verify,
+        **options,
+    )
+
+
+def converted(
+    source: str | os.PathLike,
+    destination: str | os.PathLike,
+    format: str | None = None,  # noqa: A002
+    dtype: str | None = None,
+    recipe: str | os.PathLike | None = None,
+    reverse: bool = False,
+    config: Any = None,
+    separator: str = ".",
+    allow_pickle: bool = False,
+    max_shard_size: int | str | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """What `convert` writes, without writing it: the lazy tree, and the options of its save
+    (format, separator, metadata, side files). Not for built-in family recipes."""
     if reverse or config is not None:
         raise ArgumentError(
             "reverse= and config= go with a built-in family recipe (recipe='llama3.1:maxtext'; "
@@ -101,18 +142,9 @@ def convert(
     folder_output = target_format == "orbax" or not str(destination).endswith(".safetensors")
     if folder_output and "extra_files" not in options:
         options["extra_files"] = model_folder_side_files(source)
-    separator = options.pop("separator", separator)
-    return save(
-        tree,
-        destination,
-        format=target_format,
-        overwrite=overwrite,
-        max_memory=max_memory,
-        max_shard_size=max_shard_size,
-        separator=separator,
-        progress=progress,
-        **options,
-    )
+    options["separator"] = options.get("separator", separator)
+    options["format"] = target_format
+    return tree, options
 
 
 RECIPE_SUFFIXES = (".py", ".yaml", ".yml", ".toml")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .._dtypes import to_dtype
 from .._errors import MergeError
 from .._hf import side_file
 
@@ -64,8 +65,8 @@ def hf_side_files(
     config = json.loads(source_config.read_text(encoding="utf-8"))
     if layers and "num_hidden_layers" in config:
         config["num_hidden_layers"] = layers
-    if out_dtype:  # transformers 5 reads `dtype`, 4 `torch_dtype`
-        config["dtype"] = config["torch_dtype"] = out_dtype
+    if out_dtype:  # transformers 5 reads `dtype`, 4 `torch_dtype`; both by numpy's name
+        config["dtype"] = config["torch_dtype"] = to_dtype(out_dtype).name
     written = staging / "config.json"
     written.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     files["config.json"] = written

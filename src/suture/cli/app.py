@@ -20,7 +20,8 @@ import typer
 
 from .. import families
 from .._convert import convert as run_convert
-from .._errors import SurgeryError
+from .._convert import converted
+from .._errors import ArgumentError, SurgeryError
 from .._exec.memory import limit_malloc_arenas
 from .._format import human_bytes
 from .._hf import SideFileWarning
@@ -34,6 +35,7 @@ from ..families._convert import read_config
 from ..sources.open import open as open_checkpoint
 from .demo import run_demo
 from .diff import diff as run_diff
+from .help import tidy_help
 from .hints import check_recipe_first, for_command_line
 from .inspect import collect_stats, describe, render_flat, render_stats, render_tree
 from .merge import run_merge
@@ -44,6 +46,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 _state = {"debug": False}
@@ -55,7 +58,9 @@ AllowPickle = Annotated[
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
-MaxMemory = Annotated[str | None, typer.Option("--max-memory", help="Bytes in flight, e.g. 4GiB.")]
+MaxMemory = Annotated[
+    str | None, typer.Option("--max-memory", help="Bytes in flight, e.g. 4GiB (default: 1GiB).")
+]
 MaxShardSize = Annotated[
     str | None, typer.Option("--max-shard-size", help="safetensors: shard size, e.g. 5GB.")
 ]
@@ -160,7 +165,9 @@ def inspect(
     if stats:
         results = collect_stats(ckpt, description)
         typer.echo(
-            description.to_json_text(results) if as_json else render_stats(description, results)
+            description.to_json_text(results)
+            if as_json
+            else render_stats(description, results, depth)
         )
         return
     if as_json:
@@ -384,10 +391,26 @@ def convert(
         str, typer.Option("--separator", help="Joins keys into tensor names.")
     ] = ".",
     overwrite: Overwrite = False,
+    dry_run: DryRun = False,
+    verify: Verify = False,
     allow_pickle: AllowPickle = False,
     progress: Progress = None,
 ) -> None:
     """Convert a checkpoint to Orbax or safetensors, streaming it."""
+    if dry_run:
+        if recipe is not None and families.is_recipe_name(recipe):
+            raise ArgumentError(
+                f"--dry-run shows the plan of a recipe file; for the built-in {recipe!r}, "
+                f"`suture recipes {recipe} --config config.json` shows its operations."
+            )
+        tree, _ = converted(
+            source, destination, format, dtype, recipe, reverse, config, separator, allow_pickle
+        )
+        planned = make_plan(None, tree)
+        typer.echo(for_command_line(str(planned)))
+        if not planned.ok:
+            raise typer.Exit(code=2)
+        return
     result = run_convert(
         source,
         destination,
@@ -402,8 +425,9 @@ def convert(
         separator=separator,
         allow_pickle=allow_pickle,
         progress=progress,
+        verify=verify,
     )
-    _report_written(result)
+    _report_written(result, verify)
 
 
 @app.command()
@@ -440,6 +464,9 @@ def demo(
 ) -> None:
     """Write a small Flax model's checkpoint, then inspect, plan, stream and check a surgery."""
     run_demo(workdir, echo=typer.echo)
+
+
+tidy_help(app)
 
 
 def _show_warning(message: Any, category: type, *args: Any, **kwargs: Any) -> None:

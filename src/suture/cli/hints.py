@@ -21,7 +21,8 @@ _COMMAND_LINE_WORDS = (
     (re.compile(r"Pass target="), "Pass --target CHECKPOINT (or TARGET in a Python recipe)"),
     (re.compile(r"pad_truncate=True"), "a Python recipe that pads (suture.load's pad_truncate)"),
     (re.compile(r"Pass max_memory='(\w+)'"), r"Pass --max-memory \1"),
-    (re.compile(r" \(In Python, also: .*\.\)", re.S), ""),  # advice the command line has no flag for
+    # advice the command line has no flag for
+    (re.compile(r" \(In Python, also: .*\.\)", re.S), ""),
 )
 
 

@@ -40,6 +40,7 @@ def convert_with_recipe(
     max_memory: int | str | None = None,
     max_shard_size: int | str | None = None,
     progress: bool | None = None,
+    verify: bool = False,
 ) -> SaveResult:
     """Converts `source` with the built-in recipe `name`; see `suture.convert`."""
     recipe = get_recipe(name)
@@ -56,6 +57,7 @@ def convert_with_recipe(
             overwrite=overwrite,
             max_memory=max_memory,
             progress=progress,
+            verify=verify,
             **options,
         )
     recorded = (
@@ -87,6 +89,7 @@ def convert_with_recipe(
             overwrite=overwrite,
             max_memory=max_memory,
             progress=progress,
+            verify=verify,
             separator=".",
             extra_files=extra,
             **options,
