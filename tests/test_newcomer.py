@@ -450,3 +450,26 @@ def test_remote_storage_snippet_runs_on_local_paths(tmp_path: Path) -> None:
     code = code.replace("s3://other-bucket/llm-bf16", str(tmp_path / "bf16"))
     exec(compile(code, "remote-storage.md", "exec"), {})
     assert sorted(suture.flatten(suture.open(tmp_path / "bf16").tree)) == ["params/embed/embedding"]
+
+
+def test_mergekit_tokenizer_source_base_and_mergekit_config_yml(tmp_path: Path) -> None:
+    for name, seed in (("base", 0), ("a", 1), ("b", 2)):
+        tiny_llama(tmp_path / name, seed=seed)
+        (tmp_path / name / "tokenizer.json").write_text(json.dumps({"model": name}))
+    text = (
+        "merge_method: ties\nbase_model: base\ntokenizer_source: base\n"
+        "models:\n  - model: a\n    parameters: {weight: 0.5, density: 0.5}\n"
+        "  - model: b\n    parameters: {weight: 0.5, density: 0.5}\n"
+    )
+    config = tmp_path / "ties.yml"
+    config.write_text(text)
+    done = runner.invoke(app, ["merge", str(config), "-o", str(tmp_path / "out"), "--no-progress"])
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "out" / "mergekit_config.yml").read_text() == text
+    assert json.loads((tmp_path / "out" / "tokenizer.json").read_text()) == {"model": "base"}
+    assert loaded_dtypes(tmp_path / "out") == {torch.float32}
+    # other tokenizer sources are still refused, with what suture does instead
+    config.write_text(text.replace("tokenizer_source: base", "tokenizer_source: union"))
+    refused = runner.invoke(app, ["merge", str(config), "-o", str(tmp_path / "o2")])
+    assert refused.exit_code == 2
+    assert "tokenizer_source: base" in refused.output
