@@ -473,3 +473,66 @@ def test_mergekit_tokenizer_source_base_and_mergekit_config_yml(tmp_path: Path) 
     refused = runner.invoke(app, ["merge", str(config), "-o", str(tmp_path / "o2")])
     assert refused.exit_code == 2
     assert "tokenizer_source: base" in refused.output
+
+
+def sentence_transformer(folder: Path) -> None:
+    """A tiny BERT saved by transformers, laid out as sentence-transformers saves a model."""
+    config = transformers.BertConfig(
+        vocab_size=32,
+        hidden_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=16,
+    )
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(folder)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({"pooling_mode_mean_tokens": True})
+    )
+    (folder / "onnx").mkdir()  # an export of the original weights: not the converted model's
+    (folder / "onnx" / "model.onnx").write_bytes(b"\0" * 16)
+
+
+def test_hf_folders_keep_sentence_transformers_modules(tmp_path: Path) -> None:
+    sentence_transformer(tmp_path / "st")
+    pooling = (tmp_path / "st" / "1_Pooling" / "config.json").read_text()
+    out = tmp_path / "out"
+    args = ["convert", str(tmp_path / "st"), str(out), "--format", "safetensors", "--dtype", "bf16"]
+    assert runner.invoke(app, [*args, "--no-progress"]).exit_code == 0
+    assert (out / "modules.json").is_file() and not (out / "onnx").exists()
+    assert (out / "1_Pooling" / "config.json").read_text() == pooling
+    model = transformers.AutoModel.from_pretrained(out)
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.bfloat16}
+    # through Orbax and back; and converting to Orbax says what it wrote and how to get HF
+    to_orbax = runner.invoke(app, ["convert", str(tmp_path / "st"), str(tmp_path / "orbax")])
+    assert to_orbax.exit_code == 0, to_orbax.output
+    assert "pass --format safetensors" in " ".join(to_orbax.output.split())
+    back = ["convert", str(tmp_path / "orbax"), str(tmp_path / "back"), "--format", "safetensors"]
+    assert runner.invoke(app, [*back, "--no-progress"]).exit_code == 0
+    assert (tmp_path / "back" / "1_Pooling" / "config.json").read_text() == pooling
+    transformers.AutoModel.from_pretrained(tmp_path / "back")
+
+
+def test_nnx_state_to_safetensors_names_tensors_without_value(tmp_path: Path) -> None:
+    from flax import nnx
+
+    suture.save(nnx.state(nnx.Linear(2, 3, rngs=nnx.Rngs(0))), tmp_path / "nnx")
+    out = tmp_path / "linear.safetensors"
+    assert runner.invoke(app, ["convert", str(tmp_path / "nnx"), str(out)]).exit_code == 0
+    assert sorted(suture.open(out).tree) == ["bias", "kernel"]
+    kept = tmp_path / "kept.safetensors"
+    args = ["convert", str(tmp_path / "nnx"), str(kept), "--keep-value-keys"]
+    assert runner.invoke(app, args).exit_code == 0
+    assert sorted(suture.flatten(suture.open(kept).tree)) == ["bias/value", "kernel/value"]

@@ -16,6 +16,7 @@ from . import families, rules
 from ._errors import ArgumentError, RecipeError, did_you_mean
 from ._hf import keep_safetensors_layout, model_folder_side_files, reuse_safetensors_layout
 from ._location import location_of
+from ._paths import VALUE_KEYS, flatten, strip_variable_keys
 from ._save.api import SaveResult, save
 from ._surgery.build import transform
 from ._surgery.recipes import load_recipe
@@ -39,6 +40,7 @@ def convert(
     allow_pickle: bool = False,
     progress: bool | None = None,
     verify: bool = False,
+    keep_value_keys: bool = False,
 ) -> SaveResult:
     """Converts `source` to `destination` (Orbax or safetensors), optionally applying a recipe.
 
@@ -54,6 +56,9 @@ def convert(
         config: the model's ``config.json`` (path or dict) for a family recipe; default: the
             one in the source folder, or the one the forward conversion recorded.
         verify: read the output back and check it before publishing it (`suture.save`).
+        keep_value_keys: safetensors output of a Flax NNX state (``nnx.state(model)``, whose
+            arrays are ``.../value``) names tensors without that key (``linear.kernel``, not
+            ``linear.kernel.value``) unless this is true.
         Other arguments as in `suture.open` and `suture.save`.
 
     Example:
@@ -89,6 +94,7 @@ def convert(
         separator,
         allow_pickle,
         max_shard_size,
+        keep_value_keys,
     )
     return save(
         tree,
@@ -113,6 +119,7 @@ def converted(
     separator: str = ".",
     allow_pickle: bool = False,
     max_shard_size: int | str | None = None,
+    keep_value_keys: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """What `convert` writes, without writing it: the lazy tree, and the options of its save
     (format, separator, metadata, side files). Not for built-in family recipes."""
@@ -132,6 +139,8 @@ def converted(
         tree = transform(loaded.transform, ckpt, target=loaded.target, init=loaded.init)
     if dtype is not None:
         tree = rules.apply_rules([rules.cast(".*", dtype, optional=True)], tree)
+    if target_format == "safetensors" and not keep_value_keys and _is_variable_state(tree):
+        tree = strip_variable_keys(tree)
     options: dict[str, Any] = {}
     renamed = recipe is not None
     if ckpt.format == "safetensors" and target_format == "orbax" and not renamed:
@@ -145,6 +154,12 @@ def converted(
     options["separator"] = options.get("separator", separator)
     options["format"] = target_format
     return tree, options
+
+
+def _is_variable_state(tree: Any) -> bool:
+    """Whether every array of `tree` is an NNX Variable's ``.../value`` (``nnx.state``)."""
+    arrays = [path for path, leaf in flatten(tree).items() if hasattr(leaf, "shape")]
+    return bool(arrays) and all(path.rsplit("/", 1)[-1] in VALUE_KEYS for path in arrays)
 
 
 RECIPE_SUFFIXES = (".py", ".yaml", ".yml", ".toml")

@@ -65,7 +65,39 @@ def side_files(folder: Path | Location) -> dict[str, Any]:
         checked = side_file(folder, name)
         if checked is not None:
             found[name] = checked
+    for module in _module_folders(folder):
+        for entry in sorted((folder / module).iterdir()):
+            checked = side_file(folder, f"{module}/{entry.name}")
+            if checked is not None:
+                found[f"{module}/{entry.name}"] = checked
     return found
+
+
+def _module_folders(folder: Path) -> list[str]:
+    """The subfolders a sentence-transformers ``modules.json`` names (``1_Pooling``), which
+    the model needs beside its weights; only plain, real folders inside `folder`."""
+    listed = side_file(folder, "modules.json")
+    if listed is None:
+        return []
+    try:
+        modules = json.loads(listed.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    names = (
+        [m.get("path") for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+    )
+    return [
+        name
+        for name in dict.fromkeys(names)
+        if isinstance(name, str)
+        and _plain(name)
+        and not (folder / name).is_symlink()
+        and (folder / name).is_dir()
+    ]
+
+
+def _plain(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and os.sep not in name and "/" not in name
 
 
 def model_folder_side_files(location: str | os.PathLike | Location) -> dict[str, Any]:
@@ -90,9 +122,23 @@ def side_file(folder: Path | Location, name: str) -> Any:
     `name` may come from a checkpoint's metadata, so it is checked as untrusted: it must be
     a plain file name, not a link, and resolve to a file inside `folder`.
     """
-    if not name or name in (".", "..") or os.sep in name or "/" in name:
+    module, _, file_name = name.rpartition("/")
+    if not _plain(file_name) or (module and not _plain(module)):
         _skip(folder / name, "its name is not a plain file name")
         return None
+    if module:  # a file of a module's folder (sentence-transformers' 1_Pooling/config.json)
+        if isinstance(folder, RemoteLocation):
+            return None  # only local folders' modules are copied
+        inside = folder.path if isinstance(folder, LocalLocation) else folder
+        if (inside / module).is_symlink() or not (inside / module).is_dir():
+            _skip(inside / module, "it is a symbolic link or not a folder")
+            return None
+        found = side_file(inside / module, file_name)
+        return (
+            found
+            if found is not None and found.resolve().parent.parent == inside.resolve()
+            else None
+        )
     if isinstance(folder, RemoteLocation):  # an object store has no links or special files
         return folder / name if (folder / name).is_file() else None
     folder = folder.path if isinstance(folder, LocalLocation) else folder

@@ -23,7 +23,6 @@ from typing import Any
 from ._errors import (
     ArgumentError,
     MissingLeafError,
-    PathConflictError,
     TreeMismatchError,
     UnsupportedError,
     did_you_mean,
@@ -32,11 +31,10 @@ from ._jaxtypes import is_shape_dtype_struct
 from ._lazy.array import LazyArray
 from ._lazy.combine import fit_shape
 from ._load.api import load
-from ._paths import flatten, unflatten
+from ._paths import VALUE_KEYS as VALUE_KEYS
+from ._paths import flatten, strip_variable_keys, unflatten
 from ._surgery.build import transform as lazy_transform
 from .sources.detect import open_source
-
-VALUE_KEYS = ("value", "raw_value")
 
 
 def load_into(
@@ -232,23 +230,3 @@ def _default_init(factory: Callable[[], Any] | None, model: Any, nnx: Any) -> An
         if not any(is_shape_dtype_struct(leaf) for leaf in jax.tree.leaves(pure)):
             return pure  # a live model: its current values fill what the checkpoint lacks
     return None
-
-
-def strip_variable_keys(tree: Any) -> Any:
-    """The tree with NNX's ``.../value`` and ``.../raw_value`` leaf keys removed.
-
-    Example:
-        >>> strip_variable_keys({"linear": {"kernel": {"value": 1}, "bias": {"raw_value": 2}}})
-        {'linear': {'kernel': 1, 'bias': 2}}
-    """
-    flat = flatten(tree)
-    stripped: dict[str, Any] = {}
-    for path, leaf in flat.items():
-        parts = path.split("/")
-        short = "/".join(parts[:-1]) if len(parts) > 1 and parts[-1] in VALUE_KEYS else path
-        if short in stripped:
-            raise PathConflictError(
-                f"Leaf {path!r} and another leaf both become {short!r} without their value key."
-            )
-        stripped[short] = leaf
-    return unflatten(stripped)

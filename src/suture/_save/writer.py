@@ -185,8 +185,14 @@ def copy_extra_files(extra_files: Mapping[str, Location], folder: Location | Pat
             "end in '.safetensors'."
         )
     for name, source in extra_files.items():
-        if "/" in name or name.startswith("."):
-            raise ArgumentError(f"extra file name {name!r} must be a plain file name.")
+        parts = name.split("/")
+        if len(parts) > 2 or any(not part or part.startswith(".") for part in parts):
+            raise ArgumentError(
+                f"extra file name {name!r} must be a plain file name, or one inside a folder "
+                f"of the output ('1_Pooling/config.json')."
+            )
+        if len(parts) == 2 and isinstance(folder, LocalLocation):
+            (folder.path / parts[0]).mkdir(exist_ok=True)
         (folder / name).write_bytes(source.read_bytes())
 
 

@@ -109,6 +109,12 @@ def reports_errors(command: F) -> F:
     return run  # type: ignore[return-value]
 
 
+def is_model_folder(source: str) -> bool:
+    """Whether `source` is a local Hugging Face model folder (safetensors and config.json)."""
+    folder = Path(source)
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
 def _report_written(result: Any, verified: bool = False) -> None:
     typer.echo(
         f"Wrote {result.path} ({result.format}): {result.leaves} arrays, "
@@ -393,10 +399,22 @@ def convert(
     overwrite: Overwrite = False,
     dry_run: DryRun = False,
     verify: Verify = False,
+    keep_value_keys: Annotated[
+        bool,
+        typer.Option(
+            "--keep-value-keys",
+            help="safetensors of a Flax NNX state: keep its tensor names' .value.",
+        ),
+    ] = False,
     allow_pickle: AllowPickle = False,
     progress: Progress = None,
 ) -> None:
-    """Convert a checkpoint to Orbax or safetensors, streaming it."""
+    """Convert a checkpoint to Orbax or safetensors, streaming it.
+
+    A Hugging Face folder converts to Orbax unless --format safetensors is given; the
+    Orbax checkpoint keeps the folder's files beside it, and converting it back with
+    --format safetensors gives the folder again.
+    """
     if dry_run:
         if recipe is not None and families.is_recipe_name(recipe):
             raise ArgumentError(
@@ -404,7 +422,17 @@ def convert(
                 f"`suture recipes {recipe} --config config.json` shows its operations."
             )
         tree, _ = converted(
-            source, destination, format, dtype, recipe, reverse, config, separator, allow_pickle
+            source,
+            destination,
+            format,
+            dtype,
+            recipe,
+            reverse,
+            config,
+            separator,
+            allow_pickle,
+            max_shard_size,
+            keep_value_keys,
         )
         planned = make_plan(None, tree)
         typer.echo(for_command_line(str(planned)))
@@ -426,8 +454,15 @@ def convert(
         allow_pickle=allow_pickle,
         progress=progress,
         verify=verify,
+        keep_value_keys=keep_value_keys,
     )
     _report_written(result, verify)
+    if result.format == "orbax" and is_model_folder(source):
+        typer.echo(
+            f"{result.path} is an Orbax checkpoint, with {source}'s config and tokenizer files "
+            f"beside it; transformers' from_pretrained reads a Hugging Face folder: pass "
+            f"--format safetensors for one."
+        )
 
 
 @app.command()
