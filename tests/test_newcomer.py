@@ -536,3 +536,39 @@ def test_nnx_state_to_safetensors_names_tensors_without_value(tmp_path: Path) ->
     args = ["convert", str(tmp_path / "nnx"), str(kept), "--keep-value-keys"]
     assert runner.invoke(app, args).exit_code == 0
     assert sorted(suture.flatten(suture.open(kept).tree)) == ["bias/value", "kernel/value"]
+
+
+def test_a_family_table_of_ones_own_converts_both_ways(tmp_path: Path) -> None:
+    from importlib.resources import files
+
+    tiny_llama(tmp_path / "hf")
+    table = files("suture.families").joinpath("llama3.1.yaml").read_text()
+    mine = tmp_path / "my_family.yaml"
+    mine.write_text(table.replace("names: [llama3.1]", "names: [my_llama]"))
+    shown = runner.invoke(
+        app, ["recipes", str(mine), "--config", str(tmp_path / "hf" / "config.json")]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.startswith("my_llama:maxtext:") and "interleave rope" in shown.output
+    to_maxtext = ["convert", str(tmp_path / "hf"), str(tmp_path / "mt"), "--recipe", str(mine)]
+    assert runner.invoke(app, [*to_maxtext, "--no-progress"]).exit_code == 0
+    builtin = ["convert", str(tmp_path / "hf"), str(tmp_path / "mt_builtin")]
+    assert (
+        runner.invoke(app, [*builtin, "--recipe", "llama3.1:maxtext", "--no-progress"]).exit_code
+        == 0
+    )
+    done = runner.invoke(
+        app, ["diff", str(tmp_path / "mt"), str(tmp_path / "mt_builtin"), "--values"]
+    )
+    assert done.exit_code == 0, done.output  # the same table gives the same checkpoint
+    back = ["convert", str(tmp_path / "mt"), str(tmp_path / "back"), "--recipe", str(mine)]
+    assert runner.invoke(app, [*back, "--reverse", "--no-progress"]).exit_code == 0
+    assert loaded_dtypes(tmp_path / "back") == {torch.float32}
+    flat = [*to_maxtext[:2], str(tmp_path / "flat"), "--recipe", f"{mine}:maxtext-unscanned"]
+    assert runner.invoke(app, [*flat, "--no-progress"]).exit_code == 0
+    assert any("layers_0" in path for path in suture.flatten(suture.open(tmp_path / "flat").tree))
+    # suture apply takes rule recipes: a table gets the way to use it
+    refused = runner.invoke(
+        app, ["apply", str(mine), str(tmp_path / "hf"), "-o", str(tmp_path / "x")]
+    )
+    assert refused.exit_code == 2 and "suture convert" in refused.output

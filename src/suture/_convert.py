@@ -21,6 +21,7 @@ from ._save.api import SaveResult, save
 from ._surgery.build import transform
 from ._surgery.recipes import load_recipe
 from .families._convert import convert_with_recipe
+from .families._file import is_family_recipe
 from .sources.open import open as open_checkpoint
 
 
@@ -69,7 +70,7 @@ def convert(
         >>> result.format
         'safetensors'
     """
-    if recipe is not None and families.is_recipe_name(str(recipe)):
+    if recipe is not None and is_family_recipe(str(recipe)):
         return convert_with_recipe(
             source,
             destination,

@@ -32,6 +32,7 @@ from .._surgery.build import transform
 from .._surgery.plan import plan as make_plan
 from .._surgery.recipes import load_recipe, reversed_rules, with_cast
 from ..families._convert import read_config
+from ..families._file import family_recipe, is_family_recipe
 from ..sources.open import open as open_checkpoint
 from .demo import run_demo
 from .diff import diff as run_diff
@@ -416,7 +417,7 @@ def convert(
     --format safetensors gives the folder again.
     """
     if dry_run:
-        if recipe is not None and families.is_recipe_name(recipe):
+        if recipe is not None and is_family_recipe(recipe):
             raise ArgumentError(
                 f"--dry-run shows the plan of a recipe file; for the built-in {recipe!r}, "
                 f"`suture recipes {recipe} --config config.json` shows its operations."
@@ -481,7 +482,7 @@ def recipes(
             recipe = families.get_recipe(recipe_name)
             typer.echo(f"{recipe_name:28} {recipe.description}")
         return
-    recipe = families.get_recipe(name)
+    recipe = family_recipe(name)  # a built-in name, or a family table file
     typer.echo(f"{recipe.name}: {recipe.description}\nFollows {recipe.follows}.")
     if config is None:
         return

@@ -22,7 +22,7 @@ from .._location import location_of
 from .._paths import unflatten
 from .._save.api import SaveResult, save
 from ..sources.open import open as open_checkpoint
-from ._recipe import get_recipe
+from ._file import family_recipe
 
 FAMILY_KEY = "suture.family"
 DEFAULT_SHARD_SIZE = "5GB"  # save_pretrained's default
@@ -43,7 +43,7 @@ def convert_with_recipe(
     verify: bool = False,
 ) -> SaveResult:
     """Converts `source` with the built-in recipe `name`; see `suture.convert`."""
-    recipe = get_recipe(name)
+    recipe = family_recipe(name)  # a built-in name, or a family table file of the user's
     ckpt = open_checkpoint(source, separator=".")
     if not reverse:
         settings = read_config(config) if config is not None else _config_beside(source, name)
