@@ -572,3 +572,51 @@ def test_a_family_table_of_ones_own_converts_both_ways(tmp_path: Path) -> None:
         app, ["apply", str(mine), str(tmp_path / "hf"), "-o", str(tmp_path / "x")]
     )
     assert refused.exit_code == 2 and "suture convert" in refused.output
+
+
+def _rule_table() -> list[list[str]]:
+    page = (Path(__file__).parent.parent / "docs" / "guide" / "restructuring.md").read_text()
+    section = page[page.index("### Every rule") : page.index("### A Hugging Face Linear")]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "`" in line]
+    return [[cell.strip().strip("`") for cell in row.strip("|").split(" | ")] for row in rows]
+
+
+def test_one_table_of_rules_matches_the_code(tmp_path: Path) -> None:
+    from suture._surgery.recipe_schema import RULE_NAMES
+    from suture._surgery.recipes import load_recipe
+
+    rows = _rule_table()
+    assert [row[0] for row in rows] == [*RULE_NAMES, "map_values"]  # every rule, once
+
+    def fresh(name: str) -> dict:
+        """A tree each example applies to, without the leaves its example writes."""
+        zeros = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
+        params = {"dense": {"kernel": zeros(4, 4), "bias": zeros(4)}, "q": zeros(4, 2)}
+        params.update(k=zeros(4, 2), qk=zeros(4, 4), qkv=zeros(64, 3, 64), layers=zeros(2, 4))
+        params.update(layer0=zeros(4), layer1=zeros(4))
+        written = {"stack": ["layers"], "unstack": ["layer0", "layer1"], "concat": ["qk"]}
+        for key in written.get(name, ["q", "k"] if name == "split" else []):
+            del params[key]
+        return {"opt_state": {"mu": zeros(2)}, "params": params}
+
+    namespace = {"rules": suture.rules, "fn": lambda x: x * 2, "back": lambda x: x / 2}
+    for name, python, yaml_text, inverse in rows:
+        rule = eval(python, namespace)  # noqa: S307 (the docs' own text)
+        suture.rules.apply_rules([rule], fresh(name))  # the example applies
+        if yaml_text != "Python only":
+            recipe = tmp_path / f"{name}.yaml"
+            recipe.write_text(yaml_text + "\n")
+            assert load_recipe(recipe).transform == [rule], name  # both spellings are one rule
+        if inverse.startswith("none"):
+            with pytest.raises(suture.SurgeryError, match="has no inverse"):
+                suture.rules.reverse([rule], like=fresh(name))
+        else:
+            undone = suture.rules.reverse([rule], like=fresh(name))
+            back = suture.rules.apply_rules(undone, suture.rules.apply_rules([rule], fresh(name)))
+            assert sorted(suture.flatten(back)) == sorted(suture.flatten(fresh(name))), name
+    shown = " ".join(runner.invoke(app, ["apply", "--help"], env={"COLUMNS": "200"}).output.split())
+    assert all(name in shown for name in RULE_NAMES)
+    refused = tmp_path / "bad.yaml"
+    refused.write_text("- flip: params\n")
+    error = runner.invoke(app, ["plan", str(refused), str(tmp_path)]).output
+    assert all(name in error for name in RULE_NAMES)

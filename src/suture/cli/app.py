@@ -267,8 +267,9 @@ def apply(
 ) -> None:
     """Run a recipe on the source(s) and stream the result to OUTPUT.
 
-    RECIPE is a YAML or TOML file with a list of rules (drop, keep, rename, stack, unstack,
-    cast, concat, split), or a Python file that defines RULES = [...] (suture.rules
+    RECIPE is a YAML or TOML file with a list of rules (rename, drop, keep, stack, unstack,
+    cast, concat, split, transpose, reshape, permute, scale: the guide's "Every rule" table
+    shows each), or a Python file that defines RULES = [...] (suture.rules
     objects) or a function transform(*trees) taking one lazy tree per source.
 
     A Python recipe may also define TARGET, the tree to produce (arrays or
