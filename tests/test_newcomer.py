@@ -620,3 +620,30 @@ def test_one_table_of_rules_matches_the_code(tmp_path: Path) -> None:
     refused.write_text("- flip: params\n")
     error = runner.invoke(app, ["plan", str(refused), str(tmp_path)]).output
     assert all(name in error for name in RULE_NAMES)
+
+
+def test_pad_new_rows_with_the_mean_or_the_models_initial_values(tmp_path: Path) -> None:
+    from flax import nnx
+
+    rows = np.arange(8, dtype=np.float32).reshape(4, 2)
+    suture.save({"embedding": rows}, tmp_path / "ckpt")
+    target = {"embedding": np.zeros((6, 2), np.float32)}
+    loaded = suture.load(tmp_path / "ckpt", target, pad_truncate="mean")["embedding"]
+    np.testing.assert_array_equal(loaded[:4], rows)
+    np.testing.assert_array_equal(loaded[4:], np.broadcast_to(rows.mean(axis=0), (2, 2)))
+    zeros = suture.load(tmp_path / "ckpt", target, pad_truncate=True)["embedding"]
+    assert not zeros[4:].any()
+
+    def factory() -> nnx.Embed:
+        return nnx.Embed(6, 2, rngs=nnx.Rngs(3))
+
+    own = factory().embedding[...]
+    initialized = suture.nnx.load_into(factory, tmp_path / "ckpt", pad_truncate="init")
+    np.testing.assert_array_equal(initialized.embedding[...][:4], rows)
+    np.testing.assert_allclose(initialized.embedding[...][4:], own[4:], rtol=1e-6)  # under jit
+    live = suture.nnx.load_into(factory(), tmp_path / "ckpt", pad_truncate="init")
+    np.testing.assert_array_equal(live.embedding[...][4:], own[4:])
+    averaged = suture.nnx.load_into(factory, tmp_path / "ckpt", pad_truncate="mean")
+    np.testing.assert_allclose(averaged.embedding[...][5], rows.mean(axis=0))
+    with pytest.raises(suture.SurgeryError, match="pad_truncate='noise'"):
+        suture.load(tmp_path / "ckpt", target, pad_truncate="noise")

@@ -44,7 +44,7 @@ def load_into(
     *,
     init: Any = None,
     partial: bool = False,
-    pad_truncate: bool = False,
+    pad_truncate: bool | str = False,
     in_place: bool = False,
     mesh: Any = None,
     seed: Any = 0,
@@ -62,7 +62,9 @@ def load_into(
             leaves as outputs, so only those are allocated (the LoRA case).
         partial: ignore checkpoint leaves the model has no place for.
         pad_truncate: zero-pad or truncate leaves whose shape differs from the model's (a
-            bigger vocabulary), as `suture.load` does.
+            bigger vocabulary), as `suture.load` does. ``"mean"`` fills the new rows with the
+            mean of the existing ones; ``"init"`` with the model's own initial values there
+            (or `init`'s), as people initialize new tokens.
         in_place: update the given live module's variables (as ``nnx.update`` does) and
             return that same module, instead of a new one.
         mesh: a concrete mesh for shardings of an abstract model (default: ``jax.set_mesh``'s).
@@ -100,8 +102,8 @@ def load_into(
     transformed = lazy_transform(transform, tree, seed=seed)
     transformed = _matched(transformed, flatten(target), partial, pad_truncate, init)
     result = lazy_transform(None, transformed, target=target, init=init, partial=partial, seed=seed)
-    try:
-        loaded = load(result, target, partial=partial, pad_truncate=pad_truncate, mesh=mesh)
+    try:  # leaves are fitted above: the load pads nothing more
+        loaded = load(result, target, partial=partial, pad_truncate=bool(pad_truncate), mesh=mesh)
     except UnsupportedError as error:
         if not annotated:
             raise
@@ -118,7 +120,7 @@ def load_into(
 
 
 def _matched(
-    transformed: Any, model: dict[str, Any], partial: bool, pad_truncate: bool, init: Any
+    transformed: Any, model: dict[str, Any], partial: bool, pad_truncate: bool | str, init: Any
 ) -> Any:
     """The checkpoint's tree, checked against the model's paths before anything is read."""
     flat = flatten(transformed)
@@ -148,12 +150,51 @@ def _matched(
             "or pass init=."
         )
     if pad_truncate:
-        for path in shared:
-            value, wanted = flat[path], model[path]
-            if isinstance(value, LazyArray) and tuple(wanted.shape) != value.shape:
-                flat[path] = fit_shape(value, tuple(wanted.shape))
+        resized = [
+            path
+            for path in shared
+            if isinstance(flat[path], LazyArray) and tuple(model[path].shape) != flat[path].shape
+        ]
+        fills: dict[str, Any] = dict.fromkeys(
+            resized, "mean" if pad_truncate == "mean" else "zeros"
+        )
+        if pad_truncate == "init":
+            fills = _initial_values(init, resized)
+        elif pad_truncate not in (True, "zeros", "mean"):
+            raise ArgumentError(
+                f"pad_truncate={pad_truncate!r}: pass True (zeros), 'mean' (the mean of the "
+                f"existing rows) or 'init' (the model's initial values)."
+            )
+        for path in resized:
+            flat[path] = fit_shape(flat[path], tuple(model[path].shape), fills[path])
         return unflatten(flat)
     return transformed
+
+
+def _initial_values(init: Any, paths: list[str]) -> dict[str, Any]:
+    """The initial values of the leaves at `paths`: a live model's, or computed from a
+    factory under ``jax.jit`` with only those leaves as outputs."""
+    if not paths:
+        return {}
+    if init is None:
+        raise ArgumentError(
+            "pad_truncate='init' takes new rows from the model's initial values, and an "
+            "abstract model has none. Pass a factory or a live module, or init=, or pad with "
+            "pad_truncate='mean'."
+        )
+    if callable(init):
+        import jax  # heavy: loaded on first use, not at import
+
+        computed = jax.jit(lambda: [flatten(init())[path] for path in paths])()
+        return dict(zip(paths, computed, strict=True))
+    provided = flatten(init)
+    absent = [path for path in paths if not hasattr(provided.get(path), "shape")]
+    if absent:
+        raise ArgumentError(
+            f"pad_truncate='init': init= gives no array for {absent[0]!r}. Give its initial "
+            f"value, or pad with pad_truncate='mean'."
+        )
+    return {path: provided[path] for path in paths}
 
 
 def _both_sides(model_only: list[str], checkpoint_only: list[str], limit: int = 8) -> str:
