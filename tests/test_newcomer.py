@@ -647,3 +647,40 @@ def test_pad_new_rows_with_the_mean_or_the_models_initial_values(tmp_path: Path)
     np.testing.assert_allclose(averaged.embedding[...][5], rows.mean(axis=0))
     with pytest.raises(suture.SurgeryError, match="pad_truncate='noise'"):
         suture.load(tmp_path / "ckpt", target, pad_truncate="noise")
+
+
+def test_checkpoint_manager_items_and_steps(tmp_path: Path) -> None:
+    import orbax.checkpoint as ocp
+
+    manager_with_items(tmp_path / "run")
+    model = suture.open(tmp_path / "run", item="model")
+    assert sorted(suture.flatten(model.tree)) == ["embed/embedding"] and model.step == 3
+    with pytest.raises(
+        suture.SurgeryError, match="no item 'modle' in step 3. Did you mean 'model'"
+    ):
+        suture.open(tmp_path / "run", item="modle")
+    shown = runner.invoke(app, ["inspect", str(tmp_path / "run"), "--item", "optimizer", "--flat"])
+    assert shown.exit_code == 0 and "mu/embed" in shown.output and "model" not in shown.output
+    # a new step of the run, item by item; then stock Orbax restores it
+    renamed = suture.transform([suture.rules.rename("embed", "embedder")], model)
+    suture.save(renamed, tmp_path / "run", step=4, item="model")
+    assert not [p for p in (tmp_path / "run").iterdir() if "tmp" in p.name]
+    optimizer = suture.open(tmp_path / "run", step=3, item="optimizer")
+    suture.save(optimizer, tmp_path / "run", step=4, item="optimizer")
+    with pytest.raises(suture.SurgeryError, match="already has an item 'model'"):
+        suture.save(renamed, tmp_path / "run", step=4, item="model")
+    with ocp.CheckpointManager(tmp_path / "run", item_names=("model", "optimizer")) as manager:
+        assert manager.all_steps() == [3, 4] and manager.latest_step() == 4
+        restored = manager.restore(
+            4,
+            args=ocp.args.Composite(
+                model=ocp.args.StandardRestore(), optimizer=ocp.args.StandardRestore()
+            ),
+        )
+    np.testing.assert_array_equal(restored["model"]["embedder"]["embedding"], np.ones((4, 2)))
+    assert int(restored["optimizer"]["step"]) == 3
+    # a run folder that does not exist yet is created; a lone item is a manager's "default"
+    suture.save({"w": np.ones(2, np.float32)}, tmp_path / "new" / "run", step=0)
+    with ocp.CheckpointManager(tmp_path / "new" / "run") as manager:
+        assert manager.latest_step() == 0
+        assert manager.restore(0, args=ocp.args.StandardRestore())["w"].tolist() == [1.0, 1.0]

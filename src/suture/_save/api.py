@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .._errors import DestinationError, UnsupportedError
+from .._errors import ArgumentError, DestinationError, UnsupportedError
 from .._exec.distributed import collective
 from .._exec.memory import tune_if_asked
 from .._exec.progress import wants_progress
@@ -30,6 +30,7 @@ from ..sources.open import open as open_checkpoint
 from .collective import write_collective
 from .options import SaveOptions
 from .overwrite import check_replaceable
+from .steps import save_step
 from .writer import SaveResult, write
 
 
@@ -80,6 +81,8 @@ def save(
     extra_files: dict[str, str | os.PathLike] | None = None,
     verify: bool = False,
     tune_allocator: bool | None = None,
+    step: int | None = None,
+    item: str | None = None,
 ) -> SaveResult | SaveHandle:
     """Writes `tree` to `path`, streaming lazy leaves under a memory budget.
 
@@ -135,6 +138,12 @@ def save(
             and the command line always tunes (it owns its process). See docs/design.md,
             "Memory".
 
+        step: write step `step` of the CheckpointManager run at `path` (``path/step/item``),
+            which ``ocp.CheckpointManager(path, item_names=...)`` restores; the run folder is
+            created if missing, and a new step appears whole (written aside, then renamed).
+        item: with `step`, the item's name (``"model"``; default ``"default"``, a manager's
+            item without ``item_names``).
+
     Returns:
         A `SaveResult` (or a `SaveHandle` when `asynchronous`).
 
@@ -149,6 +158,23 @@ def save(
         >>> float(suture.open(result.path)["w"].read().sum())
         4.0
     """
+    if step is not None or item is not None:
+        keywords = dict(
+            format=format,
+            overwrite=overwrite,
+            max_memory=max_memory,
+            progress=progress,
+            chunk_bytes=chunk_bytes,
+            metadata=metadata,
+            verify=verify,
+            tune_allocator=tune_allocator,
+        )
+        if format != "orbax" or asynchronous:
+            raise ArgumentError(
+                "step= and item= write an Orbax CheckpointManager step, synchronously: drop "
+                "format= and asynchronous=, or write a single checkpoint without step=."
+            )
+        return save_step(path, step, item, overwrite, lambda where: save(tree, where, **keywords))
     destination = location_of(path)
     options = SaveOptions.from_keywords(
         format=format,

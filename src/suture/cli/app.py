@@ -161,13 +161,16 @@ def inspect(
     step: Annotated[
         int | None, typer.Option("--step", help="CheckpointManager step (default: newest).")
     ] = None,
+    item: Annotated[
+        str | None, typer.Option("--item", help="One item of a CheckpointManager step (model).")
+    ] = None,
     stats: Annotated[
         bool, typer.Option("--stats", help="Also min/max/mean/std/NaNs per leaf (reads the data).")
     ] = False,
     allow_pickle: AllowPickle = False,
 ) -> None:
     """Show a checkpoint's leaves with shape, dtype and size. Reads no array data (but --stats)."""
-    ckpt = open_checkpoint(path, step=step, allow_pickle=allow_pickle)
+    ckpt = open_checkpoint(path, step=step, item=item, allow_pickle=allow_pickle)
     description = describe(ckpt, filter)
     if stats:
         results = collect_stats(ckpt, description)

@@ -22,6 +22,7 @@ def open_source(
     source: Any,
     *,
     step: int | None = None,
+    item: str | None = None,
     format: str | None = None,  # noqa: A002
     separator: str = ".",
     allow_pickle: bool = False,
@@ -32,8 +33,10 @@ def open_source(
     if format is not None and format not in FORMATS:
         raise ArgumentError(f"Unknown format {format!r}. Known formats: {', '.join(FORMATS)}.")
     if not isinstance(source, (str, os.PathLike, Location)):  # etils.epath.Path is PathLike
-        if step is not None:
-            raise ArgumentError("step= applies to CheckpointManager folders, not in-memory trees.")
+        if step is not None or item is not None:
+            raise ArgumentError(
+                "step= and item= apply to CheckpointManager folders, not in-memory trees."
+            )
         from .memory import open_memory  # a format plugin: loaded for the format found
 
         return open_memory(source)
@@ -49,12 +52,14 @@ def open_source(
             f"to a file first."
         )
     kind = format or detect(path)
-    if step is not None and kind != "orbax":
-        raise ArgumentError(f"step= applies to Orbax CheckpointManager folders, not {kind} files.")
+    if (step is not None or item is not None) and kind != "orbax":
+        raise ArgumentError(
+            f"step= and item= apply to Orbax CheckpointManager folders, not {kind} files."
+        )
     if kind == "orbax":
         from .orbax import open_orbax  # a format plugin: loaded for the format found
 
-        return open_orbax(path, step=step)
+        return open_orbax(path, step=step, item=item)
     if kind == "safetensors":
         from .safetensors import open_safetensors  # a format plugin: loaded for the format found
 

@@ -12,6 +12,7 @@ def open(  # noqa: A001
     source: Any,
     *,
     step: int | None = None,
+    item: str | None = None,
     format: str | None = None,  # noqa: A002
     separator: str = ".",
     allow_pickle: bool = False,
@@ -26,6 +27,8 @@ def open(  # noqa: A001
             file, an ``.npz`` archive, or (with `allow_pickle`) a PyTorch file. The format
             is detected from the content.
         step: for a CheckpointManager root, which step to open (default: the newest).
+        item: one item of a CheckpointManager step (``"model"``), opened as the tree itself;
+            default: every item, each a subtree under its name.
         format: force a format: ``"orbax"``, ``"safetensors"``, ``"msgpack"``, ``"npz"``,
             ``"torch"``.
         separator: safetensors and PyTorch: splits tensor names into tree paths.
@@ -45,5 +48,5 @@ def open(  # noqa: A001
         (2, 2)
     """
     return open_source(
-        source, step=step, format=format, separator=separator, allow_pickle=allow_pickle
+        source, step=step, item=item, format=format, separator=separator, allow_pickle=allow_pickle
     )

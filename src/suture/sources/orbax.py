@@ -11,12 +11,20 @@ from __future__ import annotations
 import base64
 import functools
 import json
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from .._dtypes import from_zarr
-from .._errors import CorruptCheckpointError, SurgeryError, UnsupportedError, check_shape
+from .._errors import (
+    CorruptCheckpointError,
+    NotACheckpointError,
+    SurgeryError,
+    UnsupportedError,
+    check_shape,
+    did_you_mean,
+)
 from .._lazy.array import LazyArray
 from .._location import Location, location_of, remote_context
 from .._paths import check_depth
@@ -31,10 +39,12 @@ _SEQUENCE_KEY = 1
 _ZARR_METADATA_FILES = (".zarray", "zarr.json")
 
 
-def open_orbax(path: Any, step: int | None = None) -> Checkpoint:
+def open_orbax(path: Any, step: int | None = None, item: str | None = None) -> Checkpoint:
     """Opens the Orbax checkpoint at `path` (a path, URL or Location) lazily (see `suture.open`)."""
     location = location_of(path)
     layout = resolve(location, step)
+    if item is not None:
+        layout = _only_item(layout, item, location)
     trees = {
         name: read_item(folder, prefix="" if name is None else f"{name}/")
         for name, folder in layout.items.items()
@@ -46,6 +56,27 @@ def open_orbax(path: Any, step: int | None = None) -> Checkpoint:
         format="orbax",
         step=layout.step,
         custom_metadata=layout.custom_metadata,
+    )
+
+
+def _only_item(layout: Any, item: str, location: Any) -> Any:
+    """The layout with `item` alone, as the whole tree."""
+    named = {name: folder for name, folder in layout.items.items() if name is not None}
+    lone = layout.items.get(None)
+    if item in named:
+        return replace(layout, items={None: named[item]}, json_items={})
+    if lone is not None and lone.name == item:
+        return replace(layout, items={None: lone}, json_items={})
+    if item in layout.json_items:
+        raise UnsupportedError(
+            f"Item {item!r} of {str(location)!r} is a JSON item, not a tree of arrays; open the "
+            f"step without item= to see its values."
+        )
+    names = sorted(named) or ([lone.name] if lone is not None else [])
+    in_step = f" in step {layout.step}" if layout.step is not None else ""
+    raise NotACheckpointError(
+        f"{str(location)!r} has no item {item!r}{in_step}.{did_you_mean(item, names)} Items: "
+        f"{', '.join(names) or 'none'}."
     )
 
 
