@@ -684,3 +684,13 @@ def test_checkpoint_manager_items_and_steps(tmp_path: Path) -> None:
     with ocp.CheckpointManager(tmp_path / "new" / "run") as manager:
         assert manager.latest_step() == 0
         assert manager.restore(0, args=ocp.args.StandardRestore())["w"].tolist() == [1.0, 1.0]
+
+
+def test_demo_examples_writes_the_examples_checkpoints_once(tmp_path: Path) -> None:
+    done = runner.invoke(app, ["demo", "--examples", str(tmp_path / "ex")])
+    assert done.exit_code == 0, done.output
+    for name in ("ckpt", "runs/my_model/checkpoints", "hf_model", "finetuned_a", "image_ckpt"):
+        assert (tmp_path / "ex" / name).exists(), name
+    assert suture.open(tmp_path / "ex" / "runs" / "my_model" / "checkpoints").step == 2000
+    again = runner.invoke(app, ["demo", "--examples", str(tmp_path / "ex")])
+    assert again.exit_code == 2 and "already holds ckpt" in again.output  # nothing replaced

@@ -36,6 +36,7 @@ from ..families._file import family_recipe, is_family_recipe
 from ..sources.open import open as open_checkpoint
 from .demo import run_demo
 from .diff import diff as run_diff
+from .examples import write_examples
 from .help import tidy_help
 from .hints import check_recipe_first, for_command_line
 from .inspect import collect_stats, describe, render_flat, render_stats, render_tree
@@ -501,8 +502,23 @@ def demo(
         Path | None,
         typer.Option("--workdir", help="Where to write the demo checkpoint (default: a temp dir)."),
     ] = None,
+    examples: Annotated[
+        Path | None,
+        typer.Option(
+            "--examples",
+            help="Instead: write the checkpoints the README's and the guide's examples name "
+            "(ckpt, hf_model, ...) into this folder, and stop.",
+        ),
+    ] = None,
 ) -> None:
-    """Write a small Flax model's checkpoint, then inspect, plan, stream and check a surgery."""
+    """Write a small Flax model's checkpoint, then inspect, plan, stream and check a surgery.
+
+    With --examples DIR, write the small checkpoints the README's and the guide's examples
+    use into DIR instead: the examples run there as they are.
+    """
+    if examples is not None:
+        write_examples(examples, echo=typer.echo)
+        return
     run_demo(workdir, echo=typer.echo)
 
 
