@@ -34,8 +34,9 @@ def open_source(
         raise ArgumentError(f"Unknown format {format!r}. Known formats: {', '.join(FORMATS)}.")
     if not isinstance(source, (str, os.PathLike, Location)):  # etils.epath.Path is PathLike
         if step is not None or item is not None:
+            given = "step=" if step is not None else "item="
             raise ArgumentError(
-                "step= and item= apply to CheckpointManager folders, not in-memory trees."
+                f"{given} applies to CheckpointManager folders, not in-memory trees."
             )
         from .memory import open_memory  # a format plugin: loaded for the format found
 
@@ -53,8 +54,9 @@ def open_source(
         )
     kind = format or detect(path)
     if (step is not None or item is not None) and kind != "orbax":
+        given = "step=" if step is not None else "item="
         raise ArgumentError(
-            f"step= and item= apply to Orbax CheckpointManager folders, not {kind} files."
+            f"{given} applies to Orbax CheckpointManager folders, not {kind} files."
         )
     if kind == "orbax":
         from .orbax import open_orbax  # a format plugin: loaded for the format found
