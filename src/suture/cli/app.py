@@ -111,7 +111,7 @@ def reports_errors(command: F) -> F:
     return run  # type: ignore[return-value]
 
 
-def is_model_folder(source: str) -> bool:
+def _is_model_folder(source: str) -> bool:
     """Whether `source` is a local Hugging Face model folder (safetensors and config.json)."""
     folder = Path(source)
     return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
@@ -463,7 +463,7 @@ def convert(
         keep_value_keys=keep_value_keys,
     )
     _report_written(result, verify)
-    if result.format == "orbax" and is_model_folder(source):
+    if result.format == "orbax" and _is_model_folder(source):
         typer.echo(
             f"{result.path} is an Orbax checkpoint, with {source}'s config and tokenizer files "
             f"beside it; transformers' from_pretrained reads a Hugging Face folder: pass "
