@@ -18,7 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._errors import ArgumentError, DestinationExistsError, UnsupportedError
+from .._errors import (
+    ArgumentError,
+    DestinationError,
+    DestinationExistsError,
+    UnsupportedError,
+)
 from .._location import LocalLocation, location_of
 from ..sources.orbax_layout import CHECKPOINT_METADATA, TMP_MARKER
 
@@ -64,7 +69,13 @@ def save_step(
     try:
         result = write(temporary / name)
         _record_item(temporary, name)
-        os.rename(temporary, step_dir)
+        try:
+            os.rename(temporary, step_dir)
+        except OSError as error:  # another writer made the step meanwhile
+            raise DestinationError(
+                f"Step {step} of {str(root)!r} appeared while this save wrote it "
+                f"({error.strerror}); nothing was changed. Write its item again."
+            ) from None
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
