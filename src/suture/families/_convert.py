@@ -24,7 +24,7 @@ from .._quant.tensors import dequantized_config
 from .._save.api import SaveResult, save
 from .._surgery.recipes import read_limited
 from ..sources.open import open as open_checkpoint
-from ._recipe import get_recipe
+from ._file import family_recipe
 
 FAMILY_KEY = "suture.family"
 MAX_CONFIG_BYTES = 1 << 20  # as a recipe: a config.json is a few KB; more is a mistake or hostile
@@ -44,6 +44,7 @@ def convert_with_recipe(
     max_shard_size: int | str | None = None,
     progress: bool | None = None,
     dequantize: bool = False,
+    verify: bool = False,
 ) -> SaveResult:
     """Converts `source` with the built-in recipe `name`; see `suture.convert`.
 
@@ -51,7 +52,7 @@ def convert_with_recipe(
     in the same pass (to `dtype`, default bfloat16): recipes see real values, never
     packed bytes and scales.
     """
-    recipe = get_recipe(name)
+    recipe = family_recipe(name)  # a built-in name, or a family table file of the user's
     ckpt = open_checkpoint(
         source,
         separator=".",
@@ -77,6 +78,7 @@ def convert_with_recipe(
             overwrite=overwrite,
             max_memory=max_memory,
             progress=progress,
+            verify=verify,
             **options,
         )
     recorded = (
@@ -108,6 +110,7 @@ def convert_with_recipe(
             overwrite=overwrite,
             max_memory=max_memory,
             progress=progress,
+            verify=verify,
             separator=".",
             extra_files=extra,
             **options,
