@@ -40,7 +40,7 @@ from .._errors import (
     UnsupportedError,
 )
 from .._iostats import record_read
-from .base import LocalLocation, Location, RangeReader, short_read
+from .base import LocalLocation, Location, RangeReader, short_read, too_large
 from .hub_cache import (
     DEFAULT_REVISION,
     CachedLocation,
@@ -241,8 +241,11 @@ class HubLocation(Location):
             raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
         return size
 
-    def read_bytes(self) -> bytes:
-        return bytes(self.read_range(0, self.size(), ""))
+    def read_bytes(self, limit: int | None = None, what: str = "") -> bytes:
+        size = self.size()
+        if limit is not None and size > limit:
+            raise too_large(self, limit, what)
+        return bytes(self.read_range(0, size, what))
 
     def read_head(self, count: int) -> bytes:
         return bytes(self.read_range(0, min(count, self.size())))
