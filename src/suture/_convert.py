@@ -49,6 +49,8 @@ def convert(
     dequantize: bool = False,
     quantize: str | None = None,
     keep_unquantized: list[str] | tuple[str, ...] | None = None,
+    like: str | os.PathLike | None = None,
+    lora_alpha: float | None = None,
 ) -> SaveResult:
     """Converts `source` to `destination` (Orbax or safetensors), optionally applying a recipe.
 
@@ -70,6 +72,10 @@ def convert(
             ``quantization_config`` and its dtype fields say the new dtype.
         quantize: ``"fp8-block"``: write FP8 for serving (see `suture.save`);
             `keep_unquantized` as there.
+        like: with `reverse`, the model's original Hugging Face folder: its ``config.json``
+            (unless `config`), tokenizer and generation files go beside the weights.
+        lora_alpha: with a ``FAMILY:tunix`` recipe backwards, the LoRA alpha of a checkpoint
+            that holds LoRA factors, merged as ``w + (a @ b) * (alpha / rank)``.
         Other arguments as in `suture.open` and `suture.save`.
 
     Example:
@@ -99,6 +105,8 @@ def convert(
             dequantize,
             quantize,
             keep_unquantized,
+            like=like,
+            lora_alpha=lora_alpha,
         )
 
 
@@ -120,6 +128,8 @@ def _convert(
     dequantize: bool,
     quantize: str | None,
     keep_unquantized: list[str] | tuple[str, ...] | None,
+    like: str | os.PathLike | None = None,
+    lora_alpha: float | None = None,
 ) -> SaveResult:
     if recipe is not None and families.is_recipe_name(str(recipe)):
         return convert_with_recipe(
@@ -134,11 +144,13 @@ def _convert(
             max_shard_size=max_shard_size,
             progress=progress,
             dequantize=dequantize,
+            like=like,
+            lora_alpha=lora_alpha,
         )
-    if reverse or config is not None:
+    if reverse or config is not None or like is not None or lora_alpha is not None:
         raise ArgumentError(
             "reverse= and config= go with a built-in family recipe (recipe='llama3.1:maxtext'; "
-            "`suture recipes` lists them)."
+            "`suture recipes` lists them), as do like= and lora_alpha=."
         )
     target_format = format or (
         "safetensors" if str(destination).endswith(".safetensors") else "orbax"

@@ -456,6 +456,22 @@ def convert(
             "replaces the defaults embed, norm, lm_head, routers).",
         ),
     ] = None,
+    like: Annotated[
+        str | None,
+        typer.Option(
+            "--like",
+            help="With --reverse: the original HF folder, whose config.json, tokenizer and "
+            "generation files the output gets.",
+        ),
+    ] = None,
+    lora_alpha: Annotated[
+        float | None,
+        typer.Option(
+            "--lora-alpha",
+            help="With a FAMILY:tunix recipe and --reverse: the LoRA alpha the checkpoint's "
+            "adapters were trained with (merged as w + (a @ b) * alpha / rank).",
+        ),
+    ] = None,
 ) -> None:
     """Convert a checkpoint to Orbax or safetensors, streaming it."""
     result = run_convert(
@@ -476,6 +492,8 @@ def convert(
         dequantize=dequantize,
         quantize=quantize,
         keep_unquantized=keep_unquantized,
+        like=like,
+        lora_alpha=lora_alpha,
     )
     _report_written(result)
 
