@@ -217,6 +217,17 @@ def test_lora_merge_refuses_what_it_cannot_merge():
 
 
 @needs_tunix
+def test_suture_shards_as_tunix_does_on_the_models_mesh(tmp_path):
+    """Tunix's loader places each leaf by the sharding its nnx.Param declares; so does
+    suture.nnx.load_into (each process reading only its shards) on an (fsdp, tp) mesh."""
+    _save_model("qwen3", tmp_path / "hf")
+    tunix_env.run_worker("load", "qwen3", tmp_path / "hf", tmp_path / "out", "2x2", devices=4)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["differ"] == [] and report["placed_differently"] == []
+    assert report["sharded"] == report["leaves"] == 25
+
+
+@needs_tunix
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_tunix_loader_and_suture_load_identical_leaves(tmp_path, model):
     _save_model(model, tmp_path / "hf")

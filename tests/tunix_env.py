@@ -51,13 +51,14 @@ def ensure_venv() -> Path:
     return PYTHON
 
 
-def run_worker(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`tests/tunix_worker.py` with `args` in Tunix's environment, on the CPU."""
+def run_worker(*args: str, devices: int = 1, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`tests/tunix_worker.py` with `args` in Tunix's environment, on `devices` CPU devices."""
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT / "src"),
         "JAX_PLATFORMS": "cpu",
         "PYTHONWARNINGS": "ignore",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
     }
     done = subprocess.run(
         [str(PYTHON), str(WORKER), *map(str, args)],

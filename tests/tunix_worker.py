@@ -69,19 +69,28 @@ def logits_of(model) -> np.ndarray:
     return np.asarray(logits, np.float32)
 
 
-def load(family: str, hf: str, out: str) -> None:
+def load(family: str, hf: str, out: str, mesh_shape: str = "") -> None:
+    """`mesh_shape` ("2x2"): load on an (fsdp, tp) mesh of that many CPU devices, too."""
+    import contextlib
+
+    import jax
     from flax import nnx
 
     import suture
 
     config = json.loads((Path(hf) / "config.json").read_text())
     params, model_class, cfg = tunix_model(family, config)
-    theirs = params.create_model_from_safe_tensors(hf, cfg)
+    mesh = None
+    if mesh_shape:
+        sizes = tuple(int(n) for n in mesh_shape.split("x"))
+        mesh = jax.make_mesh(sizes, ("fsdp", "tp"), devices=jax.devices()[: sizes[0] * sizes[1]])
+    theirs = params.create_model_from_safe_tensors(hf, cfg, mesh=mesh)
     recipe = suture.families.get_recipe(f"{family}:tunix")
+    # Tunix's habit (a model class, its config, a mesh) as suture.nnx.load_into takes it
+    with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        abstract = nnx.eval_shape(lambda: model_class(cfg, rngs=nnx.Rngs(params=0)))
     ours = suture.nnx.load_into(
-        nnx.eval_shape(lambda: model_class(cfg, rngs=nnx.Rngs(params=0))),
-        hf,
-        transform=lambda tree: recipe.to_maxtext(tree, config),
+        abstract, hf, transform=lambda tree: recipe.to_maxtext(tree, config), mesh=mesh
     )
     their_leaves = dict(nnx.to_flat_state(nnx.state(theirs)))
     our_leaves = dict(nnx.to_flat_state(nnx.state(ours)))
@@ -94,7 +103,17 @@ def load(family: str, hf: str, out: str) -> None:
             np.asarray(their_leaves[path][...]), np.asarray(our_leaves[path][...])
         )
     ]
+    placed = [
+        "/".join(map(str, path))
+        for path in their_leaves
+        if path in our_leaves
+        and not their_leaves[path][...].sharding.is_equivalent_to(
+            our_leaves[path][...].sharding, their_leaves[path][...].ndim
+        )
+    ]
     report = {
+        "placed_differently": placed,
+        "sharded": sum(not leaf[...].sharding.is_fully_replicated for leaf in our_leaves.values()),
         "leaves": len(their_leaves),
         "ours": len(our_leaves),
         "differ": differ,
@@ -102,7 +121,8 @@ def load(family: str, hf: str, out: str) -> None:
     }
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "report.json").write_text(json.dumps(report))
-    np.save(Path(out) / "logits.npy", logits_of(ours))
+    if mesh is None:  # sharded, Tunix's model needs its own sharding context to run
+        np.save(Path(out) / "logits.npy", logits_of(ours))
 
 
 def save(

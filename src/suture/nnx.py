@@ -86,7 +86,7 @@ def load_into(
     factory = model if callable(model) and not isinstance(model, nnx.Module) else None
     abstract = nnx.eval_shape(factory) if factory is not None else model
     graphdef, state = nnx.split(abstract)
-    target = _target_of(nnx.to_pure_dict(state))
+    target = _target_of(nnx.to_pure_dict(state), _declared_shardings(nnx, state, mesh))
     if init is None:
         init = _default_init(factory, model, nnx)
     if in_place and init is None:
@@ -168,10 +168,14 @@ def _both_sides(model_only: list[str], checkpoint_only: list[str], limit: int = 
     return "\n".join(model_side + checkpoint_side)
 
 
-def _target_of(pure: Any) -> Any:
+def _target_of(pure: Any, declared: dict[str, Any] | None = None) -> Any:
+    """Each leaf's shape, dtype and sharding: the one its variable declares (``sharding=``
+    names on the mesh), else the array's own."""
     import jax  # heavy: loaded on first use, not at import
 
-    def describe(leaf: Any) -> Any:
+    def describe(leaf: Any, named: Any = None) -> Any:
+        if named is not None and any(axis is not None for axis in getattr(named, "spec", ())):
+            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=named)
         if is_shape_dtype_struct(leaf):
             return leaf
         if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
@@ -179,7 +183,23 @@ def _target_of(pure: Any) -> Any:
             return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
         return leaf
 
-    return jax.tree.map(describe, pure)
+    if declared is None:
+        return jax.tree.map(describe, pure)
+    return jax.tree.map(describe, pure, declared, is_leaf=lambda x: x is None)
+
+
+def _declared_shardings(nnx: Any, state: Any, mesh: Any) -> dict[str, Any] | None:
+    """The shardings the model's variables declare on `mesh` (or ``jax.set_mesh``'s), as
+    Tunix's and MaxText's models do (``nnx.Param(..., sharding=('fsdp', 'tp'))``): under
+    ``nnx.eval_shape`` the arrays themselves carry none."""
+    import jax  # heavy: loaded on first use, not at import
+
+    if mesh is None:
+        current = getattr(jax.sharding, "get_mesh", None)
+        mesh = current() if current is not None else None
+    if mesh is None or not getattr(mesh, "shape", None):
+        return None
+    return nnx.to_pure_dict(nnx.get_named_sharding(state, mesh))
 
 
 def _default_init(factory: Callable[[], Any] | None, model: Any, nnx: Any) -> Any:
