@@ -50,12 +50,44 @@ MODELS = {
         transformers.Qwen3Config(**BASE, head_dim=16, tie_word_embeddings=True)
     ),
     "qwen2.5": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**BASE)),
+    # Tunix's Gemma: rotary theta 1e4, RMSNorm eps 1e-6, query scaled by 1/sqrt(head_dim)
+    "gemma2": lambda: transformers.Gemma2ForCausalLM(
+        transformers.Gemma2Config(
+            **{**BASE, "rope_theta": 1e4, "rms_norm_eps": 1e-6},
+            head_dim=16,
+            query_pre_attn_scalar=16,
+        )
+    ),
+    "gemma2-mha": lambda: transformers.Gemma2ForCausalLM(
+        transformers.Gemma2Config(
+            **{**BASE, "rope_theta": 1e4, "rms_norm_eps": 1e-6, "num_key_value_heads": 4},
+            head_dim=16,
+            query_pre_attn_scalar=16,
+        )
+    ),
 }
 needs_tunix = pytest.mark.skipif(not tunix_env.PYTHON.exists(), reason=tunix_env.MISSING)
 
 
+# Leaves of nnx.state of Tunix's models, with their shapes for the tiny models
+SHAPES = {
+    "*": {
+        "layers/1/attn/q_proj/w": (64, 4, 16),  # (embed, heads, head_dim)
+        "layers/0/attn/o_proj/w": (4, 16, 64),
+        "layers/0/mlp/down_proj/kernel": (96, 64),
+    },
+    "gemma2": {
+        "layers/1/attn/q_einsum/w": (4, 64, 16),  # (heads, embed, head_dim)
+        "layers/1/attn/kv_einsum/w": (2, 2, 64, 16),  # (k and v, kv heads, embed, head_dim)
+        "layers/0/attn/attn_vec_einsum/w": (4, 16, 64),
+        "layers/0/pre_ffw_norm/scale": (64,),
+    },
+    "gemma2-mha": {"layers/1/attn/qkv_einsum/w": (3, 4, 64, 16)},
+}
+
+
 def _recipe(model: str) -> str:
-    return f"{model.removesuffix('-tied')}:tunix"
+    return f"{model.split('-')[0]}:tunix"
 
 
 def _save_model(model: str, folder) -> object:
@@ -106,10 +138,9 @@ def test_round_trip_is_bit_identical(tmp_path, model):
     convert_with_recipe(tmp_path / "hf", tmp_path / "tunix", _recipe(model), progress=False)
     ckpt = suture.open(tmp_path / "tunix")
     assert "step" not in ckpt.paths()  # the tree of nnx.state(model): no root, no step
-    assert ckpt["layers/1/attn/q_proj/w"].shape == (64, 4, 16)  # (embed, heads, head_dim)
-    assert ckpt["layers/0/attn/o_proj/w"].shape == (4, 16, 64)
-    assert ckpt["layers/0/mlp/down_proj/kernel"].shape == (96, 64)
-    assert ("lm_head/w" in ckpt.paths()) == (not model.endswith("tied"))
+    for path, shape in SHAPES.get(model, SHAPES["*"]).items():
+        assert ckpt[path].shape == shape, path
+    assert ("lm_head/w" in ckpt.paths()) == (model in ("llama3", "qwen3", "qwen2.5"))
     convert_with_recipe(
         tmp_path / "tunix", tmp_path / "back", _recipe(model), reverse=True, progress=False
     )

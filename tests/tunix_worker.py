@@ -56,6 +56,26 @@ def tunix_model(family: str, config: dict):
 
         cfg = model.ModelConfig(**common, use_tied_embedding=tied, dtype=jnp.float32)
         return params, model.Qwen2, cfg
+    if family == "gemma2":
+        from tunix.models.gemma import model, params_safetensors
+
+        cfg = model.ModelConfig(
+            num_layers=config["num_hidden_layers"],
+            num_embed=config["vocab_size"],
+            embed_dim=config["hidden_size"],
+            hidden_dim=config["intermediate_size"],
+            num_heads=config["num_attention_heads"],
+            head_dim=head_dim,
+            num_kv_heads=config["num_key_value_heads"],
+            final_logit_softcap=config["final_logit_softcapping"],
+            use_post_attn_norm=True,
+            use_post_ffw_norm=True,
+            attention_types=(model.AttentionType.LOCAL_SLIDING, model.AttentionType.GLOBAL)
+            * (config["num_hidden_layers"] // 2),
+            attn_logits_soft_cap=config["attn_logit_softcapping"],
+            sliding_window_size=config["sliding_window"],
+        )
+        return params_safetensors, model.Gemma, cfg
     raise SystemExit(f"no Tunix model for {family!r}")
 
 

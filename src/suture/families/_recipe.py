@@ -62,6 +62,16 @@ class Leaf:
     group: str | None
     operations: tuple[Operation, ...]
     when: str | None
+    # hf: [a, b] in the table: each goes through the operations, then they are stacked on a
+    # new first axis (Tunix's Gemma kv_einsum holds k and v); () for one tensor, `hf`
+    stacked: tuple[str, ...] = ()
+
+    def sources(self, index: int | None = None) -> tuple[str, ...]:
+        """The HF tensor name(s) of this leaf, for layer `index` of its group."""
+        names = self.stacked or (self.hf,)
+        if index is None or self.group is None:
+            return names
+        return tuple(name.replace(f"{{{self.group}}}", str(index)) for name in names)
 
 
 @dataclass(frozen=True)
@@ -201,14 +211,18 @@ class FamilyRecipe:
 
     def _forward(self, leaf: Leaf, hf: dict, names: dict, used: set[str]) -> dict[str, Any]:
         if leaf.group is None:
-            return {leaf.maxtext: self._converted(leaf, leaf.hf, hf, names, used)}
+            return {leaf.maxtext: self._gathered(leaf, None, hf, names, used)}
         members = [
-            self._converted(leaf, leaf.hf.replace(f"{{{leaf.group}}}", str(index)), hf, names, used)
+            self._gathered(leaf, index, hf, names, used)
             for index in self._layer_indices(leaf.group, names)
         ]
         if self.scanned:
             return {leaf.maxtext: stack_arrays(members, axis=SCAN_AXIS)}
         return {_unscanned(leaf.maxtext, i): member for i, member in enumerate(members)}
+
+    def _gathered(self, leaf: Leaf, index: int | None, hf: dict, names: dict, used: set) -> Any:
+        converted = [self._converted(leaf, name, hf, names, used) for name in leaf.sources(index)]
+        return stack_arrays(converted, axis=0) if leaf.stacked else converted[0]
 
     def _converted(self, leaf: Leaf, name: str, hf: dict, names: dict, used: set) -> LazyArray:
         if name not in hf:
@@ -240,9 +254,10 @@ class FamilyRecipe:
         templates: dict[str, set[str]] = {}  # tensor name with {} for the layer -> its groups
         for leaf in self._active(names):
             if leaf.group is not None:
-                templates.setdefault(leaf.hf.replace(f"{{{leaf.group}}}", "{}"), set()).add(
-                    leaf.group
-                )
+                for name in leaf.sources():
+                    templates.setdefault(name.replace(f"{{{leaf.group}}}", "{}"), set()).add(
+                        leaf.group
+                    )
         for template, groups in templates.items():
             self._compare_layers(
                 groups,
@@ -322,7 +337,7 @@ class FamilyRecipe:
         for leaf in self._active(names):
             if leaf.group is None:
                 taken = _take(flat, prefix + leaf.maxtext, self._label)
-                out[leaf.hf] = self._restored(leaf, taken, names)
+                out.update(self._unstacked(leaf, None, taken, names))
                 continue
             indices = self._layer_indices(leaf.group, names)
             stacked = _take(flat, prefix + leaf.maxtext) if self.scanned else None
@@ -331,9 +346,20 @@ class FamilyRecipe:
                     member = stacked[(slice(None),) * SCAN_AXIS + (i,)]
                 else:
                     member = _take(flat, prefix + _unscanned(leaf.maxtext, i), self._label)
-                name = leaf.hf.replace(f"{{{leaf.group}}}", str(index))
-                out[name] = self._restored(leaf, member, names)
+                out.update(self._unstacked(leaf, index, member, names))
         return out
+
+    def _unstacked(self, leaf: Leaf, index: int | None, array: Any, names: dict) -> dict:
+        """{HF name: tensor} of one target leaf (of layer `index`), its stack taken apart."""
+        sources = leaf.sources(index)
+        if not leaf.stacked:
+            return {sources[0]: self._restored(leaf, array, names)}
+        if array.ndim < 1 or array.shape[0] != len(sources):
+            raise ConfigMismatchError(
+                f"{self._label} leaf {leaf.maxtext!r} stacks {len(sources)} tensors "
+                f"({', '.join(sources)}) on its first axis; found shape {array.shape}."
+            )
+        return {name: self._restored(leaf, array[j], names) for j, name in enumerate(sources)}
 
     def _check_maxtext_layers(self, flat: dict[str, Any], prefix: str, names: dict) -> None:
         """The layers the config names against those the MaxText tree holds, before planning."""
@@ -376,7 +402,13 @@ class FamilyRecipe:
         """(MaxText leaf, HF tensor, operations) rows, for plans and `suture recipes`."""
         names = self.config_names(config)
         return [
-            (leaf.maxtext, leaf.hf, ", ".join(op.describe(names) for op in leaf.operations) or "-")
+            (
+                leaf.maxtext,
+                " + ".join(leaf.sources()),
+                ", ".join(op.describe(names) for op in leaf.operations)
+                + (", stacked on axis 0" if leaf.stacked else "")
+                or "-",
+            )
             for leaf in self._active(names)
         ]
 
@@ -516,11 +548,13 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     for number, item in enumerate(data["leaves"]):
         if not isinstance(item, dict) or not {target, "hf"} <= set(item):
             raise RecipeFormatError(f"{where}: leaf {number} needs {target!r} and 'hf'.")
-        group = next((g for g in groups if f"{{{g}}}" in item["hf"]), None)
+        stacked = tuple(item["hf"]) if isinstance(item["hf"], list) else ()
+        first = stacked[0] if stacked else item["hf"]
+        group = next((g for g in groups if f"{{{g}}}" in first), None)
         operations = tuple(
             parse_operation(op, f"{where}: leaf {item[target]!r}") for op in item.get("ops", [])
         )
-        leaves.append(Leaf(item[target], item["hf"], group, operations, item.get("when")))
+        leaves.append(Leaf(item[target], first, group, operations, item.get("when"), stacked))
     config = data.get("config", {})
     defaults = dict(config.get("defaults") or {})
     checks = tuple(config.get("checks") or ())
