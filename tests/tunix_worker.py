@@ -110,7 +110,7 @@ def load(family: str, hf: str, out: str, mesh_shape: str = "") -> None:
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         abstract = nnx.eval_shape(lambda: model_class(cfg, rngs=nnx.Rngs(params=0)))
     ours = suture.nnx.load_into(
-        abstract, hf, transform=lambda tree: recipe.to_maxtext(tree, config), mesh=mesh
+        abstract, hf, transform=lambda tree: recipe.to_target(tree, config), mesh=mesh
     )
     their_leaves = dict(nnx.to_flat_state(nnx.state(theirs)))
     our_leaves = dict(nnx.to_flat_state(nnx.state(ours)))

@@ -209,6 +209,11 @@ class FamilyRecipe:
             out["step"] = 0  # MaxText's TrainState starts a converted model at step 0
         return unflatten(out)
 
+    def to_target(self, tree: Any, config: dict[str, Any]) -> dict[str, Any]:
+        """The tree of the recipe's target (MaxText's, or ``nnx.state`` of Tunix's model) of
+        an HF tree, lazily: as a transform for `suture.nnx.load_into`, say."""
+        return self.to_maxtext(tree, config)
+
     def _forward(self, leaf: Leaf, hf: dict, names: dict, used: set[str]) -> dict[str, Any]:
         if leaf.group is None:
             return {leaf.maxtext: self._gathered(leaf, None, hf, names, used)}
