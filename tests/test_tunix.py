@@ -58,6 +58,15 @@ MODELS = {
             query_pre_attn_scalar=16,
         )
     ),
+    # Tunix's Gemma3: 5 of every 6 layers local (rotary theta 1e4), then one global (1e6)
+    "gemma3": lambda: transformers.Gemma3ForCausalLM(
+        transformers.Gemma3TextConfig(
+            **{k: v for k, v in BASE.items() if k not in ("rope_theta", "rms_norm_eps")},
+            rms_norm_eps=1e-6,
+            head_dim=16,
+            query_pre_attn_scalar=16,
+        )
+    ),
     "gemma2-mha": lambda: transformers.Gemma2ForCausalLM(
         transformers.Gemma2Config(
             **{**BASE, "rope_theta": 1e4, "rms_norm_eps": 1e-6, "num_key_value_heads": 4},
@@ -83,6 +92,11 @@ SHAPES = {
         "layers/0/pre_ffw_norm/scale": (64,),
     },
     "gemma2-mha": {"layers/1/attn/qkv_einsum/w": (3, 4, 64, 16)},
+    "gemma3": {
+        "layers/1/attn/kv_einsum/w": (2, 2, 64, 16),
+        "layers/1/attn/_query_norm/scale": (16,),
+        "layers/0/post_attention_norm/scale": (64,),
+    },
 }
 
 

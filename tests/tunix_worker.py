@@ -38,7 +38,7 @@ def tunix_model(family: str, config: dict):
         num_heads=config["num_attention_heads"],
         head_dim=head_dim,
         num_kv_heads=config["num_key_value_heads"],
-        rope_theta=int(config.get("rope_theta") or config["rope_parameters"]["rope_theta"]),
+        rope_theta=int(config.get("rope_theta") or config["rope_parameters"].get("rope_theta", 0)),
         norm_eps=config["rms_norm_eps"],
     )
     tied = bool(config.get("tie_word_embeddings", False))
@@ -76,6 +76,21 @@ def tunix_model(family: str, config: dict):
             sliding_window_size=config["sliding_window"],
         )
         return params_safetensors, model.Gemma, cfg
+    if family == "gemma3":
+        from tunix.models.gemma3 import model, params_safetensors
+
+        cfg = model.ModelConfig(
+            num_layers=config["num_hidden_layers"],
+            num_embed=config["vocab_size"],
+            embed_dim=config["hidden_size"],
+            hidden_dim=config["intermediate_size"],
+            num_heads=config["num_attention_heads"],
+            head_dim=head_dim,
+            num_kv_heads=config["num_key_value_heads"],
+            sliding_window_size=config["sliding_window"],
+            param_dtype=jnp.float32,
+        )
+        return params_safetensors, model.Gemma3, cfg
     raise SystemExit(f"no Tunix model for {family!r}")
 
 
