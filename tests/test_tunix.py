@@ -252,7 +252,7 @@ def test_lora_merge_refuses_what_it_cannot_merge():
         merged_lora({"q/w": w, "q/w_lora_a": a, "q/w_lora_b": b})
     with pytest.raises(suture.SurgeryError, match="'q/w_lora_a' has no partner"):
         merged_lora({"q/w": w, "q/w_lora_a": a}, lora_alpha=1.0)
-    with pytest.raises(suture.SurgeryError, match="only the adapters"):
+    with pytest.raises(suture.SurgeryError, match="only the adapters.*--like"):
         merged_lora({"q/w_lora_a": a, "q/w_lora_b": b}, lora_alpha=1.0)
     with pytest.raises(suture.SurgeryError, match=r"do not give the weight's shape \(3, 2\)"):
         merged_lora({"q/w": w, "q/w_lora_a": a, "q/w_lora_b": b.T}, lora_alpha=1.0)
@@ -284,11 +284,18 @@ def test_tunix_loader_and_suture_load_identical_leaves(tmp_path, model):
 
 
 @needs_tunix
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_tunix_checkpoint_exports_to_transformers(tmp_path, lora):
+@pytest.mark.parametrize("how", ["edited", "lora", "sft"])
+def test_tunix_checkpoint_exports_to_transformers(tmp_path, how):
+    """edited: the whole model, its embedding doubled, saved by Tunix's CheckpointManager;
+    lora: the same with qwix LoRA adapters (random factors) beside the weights; sft: three
+    LoRA SFT steps of Tunix's PeftTrainer, which saves the adapters alone, so the base
+    weights come from --like."""
     _save_model("qwen3", tmp_path / "hf")
-    extra = ["4", "8.0"] if lora else []
-    tunix_env.run_worker("save", "qwen3", tmp_path / "hf", tmp_path / "run", *extra)
+    if how == "sft":
+        tunix_env.run_worker("sft", "qwen3", tmp_path / "hf", tmp_path / "run", "4", "8.0")
+    else:
+        extra = ["4", "8.0"] if how == "lora" else []
+        tunix_env.run_worker("save", "qwen3", tmp_path / "hf", tmp_path / "run", *extra)
     _cli(
         [
             "convert",
@@ -299,10 +306,12 @@ def test_tunix_checkpoint_exports_to_transformers(tmp_path, lora):
             "--reverse",
             "--like",
             str(tmp_path / "hf"),
-            *(["--lora-alpha", "8"] if lora else []),
+            *(["--lora-alpha", "8"] if how != "edited" else []),
             "--no-progress",
         ]
     )
     expected = np.load(tmp_path / "run" / "logits.npy")
-    np.testing.assert_allclose(_logits(tmp_path / "out"), expected, atol=1e-5, rtol=0)
+    got = _logits(tmp_path / "out")
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    assert np.abs(got - _logits(tmp_path / "hf")).max() > 1e-2  # the weights did change
     assert sorted(_tensors(tmp_path / "out")) == sorted(_tensors(tmp_path / "hf"))

@@ -12,6 +12,9 @@ and the tests call this script there, with suture's sources on the path:
         Loads HF_FOLDER with Tunix's loader, optionally wraps it with qwix LoRA (random, non-zero
         factors), scales the embedding by 2 (a stand-in for training), saves it with Tunix's
         CheckpointManager at step 3 under ROOT and writes ROOT/logits.npy (the model on TOKENS).
+    python tests/tunix_worker.py sft FAMILY HF_FOLDER ROOT LORA_RANK LORA_ALPHA
+        Three LoRA SFT steps with Tunix's PeftTrainer checkpointing to ROOT (the adapters
+        alone, as the trainer saves a LoRA model), and ROOT/logits.npy of the trained model.
 """
 
 from __future__ import annotations
@@ -195,6 +198,50 @@ def save(
     np.save(Path(root) / "logits.npy", logits_of(model))
 
 
+def sft(family: str, hf: str, root: str, rank: str, alpha: str) -> None:
+    """A few LoRA SFT steps with Tunix's PeftTrainer, which checkpoints the adapters alone."""
+    import jax.numpy as jnp
+    import optax
+    import qwix
+    from flax import nnx
+    from tunix.sft import peft_trainer
+
+    config = json.loads((Path(hf) / "config.json").read_text())
+    params, _, cfg = tunix_model(family, config)
+    model = params.create_model_from_safe_tensors(hf, cfg)
+    provider = qwix.LoraProvider(
+        module_path=".*(q_proj|o_proj|gate_proj|down_proj)", rank=int(rank), alpha=float(alpha)
+    )
+    model = qwix.apply_lora_to_model(model, provider, rngs=nnx.Rngs(0), **model.get_model_input())
+
+    def model_input(x: peft_trainer.TrainingInput) -> dict:
+        length = x.input_tokens.shape[1]
+        return {
+            "input_tokens": x.input_tokens,
+            "input_mask": x.input_mask,
+            "positions": jnp.broadcast_to(jnp.arange(length), x.input_tokens.shape),
+            "attention_mask": jnp.tril(jnp.ones((1, length, length), dtype=bool)),
+        }
+
+    rng = np.random.default_rng(0)
+    batches = [
+        peft_trainer.TrainingInput(
+            input_tokens=rng.integers(0, config["vocab_size"], (2, 8)).astype(np.int32),
+            input_mask=np.ones((2, 8), dtype=bool),
+        )
+        for _ in range(3)
+    ]
+    trainer = peft_trainer.PeftTrainer(
+        model,
+        optax.adam(1e-2),
+        peft_trainer.TrainingConfig(
+            eval_every_n_steps=100, max_steps=3, checkpoint_root_directory=root
+        ),
+    ).with_gen_model_input_fn(model_input)
+    trainer.train(batches)
+    np.save(Path(root) / "logits.npy", logits_of(model))
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    {"load": load, "save": save}[command](*args)
+    {"load": load, "save": save, "sft": sft}[command](*args)

@@ -105,7 +105,13 @@ def convert_with_recipe(
         settings = recorded["config"]
     else:
         settings = _config_beside(source, name)
-    tree = tunix.merged_lora(ckpt.tree, lora_alpha) if recipe.target == "tunix" else ckpt.tree
+    tree = ckpt.tree
+    if recipe.target == "tunix":
+
+        def base() -> Any:  # the base model, for a checkpoint of adapters alone
+            return recipe.to_target(open_checkpoint(like, separator=".").tree, settings)
+
+        tree = tunix.merged_lora(tree, lora_alpha, base if like is not None else None)
     tensors = recipe.to_hf(tree, settings)
     recorded_layout = LAYOUT_KEY in ckpt.custom_metadata
     options = (

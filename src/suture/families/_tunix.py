@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,8 +48,14 @@ def model_params(source: str | os.PathLike) -> str | os.PathLike:
     return source
 
 
-def merged_lora(tree: Any, lora_alpha: float | None = None) -> dict[str, Any]:
+def merged_lora(
+    tree: Any, lora_alpha: float | None = None, base: Callable[[], Any] | None = None
+) -> dict[str, Any]:
     """The flat tree with ``/value`` wrappers dropped and LoRA factors merged into their weights.
+
+    Tunix's trainer saves only the adapters of a LoRA model (``save_only_lora_params``);
+    `base` then gives the base model's tree (the original HF folder through the recipe), read
+    only for the leaves the checkpoint lacks.
 
     Raises:
         ArgumentError: the tree has LoRA factors and no `lora_alpha` was given (a checkpoint
@@ -70,6 +77,9 @@ def merged_lora(tree: Any, lora_alpha: float | None = None) -> dict[str, Any]:
         )
     if not factors:
         return flat
+    if base is not None and any(path[: -len(LORA_A)] not in flat for path in factors):
+        for path, leaf in flatten(base()).items():
+            flat.setdefault(path, leaf)
     if lora_alpha is None:
         raise ArgumentError(
             f"The checkpoint holds {len(factors)} LoRA adapter(s) ({factors[0]!r} ...) and a "
@@ -81,8 +91,8 @@ def merged_lora(tree: Any, lora_alpha: float | None = None) -> dict[str, Any]:
         if weight not in flat:
             raise ArgumentError(
                 f"LoRA factor {path!r} has no weight {weight!r} to merge into: the checkpoint "
-                f"holds only the adapters (save_only_lora_params). Save the whole model "
-                f"(nnx.state(model)) to export it."
+                f"holds only the adapters (Tunix's trainer saves only them). Pass the base "
+                f"model's Hugging Face folder (--like, like= in Python) to merge them into."
             )
         flat[weight] = _merged(
             weight, flat[weight], flat.pop(path), flat.pop(weight + LORA_B), lora_alpha
