@@ -284,6 +284,18 @@ def test_tunix_loader_and_suture_load_identical_leaves(tmp_path, model):
 
 
 @needs_tunix
+def test_a_tunix_model_that_does_not_fit_the_folder_is_an_error_naming_each_leaf(tmp_path):
+    _save_model("qwen3", tmp_path / "hf")
+    tunix_env.run_worker("mismatch", "qwen3", tmp_path / "hf", tmp_path / "error.txt")
+    error = (tmp_path / "error.txt").read_text()
+    assert error.startswith("SurgeryError: The surgery has 6 problems")
+    assert (
+        "'layers/1/mlp/gate_proj/kernel': the target wants shape (64, 128), the result has (64, 96)"
+        in error
+    )
+
+
+@needs_tunix
 @pytest.mark.parametrize("how", ["edited", "lora", "sft"])
 def test_tunix_checkpoint_exports_to_transformers(tmp_path, how):
     """edited: the whole model, its embedding doubled, saved by Tunix's CheckpointManager;

@@ -163,6 +163,30 @@ def load(family: str, hf: str, out: str, mesh_shape: str = "") -> None:
         np.save(Path(out) / "logits.npy", logits_of(ours))
 
 
+def mismatch(family: str, hf: str, out: str) -> None:
+    """load_into a Tunix model whose config does not fit the folder (a wider MLP): the error."""
+    import dataclasses
+
+    from flax import nnx
+
+    import suture
+
+    config = json.loads((Path(hf) / "config.json").read_text())
+    _, model_class, cfg = tunix_model(family, config)
+    cfg = dataclasses.replace(cfg, hidden_dim=cfg.hidden_dim + 32)
+    recipe = suture.families.get_recipe(f"{family}:tunix")
+    try:
+        suture.nnx.load_into(
+            nnx.eval_shape(lambda: model_class(cfg, rngs=nnx.Rngs(params=0))),
+            hf,
+            transform=lambda tree: recipe.to_target(tree, config),
+        )
+    except suture.SurgeryError as error:
+        Path(out).write_text(f"{type(error).__name__}: {error}")
+    else:
+        Path(out).write_text("loaded")
+
+
 def save(
     family: str, hf: str, root: str, rank: str | None = None, alpha: str | None = None
 ) -> None:
@@ -244,4 +268,4 @@ def sft(family: str, hf: str, root: str, rank: str, alpha: str) -> None:
 
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    {"load": load, "save": save, "sft": sft}[command](*args)
+    {"load": load, "save": save, "sft": sft, "mismatch": mismatch}[command](*args)
