@@ -63,7 +63,7 @@ def convert(
             or the name of a built-in model-family recipe (``llama3.1:maxtext``;
             `suture.families`). A family recipe dequantizes a quantized source (FP8 block
             scales, MXFP4) itself, in the same pass.
-        reverse: run a built-in family recipe backwards (MaxText -> Hugging Face folder).
+        reverse: run a built-in family recipe backwards (MaxText or Tunix -> Hugging Face folder).
         config: the model's ``config.json`` (path or dict) for a family recipe; default: the
             one in the source folder, or the one the forward conversion recorded.
         dequantize: read a quantized Hugging Face folder (``quantization_config`` in its

@@ -417,7 +417,9 @@ def convert(
     ] = None,
     reverse: Annotated[
         bool,
-        typer.Option("--reverse", help="Run a built-in recipe backwards (MaxText -> HF folder)."),
+        typer.Option(
+            "--reverse", help="Run a built-in recipe backwards (MaxText or Tunix -> HF folder)."
+        ),
     ] = False,
     config: Annotated[
         str | None,
@@ -508,7 +510,7 @@ def recipes(
         str | None, typer.Option("--config", help="config.json to show the operations for.")
     ] = None,
 ) -> None:
-    """List the built-in model-family recipes (HF <-> MaxText), or show one's operations."""
+    """List the built-in model-family recipes (HF <-> MaxText, Tunix), or show one's operations."""
     if name is None:
         for recipe_name in families.recipe_names():
             recipe = families.get_recipe(recipe_name)
