@@ -233,6 +233,15 @@ def test_exports_the_latest_step_with_the_original_side_files(tmp_path):
     transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
 
 
+def test_like_and_lora_alpha_go_with_the_way_back(tmp_path):
+    _save_model("qwen3", tmp_path / "hf")
+    with pytest.raises(suture.SurgeryError, match="goes with reverse=True"):
+        suture.convert(tmp_path / "hf", tmp_path / "o", recipe="qwen3:tunix", like=tmp_path / "hf")
+    with pytest.raises(suture.SurgeryError, match="goes with a FAMILY:tunix recipe"):
+        suture.convert(tmp_path / "hf", tmp_path / "o", recipe="qwen3:maxtext", lora_alpha=8.0)
+    assert not (tmp_path / "o").exists()
+
+
 def test_lora_merge_is_tunix_formula():
     rng = np.random.default_rng(0)
     w = rng.standard_normal((4, 16, 64)).astype(np.float32)  # an o_proj (heads, head_dim, embed)

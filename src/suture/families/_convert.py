@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import rules
-from .._errors import ConfigMismatchError, SurgeryError
+from .._errors import ArgumentError, ConfigMismatchError, SurgeryError
 from .._hf import (
     LAYOUT_KEY,
     keep_safetensors_layout,
@@ -64,6 +64,17 @@ def convert_with_recipe(
     a step, or the step's ``model_params``; LoRA factors in it are merged (`tunix`).
     """
     recipe = get_recipe(name)
+    if like is not None and not reverse:
+        raise ArgumentError(
+            "like= (--like) is the original Hugging Face folder of a conversion back to HF; "
+            "it goes with reverse=True (--reverse)."
+        )
+    if lora_alpha is not None and not (reverse and recipe.target == "tunix"):
+        raise ArgumentError(
+            f"lora_alpha= (--lora-alpha) merges the LoRA adapters of a Tunix checkpoint; it "
+            f"goes with a FAMILY:tunix recipe and reverse=True, not {name!r}"
+            f"{'' if reverse else ' forward'}."
+        )
     if reverse and recipe.target == "tunix":
         source = tunix.model_params(source)
     ckpt = open_checkpoint(
