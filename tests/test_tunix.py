@@ -293,6 +293,23 @@ def test_tunix_loader_and_suture_load_identical_leaves(tmp_path, model):
 
 
 @needs_tunix
+def test_a_folder_mixing_bfloat16_and_float32_loads_as_tunix_original_mode_does(tmp_path):
+    """Tunix's default loader reads every tensor with the first one's dtype and fails on such
+    a folder; its "original" mode and suture give the same float32 model."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    _save_model("qwen3", tmp_path / "hf")
+    tensors = _tensors(tmp_path / "hf")
+    mixed = {k: v if "norm" in k else v.astype(ml_dtypes.bfloat16) for k, v in tensors.items()}
+    save_file(mixed, tmp_path / "hf" / "model.safetensors")
+    tunix_env.run_worker("mixed", "qwen3", tmp_path / "hf", tmp_path / "report.json")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["tunix_default"].startswith("ValueError: cannot reshape")
+    assert report["differ"] == [] and report["leaves"] == 25
+
+
+@needs_tunix
 def test_a_tunix_model_that_does_not_fit_the_folder_is_an_error_naming_each_leaf(tmp_path):
     _save_model("qwen3", tmp_path / "hf")
     tunix_env.run_worker("mismatch", "qwen3", tmp_path / "hf", tmp_path / "error.txt")

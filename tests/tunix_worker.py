@@ -163,6 +163,41 @@ def load(family: str, hf: str, out: str, mesh_shape: str = "") -> None:
         np.save(Path(out) / "logits.npy", logits_of(ours))
 
 
+def mixed(family: str, hf: str, out: str) -> None:
+    """A folder of bfloat16 matrices and float32 norms: Tunix's default mode, Tunix's
+    "original" mode and suture, into a float32 model."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import suture
+
+    config = json.loads((Path(hf) / "config.json").read_text())
+    params, model_class, cfg = tunix_model(family, config)
+    report = {}
+    try:
+        params.create_model_from_safe_tensors(hf, cfg)
+        report["tunix_default"] = "loaded"
+    except Exception as error:  # what Tunix's default mode does with it, whatever it is
+        report["tunix_default"] = f"{type(error).__name__}: {str(error)[:300]}"
+    theirs = params.create_model_from_safe_tensors(hf, cfg, dtype=jnp.float32, mode="original")
+    recipe = suture.families.get_recipe(f"{family}:tunix")
+    ours = suture.nnx.load_into(
+        nnx.eval_shape(lambda: model_class(cfg, rngs=nnx.Rngs(params=0))),
+        hf,
+        transform=lambda tree: recipe.to_target(tree, config),
+    )
+    their_leaves = dict(nnx.to_flat_state(nnx.state(theirs)))
+    our_leaves = dict(nnx.to_flat_state(nnx.state(ours)))
+    report["differ"] = [
+        "/".join(map(str, path))
+        for path, leaf in their_leaves.items()
+        if not np.array_equal(np.asarray(leaf[...]), np.asarray(our_leaves[path][...]))
+        or our_leaves[path][...].dtype != np.float32
+    ]
+    report["leaves"] = len(our_leaves)
+    Path(out).write_text(json.dumps(report))
+
+
 def mismatch(family: str, hf: str, out: str) -> None:
     """load_into a Tunix model whose config does not fit the folder (a wider MLP): the error."""
     import dataclasses
@@ -268,4 +303,4 @@ def sft(family: str, hf: str, root: str, rank: str, alpha: str) -> None:
 
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    {"load": load, "save": save, "sft": sft, "mismatch": mismatch}[command](*args)
+    {"load": load, "save": save, "sft": sft, "mismatch": mismatch, "mixed": mixed}[command](*args)
