@@ -54,6 +54,8 @@ def convert(
     dequantize: bool = False,
     quantize: str | None = None,
     keep_unquantized: list[str] | tuple[str, ...] | None = None,
+    like: str | os.PathLike | None = None,
+    lora_alpha: float | None = None,
 ) -> SaveResult:
     """Converts `source` to `destination` (Orbax or safetensors), optionally applying a recipe.
 
@@ -66,7 +68,7 @@ def convert(
             or the name of a built-in model-family recipe (``llama3.1:maxtext``;
             `suture.families`). A family recipe dequantizes a quantized source (FP8 block
             scales, MXFP4) itself, in the same pass.
-        reverse: run a built-in family recipe backwards (MaxText -> Hugging Face folder).
+        reverse: run a built-in family recipe backwards (MaxText or Tunix -> Hugging Face folder).
         config: the model's ``config.json`` (path or dict) for a family recipe; default: the
             one in the source folder, or the one the forward conversion recorded.
         verify: read the output back and check it before publishing it (`suture.save`).
@@ -81,6 +83,10 @@ def convert(
             ``quantization_config`` and its dtype fields say the new dtype.
         quantize: ``"fp8-block"``: write FP8 for serving (see `suture.save`);
             `keep_unquantized` as there.
+        like: with `reverse`, the model's original Hugging Face folder: its ``config.json``
+            (unless `config`), tokenizer and generation files go beside the weights.
+        lora_alpha: with a ``FAMILY:tunix`` recipe backwards, the LoRA alpha of a checkpoint
+            that holds LoRA factors, merged as ``w + (a @ b) * (alpha / rank)``.
         Other arguments as in `suture.open` and `suture.save`.
 
     Example:
@@ -106,6 +112,13 @@ def convert(
                 progress=progress,
                 dequantize=dequantize,
                 verify=verify,
+                like=like,
+                lora_alpha=lora_alpha,
+            )
+        if like is not None or lora_alpha is not None:
+            raise ArgumentError(
+                "like= and lora_alpha= go with a built-in family recipe run backwards "
+                "(recipe='qwen3:tunix', reverse=True; `suture recipes` lists them)."
             )
         tree, options = converted(
             source,
@@ -158,7 +171,7 @@ def converted(
     if reverse or config is not None:
         raise ArgumentError(
             "reverse= and config= go with a built-in family recipe (recipe='llama3.1:maxtext'; "
-            "`suture recipes` lists them)."
+            "`suture recipes` lists them), as do like= and lora_alpha=."
         )
     target_format = format or (
         "safetensors" if str(destination).endswith(".safetensors") else "orbax"

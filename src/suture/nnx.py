@@ -90,7 +90,11 @@ def load_into(
     abstract = nnx.eval_shape(factory) if factory is not None else model
     graphdef, state = nnx.split(abstract)
     annotated = _sharding_annotations(state, nnx)
-    target = _target_of(nnx.to_pure_dict(state), on_default_device=not annotated)
+    target = _target_of(
+        nnx.to_pure_dict(state),
+        _declared_shardings(nnx, state, mesh),
+        on_default_device=not annotated,
+    )
     if init is None:
         init = _default_init(factory, model, nnx)
     if in_place and init is None:
@@ -232,12 +236,15 @@ def _sharding_annotations(state: Any, nnx: Any) -> list[str]:
     return found
 
 
-def _target_of(pure: Any, on_default_device: bool = False) -> Any:
+def _target_of(
+    pure: Any, declared: dict[str, Any] | None = None, on_default_device: bool = False
+) -> Any:
     """The load's target: the model's leaves as ShapeDtypeStructs with their shardings.
 
-    An abstract leaf without a sharding (a factory's, from ``nnx.eval_shape``) goes on the
-    default device when `on_default_device`, as a live module's arrays are, rather than
-    on the devices the checkpoint was saved from (a pod's, absent on a laptop).
+    A leaf whose variable declares a sharding on the mesh (`declared`, ``sharding=`` names)
+    takes it. An abstract leaf without one (a factory's, from ``nnx.eval_shape``) goes on the
+    default device when `on_default_device`, as a live module's arrays are, rather than on
+    the devices the checkpoint was saved from (a pod's, absent on a laptop).
     """
     import jax  # heavy: loaded on first use, not at import
 
@@ -248,7 +255,9 @@ def _target_of(pure: Any, on_default_device: bool = False) -> Any:
             device = jax.devices(device)[0]
         default = jax.sharding.SingleDeviceSharding(device)
 
-    def describe(leaf: Any) -> Any:
+    def describe(leaf: Any, named: Any = None) -> Any:
+        if named is not None and any(axis is not None for axis in getattr(named, "spec", ())):
+            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=named)
         if is_shape_dtype_struct(leaf):
             if getattr(leaf, "sharding", None) is None and default is not None:
                 return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=default)
@@ -258,7 +267,23 @@ def _target_of(pure: Any, on_default_device: bool = False) -> Any:
             return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
         return leaf
 
-    return jax.tree.map(describe, pure)
+    if declared is None:
+        return jax.tree.map(describe, pure)
+    return jax.tree.map(describe, pure, declared, is_leaf=lambda x: x is None)
+
+
+def _declared_shardings(nnx: Any, state: Any, mesh: Any) -> dict[str, Any] | None:
+    """The shardings the model's variables declare on `mesh` (or ``jax.set_mesh``'s), as
+    Tunix's and MaxText's models do (``nnx.Param(..., sharding=('fsdp', 'tp'))``): under
+    ``nnx.eval_shape`` the arrays themselves carry none."""
+    import jax  # heavy: loaded on first use, not at import
+
+    if mesh is None:
+        current = getattr(jax.sharding, "get_mesh", None)
+        mesh = current() if current is not None else None
+    if mesh is None or not getattr(mesh, "shape", None):
+        return None
+    return nnx.to_pure_dict(nnx.get_named_sharding(state, mesh))
 
 
 def _default_init(factory: Callable[[], Any] | None, model: Any, nnx: Any) -> Any:

@@ -445,7 +445,9 @@ def convert(
     ] = None,
     reverse: Annotated[
         bool,
-        typer.Option("--reverse", help="Run a built-in recipe backwards (MaxText -> HF folder)."),
+        typer.Option(
+            "--reverse", help="Run a built-in recipe backwards (MaxText or Tunix -> HF folder)."
+        ),
     ] = False,
     config: Annotated[
         str | None,
@@ -491,6 +493,22 @@ def convert(
             "--keep-unquantized",
             help="With --quantize: a regex of tensor names kept in high precision (repeatable; "
             "replaces the defaults embed, norm, lm_head, routers).",
+        ),
+    ] = None,
+    like: Annotated[
+        str | None,
+        typer.Option(
+            "--like",
+            help="With --reverse: the original HF folder, whose config.json, tokenizer and "
+            "generation files the output gets.",
+        ),
+    ] = None,
+    lora_alpha: Annotated[
+        float | None,
+        typer.Option(
+            "--lora-alpha",
+            help="With a FAMILY:tunix recipe and --reverse: the LoRA alpha the checkpoint's "
+            "adapters were trained with (merged as w + (a @ b) * alpha / rank).",
         ),
     ] = None,
 ) -> None:
@@ -547,6 +565,8 @@ def convert(
         keep_unquantized=keep_unquantized,
         verify=verify,
         keep_value_keys=keep_value_keys,
+        like=like,
+        lora_alpha=lora_alpha,
     )
     _report_written(result, verify)
     if result.format == "orbax" and _is_model_folder(source):
@@ -567,7 +587,7 @@ def recipes(
         str | None, typer.Option("--config", help="config.json to show the operations for.")
     ] = None,
 ) -> None:
-    """List the built-in model-family recipes (HF <-> MaxText), or show one's operations."""
+    """List the built-in model-family recipes (HF <-> MaxText, Tunix), or show one's operations."""
     if name is None:
         for recipe_name in families.recipe_names():
             recipe = families.get_recipe(recipe_name)
