@@ -25,6 +25,9 @@ find_newest = for v in $(or $(NEWEST_PYTHON),$(NEWEST_VERSIONS)); do \
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# The torch extra is a range (torch>=2.13); the suite's environment takes the 2.13.0 CPU
+	# build first, so the range asks nothing more (a newer release could be a CUDA build).
+	$(BIN)/python -m pip install --quiet 'torch==2.13.0'
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	# pip byte-compiles what it installs, but not an editable source tree: do it here, so that
 	# start-up does not recompile suture where PYTHONDONTWRITEBYTECODE is set.

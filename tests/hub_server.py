@@ -314,14 +314,14 @@ class _HubHandler(http.server.BaseHTTPRequestHandler):
                 block = stream.read(min(remaining, 1 << 20))
                 if not block:
                     break
+                with self.server_state.lock:  # counted before the client can have it
+                    self.server_state.bytes_sent += len(block)
                 try:
                     self.wfile.write(block)
                 except OSError:  # the client stopped reading
                     self.close_connection = True
                     return
                 remaining -= len(block)
-                with self.server_state.lock:
-                    self.server_state.bytes_sent += len(block)
 
     # --- answers ------------------------------------------------------------------------
     def _json(self, value: object) -> None:

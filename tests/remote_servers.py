@@ -269,13 +269,13 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
                 block = source.read(count)
             if not block:
                 break
+            with self.server.lock:  # type: ignore[attr-defined]  # before the client has it
+                self.server.bytes_sent += len(block)  # type: ignore[attr-defined]
             try:
                 outputfile.write(block)
             except OSError:  # the client gave up (a deadline): nothing more to send
                 return
             remaining -= len(block)
-            with self.server.lock:  # type: ignore[attr-defined]
-                self.server.bytes_sent += len(block)  # type: ignore[attr-defined]
 
 
 class RangeServer:

@@ -105,10 +105,13 @@ def test_map_infers_shape_with_jax_and_reads_when_asked() -> None:
     np.testing.assert_array_equal(averaged[1].read(), a.read()[1])
 
 
-def test_map_with_numpy_function_needs_declared_shape() -> None:
+def test_map_with_numpy_function_runs_it_on_small_inputs_and_needs_shape_for_large() -> None:
     a = lazy(np.arange(4, dtype=np.float32))
+    small = suture.map(lambda x: np.asarray(x).cumsum(), a)  # jax cannot trace it: run once
+    assert (small.shape, small.dtype) == ((4,), np.float32)
+    large = lazy(np.zeros((1 << 21,), np.float32))
     with pytest.raises(suture.SurgeryError, match="Pass shape= and dtype= to suture.map"):
-        suture.map(lambda x: np.asarray(x).cumsum(), a)
+        suture.map(lambda x: np.asarray(x).cumsum(), large)
     cumulative = suture.map(lambda x: np.cumsum(x), a, shape=(4,), dtype=np.float32)
     np.testing.assert_array_equal(cumulative.read(), np.cumsum(np.arange(4, dtype=np.float32)))
 

@@ -58,6 +58,7 @@ def test_mergekit_linear_config_writes_a_hugging_face_folder(tmp_path: Path) -> 
     assert sorted(p.name for p in out.iterdir()) == [
         "README.md",
         "config.json",
+        "mergekit_config.yml",
         "model.safetensors",
         "tokenizer.json",
         "tokenizer_config.json",

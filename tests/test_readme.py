@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import shlex
 import subprocess
@@ -11,12 +11,10 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
-from safetensors.numpy import save_file
 
 from suture import open as suture_open
-from tests.orbax_writers import save_standard
+from suture.cli.examples import write_examples
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -26,60 +24,8 @@ def blocks(language: str) -> list[str]:
 
 
 def make_files(root: Path) -> None:
-    """The checkpoints the README's examples name."""
-    rng = np.random.default_rng(0)
-
-    def layers(prefix: str = "linear") -> dict:
-        return {
-            f"{prefix}{i}": {
-                "kernel": rng.standard_normal((64, 64), dtype=np.float32),
-                "bias": np.zeros(64, np.float32),
-            }
-            for i in range(4)
-        }
-
-    save_standard(
-        root / "ckpt",
-        {
-            "params": layers(),
-            "opt_state": {"mu": layers(), "nu": layers()},
-            "step": np.asarray(7, np.int32),
-        },
-    )
-    with ocp.CheckpointManager(root / "runs" / "my_model" / "checkpoints") as manager:
-        for step in (1000, 2000):
-            manager.save(step, args=ocp.args.StandardSave({"params": layers()}))
-        manager.wait_until_finished()
-    for name in ("finetuned_a", "finetuned_b"):
-        save_standard(root / name, {"params": layers(), "step": np.asarray(7, np.int32)})
-    save_standard(
-        root / "image_ckpt", {"params": {"dense": {"kernel": np.ones((32, 32), np.float32)}}}
-    )
-    save_standard(
-        root / "text_ckpt", {"params": {"dense": {"kernel": np.ones((16, 16), np.float32)}}}
-    )
-    hf = root / "hf_model"
-    hf.mkdir()
-    weight_map = {}
-    for shard in (1, 2):
-        filename = f"model-0000{shard}-of-00002.safetensors"
-        tensors = {f"model.layers.{shard}.weight": rng.standard_normal((8, 8)).astype(np.float32)}
-        save_file(tensors, hf / filename)
-        weight_map.update({name: filename for name in tensors})
-    (hf / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": 512}, "weight_map": weight_map})
-    )
-    (hf / "config.json").write_text("{}")
-    save_file({"w": rng.standard_normal((2048, 1024), dtype=np.float32)}, root / "base.safetensors")
-    save_file(
-        {
-            "a": rng.standard_normal((2048, 8), dtype=np.float32),
-            "b": rng.standard_normal((8, 1024), dtype=np.float32),
-        },
-        root / "lora.safetensors",
-    )
-    (root / "recipe.yaml").write_text(next(b for b in blocks("yaml") if b.startswith("rules:")))
-    (root / "merge.yaml").write_text(next(b for b in blocks("yaml") if b.startswith("method:")))
+    """The checkpoints the README's examples name, as `suture demo --examples` writes them."""
+    write_examples(root)
 
 
 @pytest.fixture
@@ -154,7 +100,7 @@ def test_shell_examples_run(workdir: Path) -> None:
         line
         for block in blocks("bash")
         for line in block.splitlines()
-        if line.startswith("suture ")
+        if line.startswith("suture ") and not line.startswith("suture demo --examples")
     ]
     assert len(commands) >= 8
     for command in commands:
@@ -164,3 +110,37 @@ def test_shell_examples_run(workdir: Path) -> None:
         )
         expected = 1 if arguments[1] == "diff" else 0  # the two checkpoints do differ
         assert done.returncode == expected, f"{command}\n{done.stdout}\n{done.stderr}"
+
+
+def test_the_readme_runs_as_pasted_after_suture_demo_examples(tmp_path: Path) -> None:
+    """In a fresh folder: the command the README gives first, then its Python blocks as one
+    script in a fresh interpreter, then its shell lines."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def run(*arguments: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, *arguments], cwd=tmp_path, capture_output=True, text=True, env=env
+        )
+
+    first = [
+        line for block in blocks("bash") for line in block.splitlines() if "--examples" in line
+    ]
+    assert first == ["suture demo --examples ."]
+    made = run("-m", "suture", "demo", "--examples", ".")
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "tour.py").write_text("\n".join(blocks("python")))
+    toured = run("tour.py")
+    assert toured.returncode == 0, toured.stdout + toured.stderr
+    for line in [line for block in blocks("bash") for line in block.splitlines()]:
+        if not line.startswith("suture ") or "--examples" in line:
+            continue
+        arguments = shlex.split(line.split("  #")[0])
+        done = run("-m", "suture", *arguments[1:])
+        expected = 1 if arguments[1] == "diff" else 0  # the two checkpoints do differ
+        assert done.returncode == expected, f"{line}\n{done.stdout}\n{done.stderr}"
+
+
+def test_the_examples_recipe_and_merge_config_are_the_readmes() -> None:
+    from suture.cli.examples import MERGE, RECIPE
+
+    assert RECIPE in blocks("yaml") and MERGE in blocks("yaml")

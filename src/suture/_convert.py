@@ -9,10 +9,11 @@ reuses them, so the round trip gives the same names, the same shards and the sam
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from . import families, rules
-from ._errors import ArgumentError
+from ._errors import ArgumentError, RecipeError, did_you_mean
 from ._hf import (
     LAYOUT_KEY,
     keep_safetensors_layout,
@@ -22,11 +23,13 @@ from ._hf import (
 )
 from ._lazy.views import strict_casts as strict_casts_on
 from ._location import location_of
+from ._paths import VALUE_KEYS, flatten, strip_variable_keys
 from ._quant.tensors import dequantized_config
 from ._save.api import SaveResult, save
 from ._surgery.build import transform
 from ._surgery.recipes import forward_record, load_recipe
 from .families._convert import DEFAULT_SHARD_SIZE, convert_with_recipe
+from .families._file import is_family_recipe
 from .sources.open import open as open_checkpoint
 
 
@@ -45,10 +48,14 @@ def convert(
     separator: str = ".",
     allow_pickle: bool = False,
     progress: bool | None = None,
+    verify: bool = False,
+    keep_value_keys: bool = False,
     strict_casts: bool = False,
     dequantize: bool = False,
     quantize: str | None = None,
     keep_unquantized: list[str] | tuple[str, ...] | None = None,
+    like: str | os.PathLike | None = None,
+    lora_alpha: float | None = None,
 ) -> SaveResult:
     """Converts `source` to `destination` (Orbax or safetensors), optionally applying a recipe.
 
@@ -61,15 +68,25 @@ def convert(
             or the name of a built-in model-family recipe (``llama3.1:maxtext``;
             `suture.families`). A family recipe dequantizes a quantized source (FP8 block
             scales, MXFP4) itself, in the same pass.
-        reverse: run a built-in family recipe backwards (MaxText -> Hugging Face folder).
+        reverse: run a built-in family recipe backwards (MaxText or Tunix -> Hugging Face folder).
         config: the model's ``config.json`` (path or dict) for a family recipe; default: the
             one in the source folder, or the one the forward conversion recorded.
+        verify: read the output back and check it before publishing it (`suture.save`).
+        keep_value_keys: safetensors output of a Flax NNX state (``nnx.state(model)``, whose
+            arrays are ``.../value``) names tensors without that key (``linear.kernel``, not
+            ``linear.kernel.value``) unless this is true.
+        strict_casts: a cast that changes a value (an overflow, a float to an integer that
+            loses its fraction) is an error naming the leaf and the element.
         dequantize: read a quantized Hugging Face folder (``quantization_config`` in its
             ``config.json``: FP8 with block scales, MXFP4) dequantized, in the same streamed
             pass, to `dtype` (default bfloat16); the output's ``config.json`` loses its
             ``quantization_config`` and its dtype fields say the new dtype.
         quantize: ``"fp8-block"``: write FP8 for serving (see `suture.save`);
             `keep_unquantized` as there.
+        like: with `reverse`, the model's original Hugging Face folder: its ``config.json``
+            (unless `config`), tokenizer and generation files go beside the weights.
+        lora_alpha: with a ``FAMILY:tunix`` recipe backwards, the LoRA alpha of a checkpoint
+            that holds LoRA factors, merged as ``w + (a @ b) * (alpha / rank)``.
         Other arguments as in `suture.open` and `suture.save`.
 
     Example:
@@ -81,7 +98,29 @@ def convert(
         'safetensors'
     """
     with strict_casts_on(strict_casts):  # casts built meanwhile check their values
-        return _convert(
+        if recipe is not None and is_family_recipe(str(recipe)):
+            return convert_with_recipe(
+                source,
+                destination,
+                str(recipe),
+                reverse=reverse,
+                config=config,
+                dtype=dtype,
+                overwrite=overwrite,
+                max_memory=max_memory,
+                max_shard_size=max_shard_size,
+                progress=progress,
+                dequantize=dequantize,
+                verify=verify,
+                like=like,
+                lora_alpha=lora_alpha,
+            )
+        if like is not None or lora_alpha is not None:
+            raise ArgumentError(
+                "like= and lora_alpha= go with a built-in family recipe run backwards "
+                "(recipe='qwen3:tunix', reverse=True; `suture recipes` lists them)."
+            )
+        tree, options = converted(
             source,
             destination,
             format,
@@ -89,56 +128,50 @@ def convert(
             recipe,
             reverse,
             config,
-            overwrite,
-            max_memory,
-            max_shard_size,
             separator,
             allow_pickle,
-            progress,
-            strict_casts,
-            dequantize,
-            quantize,
-            keep_unquantized,
+            max_shard_size,
+            keep_value_keys,
+            strict_casts=strict_casts,
+            dequantize=dequantize,
+            quantize=quantize,
         )
-
-
-def _convert(
-    source: str | os.PathLike,
-    destination: str | os.PathLike,
-    format: str | None,  # noqa: A002
-    dtype: str | None,
-    recipe: str | os.PathLike | None,
-    reverse: bool,
-    config: str | os.PathLike | dict[str, Any] | None,
-    overwrite: bool,
-    max_memory: int | str | None,
-    max_shard_size: int | str | None,
-    separator: str,
-    allow_pickle: bool,
-    progress: bool | None,
-    strict_casts: bool,
-    dequantize: bool,
-    quantize: str | None,
-    keep_unquantized: list[str] | tuple[str, ...] | None,
-) -> SaveResult:
-    if recipe is not None and families.is_recipe_name(str(recipe)):
-        return convert_with_recipe(
-            source,
+        return save(
+            tree,
             destination,
-            str(recipe),
-            reverse=reverse,
-            config=config,
-            dtype=dtype,
             overwrite=overwrite,
             max_memory=max_memory,
-            max_shard_size=max_shard_size,
             progress=progress,
-            dequantize=dequantize,
+            verify=verify,
+            quantize=quantize,
+            keep_unquantized=keep_unquantized,
+            **{"max_shard_size": max_shard_size, **options},
         )
+
+
+def converted(
+    source: str | os.PathLike,
+    destination: str | os.PathLike,
+    format: str | None = None,  # noqa: A002
+    dtype: str | None = None,
+    recipe: str | os.PathLike | None = None,
+    reverse: bool = False,
+    config: Any = None,
+    separator: str = ".",
+    allow_pickle: bool = False,
+    max_shard_size: int | str | None = None,
+    keep_value_keys: bool = False,
+    *,
+    strict_casts: bool = False,
+    dequantize: bool = False,
+    quantize: str | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """What `convert` writes, without writing it: the lazy tree, and the options of its save
+    (format, separator, metadata, side files, shard size). Not for built-in family recipes."""
     if reverse or config is not None:
         raise ArgumentError(
             "reverse= and config= go with a built-in family recipe (recipe='llama3.1:maxtext'; "
-            "`suture recipes` lists them)."
+            "`suture recipes` lists them), as do like= and lora_alpha=."
         )
     target_format = format or (
         "safetensors" if str(destination).endswith(".safetensors") else "orbax"
@@ -162,10 +195,13 @@ def _convert(
         )
     tree: Any = ckpt.tree
     if recipe is not None:
+        _check_not_a_misspelt_name(str(recipe))
         loaded = load_recipe(recipe)
         tree = transform(loaded.transform, ckpt, target=loaded.target, init=loaded.init)
     if dtype is not None:
         tree = rules.apply_rules([rules.cast(".*", dtype, optional=True)], tree)
+    if target_format == "safetensors" and not keep_value_keys and _is_variable_state(tree):
+        tree = strip_variable_keys(tree)
     options: dict[str, Any] = {}
     renamed = recipe is not None
     reformatted = dequantize or quantize is not None  # other names, other sizes: new shards
@@ -174,7 +210,7 @@ def _convert(
         if reformatted:
             options["metadata"][LAYOUT_KEY]["weight_map"] = None
     elif target_format == "safetensors" and max_shard_size is None and reformatted:
-        max_shard_size = DEFAULT_SHARD_SIZE
+        options["max_shard_size"] = DEFAULT_SHARD_SIZE
     elif target_format == "safetensors" and max_shard_size is None and not renamed:
         one_file = str(destination).endswith(".safetensors")
         options = reuse_safetensors_layout(ckpt, location_of(source), separator, one_file)
@@ -191,17 +227,29 @@ def _convert(
         options["extra_files"] = with_config_edited(
             options["extra_files"], dequantized_config(dtype or "bfloat16")
         )
-    separator = options.pop("separator", separator)
-    return save(
-        tree,
-        destination,
-        format=target_format,
-        overwrite=overwrite,
-        max_memory=max_memory,
-        max_shard_size=max_shard_size,
-        separator=separator,
-        progress=progress,
-        quantize=quantize,
-        keep_unquantized=keep_unquantized,
-        **options,
+    options["separator"] = options.get("separator", separator)
+    options["format"] = target_format
+    return tree, options
+
+
+def _is_variable_state(tree: Any) -> bool:
+    """Whether every array of `tree` is an NNX Variable's ``.../value`` (``nnx.state``)."""
+    arrays = [path for path, leaf in flatten(tree).items() if hasattr(leaf, "shape")]
+    return bool(arrays) and all(path.rsplit("/", 1)[-1] in VALUE_KEYS for path in arrays)
+
+
+RECIPE_SUFFIXES = (".py", ".yaml", ".yml", ".toml")
+
+
+def _check_not_a_misspelt_name(recipe: str) -> None:
+    """A recipe that is no file and has no recipe suffix (``llama31:maxtext``, ``llama3.1``)
+    is a built-in name misspelt: the error suggests the names, as for ``llama3.1:maxtex``."""
+    if Path(recipe).suffix.lower() in RECIPE_SUFFIXES or Path(recipe).exists():
+        return
+    names = families.recipe_names()
+    wanted = recipe if ":" in recipe else f"{recipe}:maxtext"  # a family named alone
+    raise RecipeError(
+        f"No built-in recipe {recipe!r}, and no recipe file of that name.{did_you_mean(wanted, names)} "
+        f"Built in: {', '.join(names)} (`suture recipes` lists them); a recipe file ends in "
+        f"{', '.join(RECIPE_SUFFIXES)}."
     )

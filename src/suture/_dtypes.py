@@ -5,6 +5,8 @@ Example:
     'bfloat16'
     >>> to_dtype("<f4").name
     'float32'
+    >>> to_dtype("bf16").name
+    'bfloat16'
 """
 
 from __future__ import annotations
@@ -17,6 +19,17 @@ import numpy as np
 
 from ._errors import ArgumentError
 
+# Short names people type (PyTorch's and mergekit's among them), for the names numpy knows.
+ALIASES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "f16": "float16",
+    "fp32": "float32",
+    "f32": "float32",
+    "fp64": "float64",
+    "f64": "float64",
+}
+
 
 def to_dtype(spec: Any) -> np.dtype:
     """A numpy dtype from a dtype, a scalar type, or a name such as ``"bfloat16"`` or ``"<f4"``.
@@ -27,6 +40,7 @@ def to_dtype(spec: Any) -> np.dtype:
     if isinstance(spec, np.dtype):
         return spec
     if isinstance(spec, str):
+        spec = ALIASES.get(spec.lower(), spec)
         extended = getattr(ml_dtypes, spec, None)
         if extended is not None and isinstance(extended, type):
             return np.dtype(extended)
@@ -35,7 +49,7 @@ def to_dtype(spec: Any) -> np.dtype:
     except TypeError as error:
         raise ArgumentError(
             f"Unknown dtype {spec!r}: expected a numpy or ml_dtypes name such as 'float32', "
-            f"'bfloat16' or 'int8'."
+            f"'bfloat16' or 'int8' (or bf16, fp16, fp32)."
         ) from error
 
 

@@ -25,12 +25,16 @@ import json
 import os
 import stat
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ._errors import CorruptCheckpointError, SurgeryError, SutureWarning
 from ._location import LocalLocation, Location, location_of
 from ._location.hub_cache import trusted_cache_link
+from ._paths import flatten
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".npz")
 _CHECKPOINT_FILES = ("commit_success.txt", "manifest.ocdbt")
@@ -64,7 +68,39 @@ def side_files(folder: Path | Location) -> dict[str, Any]:
         checked = side_file(folder, name)
         if checked is not None:
             found[name] = checked
+    for module in _module_folders(folder):
+        for entry in sorted((folder / module).iterdir()):
+            checked = side_file(folder, f"{module}/{entry.name}")
+            if checked is not None:
+                found[f"{module}/{entry.name}"] = checked
     return found
+
+
+def _module_folders(folder: Path) -> list[str]:
+    """The subfolders a sentence-transformers ``modules.json`` names (``1_Pooling``), which
+    the model needs beside its weights; only plain, real folders inside `folder`."""
+    listed = side_file(folder, "modules.json")
+    if listed is None:
+        return []
+    try:
+        modules = json.loads(listed.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    names = (
+        [m.get("path") for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+    )
+    return [
+        name
+        for name in dict.fromkeys(names)
+        if isinstance(name, str)
+        and _plain(name)
+        and not (folder / name).is_symlink()
+        and (folder / name).is_dir()
+    ]
+
+
+def _plain(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and os.sep not in name and "/" not in name
 
 
 def model_folder_side_files(location: str | os.PathLike | Location) -> dict[str, Any]:
@@ -89,9 +125,23 @@ def side_file(folder: Path | Location, name: str) -> Any:
     `name` may come from a checkpoint's metadata, so it is checked as untrusted: it must be
     a plain file name, not a link, and resolve to a file inside `folder`.
     """
-    if not name or name in (".", "..") or os.sep in name or "/" in name:
+    module, _, file_name = name.rpartition("/")
+    if not _plain(file_name) or (module and not _plain(module)):
         _skip(folder / name, "its name is not a plain file name")
         return None
+    if module:  # a file of a module's folder (sentence-transformers' 1_Pooling/config.json)
+        if isinstance(folder, Location) and folder.is_remote:
+            return None  # only local folders' modules are copied
+        inside = folder.path if isinstance(folder, LocalLocation) else folder
+        if (inside / module).is_symlink() or not (inside / module).is_dir():
+            _skip(inside / module, "it is a symbolic link or not a folder")
+            return None
+        found = side_file(inside / module, file_name)
+        return (
+            found
+            if found is not None and found.resolve().parent.parent == inside.resolve()
+            else None
+        )
     if isinstance(folder, Location) and folder.is_remote:  # no links or special files there
         return folder / name if (folder / name).is_file() else None
     folder = folder.path if isinstance(folder, LocalLocation) else folder
@@ -140,6 +190,73 @@ def _remote_side_files(folder: Location) -> dict[str, Any]:
         and not name.endswith(".index.json")
         and name not in _CHECKPOINT_FILES
     }
+
+
+# The config.json fields transformers reads for the weights' dtype: `dtype` (transformers 5)
+# and `torch_dtype` (transformers 4, still read by 5 when `dtype` is absent).
+DTYPE_FIELDS = ("dtype", "torch_dtype")
+_HF_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+class _WrittenFile:
+    """A side file whose content is made here (a config.json with the output's dtype)."""
+
+    def __init__(self, origin: Location, data: bytes) -> None:
+        self.origin, self.data = origin, data
+
+    def read_bytes(self) -> bytes:
+        return self.data
+
+    def __str__(self) -> str:
+        return str(self.origin)
+
+
+def output_dtype(tree: Any) -> str | None:
+    """The one floating-point dtype of `tree`'s array leaves, as transformers names it; None
+    when they have several, none, or one transformers has no name for (float8)."""
+    names = set()
+    for leaf in flatten(tree).values():
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None or not hasattr(leaf, "shape"):
+            continue
+        dtype = np.dtype(dtype)
+        if np.issubdtype(dtype, np.floating) or dtype.name in _HF_FLOAT_DTYPES:
+            names.add(dtype.name)
+    return names.pop() if len(names) == 1 and names <= set(_HF_FLOAT_DTYPES) else None
+
+
+def with_output_dtype(extra_files: Mapping[str, Any], tree: Any) -> dict[str, Any]:
+    """`extra_files` with a ``config.json`` whose ``dtype`` and ``torch_dtype`` say the dtype
+    of `tree`'s weights, where the copied config says another (a cast, a merge's ``dtype:``).
+
+    transformers 5 loads weights in the config's ``dtype``: a bfloat16 output under a config
+    saying float32 would load as float32 without a word. A config that names no dtype, or
+    already the right one, is copied byte for byte.
+
+    Example:
+        >>> import tempfile, pathlib, ml_dtypes
+        >>> config = pathlib.Path(tempfile.mkdtemp()) / "config.json"
+        >>> _ = config.write_text('{"dtype": "float32", "torch_dtype": "float32"}')
+        >>> tree = {"w": np.zeros(2, ml_dtypes.bfloat16)}
+        >>> files = with_output_dtype({"config.json": location_of(config)}, tree)
+        >>> json.loads(files["config.json"].read_bytes())
+        {'dtype': 'bfloat16', 'torch_dtype': 'bfloat16'}
+    """
+    source = extra_files.get("config.json")
+    if source is None:
+        return dict(extra_files)
+    try:
+        config = json.loads(source.read_bytes())
+    except (OSError, ValueError, SurgeryError):
+        return dict(extra_files)  # not JSON: copied as it is
+    if not isinstance(config, dict) or not any(field in config for field in DTYPE_FIELDS):
+        return dict(extra_files)
+    dtype = output_dtype(tree)
+    if dtype is None or all(config.get(field, dtype) == dtype for field in DTYPE_FIELDS):
+        return dict(extra_files)
+    config.update(dict.fromkeys(DTYPE_FIELDS, dtype))
+    text = json.dumps(config, indent=2, sort_keys=False) + "\n"
+    return {**extra_files, "config.json": _WrittenFile(source, text.encode())}
 
 
 # The layout of a Hugging Face safetensors folder, recorded in an Orbax conversion and

@@ -339,3 +339,28 @@ def ancestor_paths(paths: Iterable[str]) -> list[str]:
         parts = path.split("/")
         found.update("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
     return sorted(found)
+
+
+# Flax NNX spells a Variable's array `.../value` (`.../raw_value` in older Flax) in
+# ``nnx.state(model)``; without these keys its paths are the model's own.
+VALUE_KEYS = ("value", "raw_value")
+
+
+def strip_variable_keys(tree: Any) -> Any:
+    """The tree with NNX's ``.../value`` and ``.../raw_value`` leaf keys removed.
+
+    Example:
+        >>> strip_variable_keys({"linear": {"kernel": {"value": 1}, "bias": {"raw_value": 2}}})
+        {'linear': {'kernel': 1, 'bias': 2}}
+    """
+    flat = flatten(tree)
+    stripped: dict[str, Any] = {}
+    for path, leaf in flat.items():
+        parts = path.split("/")
+        short = "/".join(parts[:-1]) if len(parts) > 1 and parts[-1] in VALUE_KEYS else path
+        if short in stripped:
+            raise PathConflictError(
+                f"Leaf {path!r} and another leaf both become {short!r} without their value key."
+            )
+        stripped[short] = leaf
+    return unflatten(stripped)

@@ -23,19 +23,18 @@ from typing import Any
 from ._errors import (
     ArgumentError,
     MissingLeafError,
-    PathConflictError,
     TreeMismatchError,
+    UnsupportedError,
     did_you_mean,
 )
 from ._jaxtypes import is_shape_dtype_struct
 from ._lazy.array import LazyArray
 from ._lazy.combine import fit_shape
 from ._load.api import load
-from ._paths import flatten, unflatten
+from ._paths import VALUE_KEYS as VALUE_KEYS
+from ._paths import flatten, strip_variable_keys, unflatten
 from ._surgery.build import transform as lazy_transform
 from .sources.detect import open_source
-
-VALUE_KEYS = ("value", "raw_value")
 
 
 def load_into(
@@ -45,7 +44,7 @@ def load_into(
     *,
     init: Any = None,
     partial: bool = False,
-    pad_truncate: bool = False,
+    pad_truncate: bool | str = False,
     in_place: bool = False,
     mesh: Any = None,
     seed: Any = 0,
@@ -63,10 +62,14 @@ def load_into(
             leaves as outputs, so only those are allocated (the LoRA case).
         partial: ignore checkpoint leaves the model has no place for.
         pad_truncate: zero-pad or truncate leaves whose shape differs from the model's (a
-            bigger vocabulary), as `suture.load` does.
+            bigger vocabulary), as `suture.load` does. ``"mean"`` fills the new rows with the
+            mean of the existing ones; ``"init"`` with the model's own initial values there
+            (or `init`'s), as people initialize new tokens.
         in_place: update the given live module's variables (as ``nnx.update`` does) and
             return that same module, instead of a new one.
         mesh: a concrete mesh for shardings of an abstract model (default: ``jax.set_mesh``'s).
+            Variables without sharding annotations go on the default device, as a live
+            module's do, wherever the checkpoint was saved from (a pod, read on a laptop).
         seed: seed or key for JAX initializers in `init` (see `suture.transform`).
 
     Raises:
@@ -86,7 +89,12 @@ def load_into(
     factory = model if callable(model) and not isinstance(model, nnx.Module) else None
     abstract = nnx.eval_shape(factory) if factory is not None else model
     graphdef, state = nnx.split(abstract)
-    target = _target_of(nnx.to_pure_dict(state))
+    annotated = _sharding_annotations(state, nnx)
+    target = _target_of(
+        nnx.to_pure_dict(state),
+        _declared_shardings(nnx, state, mesh),
+        on_default_device=not annotated,
+    )
     if init is None:
         init = _default_init(factory, model, nnx)
     if in_place and init is None:
@@ -98,7 +106,16 @@ def load_into(
     transformed = lazy_transform(transform, tree, seed=seed)
     transformed = _matched(transformed, flatten(target), partial, pad_truncate, init)
     result = lazy_transform(None, transformed, target=target, init=init, partial=partial, seed=seed)
-    loaded = load(result, target, partial=partial, pad_truncate=pad_truncate, mesh=mesh)
+    try:  # leaves are fitted above: the load pads nothing more
+        loaded = load(result, target, partial=partial, pad_truncate=bool(pad_truncate), mesh=mesh)
+    except UnsupportedError as error:
+        if not annotated:
+            raise
+        raise UnsupportedError(
+            f"{error} The model's variables name mesh axes ({', '.join(annotated[:3])}) but "
+            f"have no sharding: create the model and load under `with jax.set_mesh(mesh):`, "
+            f"or pass mesh= to load_into."
+        ) from error
     nnx.replace_by_pure_dict(state, loaded)
     if in_place:
         nnx.update(model, state)
@@ -107,7 +124,7 @@ def load_into(
 
 
 def _matched(
-    transformed: Any, model: dict[str, Any], partial: bool, pad_truncate: bool, init: Any
+    transformed: Any, model: dict[str, Any], partial: bool, pad_truncate: bool | str, init: Any
 ) -> Any:
     """The checkpoint's tree, checked against the model's paths before anything is read."""
     flat = flatten(transformed)
@@ -137,12 +154,51 @@ def _matched(
             "or pass init=."
         )
     if pad_truncate:
-        for path in shared:
-            value, wanted = flat[path], model[path]
-            if isinstance(value, LazyArray) and tuple(wanted.shape) != value.shape:
-                flat[path] = fit_shape(value, tuple(wanted.shape))
+        resized = [
+            path
+            for path in shared
+            if isinstance(flat[path], LazyArray) and tuple(model[path].shape) != flat[path].shape
+        ]
+        fills: dict[str, Any] = dict.fromkeys(
+            resized, "mean" if pad_truncate == "mean" else "zeros"
+        )
+        if pad_truncate == "init":
+            fills = _initial_values(init, resized)
+        elif pad_truncate not in (True, "zeros", "mean"):
+            raise ArgumentError(
+                f"pad_truncate={pad_truncate!r}: pass True (zeros), 'mean' (the mean of the "
+                f"existing rows) or 'init' (the model's initial values)."
+            )
+        for path in resized:
+            flat[path] = fit_shape(flat[path], tuple(model[path].shape), fills[path])
         return unflatten(flat)
     return transformed
+
+
+def _initial_values(init: Any, paths: list[str]) -> dict[str, Any]:
+    """The initial values of the leaves at `paths`: a live model's, or computed from a
+    factory under ``jax.jit`` with only those leaves as outputs."""
+    if not paths:
+        return {}
+    if init is None:
+        raise ArgumentError(
+            "pad_truncate='init' takes new rows from the model's initial values, and an "
+            "abstract model has none. Pass a factory or a live module, or init=, or pad with "
+            "pad_truncate='mean'."
+        )
+    if callable(init):
+        import jax  # heavy: loaded on first use, not at import
+
+        computed = jax.jit(lambda: [flatten(init())[path] for path in paths])()
+        return dict(zip(paths, computed, strict=True))
+    provided = flatten(init)
+    absent = [path for path in paths if not hasattr(provided.get(path), "shape")]
+    if absent:
+        raise ArgumentError(
+            f"pad_truncate='init': init= gives no array for {absent[0]!r}. Give its initial "
+            f"value, or pad with pad_truncate='mean'."
+        )
+    return {path: provided[path] for path in paths}
 
 
 def _both_sides(model_only: list[str], checkpoint_only: list[str], limit: int = 8) -> str:
@@ -168,18 +224,66 @@ def _both_sides(model_only: list[str], checkpoint_only: list[str], limit: int = 
     return "\n".join(model_side + checkpoint_side)
 
 
-def _target_of(pure: Any) -> Any:
+def _sharding_annotations(state: Any, nnx: Any) -> list[str]:
+    """``path: axes`` of the variables that carry sharding annotations (``with_partitioning``)."""
+    found = []
+    for keys, variable in nnx.to_flat_state(state):
+        metadata = variable.get_metadata() if hasattr(variable, "get_metadata") else {}
+        for field in ("out_sharding", "sharding_names", "sharding"):
+            if metadata.get(field) is not None:
+                found.append(f"{'/'.join(map(str, keys))}: {metadata[field]}")
+                break
+    return found
+
+
+def _target_of(
+    pure: Any, declared: dict[str, Any] | None = None, on_default_device: bool = False
+) -> Any:
+    """The load's target: the model's leaves as ShapeDtypeStructs with their shardings.
+
+    A leaf whose variable declares a sharding on the mesh (`declared`, ``sharding=`` names)
+    takes it. An abstract leaf without one (a factory's, from ``nnx.eval_shape``) goes on the
+    default device when `on_default_device`, as a live module's arrays are, rather than on
+    the devices the checkpoint was saved from (a pod's, absent on a laptop).
+    """
     import jax  # heavy: loaded on first use, not at import
 
-    def describe(leaf: Any) -> Any:
+    default = None
+    if on_default_device:
+        device = jax.config.jax_default_device
+        if device is None or isinstance(device, str):
+            device = jax.devices(device)[0]
+        default = jax.sharding.SingleDeviceSharding(device)
+
+    def describe(leaf: Any, named: Any = None) -> Any:
+        if named is not None and any(axis is not None for axis in getattr(named, "spec", ())):
+            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=named)
         if is_shape_dtype_struct(leaf):
+            if getattr(leaf, "sharding", None) is None and default is not None:
+                return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=default)
             return leaf
         if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
             sharding = getattr(leaf, "sharding", None)
             return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
         return leaf
 
-    return jax.tree.map(describe, pure)
+    if declared is None:
+        return jax.tree.map(describe, pure)
+    return jax.tree.map(describe, pure, declared, is_leaf=lambda x: x is None)
+
+
+def _declared_shardings(nnx: Any, state: Any, mesh: Any) -> dict[str, Any] | None:
+    """The shardings the model's variables declare on `mesh` (or ``jax.set_mesh``'s), as
+    Tunix's and MaxText's models do (``nnx.Param(..., sharding=('fsdp', 'tp'))``): under
+    ``nnx.eval_shape`` the arrays themselves carry none."""
+    import jax  # heavy: loaded on first use, not at import
+
+    if mesh is None:
+        current = getattr(jax.sharding, "get_mesh", None)
+        mesh = current() if current is not None else None
+    if mesh is None or not getattr(mesh, "shape", None):
+        return None
+    return nnx.to_pure_dict(nnx.get_named_sharding(state, mesh))
 
 
 def _default_init(factory: Callable[[], Any] | None, model: Any, nnx: Any) -> Any:
@@ -192,23 +296,3 @@ def _default_init(factory: Callable[[], Any] | None, model: Any, nnx: Any) -> An
         if not any(is_shape_dtype_struct(leaf) for leaf in jax.tree.leaves(pure)):
             return pure  # a live model: its current values fill what the checkpoint lacks
     return None
-
-
-def strip_variable_keys(tree: Any) -> Any:
-    """The tree with NNX's ``.../value`` and ``.../raw_value`` leaf keys removed.
-
-    Example:
-        >>> strip_variable_keys({"linear": {"kernel": {"value": 1}, "bias": {"raw_value": 2}}})
-        {'linear': {'kernel': 1, 'bias': 2}}
-    """
-    flat = flatten(tree)
-    stripped: dict[str, Any] = {}
-    for path, leaf in flat.items():
-        parts = path.split("/")
-        short = "/".join(parts[:-1]) if len(parts) > 1 and parts[-1] in VALUE_KEYS else path
-        if short in stripped:
-            raise PathConflictError(
-                f"Leaf {path!r} and another leaf both become {short!r} without their value key."
-            )
-        stripped[short] = leaf
-    return unflatten(stripped)

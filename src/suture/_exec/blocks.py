@@ -14,7 +14,7 @@ Running the blocks under the budget is `runner.py`; what the allocator keeps is 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -232,20 +232,45 @@ def _reads_once_in_parts(row: LazyArray, writer: LeafWriter, block_budget: int) 
     return not _read_more_than(parts, 2 * _bytes_read(row))
 
 
-def check_blocks_fit(blocks: list[Block], max_memory: int) -> None:
-    """Refuses, before anything is written, a block that alone costs more than `max_memory`."""
+def check_blocks_fit(
+    blocks: list[Block], max_memory: int, cost_at: Callable[[int, set[str]], int] | None = None
+) -> None:
+    """Refuses, before anything is written, a block that alone costs more than `max_memory`.
+
+    The budget the error suggests is one that fits: a larger budget also gets larger chunks
+    (and so larger blocks), so with `cost_at` (``cost_at(budget, paths)``: the costliest
+    block of the leaves `paths` planned under `budget`) it is raised until the blocks fit.
+    """
     over = [block for block in blocks if block.cost > max_memory]
     if not over:
         return
     worst = max(over, key=lambda block: block.cost)
-    needed = -(-worst.cost // (1 << 20))
+    needed = _whole_mib(worst.cost)
+    if cost_at is not None:
+        paths = {block.path for block in over}
+        for _ in range(8):  # chunks stop growing at 16 MiB: a few rounds at most
+            cost = cost_at(needed, paths)
+            if cost <= needed:
+                break
+            needed = _whole_mib(cost)
+    whole_map = any(getattr(n, "elementwise", True) is False for n in _walk(worst.array.node))
+    python_only = "a smaller chunk_bytes= (Orbax)" + (
+        "; suture.map(..., elementwise=True) if each element of the map's result depends "
+        "only on the same elements of its inputs"
+        if whole_map
+        else ""
+    )
     raise ArgumentError(
         f"Leaf {worst.path!r} cannot be written within max_memory={human_bytes(max_memory)}: "
         f"its smallest block holds {human_bytes(worst.cost)} at once (reading, computing and "
-        f"writing it). Pass max_memory='{needed}MiB' or more, or make the leaf's blocks "
-        f"smaller: a smaller chunk_bytes, or an elementwise map (suture.map(..., "
-        f"elementwise=True)) instead of one of the whole array."
+        f"writing it). Pass max_memory='{needed // (1 << 20)}MiB' or more: the smallest "
+        f"budget it fits, counting the larger chunks a larger budget writes. (In Python, "
+        f"also: {python_only}.)"
     )
+
+
+def _whole_mib(nbytes: int) -> int:
+    return -(-nbytes // (1 << 20)) << 20
 
 
 def _computes_whole(node: Node) -> bool:

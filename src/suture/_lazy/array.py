@@ -21,6 +21,7 @@ import contextlib
 import math
 import operator
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -406,7 +407,8 @@ def map(  # noqa: A001 (the public name is suture.map)
     """Applies ``fn`` (a numpy or jax function) to the arrays when the result is read.
 
     The result's shape and dtype come from `shape` and `dtype` when given, else from
-    ``jax.eval_shape(fn, ...)``. With ``elementwise=True`` (output element ``i`` depends
+    numpy's rules for a ufunc (``np.tanh``), from ``jax.eval_shape(fn, ...)``, or, for numpy
+    code jax cannot trace, from running `fn` once on ones of small inputs. With ``elementwise=True`` (output element ``i`` depends
     only on input elements ``i``), reading part of the result reads only that part of the
     inputs.
 
@@ -419,7 +421,7 @@ def map(  # noqa: A001 (the public name is suture.map)
     lazy = [as_lazy(array) for array in arrays]
     name = getattr(fn, "__name__", "fn")
     if shape is None or dtype is None:
-        inferred_shape, inferred_dtype = _infer_shape_dtype(fn, lazy, name)
+        inferred_shape, inferred_dtype = _infer_shape_dtype(fn, lazy, name, elementwise)
         shape = inferred_shape if shape is None else shape
         dtype = inferred_dtype if dtype is None else dtype
     node = MapNode(fn, [a.node for a in lazy], tuple(shape), to_dtype(dtype), elementwise, name)
@@ -431,23 +433,66 @@ def map(  # noqa: A001 (the public name is suture.map)
     return LazyArray(node, common_path(lazy))
 
 
-def _infer_shape_dtype(fn: Callable, arrays: list[LazyArray], name: str) -> tuple:
+def _infer_shape_dtype(
+    fn: Callable, arrays: list[LazyArray], name: str, elementwise: bool
+) -> tuple:
+    """What `fn` returns: from numpy's rules for a ufunc, else from tracing it with jax,
+    else from running it on a small sample (numpy code that jax cannot trace)."""
+    if isinstance(fn, np.ufunc):
+        # jax keeps weak references to what it traces, and a ufunc cannot have one (jax 0.10
+        # crashed with a segmentation fault on the second try): it never sees one.
+        if fn.nout != 1:
+            raise ArgumentError(f"suture.map: {name} returns {fn.nout} arrays; it must return one.")
+        shape = np.broadcast_shapes(*(array.shape for array in arrays))
+        return shape, _run_on_sample(fn, [(1,)] * len(arrays), arrays).dtype
     import jax  # heavy: loaded on first use, not at import
+
+    def traced(*values: Any) -> Any:  # jax sees a plain function, whatever `fn` is
+        return fn(*values)
 
     specs = [jax.ShapeDtypeStruct(array.shape, array.dtype) for array in arrays]
     try:
         with native_call():  # Ctrl-C inside jax's C++ tracing would abort the process
-            result = jax.eval_shape(fn, *specs)
-    except Exception as error:  # any tracing failure means: tell us the shape
-        raise UnsupportedError(
-            f"suture.map could not infer what {name} returns by tracing it with jax "
-            f"({type(error).__name__}: {error}). Pass shape= and dtype= to suture.map."
-        ) from error
+            result = jax.eval_shape(traced, *specs)
+    except Exception as error:  # numpy code on tracers: run it on a sample instead
+        result = _sampled(fn, arrays, elementwise)
+        if result is None:
+            raise UnsupportedError(
+                f"suture.map could not infer what {name} returns: tracing it with jax failed "
+                f"({type(error).__name__}: {error}), and its inputs are too large to run it on "
+                f"to find out. Pass shape= and dtype= to suture.map (or elementwise=True if "
+                f"each output element depends only on the same input elements)."
+            ) from error
     if not hasattr(result, "shape"):
         raise ArgumentError(
             f"suture.map: {name} must return one array, got {type(result).__name__}."
         )
     return tuple(result.shape), result.dtype
+
+
+_SAMPLE_ELEMENTS = 1 << 20  # inputs up to this size may be computed once to learn the result
+
+
+def _sampled(fn: Callable, arrays: list[LazyArray], elementwise: bool) -> Any:
+    """`fn`'s result on inputs of ones (one element each when `elementwise`); None when the
+    inputs are too large to compute on."""
+    if elementwise:
+        result = _run_on_sample(fn, [(1,) * len(array.shape) for array in arrays], arrays)
+        shape = np.broadcast_shapes(*(array.shape for array in arrays))
+        return np.broadcast_to(np.asarray(result), shape)  # a view: no memory
+    if sum(math.prod(array.shape) for array in arrays) > _SAMPLE_ELEMENTS:
+        return None
+    return _run_on_sample(fn, [array.shape for array in arrays], arrays)
+
+
+def _run_on_sample(fn: Callable, shapes: list[tuple], arrays: list[LazyArray]) -> Any:
+    samples = [
+        np.broadcast_to(np.ones((), a.dtype), s) for a, s in zip(arrays, shapes, strict=True)
+    ]
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ones are not the data: a warning about them misleads
+        result = np.asarray(fn(*samples))
+    return result
 
 
 register_array_type(LazyArray)  # a leaf of every tree, never opened as a container

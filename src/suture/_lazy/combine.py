@@ -10,6 +10,7 @@ import numpy as np
 from .._errors import InvalidIndexError, ShapeMismatchError
 from .._jaxtypes import is_tracer
 from .array import LazyArray, as_lazy, common_path
+from .array import map as lazy_map
 from .joins import ConcatNode, PadNode, StackNode
 
 
@@ -85,15 +86,20 @@ def concatenate(arrays: Sequence[Any], axis: int = 0) -> LazyArray:
     return LazyArray(ConcatNode([array.node for array in lazy], axis, dtype), common_path(lazy))
 
 
-def fit_shape(array: LazyArray, shape: tuple[int, ...]) -> LazyArray:
-    """`array` truncated or zero-padded at the end of each axis to `shape`, lazily.
+def fit_shape(array: LazyArray, shape: tuple[int, ...], fill: Any = "zeros") -> LazyArray:
+    """`array` truncated or padded at the end of each axis to `shape`, lazily.
 
-    Truncation reads only the kept part; padding reads the whole (smaller) source.
+    Truncation reads only the kept part; padding reads the whole (smaller) source. The new
+    elements are zeros (`fill` ``"zeros"``); with ``"mean"``, the mean of the existing rows
+    along the one axis that grows (new tokens of a bigger vocabulary, as people initialize
+    them); with an array of `shape` (a model's own initial values), its elements there.
 
     Example:
         >>> x = LazyArray.from_array(np.arange(6).reshape(2, 3))
         >>> fit_shape(x, (3, 2)).read().tolist()
         [[0, 1], [3, 4], [0, 0]]
+        >>> fit_shape(LazyArray.from_array(np.asarray([[1.0], [3.0]])), (3, 1), "mean").read().tolist()
+        [[1.0], [3.0], [2.0]]
     """
     if len(shape) != array.ndim:
         raise ShapeMismatchError(
@@ -108,4 +114,51 @@ def fit_shape(array: LazyArray, shape: tuple[int, ...]) -> LazyArray:
     )
     if truncated.shape == shape:
         return truncated
-    return truncated.with_node(PadNode(truncated.node, shape))
+    if isinstance(fill, str) and fill == "zeros":
+        return truncated.with_node(PadNode(truncated.node, shape))
+    return _padded_with(truncated, shape, fill)
+
+
+def _padded_with(array: LazyArray, shape: tuple[int, ...], fill: Any) -> LazyArray:
+    """`array` grown along its one growing axis with the mean of its rows, or `fill`'s."""
+    grown = [
+        axis
+        for axis, (have, want) in enumerate(zip(array.shape, shape, strict=True))
+        if want > have
+    ]
+    if len(grown) != 1:
+        raise ShapeMismatchError(
+            f"Leaf {array.path!r}: padding {array.shape} to {shape} grows {len(grown)} axes; "
+            f"padding with the mean or with initial values grows one (the vocabulary's). Pad "
+            f"with zeros (pad_truncate=True), or reshape it first."
+        )
+    axis = grown[0]
+    extra = tuple(
+        want - have if i == axis else want
+        for i, (have, want) in enumerate(zip(array.shape, shape, strict=True))
+    )
+    if isinstance(fill, str):
+        if fill != "mean":
+            raise ShapeMismatchError(
+                f"Unknown padding {fill!r}: pad with 'zeros', 'mean', or initial values."
+            )
+        dtype = array.dtype
+
+        def mean_rows(values: np.ndarray) -> np.ndarray:
+            mean = np.mean(values, axis=axis, keepdims=True, dtype=np.float64)
+            return np.broadcast_to(mean.astype(dtype), extra)
+
+        mean_rows.__name__ = f"mean_of_rows_{axis}"
+        new = lazy_map(mean_rows, array, shape=extra, dtype=dtype)
+    else:
+        values = as_lazy(fill)
+        if tuple(values.shape) != tuple(shape):
+            raise ShapeMismatchError(
+                f"Leaf {array.path!r}: the initial values for its new rows have shape "
+                f"{tuple(values.shape)}, not the target's {shape}."
+            )
+        rows = tuple(
+            slice(array.shape[i], None) if i == axis else slice(None) for i in range(len(shape))
+        )
+        new = values[rows].astype(array.dtype)
+    return concatenate([array, new], axis=axis)

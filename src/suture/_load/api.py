@@ -51,7 +51,7 @@ def load(
     target: Any = None,
     *,
     partial: bool = False,
-    pad_truncate: bool = False,
+    pad_truncate: bool | str = False,
     init: Any = None,
     as_jax: bool = False,
     mesh: Any = None,
@@ -75,7 +75,8 @@ def load(
             ``partial_restore``). Without it, either is an error.
         pad_truncate: zero-pad or truncate each axis where the target's shape differs from
             the stored one. Without it, a different shape is an error (numpy targets
-            restore in the stored shape, as in Orbax).
+            restore in the stored shape, as in Orbax). ``"mean"`` pads with the mean of the
+            existing rows instead of zeros (new tokens of a bigger vocabulary).
         init: values for target leaves that the source lacks: a tree of arrays or of
             ``fn(shape, dtype)`` initializers, or a no-argument function that builds the
             whole tree (run under ``jax.jit``, so only the missing leaves are computed).
@@ -158,7 +159,15 @@ def load(
 _NOT_READ = ("skip", "empty")
 
 
-def _pad_truncate(pad_truncate: bool, strict: bool | None) -> bool:
+PADDINGS = (False, True, "zeros", "mean")
+
+
+def _pad_truncate(pad_truncate: bool | str, strict: bool | None) -> bool | str:
+    if pad_truncate not in PADDINGS:
+        raise ArgumentError(
+            f"pad_truncate={pad_truncate!r}: pass True (zeros) or 'mean' (new rows are the mean "
+            f"of the existing ones)."
+        )
     if strict is None:
         return pad_truncate
     if pad_truncate and strict:
@@ -207,7 +216,7 @@ def _check_left_out(flat_target: dict[str, LeafTarget], flat_source: dict, parti
 
 def _read_all(
     jobs: dict[str, tuple[Any, LeafTarget]],
-    pad_truncate: bool,
+    pad_truncate: bool | str,
     mesh: Any = None,
     show_progress: bool = False,
 ) -> dict[str, Any]:
@@ -234,7 +243,7 @@ def _read_all(
 
 
 def _materialize(
-    path: str, leaf: Any, wanted: LeafTarget, pad_truncate: bool, mesh: Any = None
+    path: str, leaf: Any, wanted: LeafTarget, pad_truncate: bool | str, mesh: Any = None
 ) -> Any:
     ready = _already_in_place(leaf, wanted)
     if ready is not None:
@@ -339,12 +348,12 @@ def _plain_value(path: str, leaf: Any, wanted: LeafTarget) -> Any:
     return leaf
 
 
-def _fitted(path: str, array: LazyArray, wanted: LeafTarget, pad_truncate: bool) -> LazyArray:
+def _fitted(path: str, array: LazyArray, wanted: LeafTarget, pad_truncate: bool | str) -> LazyArray:
     shape_applies = pad_truncate or not wanted.shape_needs_pad_truncate
     if wanted.shape is not None and wanted.shape != array.shape and shape_applies:
         if not pad_truncate:
             raise _shape_error(path, wanted.shape, array.shape)
-        array = fit_shape(array, wanted.shape)
+        array = fit_shape(array, wanted.shape, "mean" if pad_truncate == "mean" else "zeros")
     if wanted.dtype is not None:
         array = array.astype(wanted.dtype)
     return array
@@ -412,7 +421,9 @@ def _ranges(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]
     return tuple(entry.indices(length)[:2] for entry, length in zip(padded, shape, strict=True))
 
 
-def _reshard(path: str, array: Any, wanted: LeafTarget, pad_truncate: bool, sharding: Any) -> Any:
+def _reshard(
+    path: str, array: Any, wanted: LeafTarget, pad_truncate: bool | str, sharding: Any
+) -> Any:
     """A jax.Array spread over several processes, fitted to the target by jax itself.
 
     No process can read it whole, so it is cast, padded or truncated under ``jax.jit`` and
@@ -433,6 +444,11 @@ def _reshard(path: str, array: Any, wanted: LeafTarget, pad_truncate: bool, shar
     shape = tuple(array.shape) if wanted.shape is None else wanted.shape
     if shape != tuple(array.shape) and not pad_truncate:
         raise _shape_error(path, shape, tuple(array.shape))
+    if shape != tuple(array.shape) and pad_truncate == "mean":
+        raise UnsupportedError(
+            f"Leaf {path!r} is a jax.Array sharded across processes: it is padded with zeros "
+            f"only (pad_truncate=True), not with the mean of its rows."
+        )
     dtype = array.dtype if wanted.dtype is None else wanted.dtype
     target = sharding if sharding is not None else array.sharding
     if shape == tuple(array.shape) and dtype == array.dtype:

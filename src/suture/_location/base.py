@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 from pathlib import Path
@@ -273,3 +274,41 @@ def read_fully(descriptor: int, buffer: np.ndarray, offset: int) -> int:
             break
         done += got
     return done
+
+
+class RangeReader(io.RawIOBase):
+    """A read-only, seekable file over a location's ranged reads (for zipfile, msgpack).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "f"
+        >>> _ = path.write_bytes(b"abcdef")
+        >>> reader = RangeReader(LocalLocation(path))
+        >>> _ = reader.seek(2); reader.read(3)
+        b'cde'
+    """
+
+    def __init__(self, location: Location) -> None:
+        self._location, self._position = location, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: None}[whence]
+        self._position = (self._location.size() if base is None else base) + offset
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        count = max(0, min(len(buffer), self._location.size() - self._position))
+        if count:
+            data = self._location.read_range(self._position, count)
+            memoryview(buffer).cast("B")[:count] = data
+            self._position += count
+        return count

@@ -40,7 +40,7 @@ from .._errors import (
     UnsupportedError,
 )
 from .._iostats import record_read
-from .base import LocalLocation, Location, short_read
+from .base import LocalLocation, Location, RangeReader, short_read, too_large
 from .hub_cache import (
     DEFAULT_REVISION,
     CachedLocation,
@@ -241,8 +241,11 @@ class HubLocation(Location):
             raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
         return size
 
-    def read_bytes(self) -> bytes:
-        return bytes(self.read_range(0, self.size(), ""))
+    def read_bytes(self, limit: int | None = None, what: str = "") -> bytes:
+        size = self.size()
+        if limit is not None and size > limit:
+            raise too_large(self, limit, what)
+        return bytes(self.read_range(0, size, what))
 
     def read_head(self, count: int) -> bytes:
         return bytes(self.read_range(0, min(count, self.size())))
@@ -322,7 +325,7 @@ class HubLocation(Location):
         )
 
     def open_reader(self) -> Any:
-        return io.BufferedReader(_RangeReader(self), buffer_size=1 << 16)
+        return io.BufferedReader(RangeReader(self), buffer_size=1 << 16)
 
     def kvstore_spec(self) -> dict[str, Any]:
         raise UnsupportedError(
@@ -352,35 +355,6 @@ class _StaleRedirect(Exception):
 def _origin(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     return parts.scheme, parts.netloc
-
-
-class _RangeReader(io.RawIOBase):
-    """A read-only, seekable file over a Hub file's ranged reads (for zipfile)."""
-
-    def __init__(self, location: HubLocation) -> None:
-        self._location, self._position = location, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: None}[whence]
-        self._position = (self._location.size() if base is None else base) + offset
-        return self._position
-
-    def tell(self) -> int:
-        return self._position
-
-    def readinto(self, buffer: Any) -> int:
-        count = max(0, min(len(buffer), self._location.size() - self._position))
-        if count:
-            data = self._location.read_range(self._position, count)
-            memoryview(buffer).cast("B")[:count] = data
-            self._position += count
-        return count
 
 
 def _huggingface_hub() -> Any:

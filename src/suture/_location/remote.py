@@ -31,7 +31,7 @@ from .._errors import (
     UnsupportedError,
 )
 from .._redact import redact_text, redact_url
-from .base import Location, short_read, too_large
+from .base import Location, RangeReader, short_read, too_large
 from .http_redirect import REDIRECT_CODES, describe_status, redirect_target
 
 WRITABLE_SCHEMES = ("gs", "s3")
@@ -261,7 +261,7 @@ class RemoteLocation(Location):
         return high
 
     def open_reader(self) -> Any:
-        return io.BufferedReader(_RangeReader(self), buffer_size=1 << 16)
+        return io.BufferedReader(RangeReader(self), buffer_size=1 << 16)
 
     # --- writing ------------------------------------------------------------------------
     def write_bytes(self, data: bytes) -> None:
@@ -291,35 +291,6 @@ class RemoteLocation(Location):
                 f"Cannot write {str(self)!r}: {self.scheme}:// is read-only for suture. Write "
                 f"to a local path, gs:// or s3://."
             )
-
-
-class _RangeReader(io.RawIOBase):
-    """A read-only, seekable file over a remote object's ranged reads."""
-
-    def __init__(self, location: RemoteLocation) -> None:
-        self._location, self._position = location, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: None}[whence]
-        self._position = (self._location.size() if base is None else base) + offset
-        return self._position
-
-    def tell(self) -> int:
-        return self._position
-
-    def readinto(self, buffer: Any) -> int:
-        count = max(0, min(len(buffer), self._location.size() - self._position))
-        if count:
-            data = self._location.read_range(self._position, count)
-            memoryview(buffer).cast("B")[:count] = data
-            self._position += count
-        return count
 
 
 # Files that mark a remote folder as a checkpoint, probed instead of listing over HTTP.

@@ -253,10 +253,14 @@ def merge_leaf(
 ) -> Any:
     """One merged leaf, lazily: `plan` applied to `leaves` (and `base`).
 
-    Leaves that are not arrays (step counters, names) come from the first model.
+    Leaves that are not arrays (names), and integer and boolean arrays (a TrainState's
+    ``step``, Adam's ``count``, token ids: an average of 2 and 3 would be 2, truncated), are
+    not merged: they come from the base model when there is one, else from the first.
     """
     if not all(isinstance(leaf, LazyArray) for leaf in leaves):
         return leaves[0]
+    if not all(np.issubdtype(leaf.dtype, np.inexact) or _extended_float(leaf) for leaf in leaves):
+        return base if base is not None else leaves[0]
     method = plan.method
     if method.base == "required" and base is None:
         raise MergeError(f"Leaf {path!r}: {method.name} needs a base model.")
@@ -296,6 +300,11 @@ def merge_leaf(
     return lazy_map(
         compute, *inputs, shape=leaves[0].shape, dtype=out_dtype, elementwise=method.elementwise
     )
+
+
+def _extended_float(leaf: LazyArray) -> bool:
+    """ml_dtypes' floats (bfloat16, float8), which numpy does not count as inexact."""
+    return leaf.dtype.kind == "V" and "float" in leaf.dtype.name
 
 
 def _seed(path: str, params: dict[str, Any]) -> int:

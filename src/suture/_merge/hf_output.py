@@ -2,10 +2,10 @@
 
 Next to the safetensors (one ``model.safetensors``, or shards with
 ``model.safetensors.index.json``) the folder gets ``config.json`` from the base model (or
-the first), with ``num_hidden_layers`` set to the layers written and ``torch_dtype`` to the
-output dtype; the tokenizer files of that model, copied as they are (regular files only: a
-link is refused, so nothing outside the model folder is copied); and a ``README.md`` model
-card naming the method and models and holding the merge config.
+the first), with ``num_hidden_layers`` set to the layers written and ``dtype`` and
+``torch_dtype`` to the output dtype; the tokenizer files of that model, copied as they are
+(regular files only: a link is refused, so nothing outside the model folder is copied); and a
+``README.md`` model card naming the method and models and holding the merge config.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .._dtypes import to_dtype
 from .._errors import MergeError
 from .._hf import side_file
 from .._location import LocalLocation, location_of
@@ -67,8 +68,8 @@ def hf_side_files(
     config = json.loads(source_config.read_bytes().decode("utf-8"))
     if layers and "num_hidden_layers" in config:
         config["num_hidden_layers"] = layers
-    if out_dtype:
-        config["torch_dtype"] = out_dtype
+    if out_dtype:  # transformers 5 reads `dtype`, 4 `torch_dtype`; both by numpy's name
+        config["dtype"] = config["torch_dtype"] = to_dtype(out_dtype).name
     config.pop("quantization_config", None)  # quantized models merge dequantized
     written = staging / "config.json"
     written.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

@@ -53,10 +53,22 @@ class MergekitMerge:
     sliced: bool = field(default=False)
 
 
+def _tokenizer_as_suture_copies(key: str, data: dict[str, Any]) -> bool:
+    """Whether `key` asks for what suture does anyway: the base model's tokenizer
+    (``tokenizer_source: base``, or ``tokenizer: {source: base}``), with a base model."""
+    value = data[key]
+    asks_base = (key == "tokenizer_source" and value == "base") or (
+        key == "tokenizer" and value == {"source": "base"}
+    )
+    return asks_base and bool(data.get("base_model"))
+
+
 def load_mergekit(config: ConfigFile) -> MergekitMerge:
     """Reads mergekit's schema from `config` and builds the merged lazy tree."""
     data = config.data
     for key in data:
+        if key in UNSUPPORTED and _tokenizer_as_suture_copies(key, data):
+            continue
         if key in UNSUPPORTED:
             raise MergeError(
                 f"{config.where(key)}suture cannot honour {key!r}: {UNSUPPORTED[key]}."

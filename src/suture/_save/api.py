@@ -20,7 +20,7 @@ from .._errors import ArgumentError, DestinationError, UnsupportedError
 from .._exec.distributed import collective
 from .._exec.memory import tune_if_asked
 from .._exec.progress import wants_progress
-from .._hf import model_folder_side_files, with_config_edited
+from .._hf import model_folder_side_files, with_config_edited, with_output_dtype
 from .._lazy.array import LazyArray
 from .._location import Location, location_of
 from .._location.publish import (
@@ -36,6 +36,7 @@ from ..sources.open import open as open_checkpoint
 from .collective import write_collective
 from .options import SaveOptions
 from .overwrite import check_replaceable
+from .steps import save_step
 from .writer import SaveResult, write
 
 
@@ -88,6 +89,8 @@ def save(
     tune_allocator: bool | None = None,
     quantize: str | None = None,
     keep_unquantized: list[str] | tuple[str, ...] | None = None,
+    step: int | None = None,
+    item: str | None = None,
 ) -> SaveResult | SaveHandle:
     """Writes `tree` to `path`, streaming lazy leaves under a memory budget.
 
@@ -151,6 +154,12 @@ def save(
             name) of the weights kept in high precision, instead of the defaults
             (``embed``, ``norm``, ``lm_head``, the MoE router ``.gate.weight``, ``router``).
 
+        step: write step `step` of the CheckpointManager run at `path` (``path/step/item``),
+            which ``ocp.CheckpointManager(path, item_names=...)`` restores; the run folder is
+            created if missing, and a new step appears whole (written aside, then renamed).
+        item: with `step`, the item's name (``"model"``; default ``"default"``, a manager's
+            item without ``item_names``).
+
     Returns:
         A `SaveResult` (or a `SaveHandle` when `asynchronous`).
 
@@ -165,6 +174,23 @@ def save(
         >>> float(suture.open(result.path)["w"].read().sum())
         4.0
     """
+    if step is not None or item is not None:
+        keywords = dict(
+            format=format,
+            overwrite=overwrite,
+            max_memory=max_memory,
+            progress=progress,
+            chunk_bytes=chunk_bytes,
+            metadata=metadata,
+            verify=verify,
+            tune_allocator=tune_allocator,
+        )
+        if format != "orbax" or asynchronous:
+            raise ArgumentError(
+                "step= and item= write an Orbax CheckpointManager step, synchronously: drop "
+                "format= and asynchronous=, or write a single checkpoint without step=."
+            )
+        return save_step(path, step, item, overwrite, lambda where: save(tree, where, **keywords))
     destination = location_of(path)
     options = SaveOptions.from_keywords(
         format=format,
@@ -185,6 +211,8 @@ def save(
     if extra_files is None and folder_output:
         options = replace(options, extra_files=_side_files_of(tree))
     tree = _tree_of(tree)
+    if "config.json" in options.extra_files:  # its dtype fields follow the weights written
+        options = replace(options, extra_files=with_output_dtype(options.extra_files, tree))
     if quantize is not None:
         keep = None if keep_unquantized is None else tuple(keep_unquantized)
         tree, quantization = quantize_tree(tree, quantize, keep, separator)

@@ -9,7 +9,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._errors import ArgumentError
@@ -68,11 +68,7 @@ class SaveOptions:
                 f"Unknown output format {format!r}: use one of {', '.join(FORMATS)}."
             )
         budget = parse_bytes(max_memory) if max_memory is not None else DEFAULT_MAX_MEMORY
-        chunk = (
-            parse_bytes(chunk_bytes)
-            if chunk_bytes is not None
-            else max(1 << 16, min(DEFAULT_CHUNK_BYTES, budget // 16))
-        )
+        chunk = parse_bytes(chunk_bytes) if chunk_bytes is not None else default_chunk_bytes(budget)
         return cls(
             format=format,
             overwrite=overwrite,
@@ -87,3 +83,15 @@ class SaveOptions:
             verify=verify,
             tune_allocator=tune_allocator,
         )
+
+    def under_budget(self, max_memory: int) -> SaveOptions:
+        """These options with another `max_memory`, and the chunks that budget gets by default
+        (unless `chunk_bytes` was chosen)."""
+        chosen = self.chunk_bytes != default_chunk_bytes(self.max_memory)
+        chunk = self.chunk_bytes if chosen else default_chunk_bytes(max_memory)
+        return replace(self, max_memory=max_memory, chunk_bytes=chunk)
+
+
+def default_chunk_bytes(max_memory: int) -> int:
+    """Orbax chunks for a budget: 16 MiB, or a sixteenth of a smaller budget, so a block fits."""
+    return max(1 << 16, min(DEFAULT_CHUNK_BYTES, max_memory // 16))

@@ -8,9 +8,10 @@ the mapping of write failures to `SurgeryError`.
 from __future__ import annotations
 
 import errno
+import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def write(tree: Any, destination: Location, options: SaveOptions) -> SaveResult:
                 assert isinstance(temporary, LocalLocation)
                 one_file = destination.name.endswith(".safetensors")
                 blocks, finish = safetensors_blocks(tree, temporary.path, one_file, options)
-            check_blocks_fit(blocks, max_memory)
+            check_blocks_fit(blocks, max_memory, _cost_at(tree, options, one_file_of(destination)))
             if options.verify:
                 blocks, digests = with_digests(blocks)
             total = sum(block.nbytes for block in blocks)
@@ -99,6 +100,33 @@ def write(tree: Any, destination: Location, options: SaveOptions) -> SaveResult:
         time.perf_counter() - started,
         budget[0].peak if budget else 0,
     )
+
+
+def one_file_of(destination: Location) -> bool:
+    return destination.name.endswith(".safetensors")
+
+
+def _cost_at(tree: Any, options: SaveOptions, one_file: bool) -> Any:
+    """``cost_at(budget, paths)`` for `check_blocks_fit`: the costliest block of the leaves at
+    `paths` when they are planned under `budget` (in a scratch folder, written nothing)."""
+
+    def cost_at(budget: int, paths: set[str]) -> int:
+        trial = replace(options.under_budget(budget), shard_map=None, max_shard_size=None)
+        named = {
+            (path if trial.format == "orbax" else path.replace("/", trial.separator)): leaf
+            for path, leaf in flatten(tree).items()
+        }
+        leaves = {f"leaf{i}": named[path] for i, path in enumerate(sorted(paths)) if path in named}
+        with tempfile.TemporaryDirectory() as scratch:
+            if trial.format == "orbax":
+                blocks, _, _ = orbax_blocks(leaves, Path(scratch) / "trial", trial)
+            else:
+                where = Path(scratch) / "scratch.safetensors" if one_file else Path(scratch)
+                blocks, closing = safetensors_blocks(leaves, where, one_file, trial)
+                call_collecting_error(closing)
+        return max((block.cost for block in blocks), default=0)
+
+    return cost_at
 
 
 def call_collecting_error(finish: Any) -> BaseException | None:
@@ -163,8 +191,14 @@ def copy_extra_files(extra_files: Mapping[str, Location], folder: Location | Pat
             "end in '.safetensors'."
         )
     for name, source in extra_files.items():
-        if "/" in name or name.startswith("."):
-            raise ArgumentError(f"extra file name {name!r} must be a plain file name.")
+        parts = name.split("/")
+        if len(parts) > 2 or any(not part or part.startswith(".") for part in parts):
+            raise ArgumentError(
+                f"extra file name {name!r} must be a plain file name, or one inside a folder "
+                f"of the output ('1_Pooling/config.json')."
+            )
+        if len(parts) == 2 and isinstance(folder, LocalLocation):
+            (folder.path / parts[0]).mkdir(exist_ok=True)
         (folder / name).write_bytes(source.read_bytes())
 
 

@@ -72,7 +72,7 @@ def covers(init: Any, path: str) -> bool:
     if callable(init) and not isinstance(init, Mapping):
         import jax  # heavy: loaded on first use, not at import
 
-        return path in flatten(jax.eval_shape(init))
+        return path in flatten(jax.eval_shape(lambda: init()))  # jax sees a plain function
     return path in flatten(init)
 
 
@@ -144,7 +144,7 @@ def _from_model_init(
 ) -> dict[str, Any]:
     import jax  # heavy: loaded on first use, not at import
 
-    abstract = flatten(jax.eval_shape(init))
+    abstract = flatten(jax.eval_shape(lambda: init()))  # jax sees a plain function
     absent = [path for path in missing if path not in abstract]
     if absent:
         raise MissingLeafError(

@@ -103,7 +103,17 @@ class Plan:
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
+    def problems_text(self) -> str:
+        """The problems alone, numbered; ``No problems.`` when there are none."""
+        if not self.problems:
+            return "No problems."
+        lines = [f"{len(self.problems)} problem(s):"]
+        lines.extend(f"  {i}. {problem}" for i, problem in enumerate(self.problems, 1))
+        return "\n".join(lines)
+
     def __str__(self) -> str:
+        """The problems first (a pattern matching nothing, a bad dtype: not under 200 rows),
+        then the table of outputs, then the notes."""
         rows = [["output", "shape", "dtype", "from", "operations", "reads"]]
         for output in self.outputs:
             origin = (
@@ -119,7 +129,8 @@ class Plan:
                     human_bytes(output.bytes_to_read) if output.bytes_to_read else "",
                 ]
             )
-        lines = format_table(rows, rule_under_header=True)
+        lines = [self.problems_text(), ""] if self.problems else []
+        lines += format_table(rows, rule_under_header=True)
         lines.append(
             f"\n{len(self.outputs)} outputs; reads {human_bytes(self.bytes_to_read)}, "
             f"writes {human_bytes(self.bytes_to_write)}."
@@ -143,11 +154,9 @@ class Plan:
         lines.extend(lossy_lines(self.lossy_casts))
         lines.extend(f"Note: {note}" for note in self.notes)
         lines.extend(f"Function call: {fallback}" for fallback in self.fallbacks)
-        if self.problems:
-            lines.append(f"{len(self.problems)} problem(s):")
-            lines.extend(f"  {i}. {problem}" for i, problem in enumerate(self.problems, 1))
-        else:
-            lines.append("No problems.")
+        lines.append(
+            f"{len(self.problems)} problem(s), listed above." if self.problems else "No problems."
+        )
         return "\n".join(lines)
 
 

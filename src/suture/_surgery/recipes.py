@@ -310,8 +310,15 @@ def _toml_locator(file: Path, text: str, first: int | None, index: int) -> Calla
 def _rule_items(data: Any, file: Path) -> list[Any]:
     items = data.get("rules") if isinstance(data, dict) else data
     if not isinstance(items, list) or not items:
+        family = isinstance(data, dict) and isinstance(data.get("leaves"), list)
         raise RecipeError(
             f"Recipe {str(file)!r} holds no rules: expected a list, or 'rules:' with a list."
+            + (
+                f" It is a model-family table (leaves:): convert with it, `suture convert "
+                f"SOURCE OUT --recipe {file}` (suture.convert(..., recipe=...))."
+                if family
+                else ""
+            )
         )
     return items
 

@@ -39,7 +39,9 @@ class Match:
 
     def expand(self, template: str) -> str:
         expanded = self.match.expand(template)
-        return f"{expanded}/{self.remainder}" if self.remainder else expanded
+        joined = f"{expanded}/{self.remainder}" if self.remainder else expanded
+        # an empty part (rename("model", "") lifts the subtree) leaves no stray separator
+        return "/".join(part for part in joined.split("/") if part)
 
 
 class Rule:
@@ -121,6 +123,11 @@ class Rename(Rule):
         result = Edit()
         for m in self.matches(leaves):
             target = m.expand(self.to)
+            if not target:
+                raise RuleError(
+                    f"{self!r} renames the leaf {m.path!r} to an empty path. Rename it to a "
+                    f"name, or rename its parent subtree to '' to lift its children."
+                )
             if target in result.written:
                 raise RuleError(
                     f"{self!r} maps both {result.written[target][1]!r} and {m.path!r} to {target!r}."

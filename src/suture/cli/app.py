@@ -20,7 +20,8 @@ import typer
 
 from .. import families
 from .._convert import convert as run_convert
-from .._errors import SurgeryError, SutureWarning
+from .._convert import converted
+from .._errors import ArgumentError, SurgeryError, SutureWarning
 from .._exec.memory import limit_malloc_arenas
 from .._format import human_bytes
 from .._interrupts import Terminated
@@ -32,9 +33,12 @@ from .._surgery.plan import lossy_casts, lossy_lines
 from .._surgery.plan import plan as make_plan
 from .._surgery.recipes import forward_record, load_recipe, reversed_rules, with_cast
 from ..families._convert import read_config
+from ..families._file import family_recipe, is_family_recipe
 from ..sources.open import open as open_checkpoint
 from .demo import run_demo
 from .diff import diff as run_diff
+from .examples import write_examples
+from .help import tidy_help
 from .hints import check_recipe_first, for_command_line
 from .inspect import (
     collect_stats,
@@ -53,6 +57,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 _state = {"debug": False}
@@ -64,7 +69,9 @@ AllowPickle = Annotated[
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
-MaxMemory = Annotated[str | None, typer.Option("--max-memory", help="Bytes in flight, e.g. 4GiB.")]
+MaxMemory = Annotated[
+    str | None, typer.Option("--max-memory", help="Bytes in flight, e.g. 4GiB (default: 1GiB).")
+]
 MaxShardSize = Annotated[
     str | None, typer.Option("--max-shard-size", help="safetensors: shard size, e.g. 5GB.")
 ]
@@ -128,6 +135,12 @@ def reports_errors(command: F) -> F:
     return run  # type: ignore[return-value]
 
 
+def _is_model_folder(source: str) -> bool:
+    """Whether `source` is a local Hugging Face model folder (safetensors and config.json)."""
+    folder = Path(source)
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
 def _report_written(result: Any, verified: bool = False) -> None:
     typer.echo(
         f"Wrote {result.path} ({result.format}): {result.leaves} arrays, "
@@ -173,18 +186,23 @@ def inspect(
     step: Annotated[
         int | None, typer.Option("--step", help="CheckpointManager step (default: newest).")
     ] = None,
+    item: Annotated[
+        str | None, typer.Option("--item", help="One item of a CheckpointManager step (model).")
+    ] = None,
     stats: Annotated[
         bool, typer.Option("--stats", help="Also min/max/mean/std/NaNs per leaf (reads the data).")
     ] = False,
     allow_pickle: AllowPickle = False,
 ) -> None:
     """Show a checkpoint's leaves with shape, dtype and size. Reads no array data (but --stats)."""
-    ckpt = open_checkpoint(path, step=step, allow_pickle=allow_pickle)
+    ckpt = open_checkpoint(path, step=step, item=item, allow_pickle=allow_pickle)
     description = describe(ckpt, filter)
     if stats:
         results = collect_stats(ckpt, description)
         typer.echo(
-            description.to_json_text(results) if as_json else render_stats(description, results)
+            description.to_json_text(results)
+            if as_json
+            else render_stats(description, results, depth)
         )
         return
     if as_json:
@@ -228,11 +246,17 @@ def plan(
     target: Target = None,
     partial: Partial = False,
     as_json: AsJson = False,
+    problems: Annotated[
+        bool, typer.Option("--problems", help="Print only the problems (exit 2 if any).")
+    ] = False,
     allow_pickle: AllowPickle = False,
     strict_casts: StrictCasts = False,
     dequantize: Dequantize = False,
 ) -> None:
-    """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing."""
+    """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing.
+
+    Problems (a pattern matching nothing, a bad regex, an unknown dtype) come first.
+    """
     surgery = _prepare(recipe, sources, target, allow_pickle, "plan", dequantize)
     result = make_plan(
         surgery["transform"],
@@ -241,7 +265,8 @@ def plan(
         partial=partial,
         strict_casts=strict_casts,
     )
-    typer.echo(result.to_json() if as_json else for_command_line(str(result)))
+    shown = result.problems_text() if problems else str(result)
+    typer.echo(result.to_json() if as_json else for_command_line(shown))
     if not result.ok:
         raise typer.Exit(code=2)
 
@@ -281,8 +306,9 @@ def apply(
 ) -> None:
     """Run a recipe on the source(s) and stream the result to OUTPUT.
 
-    RECIPE is a YAML or TOML file with a list of rules (drop, keep, rename, stack, unstack,
-    cast, concat, split), or a Python file that defines RULES = [...] (suture.rules
+    RECIPE is a YAML or TOML file with a list of rules (rename, drop, keep, stack, unstack,
+    cast, concat, split, transpose, reshape, permute, scale: the guide's "Every rule" table
+    shows each), or a Python file that defines RULES = [...] (suture.rules
     objects) or a function transform(*trees) taking one lazy tree per source.
 
     A Python recipe may also define TARGET, the tree to produce (arrays or
@@ -419,7 +445,9 @@ def convert(
     ] = None,
     reverse: Annotated[
         bool,
-        typer.Option("--reverse", help="Run a built-in recipe backwards (MaxText -> HF folder)."),
+        typer.Option(
+            "--reverse", help="Run a built-in recipe backwards (MaxText or Tunix -> HF folder)."
+        ),
     ] = False,
     config: Annotated[
         str | None,
@@ -431,6 +459,15 @@ def convert(
         str, typer.Option("--separator", help="Joins keys into tensor names.")
     ] = ".",
     overwrite: Overwrite = False,
+    dry_run: DryRun = False,
+    verify: Verify = False,
+    keep_value_keys: Annotated[
+        bool,
+        typer.Option(
+            "--keep-value-keys",
+            help="safetensors of a Flax NNX state: keep its tensor names' .value.",
+        ),
+    ] = False,
     allow_pickle: AllowPickle = False,
     progress: Progress = None,
     strict_casts: StrictCasts = False,
@@ -458,8 +495,56 @@ def convert(
             "replaces the defaults embed, norm, lm_head, routers).",
         ),
     ] = None,
+    like: Annotated[
+        str | None,
+        typer.Option(
+            "--like",
+            help="With --reverse: the original HF folder, whose config.json, tokenizer and "
+            "generation files the output gets.",
+        ),
+    ] = None,
+    lora_alpha: Annotated[
+        float | None,
+        typer.Option(
+            "--lora-alpha",
+            help="With a FAMILY:tunix recipe and --reverse: the LoRA alpha the checkpoint's "
+            "adapters were trained with (merged as w + (a @ b) * alpha / rank).",
+        ),
+    ] = None,
 ) -> None:
-    """Convert a checkpoint to Orbax or safetensors, streaming it."""
+    """Convert a checkpoint to Orbax or safetensors, streaming it.
+
+    A Hugging Face folder converts to Orbax unless --format safetensors is given; the
+    Orbax checkpoint keeps the folder's files beside it, and converting it back with
+    --format safetensors gives the folder again.
+    """
+    if dry_run:
+        if recipe is not None and is_family_recipe(recipe):
+            raise ArgumentError(
+                f"--dry-run shows the plan of a recipe file; for the built-in {recipe!r}, "
+                f"`suture recipes {recipe} --config config.json` shows its operations."
+            )
+        tree, _ = converted(
+            source,
+            destination,
+            format,
+            dtype,
+            recipe,
+            reverse,
+            config,
+            separator,
+            allow_pickle,
+            max_shard_size,
+            keep_value_keys,
+            strict_casts=strict_casts,
+            dequantize=dequantize,
+            quantize=quantize,
+        )
+        planned = make_plan(None, tree, strict_casts=strict_casts)
+        typer.echo(for_command_line(str(planned)))
+        if not planned.ok:
+            raise typer.Exit(code=2)
+        return
     result = run_convert(
         source,
         destination,
@@ -478,8 +563,18 @@ def convert(
         dequantize=dequantize,
         quantize=quantize,
         keep_unquantized=keep_unquantized,
+        verify=verify,
+        keep_value_keys=keep_value_keys,
+        like=like,
+        lora_alpha=lora_alpha,
     )
-    _report_written(result)
+    _report_written(result, verify)
+    if result.format == "orbax" and _is_model_folder(source):
+        typer.echo(
+            f"{result.path} is an Orbax checkpoint, with {source}'s config and tokenizer files "
+            f"beside it; transformers' from_pretrained reads a Hugging Face folder: pass "
+            f"--format safetensors for one."
+        )
 
 
 @app.command()
@@ -492,13 +587,13 @@ def recipes(
         str | None, typer.Option("--config", help="config.json to show the operations for.")
     ] = None,
 ) -> None:
-    """List the built-in model-family recipes (HF <-> MaxText), or show one's operations."""
+    """List the built-in model-family recipes (HF <-> MaxText, Tunix), or show one's operations."""
     if name is None:
         for recipe_name in families.recipe_names():
             recipe = families.get_recipe(recipe_name)
             typer.echo(f"{recipe_name:28} {recipe.description}")
         return
-    recipe = families.get_recipe(name)
+    recipe = family_recipe(name)  # a built-in name, or a family table file
     table = recipe.operations_table(read_config(config)) if config is not None else []
     typer.echo(f"{recipe.name}: {recipe.description}\nFollows {recipe.follows}.")
     for maxtext, hf, operations in table:
@@ -512,9 +607,27 @@ def demo(
         Path | None,
         typer.Option("--workdir", help="Where to write the demo checkpoint (default: a temp dir)."),
     ] = None,
+    examples: Annotated[
+        Path | None,
+        typer.Option(
+            "--examples",
+            help="Instead: write the checkpoints the README's and the guide's examples name "
+            "(ckpt, hf_model, ...) into this folder, and stop.",
+        ),
+    ] = None,
 ) -> None:
-    """Write a small Flax model's checkpoint, then inspect, plan, stream and check a surgery."""
+    """Write a small Flax model's checkpoint, then inspect, plan, stream and check a surgery.
+
+    With --examples DIR, write the small checkpoints the README's and the guide's examples
+    use into DIR instead: the examples run there as they are.
+    """
+    if examples is not None:
+        write_examples(examples, echo=typer.echo)
+        return
     run_demo(workdir, echo=typer.echo)
+
+
+tidy_help(app)
 
 
 def _show_warning(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
@@ -532,10 +645,11 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of the `suture` script and of ``python -m suture``."""
     warnings.showwarning = _show_warning
     args = argv if argv is not None else sys.argv[1:]
+    # first, before any thread starts: the command line owns its process, one malloc arena
+    limit_malloc_arenas()  # (docs/design.md, "Memory")
     if "--debug" not in args:
         quiet_native_logs()  # the AWS credential chain's misses, logged as errors
     install_interrupt_handlers()
-    limit_malloc_arenas()  # the command line owns its process: one malloc arena (docs/design.md)
     try:
         app(args=args, prog_name="suture")
     except SystemExit as exit_:

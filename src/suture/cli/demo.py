@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import rules
+from .._errors import DestinationError
 from .._format import human_bytes
 from .._iostats import count_bytes_read
 from .._save.api import save
@@ -124,12 +125,25 @@ def write_checkpoint(state: dict, path: Path) -> None:
 def run_demo(workdir: Path | None, echo: Callable[[str], None] = print) -> None:
     """Runs the demo, printing each step; raises if any check fails."""
     own_tmp = workdir is None
-    root = Path(tempfile.mkdtemp(prefix="suture-demo-")) if own_tmp else workdir
+    root = Path(tempfile.mkdtemp(prefix="suture-demo-")) if own_tmp else _workdir(workdir)
     try:
-        _run(Path(root), echo)
+        _run(root, echo)
     finally:
         if own_tmp:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _workdir(workdir: Path) -> Path:
+    """`workdir` as an absolute folder (Orbax takes only absolute paths), created if absent."""
+    root = Path(workdir).expanduser().absolute()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DestinationError(
+            f"Cannot use {str(workdir)!r} as the demo's folder: {error.strerror or error}. "
+            f"Pass --workdir a folder, or a path where one can be created."
+        ) from None
+    return root
 
 
 def _run(root: Path, echo: Callable[[str], None]) -> None:

@@ -25,6 +25,9 @@ _COMMAND_LINE_WORDS = (
         "reverse in Python with rules.reverse(..., allow_lossy=True) (no option here)",
     ),
     (re.compile(r"pad_truncate=True"), "a Python recipe that pads (suture.load's pad_truncate)"),
+    (re.compile(r"Pass max_memory='(\w+)'"), r"Pass --max-memory \1"),
+    # advice the command line has no flag for
+    (re.compile(r" \(In Python, also: .*\.\)", re.S), ""),
 )
 
 

@@ -27,7 +27,7 @@ from .._patterns import compile_pattern
 from .._patterns import search as bounded_search
 from .._quant.scheme import scheme_of
 from ..sources.checkpoint import Checkpoint
-from .stats import leaf_stats
+from .stats import combined, leaf_stats
 
 
 @dataclass(frozen=True)
@@ -243,18 +243,28 @@ class _TreeNode:
             child.render(rows, level + 1, depth)
 
 
-def render_stats(description: Description, stats: dict[str, Any]) -> str:
-    """One line per array leaf with its statistics, then the total line."""
+def render_stats(description: Description, stats: dict[str, Any], depth: int | None = None) -> str:
+    """One line per array leaf with its statistics, then the total line; leaves deeper than
+    `depth` fold into one line per subtree, with the statistics of all its values."""
     rows = [["path", "dtype", "shape", "min", "max", "mean", "std", "NaNs"]]
+    groups: dict[str, list[LeafInfo]] = {}
     for leaf in description.arrays:
-        found = stats.get(leaf.path)
-        if found is None:
+        if leaf.path not in stats:
             continue
+        parts = leaf.path.split("/")
+        key = leaf.path if depth is None or len(parts) <= depth else "/".join(parts[:depth]) + "/"
+        groups.setdefault(key, []).append(leaf)
+    for key, leaves in groups.items():
+        found = combined([stats[leaf.path] for leaf in leaves])
         numbers = [found.minimum, found.maximum, found.mean, found.std]
+        if key.endswith("/"):
+            dtypes = sorted({leaf.dtype or "" for leaf in leaves})
+            kind = dtypes[0] if len(dtypes) == 1 else "mixed"
+            shape = f"{len(leaves)} array{'s' if len(leaves) != 1 else ''}"
+        else:
+            kind, shape = leaves[0].dtype or "", str(tuple(leaves[0].shape or ()))
         rows.append(
-            [leaf.path, leaf.dtype or "", str(tuple(leaf.shape or ()))]
-            + [f"{value:.6g}" for value in numbers]
-            + [str(found.nan_count)]
+            [key, kind, shape] + [f"{value:.6g}" for value in numbers] + [str(found.nan_count)]
         )
     return "\n".join([*format_table(rows), summary_line(description)])
 

@@ -14,6 +14,7 @@ from .._save.api import save
 from .._surgery.plan import plan as make_plan
 
 MERGEKIT_SHARD_SIZE = "5GB"
+MERGEKIT_CONFIG = "mergekit_config.yml"  # the name mergekit gives the config in its output
 
 
 def run_merge(
@@ -54,6 +55,7 @@ def run_merge(
         return str(make_plan(None, tree))
     options: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="suture-merge-") as staging:
+        folder_output = chosen_format == "orbax" or not str(output).endswith(".safetensors")
         if chosen_format == "safetensors" and is_hf_folder(donor):
             options["max_shard_size"] = MERGEKIT_SHARD_SIZE
             options["extra_files"] = hf_side_files(
@@ -66,6 +68,11 @@ def run_merge(
                 layers=layers,
                 out_dtype=out_dtype,
             )
+        if "merge_method" in config.data and folder_output:
+            # as mergekit does: the Hub's model pages and users' scripts read it
+            written = Path(staging) / MERGEKIT_CONFIG
+            written.write_text(config.text, encoding="utf-8")
+            options["extra_files"] = {**options.get("extra_files", {}), MERGEKIT_CONFIG: written}
         return save(
             tree,
             output,

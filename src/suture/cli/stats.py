@@ -61,6 +61,32 @@ class LeafStats:
         }
 
 
+def combined(parts: list[LeafStats]) -> LeafStats:
+    """The statistics of several arrays' values together (a folded subtree).
+
+    Example:
+        >>> a, b = LeafStats(2, 0, 0.0, 2.0, 1.0, 1.0), LeafStats(2, 1, 4.0, 6.0, 5.0, 1.0)
+        >>> whole = combined([a, b])
+        >>> (whole.count, whole.nan_count, whole.minimum, whole.maximum, whole.mean, whole.std)
+        (4, 1, 0.0, 6.0, 3.0, 2.23606797749979)
+    """
+    counted = [part for part in parts if part.count]
+    nans = sum(part.nan_count for part in parts)
+    count = sum(part.count for part in counted)
+    if not count:
+        return LeafStats(count=0, nan_count=nans)
+    mean = sum(part.mean * part.count for part in counted) / count
+    m2 = sum(part.count * (part.std**2 + (part.mean - mean) ** 2) for part in counted)
+    return LeafStats(
+        count,
+        nans,
+        min(part.minimum for part in counted),
+        max(part.maximum for part in counted),
+        mean,
+        math.sqrt(m2 / count),
+    )
+
+
 def leaf_stats(array: LazyArray, block_bytes: int = DEFAULT_BLOCK_BYTES) -> LeafStats:
     """Min, max, mean, std and NaN count of `array`, read block by block."""
     count, mean, m2 = 0, 0.0, 0.0

@@ -1,14 +1,14 @@
-"""Built-in model-family recipes: Hugging Face <-> MaxText layouts, both directions.
+"""Built-in model-family recipes: Hugging Face <-> MaxText and Tunix layouts, both directions.
 
 Each family is a YAML table in this package (copy one to make your own): for every MaxText
-leaf, its Hugging Face tensor and the invertible operations between them. The recipe reads
+(or Tunix) leaf, its Hugging Face tensor and the invertible operations between them. The recipe reads
 the model's ``config.json`` (head counts, head_dim, tied embeddings, GQA) and refuses a model
 it does not fit, naming the field.
 
 Example:
     >>> from suture import families
-    >>> "llama3.1:maxtext" in families.recipe_names()
-    True
+    >>> "llama3.1:maxtext" in families.recipe_names(), "qwen3:tunix" in families.recipe_names()
+    (True, True)
 """
 
 from ._expr import ExpressionError as ExpressionError

@@ -16,15 +16,22 @@ from pathlib import Path
 from typing import Any
 
 from .. import rules
-from .._errors import ConfigMismatchError, SurgeryError
-from .._hf import LAYOUT_KEY, keep_safetensors_layout, reuse_safetensors_layout, with_config_edited
+from .._errors import ArgumentError, ConfigMismatchError, SurgeryError
+from .._hf import (
+    LAYOUT_KEY,
+    keep_safetensors_layout,
+    model_folder_side_files,
+    reuse_safetensors_layout,
+    with_config_edited,
+)
 from .._location import LocalLocation, location_of
 from .._paths import unflatten
 from .._quant.tensors import dequantized_config
 from .._save.api import SaveResult, save
 from .._surgery.recipes import read_limited
 from ..sources.open import open as open_checkpoint
-from ._recipe import get_recipe
+from . import _tunix as tunix
+from ._file import family_recipe
 
 FAMILY_KEY = "suture.family"
 MAX_CONFIG_BYTES = 1 << 20  # as a recipe: a config.json is a few KB; more is a mistake or hostile
@@ -44,14 +51,33 @@ def convert_with_recipe(
     max_shard_size: int | str | None = None,
     progress: bool | None = None,
     dequantize: bool = False,
+    verify: bool = False,
+    like: str | os.PathLike | None = None,
+    lora_alpha: float | None = None,
 ) -> SaveResult:
     """Converts `source` with the built-in recipe `name`; see `suture.convert`.
 
     A quantized Hugging Face source (FP8 block scales, MXFP4) is dequantized as it is read,
     in the same pass (to `dtype`, default bfloat16): recipes see real values, never
-    packed bytes and scales.
+    packed bytes and scales. Back to HF, `like` is the model's original HF folder: its
+    config.json (unless `config`), tokenizer and generation files go beside the weights.
+    A Tunix source may be what Tunix's CheckpointManager wrote: its root (the latest step),
+    a step, or the step's ``model_params``; LoRA factors in it are merged (`tunix`).
     """
-    recipe = get_recipe(name)
+    recipe = family_recipe(name)  # a built-in name, or a family table file of the user's
+    if like is not None and not reverse:
+        raise ArgumentError(
+            "like= (--like) is the original Hugging Face folder of a conversion back to HF; "
+            "it goes with reverse=True (--reverse)."
+        )
+    if lora_alpha is not None and not (reverse and recipe.target == "tunix"):
+        raise ArgumentError(
+            f"lora_alpha= (--lora-alpha) merges the LoRA adapters of a Tunix checkpoint; it "
+            f"goes with a FAMILY:tunix recipe and reverse=True, not {name!r}"
+            f"{'' if reverse else ' forward'}."
+        )
+    if reverse and recipe.target == "tunix":
+        source = tunix.model_params(source)
     ckpt = open_checkpoint(
         source,
         separator=".",
@@ -77,18 +103,29 @@ def convert_with_recipe(
             overwrite=overwrite,
             max_memory=max_memory,
             progress=progress,
+            verify=verify,
             **options,
         )
     recorded = (
         ckpt.custom_metadata.get(FAMILY_KEY) if isinstance(ckpt.custom_metadata, dict) else None
     )
+    like_files = model_folder_side_files(like) if like is not None else {}
     if config is not None:
         settings = read_config(config)
+    elif like is not None:
+        settings = _config_beside(like, name)
     elif isinstance(recorded, dict) and isinstance(recorded.get("config"), dict):
         settings = recorded["config"]
     else:
         settings = _config_beside(source, name)
-    tensors = recipe.to_hf(ckpt.tree, settings)
+    tree = ckpt.tree
+    if recipe.target == "tunix":
+
+        def base() -> Any:  # the base model, for a checkpoint of adapters alone
+            return recipe.to_target(open_checkpoint(like, separator=".").tree, settings)
+
+        tree = tunix.merged_lora(tree, lora_alpha, base if like is not None else None)
+    tensors = recipe.to_hf(tree, settings)
     recorded_layout = LAYOUT_KEY in ckpt.custom_metadata
     options = (
         reuse_safetensors_layout(ckpt, location_of(source), ".", False) if recorded_layout else {}
@@ -96,6 +133,7 @@ def convert_with_recipe(
     options.pop("separator", None)
     with tempfile.TemporaryDirectory() as scratch:
         extra = dict(options.pop("extra_files", {}))  # the HF side files the forward run kept
+        extra.update(like_files)
         if "config.json" not in extra:
             extra["config.json"] = Path(scratch) / "config.json"
             extra["config.json"].write_text(json.dumps(settings, indent=2) + "\n")
@@ -108,6 +146,7 @@ def convert_with_recipe(
             overwrite=overwrite,
             max_memory=max_memory,
             progress=progress,
+            verify=verify,
             separator=".",
             extra_files=extra,
             **options,

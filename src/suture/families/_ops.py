@@ -7,6 +7,7 @@ recipe streams like any other surgery.
 | recipe word      | forward                                   | backward                     |
 | ---------------- | ----------------------------------------- | ---------------------------- |
 | ``transpose``    | reverse the axes (``w.T``)                | the same                     |
+| ``permute``      | reorder the axes (``[0, 2, 1]``: ``(N, H, D) -> (N, D, H)``) | the inverse order |
 | ``split_axis``   | one axis -> several (``(E, H*D) -> (E, H, D)``) | merge them again       |
 | ``interleave_rope`` | last axis halves -> pairs (``[a|b] -> a0 b0 a1 b1``) | pairs -> halves  |
 | ``scale``        | multiply or divide by a config expression | what the recipe says (MaxText's own inverse) |
@@ -66,6 +67,30 @@ class Transpose(Operation):
 
     def describe(self, names: dict[str, Any]) -> str:
         return "transpose"
+
+
+@dataclass(frozen=True)
+class Permute(Operation):
+    axes: tuple[int, ...]
+
+    def _check(self, array: LazyArray) -> None:
+        if sorted(self.axes) != list(range(array.ndim)):
+            raise ConfigMismatchError(
+                f"Leaf {array.path!r}: permute {list(self.axes)} needs an array of "
+                f"{len(self.axes)} axes; found shape {array.shape}. The recipe does not fit "
+                f"this model."
+            )
+
+    def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        self._check(array)
+        return array.transpose(self.axes)
+
+    def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        self._check(array)
+        return array.transpose(tuple(int(i) for i in np.argsort(self.axes)))
+
+    def describe(self, names: dict[str, Any]) -> str:
+        return f"permute axes to {list(self.axes)}"
 
 
 @dataclass(frozen=True)
@@ -235,10 +260,17 @@ def parse_operation(spec: Any, where: str) -> Operation:
             return Add(float(options))
         if word == "pad_rows" and isinstance(options, dict):
             return PadRows(options["to"], options["back_to"])
+        if (
+            word == "permute"
+            and isinstance(options, list)
+            and all(type(axis) is int for axis in options)
+            and sorted(options) == list(range(len(options)))
+        ):
+            return Permute(tuple(options))
     raise RecipeFormatError(
         f"{where}: {spec!r} is not an operation. Use transpose, interleave_rope, "
         "{split_axis: {axis, sizes}}, {scale: {multiply|divide, back_multiply|back_divide}}, "
-        "{add: NUMBER} or {pad_rows: {to, back_to}}."
+        "{add: NUMBER}, {pad_rows: {to, back_to}} or {permute: [AXES]}."
     )
 
 

@@ -49,6 +49,10 @@ FLAG_FIELDS = frozenset({"tie_word_embeddings", "attention_bias", "mlp_bias"})
 MAX_COUNT = 1 << 62  # past any tensor's length (TensorStore's index limit)
 SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of every scanned tensor
 LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
+# The model code a table targets (its YAML's `target:`), and that target's layouts. A Tunix
+# table writes its per-layer paths with the layer in them (``layers/{layer}/attn/q_proj/w``),
+# as ``nnx.state`` of Tunix's models has them; its tree has no root and no step.
+TARGETS = {"maxtext": LAYOUTS, "tunix": {"tunix": False}}
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,16 @@ class Leaf:
     group: str | None
     operations: tuple[Operation, ...]
     when: str | None
+    # hf: [a, b] in the table: each goes through the operations, then they are stacked on a
+    # new first axis (Tunix's Gemma kv_einsum holds k and v); () for one tensor, `hf`
+    stacked: tuple[str, ...] = ()
+
+    def sources(self, index: int | None = None) -> tuple[str, ...]:
+        """The HF tensor name(s) of this leaf, for layer `index` of its group."""
+        names = self.stacked or (self.hf,)
+        if index is None or self.group is None:
+            return names
+        return tuple(name.replace(f"{{{self.group}}}", str(index)) for name in names)
 
 
 @dataclass(frozen=True)
@@ -81,10 +95,21 @@ class FamilyRecipe:
     leaves: tuple[Leaf, ...]
     ignore: tuple[str, ...]
     fields: frozenset[str]  # the config fields its expressions read
+    target: str = "maxtext"  # whose layout: "maxtext" or "tunix"
 
     @property
     def name(self) -> str:
+        if self.target != "maxtext":
+            return f"{self.family}:{self.target}"
         return f"{self.family}:{'maxtext' if self.scanned else 'maxtext-unscanned'}"
+
+    @property
+    def _root(self) -> str:
+        return f"{MAXTEXT_ROOT}/" if self.target == "maxtext" else ""
+
+    @property
+    def _label(self) -> str:
+        return "MaxText" if self.target == "maxtext" else "Tunix"
 
     def config_names(self, config: dict[str, Any]) -> dict[str, Any]:
         """The config's fields with the recipe's defaults filled in, checked against it.
@@ -178,21 +203,31 @@ class FamilyRecipe:
         out: dict[str, Any] = {}
         for leaf in self._active(names):
             for path, value in self._forward(leaf, hf, names, used).items():
-                out[f"{MAXTEXT_ROOT}/{path}"] = value
+                out[f"{self._root}{path}"] = value
         self._check_all_used(hf, used, names)
-        out["step"] = 0  # MaxText's TrainState starts a converted model at step 0
+        if self.target == "maxtext":
+            out["step"] = 0  # MaxText's TrainState starts a converted model at step 0
         return unflatten(out)
+
+    def to_target(self, tree: Any, config: dict[str, Any]) -> dict[str, Any]:
+        """The tree of the recipe's target (MaxText's, or ``nnx.state`` of Tunix's model) of
+        an HF tree, lazily: as a transform for `suture.nnx.load_into`, say."""
+        return self.to_maxtext(tree, config)
 
     def _forward(self, leaf: Leaf, hf: dict, names: dict, used: set[str]) -> dict[str, Any]:
         if leaf.group is None:
-            return {leaf.maxtext: self._converted(leaf, leaf.hf, hf, names, used)}
+            return {leaf.maxtext: self._gathered(leaf, None, hf, names, used)}
         members = [
-            self._converted(leaf, leaf.hf.replace(f"{{{leaf.group}}}", str(index)), hf, names, used)
+            self._gathered(leaf, index, hf, names, used)
             for index in self._layer_indices(leaf.group, names)
         ]
         if self.scanned:
             return {leaf.maxtext: stack_arrays(members, axis=SCAN_AXIS)}
         return {_unscanned(leaf.maxtext, i): member for i, member in enumerate(members)}
+
+    def _gathered(self, leaf: Leaf, index: int | None, hf: dict, names: dict, used: set) -> Any:
+        converted = [self._converted(leaf, name, hf, names, used) for name in leaf.sources(index)]
+        return stack_arrays(converted, axis=0) if leaf.stacked else converted[0]
 
     def _converted(self, leaf: Leaf, name: str, hf: dict, names: dict, used: set) -> LazyArray:
         if name not in hf:
@@ -224,9 +259,10 @@ class FamilyRecipe:
         templates: dict[str, set[str]] = {}  # tensor name with {} for the layer -> its groups
         for leaf in self._active(names):
             if leaf.group is not None:
-                templates.setdefault(leaf.hf.replace(f"{{{leaf.group}}}", "{}"), set()).add(
-                    leaf.group
-                )
+                for name in leaf.sources():
+                    templates.setdefault(name.replace(f"{{{leaf.group}}}", "{}"), set()).add(
+                        leaf.group
+                    )
         for template, groups in templates.items():
             self._compare_layers(
                 groups,
@@ -297,12 +333,16 @@ class FamilyRecipe:
         """``{tensor name: LazyArray}`` of a MaxText tree (with or without its params/params)."""
         names = self.config_names(config)
         flat = flatten(tree)
-        prefix = f"{MAXTEXT_ROOT}/" if any(p.startswith(f"{MAXTEXT_ROOT}/") for p in flat) else ""
+        if self.target != "maxtext":  # nnx.state saved with Orbax spells each leaf .../value
+            flat = {_unwrapped(path): leaf for path, leaf in flat.items()}
+        root = self._root
+        prefix = root if root and any(p.startswith(root) for p in flat) else ""
         self._check_maxtext_layers(flat, prefix, names)
         out: dict[str, LazyArray] = {}
         for leaf in self._active(names):
             if leaf.group is None:
-                out[leaf.hf] = self._restored(leaf, _take(flat, prefix + leaf.maxtext), names)
+                taken = _take(flat, prefix + leaf.maxtext, self._label)
+                out.update(self._unstacked(leaf, None, taken, names))
                 continue
             indices = self._layer_indices(leaf.group, names)
             stacked = _take(flat, prefix + leaf.maxtext) if self.scanned else None
@@ -310,10 +350,21 @@ class FamilyRecipe:
                 if stacked is not None:
                     member = stacked[(slice(None),) * SCAN_AXIS + (i,)]
                 else:
-                    member = _take(flat, prefix + _unscanned(leaf.maxtext, i))
-                name = leaf.hf.replace(f"{{{leaf.group}}}", str(index))
-                out[name] = self._restored(leaf, member, names)
+                    member = _take(flat, prefix + _unscanned(leaf.maxtext, i), self._label)
+                out.update(self._unstacked(leaf, index, member, names))
         return out
+
+    def _unstacked(self, leaf: Leaf, index: int | None, array: Any, names: dict) -> dict:
+        """{HF name: tensor} of one target leaf (of layer `index`), its stack taken apart."""
+        sources = leaf.sources(index)
+        if not leaf.stacked:
+            return {sources[0]: self._restored(leaf, array, names)}
+        if array.ndim < 1 or array.shape[0] != len(sources):
+            raise ConfigMismatchError(
+                f"{self._label} leaf {leaf.maxtext!r} stacks {len(sources)} tensors "
+                f"({', '.join(sources)}) on its first axis; found shape {array.shape}."
+            )
+        return {name: self._restored(leaf, array[j], names) for j, name in enumerate(sources)}
 
     def _check_maxtext_layers(self, flat: dict[str, Any], prefix: str, names: dict) -> None:
         """The layers the config names against those the MaxText tree holds, before planning."""
@@ -356,20 +407,33 @@ class FamilyRecipe:
         """(MaxText leaf, HF tensor, operations) rows, for plans and `suture recipes`."""
         names = self.config_names(config)
         return [
-            (leaf.maxtext, leaf.hf, ", ".join(op.describe(names) for op in leaf.operations) or "-")
+            (
+                leaf.maxtext,
+                " + ".join(leaf.sources()),
+                ", ".join(op.describe(names) for op in leaf.operations)
+                + (", stacked on axis 0" if leaf.stacked else "")
+                or "-",
+            )
             for leaf in self._active(names)
         ]
 
 
 def _unscanned(maxtext_path: str, index: int | str) -> str:
+    if "{" in maxtext_path:  # a Tunix path names its layer: layers/{layer}/...
+        return re.sub(r"\{\w+\}", str(index), maxtext_path, count=1)
     return maxtext_path.replace("decoder/layers/", f"decoder/layers_{index}/", 1)
 
 
-def _take(flat: dict[str, Any], path: str) -> LazyArray:
+def _unwrapped(path: str) -> str:
+    """``layers/0/attn/q_proj/w`` of ``.../w/value`` (an ``nnx.Variable`` saved by Orbax)."""
+    return path.removesuffix("/value")
+
+
+def _take(flat: dict[str, Any], path: str, label: str = "MaxText") -> LazyArray:
     if path not in flat:
         raise ConfigMismatchError(
-            f"The MaxText checkpoint has no leaf {path!r}.{did_you_mean(path, flat)} Is it a "
-            f"checkpoint of this family and layout (scanned or not)?"
+            f"The {label} checkpoint has no leaf {path!r}.{did_you_mean(path, flat)} Is it a "
+            f"checkpoint of this family{' and layout (scanned or not)' if label == 'MaxText' else ''}?"
         )
     return as_lazy(flat[path], path=path)
 
@@ -432,34 +496,47 @@ def _hf_leaves(tree: Any) -> dict[str, Any]:
 
 
 @functools.cache
-def _families() -> dict[str, dict[str, Any]]:
+def _families(target: str = "maxtext") -> dict[str, dict[str, Any]]:
+    """The tables of `target` (a YAML's ``target:``, MaxText when it has none), by family."""
     found: dict[str, dict[str, Any]] = {}
     for entry in sorted(importlib.resources.files(__package__).iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
             data = yaml.safe_load(entry.read_text(encoding="utf-8"))
+            if data.get("target", "maxtext") != target:
+                continue
             for family in data["names"]:
                 found[family] = {**data, "source_file": entry.name}
     return found
 
 
 def recipe_names() -> list[str]:
-    """Every built-in recipe name, e.g. ``llama3.1:maxtext``."""
-    return [f"{family}:{layout}" for family in _families() for layout in LAYOUTS]
+    """Every built-in recipe name, e.g. ``llama3.1:maxtext`` or ``qwen3:tunix``."""
+    return [
+        f"{family}:{layout}"
+        for target, layouts in TARGETS.items()
+        for family in _families(target)
+        for layout in layouts
+    ]
 
 
 def is_recipe_name(name: str) -> bool:
-    return isinstance(name, str) and ":" in name and name.split(":", 1)[0] in _families()
+    return (
+        isinstance(name, str)
+        and ":" in name
+        and any(name.split(":", 1)[0] in _families(target) for target in TARGETS)
+    )
 
 
 def get_recipe(name: str) -> FamilyRecipe:
-    """The built-in recipe `name` (``FAMILY:maxtext`` or ``FAMILY:maxtext-unscanned``)."""
+    """The built-in recipe `name` (``FAMILY:maxtext``, ``FAMILY:maxtext-unscanned`` or ``FAMILY:tunix``)."""
     family, _, layout = name.partition(":")
-    if family not in _families() or layout not in LAYOUTS:
+    target = next((t for t, layouts in TARGETS.items() if layout in layouts), None)
+    if target is None or family not in _families(target):
         raise RecipeError(
             f"No built-in recipe {name!r}.{did_you_mean(name, recipe_names())} "
             f"Built in: {', '.join(recipe_names())}."
         )
-    return _parse(family, _families()[family], LAYOUTS[layout])
+    return _parse(family, _families(target)[family], TARGETS[target][layout])
 
 
 def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
@@ -471,15 +548,18 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         name: LayerGroup(str(spec["count"]), str(spec["hf_index"]))
         for name, spec in group_specs.items()
     }
+    target = data.get("target", "maxtext")
     leaves = []
     for number, item in enumerate(data["leaves"]):
-        if not isinstance(item, dict) or not {"maxtext", "hf"} <= set(item):
-            raise RecipeFormatError(f"{where}: leaf {number} needs 'maxtext' and 'hf'.")
-        group = next((g for g in groups if f"{{{g}}}" in item["hf"]), None)
+        if not isinstance(item, dict) or not {target, "hf"} <= set(item):
+            raise RecipeFormatError(f"{where}: leaf {number} needs {target!r} and 'hf'.")
+        stacked = tuple(item["hf"]) if isinstance(item["hf"], list) else ()
+        first = stacked[0] if stacked else item["hf"]
+        group = next((g for g in groups if f"{{{g}}}" in first), None)
         operations = tuple(
-            parse_operation(op, f"{where}: leaf {item['maxtext']!r}") for op in item.get("ops", [])
+            parse_operation(op, f"{where}: leaf {item[target]!r}") for op in item.get("ops", [])
         )
-        leaves.append(Leaf(item["maxtext"], item["hf"], group, operations, item.get("when")))
+        leaves.append(Leaf(item[target], first, group, operations, item.get("when"), stacked))
     config = data.get("config", {})
     defaults = dict(config.get("defaults") or {})
     checks = tuple(config.get("checks") or ())
@@ -502,4 +582,5 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         leaves=tuple(leaves),
         ignore=tuple(data.get("ignore") or ()),
         fields=frozenset(fields - {"i"}),
+        target=target,
     )

@@ -23,6 +23,7 @@ def open_source(
     source: Any,
     *,
     step: int | None = None,
+    item: str | None = None,
     format: str | None = None,  # noqa: A002
     separator: str = ".",
     allow_pickle: bool = False,
@@ -35,8 +36,11 @@ def open_source(
     if format is not None and format not in FORMATS:
         raise ArgumentError(f"Unknown format {format!r}. Known formats: {', '.join(FORMATS)}.")
     if not isinstance(source, (str, os.PathLike, Location)):  # etils.epath.Path is PathLike
-        if step is not None:
-            raise ArgumentError("step= applies to CheckpointManager folders, not in-memory trees.")
+        if step is not None or item is not None:
+            given = "step=" if step is not None else "item="
+            raise ArgumentError(
+                f"{given} applies to CheckpointManager folders, not in-memory trees."
+            )
         from .memory import open_memory  # a format plugin: loaded for the format found
 
         return open_memory(source)
@@ -61,7 +65,9 @@ def open_source(
             f"{str(path)!r} is {kind}; dequantize=True reads Hugging Face safetensors folders "
             f"whose config.json has a quantization_config (FP8 block scales, MXFP4)."
         )
-    checkpoint = _open_path(path, kind, step, separator, allow_pickle, dequantize, dequantize_dtype)
+    checkpoint = _open_path(
+        path, kind, step, item, separator, allow_pickle, dequantize, dequantize_dtype
+    )
     if kind != "orbax":  # an Orbax source's origin is its (step's) folder already
         _record_folder(checkpoint, path)
     return checkpoint
@@ -71,17 +77,21 @@ def _open_path(
     path: Location,
     kind: str,
     step: int | None,
+    item: str | None,
     separator: str,
     allow_pickle: bool,
     dequantize: bool | str,
     dequantize_dtype: Any,
 ) -> Checkpoint:
-    if step is not None and kind != "orbax":
-        raise ArgumentError(f"step= applies to Orbax CheckpointManager folders, not {kind} files.")
+    if (step is not None or item is not None) and kind != "orbax":
+        given = "step=" if step is not None else "item="
+        raise ArgumentError(
+            f"{given} applies to Orbax CheckpointManager folders, not {kind} files."
+        )
     if kind == "orbax":
         from .orbax import open_orbax  # a format plugin: loaded for the format found
 
-        return open_orbax(path, step=step)
+        return open_orbax(path, step=step, item=item)
     if kind == "safetensors":
         from .safetensors import open_safetensors  # a format plugin: loaded for the format found
 

@@ -12,6 +12,7 @@ def open(  # noqa: A001
     source: Any,
     *,
     step: int | None = None,
+    item: str | None = None,
     format: str | None = None,  # noqa: A002
     separator: str = ".",
     allow_pickle: bool = False,
@@ -31,6 +32,8 @@ def open(  # noqa: A001
             Hugging Face Hub, or a bare ``ORG/NAME`` that is no local path, read offline
             from the local Hugging Face cache.
         step: for a CheckpointManager root, which step to open (default: the newest).
+        item: one item of a CheckpointManager step (``"model"``), opened as the tree itself;
+            default: every item, each a subtree under its name.
         format: force a format: ``"orbax"``, ``"safetensors"``, ``"msgpack"``, ``"npz"``,
             ``"torch"``.
         separator: safetensors and PyTorch: splits tensor names into tree paths.
@@ -58,6 +61,7 @@ def open(  # noqa: A001
     return open_source(
         source,
         step=step,
+        item=item,
         format=format,
         separator=separator,
         allow_pickle=allow_pickle,

@@ -11,12 +11,20 @@ from __future__ import annotations
 import base64
 import functools
 import json
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from .._dtypes import from_zarr
-from .._errors import CorruptCheckpointError, SurgeryError, UnsupportedError, check_shape
+from .._errors import (
+    CorruptCheckpointError,
+    NotACheckpointError,
+    SurgeryError,
+    UnsupportedError,
+    check_shape,
+    did_you_mean,
+)
 from .._lazy.array import LazyArray
 from .._location import (
     MAX_METADATA_BYTES,
@@ -38,11 +46,16 @@ _SEQUENCE_KEY = 1
 _ZARR_METADATA_FILES = (".zarray", "zarr.json")
 
 
-def open_orbax(path: Any, step: int | None = None) -> Checkpoint:
+def open_orbax(path: Any, step: int | None = None, item: str | None = None) -> Checkpoint:
     """Opens the Orbax checkpoint at `path` (a path, URL or Location) lazily (see `suture.open`)."""
     location = location_of(path)
     layout = resolve(location, step)
-    trees = {name: read_item(folder) for name, folder in layout.items.items()}
+    if item is not None:
+        layout = _only_item(layout, item, location)
+    trees = {
+        name: read_item(folder, prefix="" if name is None else f"{name}/")
+        for name, folder in layout.items.items()
+    }
     tree = trees[None] if list(trees) == [None] else {**trees, **layout.json_items}
     return Checkpoint(
         tree,
@@ -50,6 +63,27 @@ def open_orbax(path: Any, step: int | None = None) -> Checkpoint:
         format="orbax",
         step=layout.step,
         custom_metadata=layout.custom_metadata,
+    )
+
+
+def _only_item(layout: Any, item: str, location: Any) -> Any:
+    """The layout with `item` alone, as the whole tree."""
+    named = {name: folder for name, folder in layout.items.items() if name is not None}
+    lone = layout.items.get(None)
+    if item in named:
+        return replace(layout, items={None: named[item]}, json_items={})
+    if lone is not None and lone.name == item:
+        return replace(layout, items={None: lone}, json_items={})
+    if item in layout.json_items:
+        raise UnsupportedError(
+            f"Item {item!r} of {str(location)!r} is a JSON item, not a tree of arrays; open the "
+            f"step without item= to see its values."
+        )
+    names = sorted(named) or ([lone.name] if lone is not None else [])
+    in_step = f" in step {layout.step}" if layout.step is not None else ""
+    raise NotACheckpointError(
+        f"{str(location)!r} has no item {item!r}{in_step}.{did_you_mean(item, names)} Items: "
+        f"{', '.join(names) or 'none'}."
     )
 
 
@@ -162,10 +196,12 @@ class _ItemStore:
         return open_store
 
 
-def read_item(folder: Any) -> Any:
+def read_item(folder: Any, prefix: str = "") -> Any:
+    """The tree of one pytree item folder; its leaves' paths start with `prefix` (the item's
+    name in a CheckpointManager step, ``"model/"``), so plans and errors name real paths."""
     folder = location_of(folder)
     try:
-        return _read_item_unchecked(folder)
+        return _read_item_unchecked(folder, prefix)
     except SurgeryError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
@@ -175,7 +211,7 @@ def read_item(folder: Any) -> Any:
         ) from error
 
 
-def _read_item_unchecked(folder: Location) -> Any:
+def _read_item_unchecked(folder: Location, prefix: str) -> Any:
     metadata_file = folder / PYTREE_METADATA
     metadata = _parse_json(metadata_file.read_bytes(MAX_METADATA_BYTES, "Orbax's"), metadata_file)
     entries = metadata.get("tree_metadata") if isinstance(metadata, dict) else None
@@ -201,7 +237,7 @@ def _read_item_unchecked(folder: Location) -> Any:
 
     builder = _TreeBuilder()
     for keys, (key_kinds, value_type) in leaves.items():
-        path = "/".join(keys)
+        path = prefix + "/".join(keys)
         name = ".".join(keys)
         if value_type in ARRAY_VALUE_TYPES:
             if name not in zarr_metadata:
