@@ -11,6 +11,9 @@ STAMP := $(VENV)/.installed
 NEWEST_VENV := .venv-newest
 NEWEST_BIN := $(NEWEST_VENV)/bin
 NEWEST_STAMP := $(NEWEST_VENV)/.installed
+# Tunix's own environment (google-tunix pins safetensors<0.8): tests/test_tunix.py compares
+# suture with Tunix's loader and trainer there.
+TUNIX_STAMP := .venv-tunix/.installed
 NEWEST_VERSIONS ?= 3.14 3.13 3.12
 # The first of NEWEST_VERSIONS that runs. pyenv puts a shim on PATH for each version it has
 # but runs only the selected ones, so its versions/ folder is tried too; none: a loud failure.
@@ -41,20 +44,26 @@ $(NEWEST_STAMP): pyproject.toml
 	$(NEWEST_BIN)/python -m compileall -q src
 	touch $(NEWEST_STAMP)
 
+$(TUNIX_STAMP): tests/tunix_env.py | $(STAMP)
+	rm -rf .venv-tunix
+	$(BIN)/python tests/tunix_env.py
+	touch $(TUNIX_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/suture demo
 
 # The suite on Python 3.11 with every extra, then on the newest Python (test-newest).
-test: $(STAMP) $(NEWEST_STAMP)
+test: $(STAMP) $(NEWEST_STAMP) $(TUNIX_STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python --version
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory test-newest
 
+# Tunix runs in its own Python 3.11 environment either way: its tests run once, above.
 test-newest: $(NEWEST_STAMP)
 	$(NEWEST_BIN)/python --version
-	$(NEWEST_BIN)/python -m pytest -q
+	SUTURE_TUNIX_RAN="run by make test's first pass, in Tunix's own environment" $(NEWEST_BIN)/python -m pytest -q
 
 # 10,000 hostile inputs per reader and 20 SIGKILLs of a streaming save; counts in docs/reliability.md.
 fuzz: $(STAMP)
@@ -82,4 +91,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.convert
 
 clean:
-	rm -rf $(VENV) $(NEWEST_VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(NEWEST_VENV) .venv-tunix build src/*.egg-info .pytest_cache

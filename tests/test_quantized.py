@@ -19,7 +19,11 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip(
+    "torch", reason="the references are transformers' torch code (the dev extra)"
+)
+# ruff: noqa: E402
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
