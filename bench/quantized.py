@@ -21,8 +21,9 @@ Floors, in the same run: a cold read of the source (`cat`) and an fsync'd write 
 one-pass output's size (`dd`). Values of one expert are checked against transformers'
 dequantization in each output as soon as it is written. At full size the outputs do not
 all fit beside the source on a small disk, so each route's output is deleted once checked
-and measured (the bfloat16 copy once converted): the most held at once is the source, the
-bfloat16 copy and the two-pass output. Everything made is deleted at the end. Run from the
+and measured (the bfloat16 copy once converted), and where the disk cannot hold the source,
+the bfloat16 copy and the two-pass output at once, the last repeat deletes the source once
+the copy is written. Everything made is deleted at the end. Run from the
 repository root: ``.venv/bin/python -m bench.quantized [--experts N] [--repeats R]``.
 """
 
@@ -250,24 +251,32 @@ def floors(output_bytes: int) -> dict:
     }
 
 
-def check_values(output: Path) -> None:
+CHECKED = f"{PREFIX}.experts.1.up_proj.weight"
+
+
+def expected_values():  # noqa: ANN201
+    """One expert's weight as transformers' FP8 dequantization gives it, in bfloat16."""
     import ml_dtypes
-    import numpy as np
     import torch
     from safetensors import safe_open
     from transformers.integrations.finegrained_fp8 import Fp8Dequantize
 
-    import suture
-
-    name = f"{PREFIX}.experts.1.up_proj.weight"
+    name = CHECKED
     shard = json.loads((SOURCE / "model.safetensors.index.json").read_text())["weight_map"]
     with safe_open(SOURCE / shard[name], "pt") as file:  # one tensor, not the whole shard
         weight = file.get_tensor(name)
     with safe_open(SOURCE / shard[name + "_scale_inv"], "pt") as file:
         scale = file.get_tensor(name + "_scale_inv")
     expected = Fp8Dequantize(None)._dequantize_one(weight, scale, output_dtype=torch.float32)
-    expected = expected.numpy().astype(ml_dtypes.bfloat16)
-    path = name.replace(".", "/")
+    return expected.numpy().astype(ml_dtypes.bfloat16)
+
+
+def check_values(output: Path, expected) -> None:  # noqa: ANN001
+    import numpy as np
+
+    import suture
+
+    path = CHECKED.replace(".", "/")
     np.testing.assert_array_equal(suture.open(output)[path].read(), expected)
 
 
@@ -281,33 +290,41 @@ def main() -> None:
     load = os.getloadavg()  # other work on the machine slows every route alike
     write_source(arguments.experts)
     source_bytes = folder_bytes(SOURCE)
-    # the most on disk at once besides the source: the bfloat16 copy and the two-pass output
-    needed = 2 * 2 * source_bytes
+    expected = expected_values()
+    # On disk at once: the source and one output, then the source and the bfloat16 copy
+    # (twice the source's bytes), then the copy and the two-pass output. Where that last
+    # does not fit beside the source, the last repeat deletes the source once the copy is
+    # written (nothing reads it after that).
     free = shutil.disk_usage(ROOT).free
-    if free < needed:
-        raise SystemExit(f"{free / GiB:.1f} GiB free; the routes need about {needed / GiB:.1f}")
+    if free < 2 * 2 * source_bytes - source_bytes:
+        raise SystemExit(f"{free / GiB:.1f} GiB free: too little for the routes")
+    drop_source = free < 2 * 2 * source_bytes + (4 << 30)  # 4 GiB to spare
     results: dict[str, list[dict]] = {"one": [], "dequantize": [], "two": []}
     written: dict[str, int] = {}
+    floor: dict = {}
     try:
-        for _ in range(arguments.repeats):
+        for repeat in range(arguments.repeats):
             for folder in (ONE, TWO, BF16):
                 shutil.rmtree(folder, ignore_errors=True)
             results["one"].append(run("one"))
-            check_values(ONE)
+            check_values(ONE, expected)
             written["one"] = folder_bytes(ONE)
             shutil.rmtree(ONE)
+            if not floor:
+                floor = floors(written["one"])
             results["dequantize"].append(run("dequantize"))
             written["bf16"] = folder_bytes(BF16)
+            if drop_source and repeat == arguments.repeats - 1:
+                shutil.rmtree(SOURCE)
             results["two"].append(run("two"))
-            shutil.rmtree(BF16)  # before the check: the most on disk stays as said above
-            check_values(TWO)
+            shutil.rmtree(BF16)
+            check_values(TWO, expected)
             written["two"] = folder_bytes(TWO)
             shutil.rmtree(TWO)
-        floor = floors(written["one"])
     finally:
         for folder in (ONE, TWO, BF16):
             shutil.rmtree(folder, ignore_errors=True)
-        if not arguments.keep:
+        if not arguments.keep or drop_source:
             shutil.rmtree(ROOT, ignore_errors=True)
     report(arguments, results, written, floor, source_bytes, load)
 
