@@ -128,24 +128,37 @@ _FP8_TABLES = {
 }
 
 
-def unpack_fp4(packed: np.ndarray) -> np.ndarray:
-    """Two E2M1 values per byte (low nibble first) -> float32, the last axis twice as long."""
-    packed = packed.view(np.uint8) if packed.dtype != np.uint8 else packed
-    out = np.empty((*packed.shape[:-1], packed.shape[-1] * 2), np.float32)
-    out[..., 0::2] = FP4_VALUES[packed & 0x0F]
-    out[..., 1::2] = FP4_VALUES[packed >> 4]
-    return out
+def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray, dtype: Any = np.float32) -> np.ndarray:
+    """``(..., rows, groups, 16)`` bytes and ``(..., rows, groups)`` E8M0 scales -> `dtype`
+    ``(..., rows, groups * 32)``, before transformers' final transpose.
+
+    An E8M0 scale has 256 values and a byte two E2M1 ones: one table holds, for every
+    (scale, byte), the byte's two values times ``2 ** (scale - 127)`` (as torch.ldexp: in
+    float32), cast to `dtype`; each byte is then one lookup of both its values.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.itemsize > 4:  # no integer holds two: the float32 values, then cast
+        return dequantize_mxfp4(blocks, scales).astype(dtype)
+    table = _MXFP4_TABLES.get(dtype)
+    if table is None:
+        table = _MXFP4_TABLES[dtype] = _mxfp4_table(dtype)
+    index = np.left_shift(scales.view(np.uint8), 8, dtype=np.intp)[..., None]
+    index = index + blocks.view(np.uint8)
+    pairs = np.take(table, index, mode="clip")  # clip: unbuffered; every index is in range
+    return pairs.view(dtype).reshape(*blocks.shape[:-2], blocks.shape[-2] * blocks.shape[-1] * 2)
 
 
-def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """``(..., rows, groups, 16)`` bytes and ``(..., rows, groups)`` E8M0 scales -> float32
-    ``(..., rows, groups * 32)``, before transformers' final transpose."""
-    values = unpack_fp4(blocks)  # (..., rows, groups, 32)
-    exponents = scales.view(np.uint8).astype(np.int32) - 127
+def _mxfp4_table(dtype: np.dtype) -> np.ndarray:
+    """For index ``scale * 256 + byte``: the byte's two values, scaled, as one wide integer."""
+    codes = np.arange(256)
+    pairs = np.stack([FP4_VALUES[codes & 0x0F], FP4_VALUES[codes >> 4]], axis=-1)
     with np.errstate(over="ignore", invalid="ignore"):  # 2**128 (byte 255) is inf, as in torch
-        factors = np.ldexp(np.float32(1.0), exponents).astype(np.float32)
-        values *= factors[..., None]  # as torch.ldexp: times 2**e computed in float32
-    return values.reshape(*blocks.shape[:-2], blocks.shape[-2] * blocks.shape[-1] * 2)
+        factors = np.ldexp(np.float32(1.0), codes.astype(np.int32) - 127).astype(np.float32)
+        table = (pairs[None, :, :] * factors[:, None, None]).astype(dtype)
+    return np.ascontiguousarray(table).view(np.dtype(f"u{2 * dtype.itemsize}")).reshape(-1)
+
+
+_MXFP4_TABLES: dict[np.dtype, np.ndarray] = {}
 
 
 def quantize_fp8(values: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:

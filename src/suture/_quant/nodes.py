@@ -157,11 +157,12 @@ class MXFP4DequantNode(Node):
 
     def read(self, selection: Selection) -> np.ndarray:
         blocks_part, scales_part, groups = self._parts(selection)
-        values = dequantize_mxfp4(self.blocks.read(blocks_part), self.scales.read(scales_part))
+        blocks, scales = self.blocks.read(blocks_part), self.scales.read(scales_part)
+        values = dequantize_mxfp4(blocks, scales, self.dtype)  # cast in its table: same bits
         columns = _numbers(selection[-2]) - groups.start * MXFP4_BLOCK
         lead = tuple(range(n) for n in values.shape[:-2])
         values = outer_index(values, (*lead, range(values.shape[-2]), columns))
-        return np.ascontiguousarray(np.swapaxes(values, -1, -2)).astype(self.dtype, copy=False)
+        return np.ascontiguousarray(np.swapaxes(values, -1, -2))
 
 
 class _Quantizer:
