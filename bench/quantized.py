@@ -19,8 +19,12 @@ Routes, each in a fresh process after dropping the page cache:
 
 Floors, in the same run: a cold read of the source (`cat`) and an fsync'd write of the
 one-pass output's size (`dd`). Values of one expert are checked against transformers'
-dequantization. Everything made is deleted at the end. Run from the repository root:
-``.venv/bin/python -m bench.quantized [--experts N] [--repeats R]``.
+dequantization in each output as soon as it is written. At full size the outputs do not
+all fit beside the source on a small disk, so each route's output is deleted once checked
+and measured (the bfloat16 copy once converted), and where the disk cannot hold the source,
+the bfloat16 copy and the two-pass output at once, the last repeat deletes the source once
+the copy is written. Everything made is deleted at the end. Run from the
+repository root: ``.venv/bin/python -m bench.quantized [--experts N] [--repeats R]``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -176,7 +181,17 @@ def worker(route: str) -> None:
     else:
         suture.convert(BF16, TWO, progress=False)
     wall = time.perf_counter() - started
-    print(json.dumps({"wall_s": wall, "peak_rss_bytes": peak_rss_bytes()}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(
+        json.dumps(
+            {
+                "wall_s": wall,
+                "peak_rss_bytes": peak_rss_bytes(),
+                "cpu_s": usage.ru_utime + usage.ru_stime,
+                "sys_s": usage.ru_stime,
+            }
+        )
+    )
 
 
 def run(route: str) -> dict:
@@ -199,19 +214,23 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def timed(command: list[str]) -> float:
+def timed(command: list[str]) -> tuple[float, float]:
+    """Wall seconds of `command` and the CPU seconds it took (user and system)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(command, check=True)
-    return time.perf_counter() - started
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def floors(output_bytes: int) -> dict:
     drop_caches()
     files = [str(p) for p in sorted(SOURCE.glob("*.safetensors"))]
-    read = timed(["sh", "-c", 'cat "$@" > /dev/null', "cat", *files])
+    read, read_cpu = timed(["sh", "-c", 'cat "$@" > /dev/null', "cat", *files])
     target = ROOT / "write_floor.bin"
     count = max(1, output_bytes // (64 << 20))
-    write = timed(
+    write, write_cpu = timed(
         [
             "dd",
             "if=/dev/zero",
@@ -223,53 +242,89 @@ def floors(output_bytes: int) -> dict:
         ]
     )
     target.unlink()
-    return {"read_s": read, "write_s": write * output_bytes / (count * (64 << 20))}
+    share = output_bytes / (count * (64 << 20))
+    return {
+        "read_s": read,
+        "write_s": write * share,
+        "read_cpu_s": read_cpu,
+        "write_cpu_s": write_cpu * share,
+    }
 
 
-def check_values() -> None:
+CHECKED = f"{PREFIX}.experts.1.up_proj.weight"
+
+
+def expected_values():  # noqa: ANN201
+    """One expert's weight as transformers' FP8 dequantization gives it, in bfloat16."""
     import ml_dtypes
-    import numpy as np
     import torch
-    from safetensors.torch import load_file
+    from safetensors import safe_open
     from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    name = CHECKED
+    shard = json.loads((SOURCE / "model.safetensors.index.json").read_text())["weight_map"]
+    with safe_open(SOURCE / shard[name], "pt") as file:  # one tensor, not the whole shard
+        weight = file.get_tensor(name)
+    with safe_open(SOURCE / shard[name + "_scale_inv"], "pt") as file:
+        scale = file.get_tensor(name + "_scale_inv")
+    expected = Fp8Dequantize(None)._dequantize_one(weight, scale, output_dtype=torch.float32)
+    return expected.numpy().astype(ml_dtypes.bfloat16)
+
+
+def check_values(output: Path, expected) -> None:  # noqa: ANN001
+    import numpy as np
 
     import suture
 
-    name = f"{PREFIX}.experts.1.up_proj.weight"
-    shard = json.loads((SOURCE / "model.safetensors.index.json").read_text())["weight_map"]
-    weight = load_file(SOURCE / shard[name])[name]
-    scale = load_file(SOURCE / shard[name + "_scale_inv"])[name + "_scale_inv"]
-    expected = Fp8Dequantize(None)._dequantize_one(weight, scale, output_dtype=torch.float32)
-    expected = expected.numpy().astype(ml_dtypes.bfloat16)
-    path = name.replace(".", "/")
-    for output in (ONE, TWO):
-        np.testing.assert_array_equal(suture.open(output)[path].read(), expected)
+    path = CHECKED.replace(".", "/")
+    np.testing.assert_array_equal(suture.open(output)[path].read(), expected)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--experts", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--keep", action="store_true", help="keep the data afterwards")
+    parser.add_argument("--keep", action="store_true", help="keep the source afterwards")
     arguments = parser.parse_args()
     ROOT.mkdir(parents=True, exist_ok=True)
-    load = os.getloadavg()[0]  # other work on the machine slows every route alike
+    load = os.getloadavg()  # other work on the machine slows every route alike
     write_source(arguments.experts)
     source_bytes = folder_bytes(SOURCE)
+    expected = expected_values()
+    # On disk at once: the source and one output, then the source and the bfloat16 copy
+    # (twice the source's bytes), then the copy and the two-pass output. Where that last
+    # does not fit beside the source, the last repeat deletes the source once the copy is
+    # written (nothing reads it after that).
+    free = shutil.disk_usage(ROOT).free
+    if free < 2 * 2 * source_bytes - source_bytes:
+        raise SystemExit(f"{free / GiB:.1f} GiB free: too little for the routes")
+    drop_source = free < 2 * 2 * source_bytes + (4 << 30)  # 4 GiB to spare
     results: dict[str, list[dict]] = {"one": [], "dequantize": [], "two": []}
     written: dict[str, int] = {}
+    floor: dict = {}
     try:
-        for _ in range(arguments.repeats):
+        for repeat in range(arguments.repeats):
             for folder in (ONE, TWO, BF16):
                 shutil.rmtree(folder, ignore_errors=True)
             results["one"].append(run("one"))
+            check_values(ONE, expected)
+            written["one"] = folder_bytes(ONE)
+            shutil.rmtree(ONE)
+            if not floor:
+                floor = floors(written["one"])
             results["dequantize"].append(run("dequantize"))
+            written["bf16"] = folder_bytes(BF16)
+            if drop_source and repeat == arguments.repeats - 1:
+                shutil.rmtree(SOURCE)
             results["two"].append(run("two"))
-        check_values()
-        written = {"one": folder_bytes(ONE), "bf16": folder_bytes(BF16), "two": folder_bytes(TWO)}
-        floor = floors(written["one"])
+            shutil.rmtree(BF16)
+            check_values(TWO, expected)
+            written["two"] = folder_bytes(TWO)
+            shutil.rmtree(TWO)
     finally:
-        if not arguments.keep:
+        for folder in (ONE, TWO, BF16):
+            shutil.rmtree(folder, ignore_errors=True)
+        if not arguments.keep or drop_source:
             shutil.rmtree(ROOT, ignore_errors=True)
     report(arguments, results, written, floor, source_bytes, load)
 
@@ -278,35 +333,40 @@ def report(arguments, results, written, floor, source_bytes, load) -> None:  # n
     def median(route: str, key: str) -> float:
         return statistics.median(run[key] for run in results[route])
 
-    one_wall, one_rss = median("one", "wall_s"), max(r["peak_rss_bytes"] for r in results["one"])
-    deq_wall, deq_rss = (
-        median("dequantize", "wall_s"),
-        max(r["peak_rss_bytes"] for r in results["dequantize"]),
-    )
-    two_wall, two_rss = median("two", "wall_s"), max(r["peak_rss_bytes"] for r in results["two"])
+    def peak(route: str) -> float:
+        return max(r["peak_rss_bytes"] for r in results[route]) / GiB
+
+    one_wall, deq_wall, two_wall = (median(r, "wall_s") for r in ("one", "dequantize", "two"))
+    one_cpu, deq_cpu, two_cpu = (median(r, "cpu_s") for r in ("one", "dequantize", "two"))
+    one_sys = median("one", "sys_s")
     floor_s = floor["read_s"] + floor["write_s"]
+    floor_cpu = floor["read_cpu_s"] + floor["write_cpu_s"]
+    source_gib = source_bytes / GiB
     cold = all(r["cold"] for runs in results.values() for r in runs)
     full = arguments.experts == 256
     size = "full size" if full else f"**REDUCED: {arguments.experts} of 256 experts**"
     body = f"""## quantized: one DeepSeek-V3 MoE layer, FP8 -> bfloat16 Orbax, one pass against two (issue 28)
 
 `python -m bench.quantized --experts {arguments.experts} --repeats {arguments.repeats}` — {machine()}; {size};
-median of {arguments.repeats} runs per route, each a fresh process, {"page cache dropped before every run" if cold else "**warm page cache: dropping caches was not permitted**"};
-load average {load:.1f} when it started.
+median of {arguments.repeats} run(s) per route, each a fresh process, {"page cache dropped before every run" if cold else "**warm page cache: dropping caches was not permitted**"};
+load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 min) when it started (other work shares the cores).
 Source: one MoE layer at full width (hidden {HIDDEN}, {arguments.experts} routed experts + 1 shared of
 intermediate {INTERMEDIATE}, F8_E4M3 with float32 128x128 block scales, bfloat16 router):
-{source_bytes / GiB:.2f} GiB in shards with an index.
+{source_gib:.2f} GiB in shards with an index. Each route's output is deleted once measured.
 
-| route | wall | peak RSS | bytes written |
-| --- | --- | --- | --- |
-| one pass: `suture convert SRC OUT --dequantize` | {one_wall:.1f} s | {one_rss / GiB:.2f} GiB | {written["one"] / GiB:.2f} GiB |
-| two passes, 1: reference dequantization (fp8_cast_bf16.py's loop, CPU) | {deq_wall:.1f} s | {deq_rss / GiB:.2f} GiB | {written["bf16"] / GiB:.2f} GiB |
-| two passes, 2: `suture convert BF16 OUT` | {two_wall:.1f} s | {two_rss / GiB:.2f} GiB | {written["two"] / GiB:.2f} GiB |
-| two passes, total | {deq_wall + two_wall:.1f} s | {max(deq_rss, two_rss) / GiB:.2f} GiB | {(written["bf16"] + written["two"]) / GiB:.2f} GiB |
+| route | wall | CPU (user + sys) | peak RSS | bytes written |
+| --- | --- | --- | --- | --- |
+| one pass: `suture convert SRC OUT --dequantize` | {one_wall:.1f} s | {one_cpu:.1f} s | {peak("one"):.2f} GiB | {written["one"] / GiB:.2f} GiB |
+| two passes, 1: reference dequantization (fp8_cast_bf16.py's loop, CPU) | {deq_wall:.1f} s | {deq_cpu:.1f} s | {peak("dequantize"):.2f} GiB | {written["bf16"] / GiB:.2f} GiB |
+| two passes, 2: `suture convert BF16 OUT` | {two_wall:.1f} s | {two_cpu:.1f} s | {peak("two"):.2f} GiB | {written["two"] / GiB:.2f} GiB |
+| two passes, total | {deq_wall + two_wall:.1f} s | {deq_cpu + two_cpu:.1f} s | {max(peak("dequantize"), peak("two")):.2f} GiB | {(written["bf16"] + written["two"]) / GiB:.2f} GiB |
+| cold floor: `cat` the source + `dd conv=fsync` of the output's size | {floor_s:.1f} s | {floor_cpu:.1f} s | | |
 
 - Cold floor: reading the source {floor["read_s"]:.1f} s + an fsync'd write of the output's size
   {floor["write_s"]:.1f} s = {floor_s:.1f} s. One pass: **{one_wall / floor_s:.2f}x** the floor (goal: within 1.3x);
-  peak RSS **{one_rss / GiB:.2f} GiB** (goal: under 1.5 GiB).
+  peak RSS **{peak("one"):.2f} GiB** (goal: under 1.5 GiB).
+- CPU per GiB of source: one pass {one_cpu / source_gib:.2f} s ({one_sys / source_gib:.2f} s of it in the
+  kernel), the floor {floor_cpu / source_gib:.2f} s; two passes {(deq_cpu + two_cpu) / source_gib:.2f} s.
 - One pass against two: {one_wall / (deq_wall + two_wall):.2f}x the wall, {written["one"] / (written["bf16"] + written["two"]):.2f}x the bytes
   written (the two-pass route also writes a {written["bf16"] / GiB:.2f} GiB bfloat16 copy).
 - Values of an expert checked against transformers' FP8 dequantization, in both outputs.

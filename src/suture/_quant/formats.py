@@ -30,7 +30,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .._buffers import assign
+from .._buffers import assign, scratch_buffer
 
 FP8_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448.0
 FP4_VALUES = np.array(
@@ -61,27 +61,53 @@ def dequantize_fp8_into(
     `weight` and `out` have the selected elements' shape ``(..., rows, cols)``; `scales`
     ``(..., scale rows, scale cols)`` (leading axes as `weight`'s); ``row_blocks[i]`` and
     ``col_blocks[j]`` are the scale row and column of selected row ``i`` and column ``j``.
-    FP8 bytes become float32 through a 256-entry table (faster than a cast), in strips
-    that stay in cache.
+
+    Each block has its own 256-entry table, ``float32(code) * scale`` already cast to
+    `out`'s dtype (the same two roundings, so the same values as multiplying element by
+    element), and one lookup per element reads it: ``table[block * 256 + code]``. In
+    strips that stay in cache, written straight into `out` where it is contiguous.
     """
-    table = _FP8_TABLES[weight.dtype.name]
+    if out.size == 0:
+        return
+    lookup = _FP8_TABLES[weight.dtype.name]
     values = scale_values(scales)
-    row_blocks, col_blocks = np.asarray(row_blocks), np.asarray(col_blocks)
-    segments = _runs(col_blocks)
+    row_blocks = np.asarray(row_blocks, dtype=np.intp)
+    column_offsets = np.asarray(col_blocks, dtype=np.intp) * 256
     raw = weight.view(np.uint8)
     rows, cols = weight.shape[-2:]
-    strip = max(1, _STRIP_ELEMENTS // max(1, cols))
+    strip = max(1, STRIP_ELEMENTS // cols)
+    index_buffer = scratch_buffer("fp8 index", min(rows, strip) * cols * 8)
     for lead in np.ndindex(*weight.shape[:-2]):
+        lead_values, lead_raw, lead_out = values[lead], raw[lead], out[lead]
+        row_width = lead_values.shape[-1] * 256  # table entries per block row
+        whole = lead_values.size * 256 * out.dtype.itemsize <= TABLE_BYTES
+        if whole:  # every block's table at once; else those of each strip's block rows
+            table = _block_tables(lookup, lead_values, out.dtype)
         for start in range(0, rows, strip):
             stop = min(rows, start + strip)
-            tile = np.take(table, raw[(*lead, slice(start, stop))])
-            per_row = values[(*lead, row_blocks[start:stop])]  # (strip rows, scale cols)
-            if segments is None:  # columns in no order: one scale per element
-                tile *= per_row[:, col_blocks]
+            if whole:
+                local = row_blocks[start:stop]
             else:
-                for low, high, block in segments:
-                    tile[:, low:high] *= per_row[:, block : block + 1]
-            assign(out[(*lead, slice(start, stop))], tile)  # fast into transposed views too
+                used, local = np.unique(row_blocks[start:stop], return_inverse=True)
+                table = _block_tables(lookup, lead_values[used], out.dtype)
+            index = index_buffer[: (stop - start) * cols * 8].view(np.intp)
+            index = index.reshape(stop - start, cols)
+            if local.min() == local.max():  # one block row: one pass over the index
+                np.add(lead_raw[start:stop], column_offsets + local[0] * row_width, out=index)
+            else:
+                np.add(lead_raw[start:stop], column_offsets, out=index)
+                index += (local.reshape(-1) * row_width)[:, None]
+            target = lead_out[start:stop]
+            if target.flags.c_contiguous:
+                np.take(table, index, out=target, mode="clip")  # clip: unbuffered; all in range
+            else:
+                assign(target, np.take(table, index, mode="clip"))  # fast into transposed views
+
+
+def _block_tables(lookup: np.ndarray, scales: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``dtype(lookup * scale)`` for every scale of ``(block rows, block cols)``, flat:
+    the product in float32 (as torch and DeepSeek's kernel compute it), then one cast."""
+    return (lookup * scales[..., None]).astype(dtype).reshape(-1)
 
 
 def dequantize_fp8(weight: np.ndarray, scales: np.ndarray, block: tuple[int, int]) -> np.ndarray:
@@ -94,41 +120,45 @@ def dequantize_fp8(weight: np.ndarray, scales: np.ndarray, block: tuple[int, int
     return out
 
 
-def _runs(col_blocks: np.ndarray) -> list[tuple[int, int, int]] | None:
-    """``(low, high, block)`` runs of equal, ascending block numbers, or None if unordered."""
-    if len(col_blocks) == 0:
-        return []
-    if np.any(np.diff(col_blocks) < 0):
-        return None
-    edges = [0, *(np.flatnonzero(np.diff(col_blocks)) + 1).tolist(), len(col_blocks)]
-    return [(low, high, int(col_blocks[low])) for low, high in zip(edges, edges[1:], strict=False)]
-
-
-_STRIP_ELEMENTS = 1 << 20  # a 4 MiB float32 strip
+STRIP_ELEMENTS = 1 << 18  # an index strip of 2 MiB (intp)
+TABLE_BYTES = 8 << 20  # the most the lookup tables of one read take
 _FP8_TABLES = {
     name: np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, name)).astype(np.float32)
     for name in ("float8_e4m3fn", "float8_e5m2")
 }
 
 
-def unpack_fp4(packed: np.ndarray) -> np.ndarray:
-    """Two E2M1 values per byte (low nibble first) -> float32, the last axis twice as long."""
-    packed = packed.view(np.uint8) if packed.dtype != np.uint8 else packed
-    out = np.empty((*packed.shape[:-1], packed.shape[-1] * 2), np.float32)
-    out[..., 0::2] = FP4_VALUES[packed & 0x0F]
-    out[..., 1::2] = FP4_VALUES[packed >> 4]
-    return out
+def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray, dtype: Any = np.float32) -> np.ndarray:
+    """``(..., rows, groups, 16)`` bytes and ``(..., rows, groups)`` E8M0 scales -> `dtype`
+    ``(..., rows, groups * 32)``, before transformers' final transpose.
+
+    An E8M0 scale has 256 values and a byte two E2M1 ones: one table holds, for every
+    (scale, byte), the byte's two values times ``2 ** (scale - 127)`` (as torch.ldexp: in
+    float32), cast to `dtype`; each byte is then one lookup of both its values.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.itemsize > 4:  # no integer holds two: the float32 values, then cast
+        return dequantize_mxfp4(blocks, scales).astype(dtype)
+    table = _MXFP4_TABLES.get(dtype)
+    if table is None:
+        table = _MXFP4_TABLES[dtype] = _mxfp4_table(dtype)
+    index = np.left_shift(scales.view(np.uint8), 8, dtype=np.intp)[..., None]
+    index = index + blocks.view(np.uint8)
+    pairs = np.take(table, index, mode="clip")  # clip: unbuffered; every index is in range
+    return pairs.view(dtype).reshape(*blocks.shape[:-2], blocks.shape[-2] * blocks.shape[-1] * 2)
 
 
-def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """``(..., rows, groups, 16)`` bytes and ``(..., rows, groups)`` E8M0 scales -> float32
-    ``(..., rows, groups * 32)``, before transformers' final transpose."""
-    values = unpack_fp4(blocks)  # (..., rows, groups, 32)
-    exponents = scales.view(np.uint8).astype(np.int32) - 127
+def _mxfp4_table(dtype: np.dtype) -> np.ndarray:
+    """For index ``scale * 256 + byte``: the byte's two values, scaled, as one wide integer."""
+    codes = np.arange(256)
+    pairs = np.stack([FP4_VALUES[codes & 0x0F], FP4_VALUES[codes >> 4]], axis=-1)
     with np.errstate(over="ignore", invalid="ignore"):  # 2**128 (byte 255) is inf, as in torch
-        factors = np.ldexp(np.float32(1.0), exponents).astype(np.float32)
-        values *= factors[..., None]  # as torch.ldexp: times 2**e computed in float32
-    return values.reshape(*blocks.shape[:-2], blocks.shape[-2] * blocks.shape[-1] * 2)
+        factors = np.ldexp(np.float32(1.0), codes.astype(np.int32) - 127).astype(np.float32)
+        table = (pairs[None, :, :] * factors[:, None, None]).astype(dtype)
+    return np.ascontiguousarray(table).view(np.dtype(f"u{2 * dtype.itemsize}")).reshape(-1)
+
+
+_MXFP4_TABLES: dict[np.dtype, np.ndarray] = {}
 
 
 def quantize_fp8(values: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:

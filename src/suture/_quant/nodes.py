@@ -25,10 +25,19 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .._buffers import aligned_empty
+from .._buffers import aligned_empty, scratch_buffer
 from .._lazy.graph import Node
 from .._lazy.selection import Selection, outer_index, positions, selection_shape
-from .formats import MXFP4_BLOCK, dequantize_fp8_into, dequantize_mxfp4, quantize_fp8
+from .formats import (
+    MXFP4_BLOCK,
+    STRIP_ELEMENTS,
+    TABLE_BYTES,
+    dequantize_fp8_into,
+    dequantize_mxfp4,
+    quantize_fp8,
+)
+
+VALUES_STRIP_BYTES = 8 << 20  # stored FP8 values read at a time
 
 
 def _span(axis: Any, block: int, length: int) -> range:
@@ -77,7 +86,10 @@ class FP8DequantNode(Node):
     def held_while_reading(self, selection: Selection, into: bool = False) -> int:
         held = sum(m.held_while_reading(part) for m, part in self.input_selections(selection))
         count = math.prod(selection_shape(selection))
-        return held + min(count, 1 << 20) * 4 + (0 if into else count * self.dtype.itemsize)
+        blocks = math.prod(selection_shape(self._scale_selection(selection)))
+        tables = min(blocks * 256 * self.dtype.itemsize, TABLE_BYTES)  # a lookup table a block
+        index = min(count, STRIP_ELEMENTS) * 8
+        return held + tables + index + (0 if into else count * self.dtype.itemsize)
 
     def describe(self) -> str:
         return f"dequantize {self.name} -> {self.dtype.name}"
@@ -89,11 +101,25 @@ class FP8DequantNode(Node):
 
     def read_into(self, selection: Selection, out: np.ndarray) -> None:
         scale_selection = self._scale_selection(selection)
-        weight = self.weight.read(selection)
         scales = self.scale.read(scale_selection)
         rows = _numbers(selection[-2]) // self.block[0] - scale_selection[-2].start
         cols = _numbers(selection[-1]) // self.block[1] - scale_selection[-1].start
-        dequantize_fp8_into(out, weight, scales, rows, cols)
+        shape = selection_shape(selection)
+        row_bytes = math.prod(shape[:-2]) * shape[-1] * self.weight.dtype.itemsize
+        step = max(1, VALUES_STRIP_BYTES // max(1, row_bytes))
+        for start in range(0, shape[-2], step):
+            # the stored values a strip of rows at a time into this thread's buffer: no
+            # fresh pages for each read, and the strip is still in cache when dequantized
+            stop = min(shape[-2], start + step)
+            part = (*selection[:-2], selection[-2][start:stop], selection[-1])
+            values = scratch_buffer("fp8 values", (stop - start) * row_bytes)
+            values = values.view(self.weight.dtype).reshape(selection_shape(part))
+            self.weight.read_into(part, values)
+            strip_rows = rows[start:stop]
+            low, high = int(strip_rows.min()), int(strip_rows.max()) + 1
+            dequantize_fp8_into(
+                out[..., start:stop, :], values, scales[..., low:high, :], strip_rows - low, cols
+            )
 
 
 class MXFP4DequantNode(Node):
@@ -131,11 +157,12 @@ class MXFP4DequantNode(Node):
 
     def read(self, selection: Selection) -> np.ndarray:
         blocks_part, scales_part, groups = self._parts(selection)
-        values = dequantize_mxfp4(self.blocks.read(blocks_part), self.scales.read(scales_part))
+        blocks, scales = self.blocks.read(blocks_part), self.scales.read(scales_part)
+        values = dequantize_mxfp4(blocks, scales, self.dtype)  # cast in its table: same bits
         columns = _numbers(selection[-2]) - groups.start * MXFP4_BLOCK
         lead = tuple(range(n) for n in values.shape[:-2])
         values = outer_index(values, (*lead, range(values.shape[-2]), columns))
-        return np.ascontiguousarray(np.swapaxes(values, -1, -2)).astype(self.dtype, copy=False)
+        return np.ascontiguousarray(np.swapaxes(values, -1, -2))
 
 
 class _Quantizer:
