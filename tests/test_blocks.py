@@ -14,6 +14,7 @@ import math
 import os
 import re
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,9 @@ def zarr_writer(folder: Path, shape: tuple[int, ...], chunk: tuple[int, ...]) ->
         shape=shape,
         chunk_layout=ts.ChunkLayout(chunk_shape=chunk),
     ).result()
-    return store, OrbaxArrayWriter(store, chunk)
+    opened: Future = Future()  # the writer waits for its array's opening, as the sink's do
+    opened.set_result(store)
+    return store, OrbaxArrayWriter(opened, chunk, np.dtype(np.float32).itemsize)
 
 
 class SafetensorsOutput:
