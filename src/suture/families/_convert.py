@@ -4,7 +4,9 @@ To MaxText, the source is a Hugging Face folder (or file) and its ``config.json`
 is an Orbax checkpoint of MaxText's tree, which also keeps the HF side files (config,
 tokenizer) and the safetensors layout in its custom metadata. Back to HF, the config comes
 from that metadata (or `config=`), and the output is an HF folder with the same shards,
-index and side files as the source had.
+index and side files as the source had. A mixture-of-experts model goes back in the expert
+layout its source had (one tensor per expert, or transformers' fused 3-D tensors), which the
+forward run records too, or in the one a `like` HF folder shows.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..sources.open import open as open_checkpoint
 from ._recipe import get_recipe
 
 FAMILY_KEY = "suture.family"
+EXPERTS_KEY = "experts"  # in FAMILY_KEY's record: the source's expert layout
 DEFAULT_SHARD_SIZE = "5GB"  # save_pretrained's default
 
 
@@ -36,6 +39,7 @@ def convert_with_recipe(
     reverse: bool = False,
     config: str | os.PathLike | dict[str, Any] | None = None,
     dtype: str | None = None,
+    like: str | os.PathLike | None = None,
     overwrite: bool = False,
     max_memory: int | str | None = None,
     max_shard_size: int | str | None = None,
@@ -48,7 +52,11 @@ def convert_with_recipe(
         settings = read_config(config) if config is not None else _config_beside(source, name)
         tree = recipe.to_maxtext(ckpt.tree, settings)
         options = keep_safetensors_layout(ckpt, location_of(source), ".")
-        options["metadata"][FAMILY_KEY] = {"recipe": recipe.name, "config": settings}
+        record: dict[str, Any] = {"recipe": recipe.name, "config": settings}
+        experts = recipe.expert_layout(ckpt.tree, settings)
+        if experts is not None:
+            record[EXPERTS_KEY] = experts
+        options["metadata"][FAMILY_KEY] = record
         return save(
             _cast(tree, dtype),
             destination,
@@ -67,12 +75,20 @@ def convert_with_recipe(
         settings = recorded["config"]
     else:
         settings = _config_beside(source, name)
-    tensors = recipe.to_hf(ckpt.tree, settings)
+    recorded_experts = recorded.get(EXPERTS_KEY) if isinstance(recorded, dict) else None
+    experts = (
+        recipe.expert_layout(open_checkpoint(like, separator=".").tree, settings)
+        if like is not None
+        else recorded_experts
+    )
+    tensors = recipe.to_hf(ckpt.tree, settings, experts)
     recorded_layout = LAYOUT_KEY in ckpt.custom_metadata
     options = (
         reuse_safetensors_layout(ckpt, location_of(source), ".", False) if recorded_layout else {}
     )
     options.pop("separator", None)
+    if experts != recorded_experts:  # the recorded shards name the other layout's tensors
+        options.pop("shard_map", None)
     with tempfile.TemporaryDirectory() as scratch:
         extra = dict(options.pop("extra_files", {}))  # the HF side files the forward run kept
         if "config.json" not in extra:

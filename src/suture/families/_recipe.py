@@ -3,8 +3,9 @@ the invertible operations between them, read from a YAML file of this package.
 
 The same table runs both ways. To MaxText, every HF tensor of a per-layer leaf goes through
 the operations and the layers are stacked on MaxText's scan axis (1), or kept as
-``layers_{i}`` subtrees when unscanned. Back to HF, the stack is unstacked and the inverse
-operations run in reverse order. Everything stays lazy, so a conversion streams.
+``layers_{i}`` subtrees when unscanned; a leaf with ``{expert}`` stacks its experts too
+(`_experts`). Back to HF, the stack is unstacked and the inverse operations run in reverse
+order. Everything stays lazy, so a conversion streams.
 
 Example:
     >>> recipe = get_recipe("llama3.1:maxtext")
@@ -26,6 +27,16 @@ from .._errors import ConfigMismatchError, RecipeError, did_you_mean
 from .._lazy.array import LazyArray, as_lazy
 from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
+from ._experts import (
+    EXPERT_LAYOUTS,
+    FUSED,
+    PER_EXPERT,
+    FusedSource,
+    check_count,
+    member,
+    parse_fused,
+    stacked_axes,
+)
 from ._expr import evaluate
 from ._ops import Operation, RecipeFormatError, parse_operation
 
@@ -41,6 +52,17 @@ class Leaf:
     group: str | None
     operations: tuple[Operation, ...]
     when: str | None
+    experts: bool = False  # hf holds {expert}: one tensor per expert, stacked
+    expert_axis: int = 0  # where the experts go (scanned layout, layers included)
+    layer_axis: int = SCAN_AXIS  # where the layers go when scanned
+    fused: FusedSource | None = None  # where the tensor sits in transformers' fused layout
+
+    def hf_name(self, layout: str | None, index: int | None, expert: int | None = None) -> str:
+        """The HF tensor of layer `index` (and `expert`) in the expert layout `layout`."""
+        name = self.fused.hf if layout == FUSED and self.fused is not None else self.hf
+        if self.group is not None:
+            name = name.replace(f"{{{self.group}}}", str(index))
+        return name if expert is None else name.replace("{expert}", str(expert))
 
 
 @dataclass(frozen=True)
@@ -63,6 +85,7 @@ class FamilyRecipe:
     groups: dict[str, LayerGroup]
     leaves: tuple[Leaf, ...]
     ignore: tuple[str, ...]
+    experts: str | None = None  # expression: how many experts a MoE layer has
 
     @property
     def name(self) -> str:
@@ -100,27 +123,53 @@ class FamilyRecipe:
         """
         names = self.config_names(config)
         hf = _hf_leaves(tree)
+        layout = self._expert_layout(hf, names)
         used: set[str] = set()
         out: dict[str, Any] = {}
         for leaf in self._active(names):
-            for path, value in self._forward(leaf, hf, names, used).items():
+            for path, value in self._forward(leaf, hf, names, used, layout).items():
                 out[f"{MAXTEXT_ROOT}/{path}"] = value
         self._check_all_used(hf, used, names)
         out["step"] = 0  # MaxText's TrainState starts a converted model at step 0
         return unflatten(out)
 
-    def _forward(self, leaf: Leaf, hf: dict, names: dict, used: set[str]) -> dict[str, Any]:
+    def _forward(
+        self, leaf: Leaf, hf: dict, names: dict, used: set[str], layout: str | None
+    ) -> dict[str, Any]:
         if leaf.group is None:
-            return {leaf.maxtext: self._converted(leaf, leaf.hf, hf, names, used)}
-        members = [
-            self._converted(leaf, leaf.hf.replace(f"{{{leaf.group}}}", str(index)), hf, names, used)
-            for index in self._layer_indices(leaf.group, names)
-        ]
+            return {leaf.maxtext: self._converted(leaf, layout, None, None, hf, names, used)}
+        indices = self._layer_indices(leaf.group, names)
+        if leaf.experts:
+            expert_axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
+            members = [
+                stack_arrays(
+                    [
+                        self._converted(leaf, layout, index, expert, hf, names, used)
+                        for expert in range(self.expert_count(names))
+                    ],
+                    axis=expert_axis,
+                )
+                for index in indices
+            ]
+        else:
+            members = [
+                self._converted(leaf, layout, index, None, hf, names, used) for index in indices
+            ]
         if self.scanned:
-            return {leaf.maxtext: stack_arrays(members, axis=SCAN_AXIS)}
+            return {leaf.maxtext: stack_arrays(members, axis=leaf.layer_axis)}
         return {_unscanned(leaf.maxtext, i): member for i, member in enumerate(members)}
 
-    def _converted(self, leaf: Leaf, name: str, hf: dict, names: dict, used: set) -> LazyArray:
+    def _converted(
+        self,
+        leaf: Leaf,
+        layout: str | None,
+        index: int | None,
+        expert: int | None,
+        hf: dict,
+        names: dict,
+        used: set,
+    ) -> LazyArray:
+        name = leaf.hf_name(layout, index, None if layout == FUSED else expert)
         if name not in hf:
             raise ConfigMismatchError(
                 f"Recipe {self.name!r} needs tensor {name!r} for {leaf.maxtext!r}, which the "
@@ -129,9 +178,42 @@ class FamilyRecipe:
             )
         used.add(name)
         array = as_lazy(hf[name], path=name)
+        if layout == FUSED and leaf.fused is not None:
+            array = leaf.fused.take(array, expert)
         for operation in leaf.operations:
             array = operation.forward(array, names)
         return array
+
+    def expert_count(self, names: dict[str, Any]) -> int:
+        if self.experts is None:
+            raise RecipeFormatError(f"Recipe {self.name!r} uses {{expert}} but sets no 'experts'.")
+        return int(evaluate(self.experts, names))
+
+    def expert_layout(self, tree: Any, config: dict[str, Any]) -> str | None:
+        """How the HF tree stores experts: ``"per-expert"``, ``"fused"``, or None (no MoE)."""
+        return self._expert_layout(_hf_leaves(tree), self.config_names(config))
+
+    def _expert_layout(self, hf: dict[str, Any], names: dict[str, Any]) -> str | None:
+        leaf = next(
+            (leaf for leaf in self._active(names) if leaf.experts and leaf.group is not None),
+            None,
+        )
+        if leaf is None:
+            return None
+        indices = self._layer_indices(leaf.group, names)  # type: ignore[arg-type]
+        if not indices:
+            return PER_EXPERT
+        per_expert = leaf.hf_name(PER_EXPERT, indices[0], 0)
+        if per_expert in hf or leaf.fused is None:
+            return PER_EXPERT
+        fused = leaf.hf_name(FUSED, indices[0])
+        if fused in hf:
+            return FUSED
+        raise ConfigMismatchError(
+            f"Recipe {self.name!r} finds the experts of layer {indices[0]} neither as "
+            f"{per_expert!r} (one tensor per expert) nor as {fused!r} (transformers' fused "
+            f"layout).{did_you_mean(per_expert, hf)} Is this a {self.family} checkpoint?"
+        )
 
     def _layer_indices(self, group: str, names: dict[str, Any]) -> list[int]:
         spec = self.groups[group]
@@ -155,12 +237,23 @@ class FamilyRecipe:
 
     # MaxText -> Hugging Face ---------------------------------------------------------------
 
-    def to_hf(self, tree: Any, config: dict[str, Any]) -> dict[str, Any]:
-        """``{tensor name: LazyArray}`` of a MaxText tree (with or without its params/params)."""
+    def to_hf(self, tree: Any, config: dict[str, Any], layout: str | None = None) -> dict[str, Any]:
+        """``{tensor name: LazyArray}`` of a MaxText tree (with or without its params/params).
+
+        `layout` is how the HF side stores experts (``"per-expert"``, the default, as
+        published checkpoints do, or ``"fused"``, transformers v5's 3-D tensors).
+        """
         names = self.config_names(config)
+        if layout is not None and layout not in EXPERT_LAYOUTS:
+            raise ConfigMismatchError(
+                f"Expert layout {layout!r} is not one of {', '.join(EXPERT_LAYOUTS)}."
+            )
+        layout = layout or PER_EXPERT
         flat = flatten(tree)
         prefix = f"{MAXTEXT_ROOT}/" if any(p.startswith(f"{MAXTEXT_ROOT}/") for p in flat) else ""
         out: dict[str, LazyArray] = {}
+        parts: dict[str, dict[int, LazyArray]] = {}  # fused tensor -> its parts, joined below
+        fused_of: dict[str, FusedSource] = {}
         for leaf in self._active(names):
             if leaf.group is None:
                 out[leaf.hf] = self._restored(leaf, _take(flat, prefix + leaf.maxtext), names)
@@ -169,12 +262,40 @@ class FamilyRecipe:
             for i, index in enumerate(indices):
                 if self.scanned:
                     stacked = _take(flat, prefix + leaf.maxtext)
-                    _check_layers(stacked, len(indices), leaf.maxtext)
-                    member = stacked[(slice(None),) * SCAN_AXIS + (i,)]
+                    check_count(stacked, leaf.layer_axis, len(indices), "layers", leaf.maxtext)
+                    layer = member(stacked, {leaf.layer_axis: i})
                 else:
-                    member = _take(flat, prefix + _unscanned(leaf.maxtext, i))
-                name = leaf.hf.replace(f"{{{leaf.group}}}", str(index))
-                out[name] = self._restored(leaf, member, names)
+                    layer = _take(flat, prefix + _unscanned(leaf.maxtext, i))
+                if not leaf.experts:
+                    tensor = self._restored(leaf, layer, names)
+                    if layout == FUSED and leaf.fused is not None:
+                        name = leaf.hf_name(FUSED, index)
+                        parts.setdefault(name, {})[leaf.fused.part] = tensor
+                        fused_of[name] = leaf.fused
+                    else:
+                        out[leaf.hf_name(PER_EXPERT, index)] = tensor
+                    continue
+                axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
+                count = self.expert_count(names)
+                check_count(layer, axis, count, "experts", leaf.maxtext)
+                experts = [
+                    self._restored(leaf, member(layer, {axis: e}), names) for e in range(count)
+                ]
+                if layout == FUSED and leaf.fused is not None:
+                    name = leaf.hf_name(FUSED, index)
+                    parts.setdefault(name, {})[leaf.fused.part] = stack_arrays(experts, axis=0)
+                    fused_of[name] = leaf.fused
+                else:
+                    for e, tensor in enumerate(experts):
+                        out[leaf.hf_name(PER_EXPERT, index, e)] = tensor
+        for name, pieces in parts.items():
+            fused = fused_of[name]
+            if sorted(pieces) != list(range(fused.parts)):
+                raise RecipeFormatError(
+                    f"Recipe {self.name!r} fills parts {sorted(pieces)} of fused tensor "
+                    f"{name!r}, which has {fused.parts}."
+                )
+            out[name] = fused.join([pieces[k] for k in range(fused.parts)])
         return out
 
     def _restored(self, leaf: Leaf, array: LazyArray, names: dict) -> LazyArray:
@@ -189,9 +310,37 @@ class FamilyRecipe:
         """(MaxText leaf, HF tensor, operations) rows, for plans and `suture recipes`."""
         names = self.config_names(config)
         return [
-            (leaf.maxtext, leaf.hf, ", ".join(op.describe(names) for op in leaf.operations) or "-")
+            (
+                leaf.maxtext,
+                leaf.hf,
+                ", ".join(
+                    [
+                        *_stacking(leaf, self.scanned),
+                        *(op.describe(names) for op in leaf.operations),
+                    ]
+                )
+                or "-",
+            )
             for leaf in self._active(names)
         ]
+
+
+def _stacking(leaf: Leaf, scanned: bool) -> list[str]:
+    steps = []
+    if leaf.experts:
+        axis = leaf.expert_axis if scanned else stacked_axes(leaf.expert_axis, leaf.layer_axis)[0]
+        steps.append(f"experts on axis {axis}")
+    if leaf.fused is not None:
+        fused = leaf.fused
+        where = (
+            ""
+            if fused.axis is None
+            else f" part {fused.part} of {fused.parts} on axis {fused.axis}, {fused.mode}"
+        )
+        steps.append(f"or fused {fused.hf}{where}")
+    if scanned and leaf.group is not None and leaf.layer_axis != SCAN_AXIS:
+        steps.append(f"layers on axis {leaf.layer_axis}")
+    return steps
 
 
 def _unscanned(maxtext_path: str, index: int) -> str:
@@ -205,14 +354,6 @@ def _take(flat: dict[str, Any], path: str) -> LazyArray:
             f"checkpoint of this family and layout (scanned or not)?"
         )
     return as_lazy(flat[path], path=path)
-
-
-def _check_layers(stacked: LazyArray, expected: int, path: str) -> None:
-    if stacked.ndim <= SCAN_AXIS or stacked.shape[SCAN_AXIS] != expected:
-        raise ConfigMismatchError(
-            f"MaxText leaf {path!r} has shape {stacked.shape}; expected {expected} layers on axis "
-            f"{SCAN_AXIS} from config.json's num_hidden_layers. Pass the config of this model."
-        )
 
 
 def _hf_leaves(tree: Any) -> dict[str, Any]:
@@ -268,10 +409,28 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         if not isinstance(item, dict) or not {"maxtext", "hf"} <= set(item):
             raise RecipeFormatError(f"{where}: leaf {number} needs 'maxtext' and 'hf'.")
         group = next((g for g in groups if f"{{{g}}}" in item["hf"]), None)
-        operations = tuple(
-            parse_operation(op, f"{where}: leaf {item['maxtext']!r}") for op in item.get("ops", [])
+        context = f"{where}: leaf {item['maxtext']!r}"
+        operations = tuple(parse_operation(op, context) for op in item.get("ops", []))
+        axes = item.get("axes") or {}
+        experts = "{expert}" in item["hf"]
+        if experts and (group is None or "experts" not in data):
+            raise RecipeFormatError(
+                f"{context}: {{expert}} needs a layer placeholder beside it and a top-level "
+                f"'experts' (the count, e.g. num_local_experts)."
+            )
+        leaves.append(
+            Leaf(
+                item["maxtext"],
+                item["hf"],
+                group,
+                operations,
+                item.get("when"),
+                experts=experts,
+                expert_axis=int(axes.get("expert", 0)),
+                layer_axis=int(axes.get("layer", SCAN_AXIS)),
+                fused=parse_fused(item["fused"], context) if "fused" in item else None,
+            )
         )
-        leaves.append(Leaf(item["maxtext"], item["hf"], group, operations, item.get("when")))
     config = data.get("config", {})
     return FamilyRecipe(
         family=family,
@@ -284,4 +443,5 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         groups=groups,
         leaves=tuple(leaves),
         ignore=tuple(data.get("ignore") or ()),
+        experts=str(data["experts"]) if "experts" in data else None,
     )
