@@ -1,0 +1,336 @@
+"""Mixture-of-experts and biased families: qwen3-moe, mixtral and qwen2.5 recipes.
+
+Tiny random models made with transformers (`save_pretrained`, in both of its expert layouts:
+one tensor per expert as published checkpoints store them, and transformers v5's fused 3-D
+experts) go to MaxText's layout and back bit for bit, scanned and unscanned; the MaxText-layout
+weights run through a JAX forward pass written from MaxText's MoE block (router softmax,
+top-k, gated experts), whose logits match transformers' own.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import suture
+from suture import LazyArray, families
+from suture.families._convert import convert_with_recipe
+from suture.families._experts import FusedSource
+
+from .test_families import TOKENS, _rms_norm, _rope
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+BASE = dict(
+    vocab_size=64,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-5,
+)  # head_dim 16: Mixtral's query scale 1/4 is exact
+
+MODELS = {
+    "qwen3-moe": lambda: transformers.Qwen3MoeForCausalLM(
+        transformers.Qwen3MoeConfig(
+            **BASE,
+            head_dim=16,
+            intermediate_size=96,
+            moe_intermediate_size=24,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+        )
+    ),
+    "mixtral": lambda: transformers.MixtralForCausalLM(
+        transformers.MixtralConfig(
+            **BASE, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2
+        )
+    ),
+    "qwen2.5": lambda: transformers.Qwen2ForCausalLM(
+        transformers.Qwen2Config(**BASE, intermediate_size=96)
+    ),
+}
+
+
+def _save_model(family: str, folder, fused: bool = False) -> object:
+    torch.manual_seed(0)
+    model = MODELS[family]().eval()
+    with torch.no_grad():  # non-trivial norms and biases, so that a wrong mapping shows
+        for name, parameter in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                parameter.add_(torch.randn_like(parameter) * 0.1)
+    model.save_pretrained(folder, save_original_format=not fused)
+    return model
+
+
+def _tensors(folder) -> dict[str, np.ndarray]:
+    out = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(file))
+    return out
+
+
+# Both directions, bit for bit -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("layout", ["maxtext", "maxtext-unscanned"])
+@pytest.mark.parametrize("fused", [False, True], ids=["per-expert", "fused"])
+def test_moe_round_trip_is_bit_identical_in_the_source_layout(tmp_path, family, layout, fused):
+    model = _save_model(family, tmp_path / "hf", fused=fused)
+    name = f"{family}:{layout}"
+    convert_with_recipe(tmp_path / "hf", tmp_path / "mt", name, progress=False)
+    convert_with_recipe(tmp_path / "mt", tmp_path / "back", name, reverse=True, progress=False)
+    source, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
+    assert sorted(source) == sorted(back)  # the expert layout the source had
+    for key in source:
+        assert source[key].dtype == back[key].dtype, key
+        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
+    reloaded = type(model).from_pretrained(tmp_path / "back")
+    for (key, theirs), ours in zip(
+        model.state_dict().items(), reloaded.state_dict().values(), strict=True
+    ):
+        assert torch.equal(theirs, ours), key
+
+
+def test_qwen25_round_trip_is_bit_identical(tmp_path):
+    _save_model("qwen2.5", tmp_path / "hf")
+    for layout in ("maxtext", "maxtext-unscanned"):
+        name = f"qwen2.5:{layout}"
+        convert_with_recipe(tmp_path / "hf", tmp_path / layout, name, progress=False)
+        back = tmp_path / f"{layout}-back"
+        convert_with_recipe(tmp_path / layout, back, name, reverse=True, progress=False)
+        source, restored = _tensors(tmp_path / "hf"), _tensors(back)
+        assert sorted(source) == sorted(restored)
+        for key in source:
+            np.testing.assert_array_equal(source[key], restored[key], err_msg=key)
+
+
+# Where MaxText puts experts, router and biases ------------------------------------------------
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["per-expert", "fused"])
+def test_qwen3_moe_experts_lead_and_the_router_is_on_the_scan_axis(tmp_path, fused):
+    _save_model("qwen3-moe", tmp_path / "per-expert")
+    _save_model("qwen3-moe", tmp_path / "hf", fused=fused)
+    hf = _tensors(tmp_path / "per-expert")
+    convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "qwen3-moe:maxtext", progress=False)
+    ckpt = suture.open(tmp_path / "mt")
+    moe = "params/params/decoder/layers/moe_block"
+    wi_0, wi_1, wo = (ckpt[f"{moe}/{w}"].read() for w in ("wi_0", "wi_1", "wo"))
+    gate = ckpt[f"{moe}/gate/kernel"].read()
+    assert wi_0.shape == (4, 2, 64, 24) and wo.shape == (4, 2, 24, 64)  # (experts, layers, ...)
+    assert gate.shape == (64, 2, 4)  # (embed, layers, experts)
+    for layer in range(2):
+        prefix = f"model.layers.{layer}.mlp"
+        np.testing.assert_array_equal(gate[:, layer], hf[f"{prefix}.gate.weight"].T)
+        for e in range(4):
+            expert = f"{prefix}.experts.{e}"
+            np.testing.assert_array_equal(wi_0[e, layer], hf[f"{expert}.gate_proj.weight"].T)
+            np.testing.assert_array_equal(wi_1[e, layer], hf[f"{expert}.up_proj.weight"].T)
+            np.testing.assert_array_equal(wo[e, layer], hf[f"{expert}.down_proj.weight"].T)
+    recorded = ckpt.custom_metadata["suture.family"]["experts"]
+    assert recorded == ("fused" if fused else "per-expert")
+
+
+def test_unscanned_moe_layers_hold_experts_on_axis_0(tmp_path):
+    _save_model("mixtral", tmp_path / "hf")
+    hf = _tensors(tmp_path / "hf")
+    convert_with_recipe(
+        tmp_path / "hf", tmp_path / "mt", "mixtral:maxtext-unscanned", progress=False
+    )
+    ckpt = suture.open(tmp_path / "mt")
+    wo = ckpt["params/params/decoder/layers_1/MoeBlock_0/wo"].read()
+    assert wo.shape == (4, 48, 64)
+    np.testing.assert_array_equal(
+        wo[3], hf["model.layers.1.block_sparse_moe.experts.3.w2.weight"].T
+    )
+    gate = ckpt["params/params/decoder/layers_1/MoeBlock_0/gate/kernel"].read()
+    np.testing.assert_array_equal(gate, hf["model.layers.1.block_sparse_moe.gate.weight"].T)
+
+
+def test_qwen25_biases_split_into_heads(tmp_path):
+    _save_model("qwen2.5", tmp_path / "hf")
+    hf = _tensors(tmp_path / "hf")
+    convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "qwen2.5:maxtext", progress=False)
+    ckpt = suture.open(tmp_path / "mt")
+    bias = ckpt["params/params/decoder/layers/self_attention/key/bias"].read()
+    assert bias.shape == (2, 2, 16)  # (kv heads, layers, head_dim)
+    np.testing.assert_array_equal(
+        bias[:, 1], hf["model.layers.1.self_attn.k_proj.bias"].reshape(2, 16)
+    )
+
+
+def test_reverse_like_writes_the_layout_the_like_folder_shows(tmp_path):
+    model = _save_model("qwen3-moe", tmp_path / "hf")
+    _save_model("qwen3-moe", tmp_path / "fused", fused=True)
+    convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "qwen3-moe:maxtext", progress=False)
+    convert_with_recipe(
+        tmp_path / "mt",
+        tmp_path / "back",
+        "qwen3-moe:maxtext",
+        reverse=True,
+        like=tmp_path / "fused",
+        progress=False,
+    )
+    fused, back = _tensors(tmp_path / "fused"), _tensors(tmp_path / "back")
+    assert sorted(fused) == sorted(back)
+    assert "model.layers.0.mlp.experts.gate_up_proj" in back
+    for key in fused:
+        np.testing.assert_array_equal(fused[key], back[key], err_msg=key)
+    reloaded = type(model).from_pretrained(tmp_path / "back")
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), reloaded.state_dict().values(), strict=True)
+    )
+
+
+def test_checkpoint_without_either_expert_layout_names_both(tmp_path):
+    _save_model("qwen3-moe", tmp_path / "hf")
+    tensors = {
+        key: value for key, value in _tensors(tmp_path / "hf").items() if "experts" not in key
+    }
+    suture.save(tensors, tmp_path / "bare.safetensors", progress=False)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    with pytest.raises(families.ConfigMismatchError, match="experts.0.gate_proj.*gate_up_proj"):
+        convert_with_recipe(
+            tmp_path / "bare.safetensors",
+            tmp_path / "mt",
+            "qwen3-moe:maxtext",
+            config=config,
+            progress=False,
+        )
+
+
+def test_recipe_table_shows_expert_stacking_and_the_fused_source(tmp_path):
+    _save_model("qwen3-moe", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    rows = {
+        m: ops for m, _, ops in families.get_recipe("qwen3-moe:maxtext").operations_table(config)
+    }
+    assert rows["decoder/layers/moe_block/wi_1"].startswith(
+        "experts on axis 0, or fused model.layers.{layer}.mlp.experts.gate_up_proj part 1 of 2"
+    )
+    assert "qwen3-moe:maxtext-unscanned" in families.recipe_names()
+    assert "mixtral:maxtext" in families.recipe_names()
+
+
+# The fused-tensor operations ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["halves", "interleaved"])
+@pytest.mark.parametrize("axis", [1, 2])
+def test_fused_parts_join_back_exactly(mode, axis):
+    fused = LazyArray.from_array(np.random.default_rng(0).normal(size=(3, 6, 4)).astype(np.float32))
+    if axis == 2:
+        fused = LazyArray.from_array(np.moveaxis(fused.read(), 1, 2))
+    sources = [FusedSource("w", axis, mode, part, 2) for part in range(2)]
+    per_expert = [[source.take(fused, e) for e in range(3)] for source in sources]
+    whole = [source.take(fused, None) for source in sources]
+    for e in range(3):  # one expert's part is that expert's slice of the whole part
+        for part in range(2):
+            np.testing.assert_array_equal(per_expert[part][e].read(), whole[part].read()[e])
+    first = whole[0].read()
+    expected = (
+        np.take(fused.read(), range(first.shape[axis]), axis=axis)
+        if mode == "halves"
+        else np.take(fused.read(), range(0, fused.shape[axis], 2), axis=axis)
+    )
+    np.testing.assert_array_equal(first, expected)
+    np.testing.assert_array_equal(sources[0].join(whole).read(), fused.read())
+
+
+# A forward pass written from MaxText's model definition, on the MaxText layout -----------------
+
+
+def _moe(h, block, layer, config):
+    """MaxText's routed MoE block: softmax router, top-k, renormalized, gated experts."""
+    take = lambda w: w[:, layer] if w.ndim == 4 else w  # noqa: E731  (experts, layers, ...)
+    router = h @ block["gate"]["kernel"][:, layer]
+    probabilities = jax.nn.softmax(router.astype(jnp.float32), axis=-1)
+    weights, chosen = jax.lax.top_k(probabilities, config["num_experts_per_tok"])
+    if config.get("norm_topk_prob", True):
+        weights = weights / weights.sum(-1, keepdims=True)
+    wi_0, wi_1, wo = take(block["wi_0"]), take(block["wi_1"]), take(block["wo"])
+    hidden = jax.nn.silu(jnp.einsum("bse,xem->bsxm", h, wi_0)) * jnp.einsum(
+        "bse,xem->bsxm", h, wi_1
+    )
+    outputs = jnp.einsum("bsxm,xme->bsxe", hidden, wo)  # every expert, then pick
+    picked = jnp.take_along_axis(outputs, chosen[..., None], axis=2)
+    return (picked * weights[..., None]).sum(axis=2)
+
+
+def _logits(params, config, tokens, *, moe_block, qk_norm, biases, runtime_query_scale):
+    decoder, eps = params["decoder"], config["rms_norm_eps"]
+    theta = (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    layers = decoder["layers"]
+    x = params["token_embedder"]["embedding"][tokens]
+    seq = tokens.shape[1]
+    mask = jnp.tril(jnp.ones((seq, seq), bool))
+    for i in range(config["num_hidden_layers"]):
+        attention = jax.tree.map(lambda a, i=i: a[:, i], layers["self_attention"])
+        h = _rms_norm(x, layers["pre_self_attention_layer_norm"]["scale"][:, i], eps)
+        projected = {}
+        for part in ("query", "key", "value"):
+            projected[part] = jnp.einsum("bse,ehd->bshd", h, attention[part]["kernel"])
+            if biases:
+                projected[part] = projected[part] + attention[part]["bias"]
+        q, k, v = projected["query"], projected["key"], projected["value"]
+        if qk_norm:
+            q = _rms_norm(q, attention["query_norm"]["scale"], eps)
+            k = _rms_norm(k, attention["key_norm"]["scale"], eps)
+        q, k = _rope(q, theta, False), _rope(k, theta, False)
+        if runtime_query_scale:
+            q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+        groups = q.shape[2] // k.shape[2]
+        k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+        weights = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1)
+        attended = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+        x = x + jnp.einsum("bshd,hde->bse", attended, attention["out"]["kernel"])
+        h = _rms_norm(x, layers["post_self_attention_layer_norm"]["scale"][:, i], eps)
+        if moe_block is not None:
+            x = x + _moe(h, layers[moe_block], i, config)
+        else:
+            mlp = jax.tree.map(lambda a, i=i: a[:, i], layers["mlp"])
+            gate = jax.nn.silu(h @ mlp["wi_0"]["kernel"]) * (h @ mlp["wi_1"]["kernel"])
+            x = x + gate @ mlp["wo"]["kernel"]
+    x = _rms_norm(x, decoder["decoder_norm"]["scale"], eps)
+    return x @ decoder["logits_dense"]["kernel"]
+
+
+@pytest.mark.parametrize(
+    ("family", "moe_block", "qk_norm", "biases", "runtime_query_scale"),
+    [
+        ("qwen3-moe", "moe_block", True, False, True),
+        ("mixtral", "MoeBlock_0", False, False, False),
+        ("qwen2.5", None, False, True, True),
+    ],
+)
+def test_maxtext_layout_gives_transformers_logits(
+    tmp_path, family, moe_block, qk_norm, biases, runtime_query_scale
+):
+    model = _save_model(family, tmp_path / "hf", fused=family != "qwen2.5")
+    convert_with_recipe(tmp_path / "hf", tmp_path / "mt", f"{family}:maxtext", progress=False)
+    params = jax.tree.map(jnp.asarray, suture.load(tmp_path / "mt")["params"]["params"])
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    ours = _logits(
+        params,
+        config,
+        jnp.asarray(TOKENS),
+        moe_block=moe_block,
+        qk_norm=qk_norm,
+        biases=biases,
+        runtime_query_scale=runtime_query_scale,
+    )
+    with torch.no_grad():
+        theirs = model(torch.tensor(TOKENS)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=0)
