@@ -334,3 +334,37 @@ def test_maxtext_layout_gives_transformers_logits(
     with torch.no_grad():
         theirs = model(torch.tensor(TOKENS)).logits.numpy()
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=0)
+
+
+def test_cli_lists_the_moe_recipes_and_reverses_into_the_like_layout(tmp_path):
+    from typer.testing import CliRunner
+
+    from suture.cli import app
+
+    runner = CliRunner()
+    listed = runner.invoke(app, ["recipes"])
+    assert listed.exit_code == 0
+    for name in ("qwen2.5:maxtext ", "qwen3-moe:maxtext-unscanned", "mixtral:maxtext "):
+        assert name in listed.output
+    _save_model("mixtral", tmp_path / "fused", fused=True)
+    _save_model("mixtral", tmp_path / "hf")
+    forward = ["convert", str(tmp_path / "fused"), str(tmp_path / "mt"), "--no-progress"]
+    assert runner.invoke(app, [*forward, "--recipe", "mixtral:maxtext"]).exit_code == 0
+    back = runner.invoke(
+        app,
+        [
+            "convert",
+            str(tmp_path / "mt"),
+            str(tmp_path / "back"),
+            "--recipe",
+            "mixtral:maxtext",
+            "--reverse",
+            "--like",
+            str(tmp_path / "hf"),
+            "--no-progress",
+        ],
+    )
+    assert back.exit_code == 0, back.output
+    per_expert, restored = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
+    assert sorted(per_expert) == sorted(restored)
+    assert all(np.array_equal(per_expert[k], restored[k]) for k in per_expert)

@@ -31,6 +31,7 @@ def convert(
     recipe: str | os.PathLike | None = None,
     reverse: bool = False,
     config: str | os.PathLike | dict[str, Any] | None = None,
+    like: str | os.PathLike | None = None,
     overwrite: bool = False,
     max_memory: int | str | None = None,
     max_shard_size: int | str | None = None,
@@ -51,6 +52,9 @@ def convert(
         reverse: run a built-in family recipe backwards (MaxText -> Hugging Face folder).
         config: the model's ``config.json`` (path or dict) for a family recipe; default: the
             one in the source folder, or the one the forward conversion recorded.
+        like: with `reverse`, a Hugging Face folder whose expert layout (one tensor per
+            expert, or transformers' fused experts) the output takes; default: the source's,
+            as the forward conversion recorded it.
         Other arguments as in `suture.open` and `suture.save`.
 
     Example:
@@ -69,15 +73,16 @@ def convert(
             reverse=reverse,
             config=config,
             dtype=dtype,
+            like=like,
             overwrite=overwrite,
             max_memory=max_memory,
             max_shard_size=max_shard_size,
             progress=progress,
         )
-    if reverse or config is not None:
+    if reverse or config is not None or like is not None:
         raise ArgumentError(
             "reverse= and config= go with a built-in family recipe (recipe='llama3.1:maxtext'; "
-            "`suture recipes` lists them)."
+            "`suture recipes` lists them), and so does like=."
         )
     target_format = format or (
         "safetensors" if str(destination).endswith(".safetensors") else "orbax"

@@ -371,6 +371,14 @@ def convert(
         str | None,
         typer.Option("--config", help="The model's config.json, for a built-in recipe."),
     ] = None,
+    like: Annotated[
+        str | None,
+        typer.Option(
+            "--like",
+            help="With --reverse and a built-in recipe: an HF folder whose expert layout "
+            "(per-expert or fused) to write.",
+        ),
+    ] = None,
     max_memory: MaxMemory = None,
     max_shard_size: MaxShardSize = None,
     separator: Annotated[
@@ -389,6 +397,7 @@ def convert(
         recipe=recipe,
         reverse=reverse,
         config=config,
+        like=like,
         overwrite=overwrite,
         max_memory=max_memory,
         max_shard_size=max_shard_size,
