@@ -368,3 +368,100 @@ def test_cli_lists_the_moe_recipes_and_reverses_into_the_like_layout(tmp_path):
     per_expert, restored = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
     assert sorted(per_expert) == sorted(restored)
     assert all(np.array_equal(per_expert[k], restored[k]) for k in per_expert)
+
+
+# One tensor larger than the budget ------------------------------------------------------------
+
+BIG_DRIVER = r"""
+import json, sys
+from suture.families._convert import convert_with_recipe
+
+def status(field):
+    with open("/proc/self/status") as f:
+        line = next(l for l in f if l.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+
+with open("/proc/self/clear_refs", "w") as clear:
+    clear.write("5")  # the peak RSS starts again from here
+baseline = status("VmRSS")
+result = convert_with_recipe(
+    sys.argv[1], sys.argv[2], "qwen3-moe:maxtext", max_memory="128MiB", progress=False
+)
+print(json.dumps({"growth": status("VmHWM") - baseline, "in_flight": result.peak_in_flight}))
+"""
+
+
+def test_a_stacked_expert_leaf_of_1_gib_is_written_within_a_128_mib_budget(tmp_path):
+    """(experts, layers, embed, mlp) = (128, 2, 1024, 1024) float32 = 1 GiB per expert weight,
+    3 GiB of experts in all, converted by a fresh process under max_memory="128MiB": its peak
+    RSS grows by at most the budget plus 64 MiB."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.numpy import save_file
+
+    from .test_budget import RSS_SLACK
+
+    hidden, mlp, experts, layers, heads = 1024, 1024, 128, 2, 4
+    config = dict(
+        model_type="qwen3_moe",
+        architectures=["Qwen3MoeForCausalLM"],
+        vocab_size=64,
+        hidden_size=hidden,
+        head_dim=16,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        num_hidden_layers=layers,
+        num_experts=experts,
+        num_experts_per_tok=2,
+        moe_intermediate_size=mlp,
+        intermediate_size=mlp,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    )
+    source = tmp_path / "hf"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(0)
+    block = rng.standard_normal((mlp, hidden), dtype=np.float32)  # 4 MiB, reused: cheap to make
+    small = {
+        "model.embed_tokens.weight": rng.standard_normal((64, hidden), dtype=np.float32),
+        "model.norm.weight": np.ones(hidden, np.float32),
+    }
+    for layer in range(layers):
+        prefix = f"model.layers.{layer}"
+        for name, shape in {
+            "self_attn.q_proj.weight": (heads * 16, hidden),
+            "self_attn.k_proj.weight": (heads * 16, hidden),
+            "self_attn.v_proj.weight": (heads * 16, hidden),
+            "self_attn.o_proj.weight": (hidden, heads * 16),
+            "self_attn.q_norm.weight": (16,),
+            "self_attn.k_norm.weight": (16,),
+            "mlp.gate.weight": (experts, hidden),
+            "input_layernorm.weight": (hidden,),
+            "post_attention_layernorm.weight": (hidden,),
+        }.items():
+            small[f"{prefix}.{name}"] = rng.standard_normal(shape, dtype=np.float32)
+        for half, part in enumerate(("gate_proj", "up_proj", "down_proj")):
+            shard = {
+                f"{prefix}.mlp.experts.{e}.{part}.weight": np.roll(block, e + half, axis=0)
+                for e in range(experts)
+            }
+            save_file(shard, str(source / f"experts-{layer}-{part}.safetensors"))
+    save_file(small, str(source / "rest.safetensors"))
+    environment = {**os.environ, "SUTURE_TUNE_ALLOCATOR": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", BIG_DRIVER, str(source), str(tmp_path / "mt")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environment,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["in_flight"] <= 128 << 20
+    assert report["growth"] <= (128 << 20) + RSS_SLACK, report["growth"] >> 20
+    wi_0 = suture.open(tmp_path / "mt")["params/params/decoder/layers/moe_block/wi_0"]
+    assert wi_0.shape == (experts, layers, hidden, mlp) and wi_0.nbytes == 1 << 30
+    np.testing.assert_array_equal(wi_0[5, 1].read(), np.roll(block, 5, axis=0).T)
