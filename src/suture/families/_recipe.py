@@ -86,6 +86,7 @@ class FamilyRecipe:
     leaves: tuple[Leaf, ...]
     ignore: tuple[str, ...]
     experts: str | None = None  # expression: how many experts a MoE layer has
+    period: str | None = None  # expression: scanned layers repeat with this period
 
     @property
     def name(self) -> str:
@@ -138,26 +139,51 @@ class FamilyRecipe:
     ) -> dict[str, Any]:
         if leaf.group is None:
             return {leaf.maxtext: self._converted(leaf, layout, None, None, hf, names, used)}
-        indices = self._layer_indices(leaf.group, names)
-        if leaf.experts:
-            expert_axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
-            members = [
-                stack_arrays(
-                    [
-                        self._converted(leaf, layout, index, expert, hf, names, used)
-                        for expert in range(self.expert_count(names))
-                    ],
-                    axis=expert_axis,
-                )
-                for index in indices
+        out = {}
+        for path, indices, stacked in self._slots(leaf, names):
+            if leaf.experts:
+                expert_axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
+                members = [
+                    stack_arrays(
+                        [
+                            self._converted(leaf, layout, index, expert, hf, names, used)
+                            for expert in range(self.expert_count(names))
+                        ],
+                        axis=expert_axis,
+                    )
+                    for index in indices
+                ]
+            else:
+                members = [
+                    self._converted(leaf, layout, index, None, hf, names, used) for index in indices
+                ]
+            out[path] = stack_arrays(members, axis=leaf.layer_axis) if stacked else members[0]
+        return out
+
+    def _slots(self, leaf: Leaf, names: dict[str, Any]) -> list[tuple[str, list[int], bool]]:
+        """(MaxText path, its HF layers, stacked?) of a per-layer leaf in this layout.
+
+        Unscanned, each layer is ``layers_{i}``. Scanned, all layers stack on the scan axis;
+        with a layer period P (Gemma 3: 5 local + 1 global), position k of the period is
+        ``layers/layers_{k}`` (HF layers k, k+P, ...) and the layers after the last full
+        period stay unscanned in ``layers_remainder/layers_{r}``.
+        """
+        indices = self._layer_indices(leaf.group, names)  # type: ignore[arg-type]
+        if not self.scanned:
+            return [
+                (_unscanned(leaf.maxtext, i), [index], False) for i, index in enumerate(indices)
             ]
-        else:
-            members = [
-                self._converted(leaf, layout, index, None, hf, names, used) for index in indices
-            ]
-        if self.scanned:
-            return {leaf.maxtext: stack_arrays(members, axis=leaf.layer_axis)}
-        return {_unscanned(leaf.maxtext, i): member for i, member in enumerate(members)}
+        if self.period is None:
+            return [(leaf.maxtext, indices, True)]
+        period = int(evaluate(self.period, names))
+        full = len(indices) - len(indices) % period
+        return [
+            (_moved(leaf.maxtext, f"decoder/layers/layers_{k}/"), indices[k:full:period], True)
+            for k in range(period)
+        ] + [
+            (_moved(leaf.maxtext, f"decoder/layers_remainder/layers_{r}/"), [index], False)
+            for r, index in enumerate(indices[full:])
+        ]
 
     def _converted(
         self,
@@ -258,14 +284,7 @@ class FamilyRecipe:
             if leaf.group is None:
                 out[leaf.hf] = self._restored(leaf, _take(flat, prefix + leaf.maxtext), names)
                 continue
-            indices = self._layer_indices(leaf.group, names)
-            for i, index in enumerate(indices):
-                if self.scanned:
-                    stacked = _take(flat, prefix + leaf.maxtext)
-                    check_count(stacked, leaf.layer_axis, len(indices), "layers", leaf.maxtext)
-                    layer = member(stacked, {leaf.layer_axis: i})
-                else:
-                    layer = _take(flat, prefix + _unscanned(leaf.maxtext, i))
+            for path, index, layer in self._layers_back(leaf, flat, prefix, names):
                 if not leaf.experts:
                     tensor = self._restored(leaf, layer, names)
                     if layout == FUSED and leaf.fused is not None:
@@ -277,7 +296,7 @@ class FamilyRecipe:
                     continue
                 axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
                 count = self.expert_count(names)
-                check_count(layer, axis, count, "experts", leaf.maxtext)
+                check_count(layer, axis, count, "experts", path)
                 experts = [
                     self._restored(leaf, member(layer, {axis: e}), names) for e in range(count)
                 ]
@@ -296,6 +315,23 @@ class FamilyRecipe:
                     f"{name!r}, which has {fused.parts}."
                 )
             out[name] = fused.join([pieces[k] for k in range(fused.parts)])
+        return out
+
+    def _layers_back(
+        self, leaf: Leaf, flat: dict, prefix: str, names: dict
+    ) -> list[tuple[str, int, LazyArray]]:
+        """(MaxText path, HF layer, that layer's array) of every layer of a per-layer leaf."""
+        out = []
+        for path, indices, stacked in self._slots(leaf, names):
+            array = _take(flat, prefix + path)
+            if not stacked:
+                out.append((path, indices[0], array))
+                continue
+            check_count(array, leaf.layer_axis, len(indices), "layers", path)
+            out += [
+                (path, index, member(array, {leaf.layer_axis: i}))
+                for i, index in enumerate(indices)
+            ]
         return out
 
     def _restored(self, leaf: Leaf, array: LazyArray, names: dict) -> LazyArray:
@@ -344,7 +380,11 @@ def _stacking(leaf: Leaf, scanned: bool) -> list[str]:
 
 
 def _unscanned(maxtext_path: str, index: int) -> str:
-    return maxtext_path.replace("decoder/layers/", f"decoder/layers_{index}/", 1)
+    return _moved(maxtext_path, f"decoder/layers_{index}/")
+
+
+def _moved(maxtext_path: str, layers: str) -> str:
+    return maxtext_path.replace("decoder/layers/", layers, 1)
 
 
 def _take(flat: dict[str, Any], path: str) -> LazyArray:
@@ -444,4 +484,5 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         leaves=tuple(leaves),
         ignore=tuple(data.get("ignore") or ()),
         experts=str(data["experts"]) if "experts" in data else None,
+        period=str(data["layer_period"]) if "layer_period" in data else None,
     )
