@@ -28,6 +28,7 @@ from ._recipe import get_recipe
 
 FAMILY_KEY = "suture.family"
 EXPERTS_KEY = "experts"  # in FAMILY_KEY's record: the source's expert layout
+PREFIX_KEY = "hf_prefix"  # and where a multimodal source keeps its language model
 DEFAULT_SHARD_SIZE = "5GB"  # save_pretrained's default
 
 
@@ -56,6 +57,9 @@ def convert_with_recipe(
         experts = recipe.expert_layout(ckpt.tree, settings)
         if experts is not None:
             record[EXPERTS_KEY] = experts
+        prefix = recipe.hf_prefix(ckpt.tree)
+        if prefix is not None:
+            record[PREFIX_KEY] = prefix
         options["metadata"][FAMILY_KEY] = record
         return save(
             _cast(tree, dtype),
@@ -75,19 +79,23 @@ def convert_with_recipe(
         settings = recorded["config"]
     else:
         settings = _config_beside(source, name)
-    recorded_experts = recorded.get(EXPERTS_KEY) if isinstance(recorded, dict) else None
-    experts = (
-        recipe.expert_layout(open_checkpoint(like, separator=".").tree, settings)
-        if like is not None
-        else recorded_experts
-    )
-    tensors = recipe.to_hf(ckpt.tree, settings, experts)
+    record = recorded if isinstance(recorded, dict) else {}
+    recorded_experts, prefix = record.get(EXPERTS_KEY), record.get(PREFIX_KEY)
+    like_tree = open_checkpoint(like, separator=".").tree if like is not None else None
+    experts = recorded_experts
+    if like_tree is not None:
+        experts = recipe.expert_layout(like_tree, settings)
+        prefix = recipe.hf_prefix(like_tree)
+    if prefix is not None and not isinstance(prefix, str):
+        raise ConfigMismatchError(f"The recorded HF prefix {prefix!r} is not a string.")
+    tensors = recipe.to_hf(ckpt.tree, settings, experts, prefix, like_tree)
     recorded_layout = LAYOUT_KEY in ckpt.custom_metadata
     options = (
         reuse_safetensors_layout(ckpt, location_of(source), ".", False) if recorded_layout else {}
     )
     options.pop("separator", None)
-    if experts != recorded_experts:  # the recorded shards name the other layout's tensors
+    if (experts, prefix) != (recorded_experts, record.get(PREFIX_KEY)):
+        # the recorded shards name the tensors of another layout
         options.pop("shard_map", None)
     with tempfile.TemporaryDirectory() as scratch:
         extra = dict(options.pop("extra_files", {}))  # the HF side files the forward run kept

@@ -25,6 +25,7 @@ import yaml
 
 from .._errors import ConfigMismatchError, RecipeError, did_you_mean
 from .._lazy.array import LazyArray, as_lazy
+from .._lazy.combine import concatenate
 from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
 from ._experts import (
@@ -38,7 +39,7 @@ from ._experts import (
     stacked_axes,
 )
 from ._expr import evaluate
-from ._ops import Operation, RecipeFormatError, parse_operation
+from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 
 MAXTEXT_ROOT = "params/params"
 SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of every scanned tensor
@@ -87,14 +88,21 @@ class FamilyRecipe:
     ignore: tuple[str, ...]
     experts: str | None = None  # expression: how many experts a MoE layer has
     period: str | None = None  # expression: scanned layers repeat with this period
+    # a multimodal folder's language model: {config: text_config, prefixes: [...], leave_out: [...]}
+    language_model: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
         return f"{self.family}:{'maxtext' if self.scanned else 'maxtext-unscanned'}"
 
     def config_names(self, config: dict[str, Any]) -> dict[str, Any]:
-        """The config's fields with the recipe's defaults filled in, checked against it."""
-        names = dict(config)
+        """The config's fields with the recipe's defaults filled in, checked against it.
+
+        A multimodal model's config holds the language model's in a sub-config
+        (``text_config``), which is the one a recipe with a ``language_model`` entry reads.
+        """
+        inner = (self.language_model or {}).get("config")
+        names = dict(config[inner] if isinstance(config.get(inner), dict) else config)
         for field, default in self.defaults.items():
             if names.get(field) is None:
                 names[field] = evaluate(default, names)
@@ -124,6 +132,13 @@ class FamilyRecipe:
         """
         names = self.config_names(config)
         hf = _hf_leaves(tree)
+        prefix = self._prefix(hf)
+        if prefix is not None:  # a multimodal folder: its language model, the rest left out
+            hf = {
+                _renamed(name, prefix, "model."): value
+                for name, value in hf.items()
+                if not self._left_out(name)
+            }
         layout = self._expert_layout(hf, names)
         used: set[str] = set()
         out: dict[str, Any] = {}
@@ -210,6 +225,26 @@ class FamilyRecipe:
             array = operation.forward(array, names)
         return array
 
+    def hf_prefix(self, tree: Any) -> str | None:
+        """Where a multimodal HF folder keeps the language model (``"language_model.model."``),
+        or None for a language-model folder (``"model."``)."""
+        return self._prefix(_hf_leaves(tree))
+
+    def _prefix(self, hf: dict[str, Any]) -> str | None:
+        for prefix in (self.language_model or {}).get("prefixes", ()):
+            if any(name.startswith(prefix) for name in hf):
+                return prefix
+        return None
+
+    def _left_out(self, name: str) -> bool:
+        patterns = (self.language_model or {}).get("leave_out", ())
+        return any(re.fullmatch(pattern, name) for pattern in patterns)
+
+    def left_out(self, tree: Any) -> list[str]:
+        """The tensors of a multimodal folder that the MaxText language model leaves out."""
+        hf = _hf_leaves(tree)
+        return sorted(name for name in hf if self._prefix(hf) and self._left_out(name))
+
     def expert_count(self, names: dict[str, Any]) -> int:
         if self.experts is None:
             raise RecipeFormatError(f"Recipe {self.name!r} uses {{expert}} but sets no 'experts'.")
@@ -263,12 +298,52 @@ class FamilyRecipe:
 
     # MaxText -> Hugging Face ---------------------------------------------------------------
 
-    def to_hf(self, tree: Any, config: dict[str, Any], layout: str | None = None) -> dict[str, Any]:
+    def to_hf(
+        self,
+        tree: Any,
+        config: dict[str, Any],
+        layout: str | None = None,
+        prefix: str | None = None,
+        like: Any = None,
+    ) -> dict[str, Any]:
         """``{tensor name: LazyArray}`` of a MaxText tree (with or without its params/params).
 
         `layout` is how the HF side stores experts (``"per-expert"``, the default, as
-        published checkpoints do, or ``"fused"``, transformers v5's 3-D tensors).
+        published checkpoints do, or ``"fused"``, transformers v5's 3-D tensors). `prefix`
+        is where a multimodal folder keeps the language model (default: the recipe's first,
+        when `config` is a multimodal one). `like`, the original HF tree, gives back what
+        MaxText's layout left out: rows cut from the vocabulary, a vision tower.
         """
+        inner = (self.language_model or {}).get("config")
+        if prefix is None and isinstance(config.get(inner), dict):
+            prefix = self.language_model["prefixes"][0]  # type: ignore[index]
+        out = self._to_hf(tree, config, layout)
+        if prefix is not None:
+            out = {_renamed(name, "model.", prefix): value for name, value in out.items()}
+        if like is not None:
+            self._restore_from(like, out, self.config_names(config), prefix)
+        return out
+
+    def _restore_from(
+        self, like: Any, out: dict[str, Any], names: dict, prefix: str | None
+    ) -> None:
+        original = _hf_leaves(like)
+        for leaf in self._active(names):
+            cuts = [op.cut(names) for op in leaf.operations if isinstance(op, FitRows)]
+            name = _renamed(leaf.hf, "model.", prefix) if prefix else leaf.hf
+            if leaf.group is not None or not cuts or name not in original or name not in out:
+                continue
+            kept, rows = cuts[0]
+            source = as_lazy(original[name], path=name)
+            if kept < rows and source.shape == out[name].shape:
+                restored = concatenate([out[name][:kept], source[kept:].astype(out[name].dtype)])
+                out[name] = restored
+        if prefix is not None:
+            for name, value in original.items():
+                if self._left_out(name) and name not in out:
+                    out[name] = as_lazy(value, path=name)
+
+    def _to_hf(self, tree: Any, config: dict[str, Any], layout: str | None) -> dict[str, Any]:
         names = self.config_names(config)
         if layout is not None and layout not in EXPERT_LAYOUTS:
             raise ConfigMismatchError(
@@ -383,6 +458,10 @@ def _unscanned(maxtext_path: str, index: int) -> str:
     return _moved(maxtext_path, f"decoder/layers_{index}/")
 
 
+def _renamed(name: str, prefix: str, replacement: str) -> str:
+    return replacement + name[len(prefix) :] if name.startswith(prefix) else name
+
+
 def _moved(maxtext_path: str, layers: str) -> str:
     return maxtext_path.replace("decoder/layers/", layers, 1)
 
@@ -485,4 +564,5 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         ignore=tuple(data.get("ignore") or ()),
         experts=str(data["experts"]) if "experts" in data else None,
         period=str(data["layer_period"]) if "layer_period" in data else None,
+        language_model=data.get("language_model"),
     )
