@@ -455,7 +455,8 @@ def _stacking(leaf: Leaf, scanned: bool) -> list[str]:
 
 
 def _unscanned(maxtext_path: str, index: int) -> str:
-    return _moved(maxtext_path, f"decoder/layers_{index}/")
+    """``decoder/layers/x`` -> ``decoder/layers_3/x`` (and ``moe_layers`` -> ``moe_layers_3``)."""
+    return re.sub(r"^decoder/(\w*layers)/", rf"decoder/\g<1>_{index}/", maxtext_path, count=1)
 
 
 def _renamed(name: str, prefix: str, replacement: str) -> str:
