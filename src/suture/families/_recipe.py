@@ -57,10 +57,16 @@ class Leaf:
     expert_axis: int = 0  # where the experts go (scanned layout, layers included)
     layer_axis: int = SCAN_AXIS  # where the layers go when scanned
     fused: FusedSource | None = None  # where the tensor sits in transformers' fused layout
+    always_fused: bool = False  # no per-tensor form: published fused (gpt-oss, Llama 4)
+
+    def fused_in(self, layout: str | None) -> FusedSource | None:
+        """Where this leaf's tensor sits in a fused HF tensor, in the expert layout `layout`."""
+        return self.fused if layout == FUSED or self.always_fused else None
 
     def hf_name(self, layout: str | None, index: int | None, expert: int | None = None) -> str:
         """The HF tensor of layer `index` (and `expert`) in the expert layout `layout`."""
-        name = self.fused.hf if layout == FUSED and self.fused is not None else self.hf
+        fused = self.fused_in(layout)
+        name = fused.hf if fused is not None else self.hf
         if self.group is not None:
             name = name.replace(f"{{{self.group}}}", str(index))
         return name if expert is None else name.replace("{expert}", str(expert))
@@ -210,7 +216,8 @@ class FamilyRecipe:
         names: dict,
         used: set,
     ) -> LazyArray:
-        name = leaf.hf_name(layout, index, None if layout == FUSED else expert)
+        fused = leaf.fused_in(layout)
+        name = leaf.hf_name(layout, index, None if fused is not None else expert)
         if name not in hf:
             raise ConfigMismatchError(
                 f"Recipe {self.name!r} needs tensor {name!r} for {leaf.maxtext!r}, which the "
@@ -219,8 +226,8 @@ class FamilyRecipe:
             )
         used.add(name)
         array = as_lazy(hf[name], path=name)
-        if layout == FUSED and leaf.fused is not None:
-            array = leaf.fused.take(array, expert)
+        if fused is not None:
+            array = fused.take(array, expert)
         for operation in leaf.operations:
             array = operation.forward(array, names)
         return array
@@ -362,10 +369,11 @@ class FamilyRecipe:
             for path, index, layer in self._layers_back(leaf, flat, prefix, names):
                 if not leaf.experts:
                     tensor = self._restored(leaf, layer, names)
-                    if layout == FUSED and leaf.fused is not None:
+                    fused = leaf.fused_in(layout)
+                    if fused is not None:
                         name = leaf.hf_name(FUSED, index)
-                        parts.setdefault(name, {})[leaf.fused.part] = tensor
-                        fused_of[name] = leaf.fused
+                        parts.setdefault(name, {})[fused.part] = tensor
+                        fused_of[name] = fused
                     else:
                         out[leaf.hf_name(PER_EXPERT, index)] = tensor
                     continue
@@ -448,7 +456,7 @@ def _stacking(leaf: Leaf, scanned: bool) -> list[str]:
             if fused.axis is None
             else f" part {fused.part} of {fused.parts} on axis {fused.axis}, {fused.mode}"
         )
-        steps.append(f"or fused {fused.hf}{where}")
+        steps.append(f"{'from' if leaf.always_fused else 'or'} fused {fused.hf}{where}")
     if scanned and leaf.group is not None and leaf.layer_axis != SCAN_AXIS:
         steps.append(f"layers on axis {leaf.layer_axis}")
     return steps
@@ -526,9 +534,13 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     }
     leaves = []
     for number, item in enumerate(data["leaves"]):
+        if isinstance(item, dict) and "hf" not in item and isinstance(item.get("fused"), dict):
+            item = {**item, "hf": item["fused"].get("hf"), "always_fused": True}  # fused only
         if not isinstance(item, dict) or not {"maxtext", "hf"} <= set(item):
-            raise RecipeFormatError(f"{where}: leaf {number} needs 'maxtext' and 'hf'.")
-        group = next((g for g in groups if f"{{{g}}}" in item["hf"]), None)
+            raise RecipeFormatError(
+                f"{where}: leaf {number} needs 'maxtext' and 'hf' (or 'fused')."
+            )
+        group = next((g for g in groups if f"{{{g}}}" in str(item["hf"])), None)
         context = f"{where}: leaf {item['maxtext']!r}"
         operations = tuple(parse_operation(op, context) for op in item.get("ops", []))
         axes = item.get("axes") or {}
@@ -549,6 +561,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
                 expert_axis=int(axes.get("expert", 0)),
                 layer_axis=int(axes.get("layer", SCAN_AXIS)),
                 fused=parse_fused(item["fused"], context) if "fused" in item else None,
+                always_fused=bool(item.get("always_fused")),
             )
         )
     config = data.get("config", {})
