@@ -538,3 +538,74 @@ def test_a_stacked_expert_leaf_of_1_gib_is_written_within_a_128_mib_budget(tmp_p
     wi_0 = suture.open(tmp_path / "mt")["params/params/decoder/layers/moe_block/wi_0"]
     assert wi_0.shape == (experts, layers, hidden, mlp) and wi_0.nbytes == 1 << 30
     np.testing.assert_array_equal(wi_0[5, 1].read(), np.roll(block, 5, axis=0).T)
+
+
+# gpt-oss: published fused experts, split by even and odd columns ------------------------------
+
+
+def _gpt_oss(folder):
+    torch.manual_seed(0)
+    config = transformers.GptOssConfig(
+        **{**BASE, "num_hidden_layers": 4},
+        head_dim=16,
+        intermediate_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=16,
+    )
+    model = transformers.GptOssForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name or "bias" in name or "sinks" in name:
+                parameter.add_(torch.randn_like(parameter) * 0.1)
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.mark.parametrize("layout", ["maxtext", "maxtext-unscanned"])
+def test_gpt_oss_round_trip_is_bit_identical(tmp_path, layout):
+    model = _gpt_oss(tmp_path / "hf")
+    name = f"gpt-oss:{layout}"
+    convert_with_recipe(tmp_path / "hf", tmp_path / "mt", name, progress=False)
+    convert_with_recipe(tmp_path / "mt", tmp_path / "back", name, reverse=True, progress=False)
+    source, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
+    assert sorted(source) == sorted(back)
+    for key in source:
+        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
+    reloaded = type(model).from_pretrained(tmp_path / "back")
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), reloaded.state_dict().values(), strict=True)
+    )
+
+
+def test_gpt_oss_pairs_layers_and_splits_gate_up_by_even_and_odd_columns(tmp_path):
+    """Shapes are MaxText's own model's (gpt-oss-20b narrowed); values as MaxText's
+    param_mapping.py pairs them (wi_0 = gate_up[..., ::2], wi_1 = gate_up[..., 1::2])."""
+    _gpt_oss(tmp_path / "hf")
+    hf = _tensors(tmp_path / "hf")
+    convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "gpt-oss:maxtext", progress=False)
+    ckpt = suture.open(tmp_path / "mt")
+    block = "params/params/decoder/layers/layers_1"  # HF layers 1 and 3 (full attention)
+    shapes = {
+        "GptOssAttention/query/kernel": (64, 2, 4, 16),
+        "GptOssAttention/key/bias": (2, 2, 16),
+        "GptOssAttention/out/bias": (64, 2),
+        "GptOssAttention/sinks": (4, 2),
+        "GptOssMlp/gate/kernel": (64, 2, 4),
+        "GptOssMlp/wi_0": (4, 2, 64, 32),
+        "GptOssMlp/wi_1_bias": (4, 2, 32),
+        "GptOssMlp/wo": (4, 2, 32, 64),
+    }
+    for path, shape in shapes.items():
+        assert ckpt[f"{block}/{path}"].shape == shape, path
+    gate_up = hf["model.layers.3.mlp.experts.gate_up_proj"]
+    np.testing.assert_array_equal(ckpt[f"{block}/GptOssMlp/wi_0"].read()[:, 1], gate_up[..., ::2])
+    np.testing.assert_array_equal(ckpt[f"{block}/GptOssMlp/wi_1"].read()[:, 1], gate_up[..., 1::2])
+    bias = hf["model.layers.3.mlp.experts.gate_up_proj_bias"]
+    np.testing.assert_array_equal(
+        ckpt[f"{block}/GptOssMlp/wi_1_bias"].read()[:, 1], bias[..., 1::2]
+    )
+    np.testing.assert_array_equal(
+        ckpt[f"{block}/GptOssAttention/sinks"].read()[:, 1], hf["model.layers.3.self_attn.sinks"]
+    )
