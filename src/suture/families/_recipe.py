@@ -76,6 +76,7 @@ class Leaf:
 class LayerGroup:
     count: str  # expression: how many MaxText layers
     hf_index: str  # expression of i: the HF layer of MaxText layer i
+    unscanned_by_hf: bool = False  # unscanned, layers_{HF index} rather than layers_{i}
 
 
 @dataclass(frozen=True)
@@ -191,19 +192,31 @@ class FamilyRecipe:
         """
         indices = self._layer_indices(leaf.group, names)  # type: ignore[arg-type]
         if not self.scanned:
+            by_hf = self.groups[leaf.group].unscanned_by_hf  # type: ignore[index]
             return [
-                (_unscanned(leaf.maxtext, i), [index], False) for i, index in enumerate(indices)
+                (_unscanned(leaf.maxtext, index if by_hf else i), [index], False)
+                for i, index in enumerate(indices)
             ]
         if self.period is None:
             return [(leaf.maxtext, indices, True)]
+        # a layer's place in the period is its HF index modulo the period, so a group of some
+        # of the layers (Llama 4's MoE layers) fills only its own positions
         period = int(evaluate(self.period, names))
-        full = len(indices) - len(indices) % period
-        return [
-            (_moved(leaf.maxtext, f"decoder/layers/layers_{k}/"), indices[k:full:period], True)
-            for k in range(period)
-        ] + [
-            (_moved(leaf.maxtext, f"decoder/layers_remainder/layers_{r}/"), [index], False)
-            for r, index in enumerate(indices[full:])
+        layers = int(names["num_hidden_layers"])
+        full = layers - layers % period
+        slots = []
+        for k in range(period):
+            members = [index for index in indices if index < full and index % period == k]
+            if members:
+                slots.append((_moved(leaf.maxtext, f"decoder/layers/layers_{k}/"), members, True))
+        return slots + [
+            (
+                _moved(leaf.maxtext, f"decoder/layers_remainder/layers_{index - full}/"),
+                [index],
+                False,
+            )
+            for index in indices
+            if index >= full
         ]
 
     def _converted(
@@ -529,7 +542,9 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         "layer": {"count": "num_hidden_layers", "hf_index": "i"}
     }
     groups = {
-        name: LayerGroup(str(spec["count"]), str(spec["hf_index"]))
+        name: LayerGroup(
+            str(spec["count"]), str(spec["hf_index"]), spec.get("unscanned") == "hf_index"
+        )
         for name, spec in group_specs.items()
     }
     leaves = []
