@@ -609,3 +609,64 @@ def test_gpt_oss_pairs_layers_and_splits_gate_up_by_even_and_odd_columns(tmp_pat
     np.testing.assert_array_equal(
         ckpt[f"{block}/GptOssAttention/sinks"].read()[:, 1], hf["model.layers.3.self_attn.sinks"]
     )
+
+
+# Llama 4: MoE and dense layers interleaved in a cycle of 4 ------------------------------------
+
+
+def _llama4(folder, step):
+    torch.manual_seed(0)
+    config = transformers.Llama4TextConfig(
+        **{**BASE, "num_hidden_layers": 8},
+        head_dim=16,
+        intermediate_size=32,
+        intermediate_size_mlp=48,
+        num_local_experts=4,
+        num_experts_per_tok=1,
+        interleave_moe_layer_step=step,
+    )
+    model = transformers.Llama4ForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.mark.parametrize("step", [1, 2], ids=["scout", "maverick"])
+@pytest.mark.parametrize("layout", ["maxtext", "maxtext-unscanned"])
+def test_llama4_round_trip_is_bit_identical(tmp_path, step, layout):
+    model = _llama4(tmp_path / "hf", step)
+    name = f"llama4:{layout}"
+    convert_with_recipe(tmp_path / "hf", tmp_path / "mt", name, progress=False)
+    convert_with_recipe(tmp_path / "mt", tmp_path / "back", name, reverse=True, progress=False)
+    source, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
+    assert sorted(source) == sorted(back)
+    for key in source:
+        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
+    assert type(model).from_pretrained(tmp_path / "back") is not None
+
+
+@pytest.mark.parametrize("layout", ["maxtext", "maxtext-unscanned"])
+def test_llama4_places_dense_and_moe_blocks_by_position_in_the_cycle(tmp_path, layout):
+    """Maverick-like (every other layer MoE): shapes are MaxText's own model's
+    (llama4-17b-128e narrowed); values as MaxText's standalone scripts place them."""
+    _llama4(tmp_path / "hf", 2)
+    hf = _tensors(tmp_path / "hf")
+    convert_with_recipe(tmp_path / "hf", tmp_path / "mt", f"llama4:{layout}", progress=False)
+    ckpt = suture.open(tmp_path / "mt")
+    moe, scanned = "Llama4MoEBlock_0", layout == "maxtext"
+    blocks = {p.split("/")[3 + scanned] for p in ckpt.paths() if "/layers" in p}
+    assert blocks == (
+        {f"layers_{k}" for k in range(4)} if scanned else {f"layers_{i}" for i in range(8)}
+    )
+    mlp_at = "layers/layers_2" if scanned else "layers_6"
+    moe_at = "layers/layers_3" if scanned else "layers_7"
+    assert not any(f"{mlp_at}/{moe}" in p or f"{moe_at}/mlp/" in p for p in ckpt.paths())
+    wi_1 = ckpt[f"params/params/decoder/{moe_at}/{moe}/MoeBlock_0/wi_1"].read()
+    gate = ckpt[f"params/params/decoder/{moe_at}/{moe}/MoeBlock_0/gate/kernel"].read()
+    wo = ckpt[f"params/params/decoder/{mlp_at}/mlp/wo/kernel"].read()
+    if scanned:  # layers_3 holds HF layers 3 and 7; layers_2 holds 2 and 6
+        assert wi_1.shape == (4, 2, 64, 32) and gate.shape == (64, 2, 4)
+        wi_1, gate, wo = wi_1[:, 1], gate[:, 1], wo[:, 1]
+    gate_up = hf["model.layers.7.feed_forward.experts.gate_up_proj"]  # (experts, hidden, 2 x mlp)
+    np.testing.assert_array_equal(wi_1, gate_up[..., 32:])
+    np.testing.assert_array_equal(gate, hf["model.layers.7.feed_forward.router.weight"].T)
+    np.testing.assert_array_equal(wo, hf["model.layers.6.feed_forward.down_proj.weight"].T)
