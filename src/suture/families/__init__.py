@@ -15,6 +15,7 @@ from ._expr import ExpressionError as ExpressionError
 from ._ops import RecipeFormatError as RecipeFormatError
 from ._recipe import ConfigMismatchError as ConfigMismatchError
 from ._recipe import FamilyRecipe as FamilyRecipe
+from ._recipe import LeftOutWarning as LeftOutWarning
 from ._recipe import get_recipe as get_recipe
 from ._recipe import is_recipe_name as is_recipe_name
 from ._recipe import recipe_names as recipe_names
@@ -23,6 +24,7 @@ __all__ = [
     "ConfigMismatchError",
     "ExpressionError",
     "FamilyRecipe",
+    "LeftOutWarning",
     "RecipeFormatError",
     "get_recipe",
     "is_recipe_name",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,13 @@ from ._experts import (
 )
 from ._expr import evaluate
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
+
+
+class LeftOutWarning(UserWarning):
+    """A conversion to MaxText leaves part of the checkpoint out, as MaxText's own does (a
+    multimodal folder's vision tower, vocabulary rows past MaxText's); ``--reverse --like
+    ORIGINAL`` gives it back."""
+
 
 MAXTEXT_ROOT = "params/params"
 SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of every scanned tensor
@@ -141,6 +149,16 @@ class FamilyRecipe:
         hf = _hf_leaves(tree)
         prefix = self._prefix(hf)
         if prefix is not None:  # a multimodal folder: its language model, the rest left out
+            left = sorted(name for name in hf if self._left_out(name))
+            if left:
+                warnings.warn(
+                    f"Recipe {self.name!r} converts the language model of this multimodal "
+                    f"folder and leaves out {len(left)} tensor(s) MaxText's text model has no "
+                    f"place for ({', '.join(left[:3])}{' ...' if len(left) > 3 else ''}); "
+                    f"`suture convert ... --reverse --like ORIGINAL` restores them.",
+                    LeftOutWarning,
+                    stacklevel=3,
+                )
             hf = {
                 _renamed(name, prefix, "model."): value
                 for name, value in hf.items()
@@ -153,6 +171,7 @@ class FamilyRecipe:
             for path, value in self._forward(leaf, hf, names, used, layout).items():
                 out[f"{MAXTEXT_ROOT}/{path}"] = value
         self._check_all_used(hf, used, names)
+        self._warn_cut_rows(names)
         out["step"] = 0  # MaxText's TrainState starts a converted model at step 0
         return unflatten(out)
 
@@ -244,6 +263,20 @@ class FamilyRecipe:
         for operation in leaf.operations:
             array = operation.forward(array, names)
         return array
+
+    def _warn_cut_rows(self, names: dict[str, Any]) -> None:
+        for leaf in self._active(names):
+            for operation in leaf.operations:
+                if isinstance(operation, FitRows):
+                    kept, rows = operation.cut(names)
+                    if kept < rows:
+                        warnings.warn(
+                            f"Recipe {self.name!r} keeps {kept} of the {rows} rows of "
+                            f"{leaf.hf!r}, as MaxText's converter does; `suture convert ... "
+                            f"--reverse --like ORIGINAL` restores the {rows - kept} others.",
+                            LeftOutWarning,
+                            stacklevel=4,
+                        )
 
     def hf_prefix(self, tree: Any) -> str | None:
         """Where a multimodal HF folder keeps the language model (``"language_model.model."``),
