@@ -228,7 +228,7 @@ class FitRows(Operation):
     def describe(self, names: dict[str, Any]) -> str:
         kept, rows = self.cut(names)
         if kept >= rows:
-            return f"pad rows to {kept}"
+            return f"pad rows to {kept}" if kept > rows else f"keep the {rows} rows"
         return (
             f"cut rows to {kept} ({rows - kept} rows past it are left out; --reverse --like "
             f"ORIGINAL restores them)"

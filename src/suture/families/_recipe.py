@@ -40,14 +40,8 @@ from ._experts import (
     stacked_axes,
 )
 from ._expr import evaluate
+from ._multimodal import LanguageModel, LeftOutWarning, parse_language_model, renamed
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
-
-
-class LeftOutWarning(UserWarning):
-    """A conversion to MaxText leaves part of the checkpoint out, as MaxText's own does (a
-    multimodal folder's vision tower, vocabulary rows past MaxText's); ``--reverse --like
-    ORIGINAL`` gives it back."""
-
 
 MAXTEXT_ROOT = "params/params"
 SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of every scanned tensor
@@ -103,8 +97,7 @@ class FamilyRecipe:
     ignore: tuple[str, ...]
     experts: str | None = None  # expression: how many experts a MoE layer has
     period: str | None = None  # expression: scanned layers repeat with this period
-    # a multimodal folder's language model: {config: text_config, prefixes: [...], leave_out: [...]}
-    language_model: dict[str, Any] | None = None
+    language_model: LanguageModel | None = None  # also converts a multimodal folder's
 
     @property
     def name(self) -> str:
@@ -116,8 +109,7 @@ class FamilyRecipe:
         A multimodal model's config holds the language model's in a sub-config
         (``text_config``), which is the one a recipe with a ``language_model`` entry reads.
         """
-        inner = (self.language_model or {}).get("config")
-        names = dict(config[inner] if isinstance(config.get(inner), dict) else config)
+        names = self.language_model.text_config(config) if self.language_model else dict(config)
         for field, default in self.defaults.items():
             if names.get(field) is None:
                 names[field] = evaluate(default, names)
@@ -148,22 +140,8 @@ class FamilyRecipe:
         names = self.config_names(config)
         hf = _hf_leaves(tree)
         prefix = self._prefix(hf)
-        if prefix is not None:  # a multimodal folder: its language model, the rest left out
-            left = sorted(name for name in hf if self._left_out(name))
-            if left:
-                warnings.warn(
-                    f"Recipe {self.name!r} converts the language model of this multimodal "
-                    f"folder and leaves out {len(left)} tensor(s) MaxText's text model has no "
-                    f"place for ({', '.join(left[:3])}{' ...' if len(left) > 3 else ''}); "
-                    f"`suture convert ... --reverse --like ORIGINAL` restores them.",
-                    LeftOutWarning,
-                    stacklevel=3,
-                )
-            hf = {
-                _renamed(name, prefix, "model."): value
-                for name, value in hf.items()
-                if not self._left_out(name)
-            }
+        if self.language_model is not None and prefix is not None:
+            hf = self.language_model.to_text(hf, prefix, self.name)
         layout = self._expert_layout(hf, names)
         used: set[str] = set()
         out: dict[str, Any] = {}
@@ -284,19 +262,7 @@ class FamilyRecipe:
         return self._prefix(_hf_leaves(tree))
 
     def _prefix(self, hf: dict[str, Any]) -> str | None:
-        for prefix in (self.language_model or {}).get("prefixes", ()):
-            if any(name.startswith(prefix) for name in hf):
-                return prefix
-        return None
-
-    def _left_out(self, name: str) -> bool:
-        patterns = (self.language_model or {}).get("leave_out", ())
-        return any(re.fullmatch(pattern, name) for pattern in patterns)
-
-    def left_out(self, tree: Any) -> list[str]:
-        """The tensors of a multimodal folder that the MaxText language model leaves out."""
-        hf = _hf_leaves(tree)
-        return sorted(name for name in hf if self._prefix(hf) and self._left_out(name))
+        return self.language_model.prefix(hf) if self.language_model else None
 
     def expert_count(self, names: dict[str, Any]) -> int:
         if self.experts is None:
@@ -367,23 +333,30 @@ class FamilyRecipe:
         when `config` is a multimodal one). `like`, the original HF tree, gives back what
         MaxText's layout left out: rows cut from the vocabulary, a vision tower.
         """
-        inner = (self.language_model or {}).get("config")
-        if prefix is None and isinstance(config.get(inner), dict):
-            prefix = self.language_model["prefixes"][0]  # type: ignore[index]
+        language_model = self.language_model
+        if language_model is None:
+            prefix = None
+        elif prefix is None and language_model.is_multimodal(config):
+            prefix = language_model.prefixes[0]
         out = self._to_hf(tree, config, layout)
-        if prefix is not None:
-            out = {_renamed(name, "model.", prefix): value for name, value in out.items()}
+        if language_model is not None and prefix is not None:
+            out = language_model.from_text(out, prefix)
         if like is not None:
-            self._restore_from(like, out, self.config_names(config), prefix)
+            original = _hf_leaves(like)
+            self._restore_cut_rows(original, out, self.config_names(config), prefix)
+            if language_model is not None and prefix is not None:
+                language_model.restore_left_out(
+                    {name: as_lazy(value, path=name) for name, value in original.items()}, out
+                )
         return out
 
-    def _restore_from(
-        self, like: Any, out: dict[str, Any], names: dict, prefix: str | None
+    def _restore_cut_rows(
+        self, original: dict[str, Any], out: dict[str, Any], names: dict, prefix: str | None
     ) -> None:
-        original = _hf_leaves(like)
+        """Rows a ``fit_rows`` cut, taken back from the `original` HF tensors."""
         for leaf in self._active(names):
             cuts = [op.cut(names) for op in leaf.operations if isinstance(op, FitRows)]
-            name = _renamed(leaf.hf, "model.", prefix) if prefix else leaf.hf
+            name = renamed(leaf.hf, "model.", prefix) if prefix else leaf.hf
             if leaf.group is not None or not cuts or name not in original or name not in out:
                 continue
             kept, rows = cuts[0]
@@ -391,10 +364,6 @@ class FamilyRecipe:
             if kept < rows and source.shape == out[name].shape:
                 restored = concatenate([out[name][:kept], source[kept:].astype(out[name].dtype)])
                 out[name] = restored
-        if prefix is not None:
-            for name, value in original.items():
-                if self._left_out(name) and name not in out:
-                    out[name] = as_lazy(value, path=name)
 
     def _to_hf(self, tree: Any, config: dict[str, Any], layout: str | None) -> dict[str, Any]:
         names = self.config_names(config)
@@ -513,10 +482,6 @@ def _unscanned(maxtext_path: str, index: int) -> str:
     return re.sub(r"^decoder/(\w*layers)/", rf"decoder/\g<1>_{index}/", maxtext_path, count=1)
 
 
-def _renamed(name: str, prefix: str, replacement: str) -> str:
-    return replacement + name[len(prefix) :] if name.startswith(prefix) else name
-
-
 def _moved(maxtext_path: str, layers: str) -> str:
     return maxtext_path.replace("decoder/layers/", layers, 1)
 
@@ -626,5 +591,5 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         ignore=tuple(data.get("ignore") or ()),
         experts=str(data["experts"]) if "experts" in data else None,
         period=str(data["layer_period"]) if "layer_period" in data else None,
-        language_model=data.get("language_model"),
+        language_model=parse_language_model(data.get("language_model"), where),
     )
