@@ -1,4 +1,4 @@
-"""MaxText's own converter beside suture's recipes for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3 and Gemma 3 (bench/families.py).
+"""MaxText's own converter beside suture's recipes for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss and Gemma 3 (bench/families.py).
 
 For each family, one random HF folder made with transformers (float32, narrow, but with the
 layer and expert counts of MaxText's built-in HF config for the model name, which its converter
@@ -108,6 +108,21 @@ FAMILIES = [
             "qk_rope_head_dim=8",
             "v_head_dim=16",
         ],
+    ),
+    (
+        "gpt-oss",
+        "gpt-oss-20b",
+        "GptOss",
+        dict(
+            NARROW,
+            head_dim=16,
+            intermediate_size=32,
+            num_hidden_layers=24,
+            num_local_experts=32,
+            num_experts_per_tok=4,
+            sliding_window=16,
+        ),
+        [],
     ),
     (
         # a multimodal folder (names as transformers v5 and MaxText's mapping write them),
@@ -287,14 +302,14 @@ def report(rows: list, findings: list[str], logits: list) -> None:
         f"- `{family}`: max abs logit difference {difference:.3g} (largest logit {scale:.3g})"
         for family, difference, scale in logits
     )
-    body = f"""## Model families: Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3 and Gemma 3 beside MaxText's own converter (`python -m bench.families --maxtext-venv DIR --maxtext-families`)
+    body = f"""## Model families: Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss and Gemma 3 beside MaxText's own converter (`python -m bench.families --maxtext-venv DIR --maxtext-families`)
 
 {machine()}. One random transformers model per family (float32; the layer and expert counts of
 MaxText's built-in HF config for the model name, because its converter maps names from that
 config; hidden 64, 4 query and 2 KV heads of 16, MLP 32, vocab 256; Gemma 3 multimodal with a
 one-layer vision tower and its real vocabulary of 262208 rows), converted scanned and
 unscanned by `suture convert --recipe FAMILY:LAYOUT` and by MaxText 0.2.5's `to_maxtext`
-(`model_name=qwen2.5-7b / qwen3-30b-a3b / mixtral-8x7b / deepseek2-16b / gemma3-4b` with the
+(`model_name=qwen2.5-7b / qwen3-30b-a3b / mixtral-8x7b / deepseek2-16b / gpt-oss-20b / gemma3-4b` with the
 sizes overridden; DeepSeek with V3's settings: MaxText's `deepseek3-671b` does not convert, its
 router bias living in a collection the mapping never names,
 `lazy_load_tensors=True`, `save_dtype=float32`, through `bench/_maxtext_convert.py`).
