@@ -670,3 +670,97 @@ def test_llama4_places_dense_and_moe_blocks_by_position_in_the_cycle(tmp_path, l
     np.testing.assert_array_equal(wi_1, gate_up[..., 32:])
     np.testing.assert_array_equal(gate, hf["model.layers.7.feed_forward.router.weight"].T)
     np.testing.assert_array_equal(wo, hf["model.layers.6.feed_forward.down_proj.weight"].T)
+
+
+# DeepSeek-V3: multi-head latent attention and sigmoid routing, on the MaxText layout ----------
+
+
+def _mla(h, p, config, mask):
+    """Multi-head latent attention from MaxText's layout (rotary pairs, as DeepSeek stores them)."""
+    eps, nope, rope = config["rms_norm_eps"], config["qk_nope_head_dim"], config["qk_rope_head_dim"]
+    q = jnp.einsum(
+        "bsr,rhd->bshd",
+        _rms_norm(h @ p["wq_a"]["kernel"], p["q_norm"]["scale"], eps),
+        p["wq_b"]["kernel"],
+    )
+    compressed = h @ p["wkv_a"]["kernel"]
+    latent, k_rot = (
+        compressed[..., : config["kv_lora_rank"]],
+        compressed[..., config["kv_lora_rank"] :],
+    )
+    kv = jnp.einsum(
+        "bsr,rhd->bshd", _rms_norm(latent, p["kv_norm"]["scale"], eps), p["wkv_b"]["kernel"]
+    )
+    k_nope, value = kv[..., :nope], kv[..., nope:]
+    positions = jnp.arange(h.shape[1])[:, None]
+    inv_freq = 1.0 / (config["rope_parameters"]["rope_theta"] ** (jnp.arange(0, rope, 2) / rope))
+    cos, sin = (
+        jnp.cos(positions * inv_freq)[None, :, None],
+        jnp.sin(positions * inv_freq)[None, :, None],
+    )
+
+    def rotate(x):  # pairs (x0, x1), (x2, x3) rotated, written back as halves like transformers
+        first, second = x[..., 0::2], x[..., 1::2]
+        return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+    q = jnp.concatenate([q[..., :nope], rotate(q[..., nope:])], axis=-1)
+    k_rot = jnp.broadcast_to(rotate(k_rot[:, :, None]), k_nope.shape[:-1] + (rope,))
+    k = jnp.concatenate([k_nope, k_rot], axis=-1)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (nope + rope) ** -0.5
+    weights = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1)
+    attended = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+    return jnp.einsum("bshd,hde->bse", attended, p["out"]["kernel"])
+
+
+def _deepseek_moe(h, block, config):
+    """Sigmoid scores, top-k chosen with the score-correction bias, weighted without it."""
+    router = block["MoeBlock_0"]
+    scores = jax.nn.sigmoid(h @ router["gate"]["kernel"])
+    _, chosen = jax.lax.top_k(scores + router["gate"]["bias"], config["num_experts_per_tok"])
+    weights = jnp.take_along_axis(scores, chosen, axis=-1)
+    weights = weights / (weights.sum(-1, keepdims=True) + 1e-20) * config["routed_scaling_factor"]
+    hidden = jax.nn.silu(jnp.einsum("bse,xem->bsxm", h, router["wi_0"])) * jnp.einsum(
+        "bse,xem->bsxm", h, router["wi_1"]
+    )
+    outputs = jnp.einsum("bsxm,xme->bsxe", hidden, router["wo"])
+    routed = (jnp.take_along_axis(outputs, chosen[..., None], axis=2) * weights[..., None]).sum(2)
+    shared = block["shared_experts"]
+    gated = jax.nn.silu(h @ shared["wi_0"]["kernel"]) * (h @ shared["wi_1"]["kernel"])
+    return routed + gated @ shared["wo"]["kernel"]
+
+
+def test_deepseek3_maxtext_layout_gives_transformers_logits(tmp_path):
+    model = _save_model("deepseek3", tmp_path / "per-expert")
+    with torch.no_grad():  # a score-correction bias that changes which experts are chosen
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn_like(buffer) * 0.3)
+    model.save_pretrained(tmp_path / "hf")
+    convert_with_recipe(
+        tmp_path / "hf", tmp_path / "mt", "deepseek3:maxtext-unscanned", progress=False
+    )
+    params = jax.tree.map(jnp.asarray, suture.load(tmp_path / "mt")["params"]["params"])
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    decoder, eps = params["decoder"], config["rms_norm_eps"]
+    tokens = jnp.asarray(TOKENS)
+    mask = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
+    x = params["token_embedder"]["embedding"][tokens]
+    dense = config["first_k_dense_replace"]
+    for i in range(config["num_hidden_layers"]):
+        p = decoder[f"dense_layers_{i}" if i < dense else f"moe_layers_{i - dense}"]
+        h = _rms_norm(x, p["pre_self_attention_layer_norm"]["scale"], eps)
+        x = x + _mla(h, p["self_attention"], config, mask)
+        h = _rms_norm(x, p["post_self_attention_layer_norm"]["scale"], eps)
+        if i < dense:
+            mlp = p["mlp"]
+            x = (
+                x
+                + (jax.nn.silu(h @ mlp["wi_0"]["kernel"]) * (h @ mlp["wi_1"]["kernel"]))
+                @ mlp["wo"]["kernel"]
+            )
+        else:
+            x = x + _deepseek_moe(h, p["DeepSeekMoeBlock_0"], config)
+    ours = _rms_norm(x, decoder["decoder_norm"]["scale"], eps) @ decoder["logits_dense"]["kernel"]
+    with torch.no_grad():
+        theirs = model(torch.tensor(TOKENS)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=0)
