@@ -764,3 +764,43 @@ def test_deepseek3_maxtext_layout_gives_transformers_logits(tmp_path):
     with torch.no_grad():
         theirs = model(torch.tensor(TOKENS)).logits.numpy()
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=0)
+
+
+# Tables that do not follow the schema ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("leaf", "top", "message"),
+    [
+        (
+            {"maxtext": "decoder/layers/w", "hf": "m.{layer}.experts.{expert}.w"},
+            {},
+            "needs a layer placeholder beside it and a top-level 'experts'",
+        ),
+        (
+            {
+                "maxtext": "decoder/layers/w",
+                "hf": "m.{layer}.w",
+                "fused": {"hf": "m.{layer}.f", "split": {"axis": 1, "part": 2}},
+            },
+            {},
+            "split part 2 is not one of 2 parts",
+        ),
+        (
+            {"maxtext": "decoder/layers/w", "hf": "m.{layer}.w", "fused": {"split": {}}},
+            {},
+            "'fused' needs",
+        ),
+        (
+            {"maxtext": "decoder/layers/w", "hf": "m.{layer}.w"},
+            {"language_model": {"prefixes": ["x."]}},
+            "'language_model' needs",
+        ),
+    ],
+)
+def test_a_table_outside_the_schema_is_an_error_naming_the_leaf(leaf, top, message):
+    from suture.families._recipe import _parse
+
+    data = {"follows": "x", "description": "x", "source_file": "mine.yaml", "leaves": [leaf], **top}
+    with pytest.raises(families.RecipeFormatError, match=message):
+        _parse("mine", data, True)
