@@ -551,7 +551,8 @@ def _gpt_oss(folder):
         intermediate_size=32,
         num_local_experts=4,
         num_experts_per_tok=2,
-        sliding_window=16,
+        sliding_window=16,  # longer than the test's tokens: every layer sees them all
+        rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
     )
     model = transformers.GptOssForCausalLM(config).eval()
     with torch.no_grad():
@@ -804,3 +805,59 @@ def test_a_table_outside_the_schema_is_an_error_naming_the_leaf(leaf, top, messa
     data = {"follows": "x", "description": "x", "source_file": "mine.yaml", "leaves": [leaf], **top}
     with pytest.raises(families.RecipeFormatError, match=message):
         _parse("mine", data, True)
+
+
+def _gpt_oss_layer(x, p, config, mask):
+    """One gpt-oss layer from MaxText's layout: biased attention with per-head sinks, then
+    top-k of the biased router logits, softmax over the chosen, clamped SwiGLU experts."""
+    eps, attention, mlp = config["rms_norm_eps"], p["GptOssAttention"], p["GptOssMlp"]
+    h = _rms_norm(x, p["pre_self_attention_layer_norm"]["scale"], eps)
+    q, k, v = (
+        jnp.einsum("bse,ehd->bshd", h, attention[part]["kernel"]) + attention[part]["bias"]
+        for part in ("query", "key", "value")
+    )
+    theta = config["rope_parameters"]["rope_theta"]
+    q, k = _rope(q, theta, False), _rope(k, theta, False)
+    groups = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    scores = jnp.where(mask, scores, -1e30)
+    sinks = jnp.broadcast_to(attention["sinks"][None, :, None, None], scores.shape[:-1] + (1,))
+    weights = jax.nn.softmax(jnp.concatenate([scores, sinks], axis=-1), axis=-1)[..., :-1]
+    attended = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    x = (
+        x
+        + jnp.einsum("bshd,hde->bse", attended, attention["out"]["kernel"])
+        + attention["out"]["bias"]
+    )
+    h = _rms_norm(x, p["post_self_attention_layer_norm"]["scale"], eps)
+    logits = h @ mlp["gate"]["kernel"] + mlp["gate"]["bias"]
+    top, chosen = jax.lax.top_k(logits, config["num_experts_per_tok"])
+    weights = jax.nn.softmax(top, axis=-1)
+    limit, alpha = config["swiglu_limit"], config.get("swiglu_alpha", 1.702)
+    gate = jnp.einsum("bse,xem->bsxm", h, mlp["wi_0"]) + mlp["wi_0_bias"]
+    up = jnp.einsum("bse,xem->bsxm", h, mlp["wi_1"]) + mlp["wi_1_bias"]
+    gate, up = jnp.minimum(gate, limit), jnp.clip(up, -limit, limit)
+    hidden = (up + 1) * gate * jax.nn.sigmoid(gate * alpha)
+    outputs = jnp.einsum("bsxm,xme->bsxe", hidden, mlp["wo"]) + mlp["wo_bias"]
+    picked = jnp.take_along_axis(outputs, chosen[..., None], axis=2)
+    return x + (picked * weights[..., None]).sum(axis=2)
+
+
+def test_gpt_oss_maxtext_layout_gives_transformers_logits(tmp_path):
+    model = _gpt_oss(tmp_path / "hf")
+    convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "gpt-oss:maxtext", progress=False)
+    params = jax.tree.map(jnp.asarray, suture.load(tmp_path / "mt")["params"]["params"])
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    decoder = params["decoder"]
+    tokens = jnp.asarray(TOKENS)
+    mask = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
+    x = params["token_embedder"]["embedding"][tokens]
+    for i in range(config["num_hidden_layers"]):  # layers_0: HF 0, 2, ...; layers_1: 1, 3, ...
+        p = jax.tree.map(lambda a, i=i: a[:, i // 2], decoder["layers"][f"layers_{i % 2}"])
+        x = _gpt_oss_layer(x, p, config, mask)
+    x = _rms_norm(x, decoder["decoder_norm"]["scale"], config["rms_norm_eps"])
+    ours = x @ decoder["logits_dense"]["kernel"]
+    with torch.no_grad():
+        theirs = model(torch.tensor(TOKENS)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=0)
