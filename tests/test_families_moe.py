@@ -861,3 +861,73 @@ def test_gpt_oss_maxtext_layout_gives_transformers_logits(tmp_path):
     with torch.no_grad():
         theirs = model(torch.tensor(TOKENS)).logits.numpy()
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=0)
+
+
+def _llama4_layer(x, p, config, i, mask):
+    """One Llama 4 layer from MaxText's layout: attention (rotary pairs and an L2 q/k norm on
+    rope layers, none on the others), then a dense MLP or the MoE block (top-k of the router
+    logits, sigmoid scores scaling each expert's input, plus the shared expert)."""
+    eps = config["rms_norm_eps"]
+    attention = p["self_attention"]
+    h = _rms_norm(x, p["pre_self_attention_layer_norm"]["scale"], eps)
+    q, k, v = (
+        jnp.einsum("bse,ehd->bshd", h, attention[part]["kernel"])
+        for part in ("query", "key", "value")
+    )
+    if config["no_rope_layers"][i]:  # 1: a rope layer
+        theta = config["rope_parameters"]["rope_theta"]
+        q, k = _rope(q, theta, True), _rope(k, theta, True)
+        if config["use_qk_norm"]:
+            q, k = _rms_norm(q, 1.0, eps), _rms_norm(k, 1.0, eps)
+    groups = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+    weights = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1)
+    x = x + jnp.einsum(
+        "bshd,hde->bse", jnp.einsum("bhqk,bkhd->bqhd", weights, v), attention["out"]["kernel"]
+    )
+    h = _rms_norm(x, p["post_self_attention_layer_norm"]["scale"], eps)
+    if "mlp" in p:
+        mlp = p["mlp"]
+        return (
+            x
+            + (jax.nn.silu(h @ mlp["wi_0"]["kernel"]) * (h @ mlp["wi_1"]["kernel"]))
+            @ mlp["wo"]["kernel"]
+        )
+    block = p["Llama4MoEBlock_0"]
+    routed = block["MoeBlock_0"]
+    logits = h @ routed["gate"]["kernel"]
+    top, _ = jax.lax.top_k(logits, config["num_experts_per_tok"])
+    scores = jax.nn.sigmoid(jnp.where(logits >= top[..., -1:], logits, -jnp.inf))
+    scaled = h[..., None, :] * scores[..., None]  # (batch, seq, experts, embed)
+    hidden = jax.nn.silu(jnp.einsum("bsxe,xem->bsxm", scaled, routed["wi_0"])) * jnp.einsum(
+        "bsxe,xem->bsxm", scaled, routed["wi_1"]
+    )
+    out = jnp.einsum("bsxm,xme->bse", hidden, routed["wo"])
+    shared = block["shared_experts"]
+    gated = jax.nn.silu(h @ shared["wi_0"]["kernel"]) * (h @ shared["wi_1"]["kernel"])
+    return x + out + gated @ shared["wo"]["kernel"]
+
+
+def test_llama4_maxtext_layout_gives_transformers_logits(tmp_path):
+    model = _llama4(tmp_path / "hf", 2)
+    with torch.no_grad():  # non-trivial norms, so that a wrong mapping shows
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.add_(torch.randn_like(parameter) * 0.1)
+    model.save_pretrained(tmp_path / "hf")
+    convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "llama4:maxtext", progress=False)
+    params = jax.tree.map(jnp.asarray, suture.load(tmp_path / "mt")["params"]["params"])
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    decoder = params["decoder"]
+    tokens = jnp.asarray(TOKENS)
+    mask = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
+    x = params["token_embedder"]["embedding"][tokens]
+    for i in range(config["num_hidden_layers"]):  # layers_k holds HF layers k, k + 4
+        p = jax.tree.map(lambda a, i=i: a[:, i // 4], decoder["layers"][f"layers_{i % 4}"])
+        x = _llama4_layer(x, p, config, i, mask)
+    x = _rms_norm(x, decoder["decoder_norm"]["scale"], config["rms_norm_eps"])
+    ours = x @ decoder["logits_dense"]["kernel"]
+    with torch.no_grad():
+        theirs = model(torch.tensor(TOKENS)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=0)
