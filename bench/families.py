@@ -1,6 +1,7 @@
 """HF Llama -> MaxText layout with a built-in family recipe, at 7B size, against MaxText's converter.
 
     python -m bench.families [--dtype float32|float16] [--layers 32] [--maxtext-venv PATH [--maxtext-only]]
+    python -m bench.families --maxtext-venv PATH --maxtext-families
 
 Generates a random Llama-2-7B-shaped Hugging Face folder (hidden 4096, intermediate 11008,
 32 heads, vocab 32000) shard by shard (never more than one shard in memory), drops the page
@@ -17,6 +18,8 @@ MaxText's converter and suture on one smaller random Llama 3.1 folder (MaxText's
 HF names from its built-in Llama-3.1-8B config, so the folder keeps its 32 layers and head_dim
 128 and shrinks the width) and compares wall, CPU seconds, peak RSS and the two output trees
 (paths, shapes, dtypes, values) in a section of its own (``--maxtext-only`` runs just that).
+``--maxtext-families`` does the same for Qwen2.5, Qwen3-MoE and Mixtral, scanned and unscanned,
+and runs MaxText's model on suture's MoE outputs (`bench/_maxtext_families.py`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import _maxtext
+from bench import _maxtext, _maxtext_families
 from bench._common import DATA_DIR, REPO_ROOT, drop_caches, machine, write_section
 
 WORK = DATA_DIR / "families"
@@ -183,7 +186,17 @@ def main() -> None:
         action="store_true",
         help="run only the smaller side-by-side comparison with MaxText's converter",
     )
+    parser.add_argument(
+        "--maxtext-families",
+        action="store_true",
+        help="with --maxtext-venv: Qwen2.5, Qwen3-MoE and Mixtral beside MaxText's converter "
+        "instead of Llama 3.1 (then stops)",
+    )
     args = parser.parse_args()
+    if args.maxtext_venv is not None and args.maxtext_families:
+        python = _maxtext.ensure_venv(args.maxtext_venv)
+        _maxtext_families.compare(python, timed=timed)
+        return
     if args.maxtext_venv is not None:
         _maxtext.compare(_maxtext.ensure_venv(args.maxtext_venv), timed=timed, generate=generate)
     if args.maxtext_only:

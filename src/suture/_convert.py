@@ -42,6 +42,7 @@ def convert(
     recipe: str | os.PathLike | None = None,
     reverse: bool = False,
     config: str | os.PathLike | dict[str, Any] | None = None,
+    like: str | os.PathLike | None = None,
     overwrite: bool = False,
     max_memory: int | str | None = None,
     max_shard_size: int | str | None = None,
@@ -54,7 +55,6 @@ def convert(
     dequantize: bool = False,
     quantize: str | None = None,
     keep_unquantized: list[str] | tuple[str, ...] | None = None,
-    like: str | os.PathLike | None = None,
     lora_alpha: float | None = None,
 ) -> SaveResult:
     """Converts `source` to `destination` (Orbax or safetensors), optionally applying a recipe.
@@ -84,7 +84,12 @@ def convert(
         quantize: ``"fp8-block"``: write FP8 for serving (see `suture.save`);
             `keep_unquantized` as there.
         like: with `reverse`, the model's original Hugging Face folder: its ``config.json``
-            (unless `config`), tokenizer and generation files go beside the weights.
+            (unless `config`), tokenizer and generation files go beside the weights; the
+            output takes its expert layout (one tensor per expert, or transformers' fused
+            experts; default: the source's, as the forward conversion recorded it), and gets
+            back what MaxText's layout left out (vocabulary rows past MaxText's, a multimodal
+            folder's vision tower); a Tunix checkpoint of LoRA adapters alone is merged into
+            its base model.
         lora_alpha: with a ``FAMILY:tunix`` recipe backwards, the LoRA alpha of a checkpoint
             that holds LoRA factors, merged as ``w + (a @ b) * (alpha / rank)``.
         Other arguments as in `suture.open` and `suture.save`.

@@ -500,7 +500,8 @@ def convert(
         typer.Option(
             "--like",
             help="With --reverse: the original HF folder, whose config.json, tokenizer and "
-            "generation files the output gets.",
+            "generation files the output gets, and whose expert layout (per-expert or fused), "
+            "cut vocabulary rows and vision tower it takes back.",
         ),
     ] = None,
     lora_alpha: Annotated[

@@ -12,6 +12,7 @@ Example:
 """
 
 from ._expr import ExpressionError as ExpressionError
+from ._multimodal import LeftOutWarning as LeftOutWarning
 from ._ops import RecipeFormatError as RecipeFormatError
 from ._recipe import ConfigMismatchError as ConfigMismatchError
 from ._recipe import FamilyRecipe as FamilyRecipe
@@ -23,6 +24,7 @@ __all__ = [
     "ConfigMismatchError",
     "ExpressionError",
     "FamilyRecipe",
+    "LeftOutWarning",
     "RecipeFormatError",
     "get_recipe",
     "is_recipe_name",

@@ -4,7 +4,9 @@ To MaxText, the source is a Hugging Face folder (or file) and its ``config.json`
 is an Orbax checkpoint of MaxText's tree, which also keeps the HF side files (config,
 tokenizer) and the safetensors layout in its custom metadata. Back to HF, the config comes
 from that metadata (or `config=`), and the output is an HF folder with the same shards,
-index and side files as the source had.
+index and side files as the source had. A mixture-of-experts model goes back in the expert
+layout its source had (one tensor per expert, or transformers' fused 3-D tensors), which the
+forward run records too, or in the one a `like` HF folder shows.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from ._file import family_recipe
 
 FAMILY_KEY = "suture.family"
 MAX_CONFIG_BYTES = 1 << 20  # as a recipe: a config.json is a few KB; more is a mistake or hostile
+EXPERTS_KEY = "experts"  # in FAMILY_KEY's record: the source's expert layout
+PREFIX_KEY = "hf_prefix"  # and where a multimodal source keeps its language model
 DEFAULT_SHARD_SIZE = "5GB"  # save_pretrained's default
 
 
@@ -46,13 +50,13 @@ def convert_with_recipe(
     reverse: bool = False,
     config: str | os.PathLike | dict[str, Any] | None = None,
     dtype: str | None = None,
+    like: str | os.PathLike | None = None,
     overwrite: bool = False,
     max_memory: int | str | None = None,
     max_shard_size: int | str | None = None,
     progress: bool | None = None,
     dequantize: bool = False,
     verify: bool = False,
-    like: str | os.PathLike | None = None,
     lora_alpha: float | None = None,
 ) -> SaveResult:
     """Converts `source` with the built-in recipe `name`; see `suture.convert`.
@@ -95,7 +99,14 @@ def convert_with_recipe(
             options["extra_files"] = with_config_edited(
                 options["extra_files"], dequantized_config(dtype or "bfloat16")
             )
-        options["metadata"][FAMILY_KEY] = {"recipe": recipe.name, "config": settings}
+        record: dict[str, Any] = {"recipe": recipe.name, "config": settings}
+        experts = recipe.expert_layout(ckpt.tree, settings)
+        if experts is not None:
+            record[EXPERTS_KEY] = experts
+        prefix = recipe.hf_prefix(ckpt.tree)
+        if prefix is not None:
+            record[PREFIX_KEY] = prefix
+        options["metadata"][FAMILY_KEY] = record
         return save(
             _cast(tree, dtype),
             destination,
@@ -118,19 +129,31 @@ def convert_with_recipe(
         settings = recorded["config"]
     else:
         settings = _config_beside(source, name)
+    record = recorded if isinstance(recorded, dict) else {}
+    recorded_experts, prefix = record.get(EXPERTS_KEY), record.get(PREFIX_KEY)
+    like_tree = open_checkpoint(like, separator=".").tree if like is not None else None
+    experts = recorded_experts
+    if like_tree is not None:
+        experts = recipe.expert_layout(like_tree, settings)
+        prefix = recipe.hf_prefix(like_tree)
+    if prefix is not None and not isinstance(prefix, str):
+        raise ConfigMismatchError(f"The recorded HF prefix {prefix!r} is not a string.")
     tree = ckpt.tree
     if recipe.target == "tunix":
 
         def base() -> Any:  # the base model, for a checkpoint of adapters alone
-            return recipe.to_target(open_checkpoint(like, separator=".").tree, settings)
+            return recipe.to_target(like_tree, settings)
 
         tree = tunix.merged_lora(tree, lora_alpha, base if like is not None else None)
-    tensors = recipe.to_hf(tree, settings)
+    tensors = recipe.to_hf(tree, settings, experts, prefix, like_tree)
     recorded_layout = LAYOUT_KEY in ckpt.custom_metadata
     options = (
         reuse_safetensors_layout(ckpt, location_of(source), ".", False) if recorded_layout else {}
     )
     options.pop("separator", None)
+    if (experts, prefix) != (recorded_experts, record.get(PREFIX_KEY)):
+        # the recorded shards name the tensors of another layout
+        options.pop("shard_map", None)
     with tempfile.TemporaryDirectory() as scratch:
         extra = dict(options.pop("extra_files", {}))  # the HF side files the forward run kept
         extra.update(like_files)

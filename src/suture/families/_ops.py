@@ -13,6 +13,7 @@ recipe streams like any other surgery.
 | ``scale``        | multiply or divide by a config expression | what the recipe says (MaxText's own inverse) |
 | ``add``          | add a constant (Gemma's ``1 + w`` norms)  | subtract it                  |
 | ``pad_rows``     | zero rows up to a size (a padded vocabulary) | drop them                 |
+| ``fit_rows``     | cut or zero-pad rows to a size (MaxText's vocabulary) | back to the HF size (cut rows come back from ``like``) |
 
 Structural operations are exact. ``scale`` and ``add`` change values: a round trip is exact
 only when the factor is a power of two; otherwise it comes back within about 1 ulp, which
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .._dtypes import to_dtype
 from .._errors import ConfigMismatchError, RecipeFormatError
 from .._lazy.array import LazyArray, elementwise
 from .._lazy.combine import fit_shape
@@ -164,10 +166,10 @@ class Scale(Operation):
     backward_by: Any
     compute: str = "float32"
     back_compute: str = "float32"
+    factor_dtype: str | None = None  # round the factor first (Gemma 3: bfloat16(sqrt(hidden)))
 
-    @staticmethod
-    def _apply(array: LazyArray, op: str, by: Any, compute: str, names: dict) -> LazyArray:
-        factor = np.dtype(compute).type(evaluate(by, names))
+    def _apply(self, array: LazyArray, op: str, by: Any, compute: str, names: dict) -> LazyArray:
+        factor = np.dtype(compute).type(self._factor(by, names))
         dtype = array.dtype
 
         def scaled(values: np.ndarray) -> np.ndarray:
@@ -182,13 +184,19 @@ class Scale(Operation):
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
         return self._apply(array, self.backward_op, self.backward_by, self.back_compute, names)
 
+    def _factor(self, by: Any, names: dict[str, Any]) -> float:
+        value = evaluate(by, names)
+        if self.factor_dtype is None:
+            return float(value)
+        return float(np.asarray(value, dtype=to_dtype(self.factor_dtype)))
+
     def exact_for(self, names: dict[str, Any]) -> bool:
-        factor = float(evaluate(self.forward_by, names))
+        factor = self._factor(self.forward_by, names)
         mantissa, _ = math.frexp(factor)
-        return mantissa == 0.5 and float(evaluate(self.backward_by, names)) in (factor, 1 / factor)
+        return mantissa == 0.5 and self._factor(self.backward_by, names) in (factor, 1 / factor)
 
     def describe(self, names: dict[str, Any]) -> str:
-        factor = float(evaluate(self.forward_by, names))
+        factor = self._factor(self.forward_by, names)
         closeness = "exact round trip" if self.exact_for(names) else "round trip within 1 ulp"
         return f"{self.forward_op} by {self.forward_by} = {factor:.6g} ({closeness})"
 
@@ -244,6 +252,40 @@ class PadRows(Operation):
         return (self.to, self.back_to)
 
 
+@dataclass(frozen=True)
+class FitRows(Operation):
+    """Rows cut or zero-padded to `to` (MaxText's vocabulary), and back to `back_to`.
+
+    Cut rows are lost to MaxText; back to HF they come back as zeros, or from the original
+    checkpoint when the reverse conversion is given it (`like`).
+    """
+
+    to: Any
+    back_to: Any
+
+    def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        return fit_shape(array, (int(evaluate(self.to, names)),) + array.shape[1:])
+
+    def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        return fit_shape(array, (int(evaluate(self.back_to, names)),) + array.shape[1:])
+
+    def expressions(self) -> tuple[Any, ...]:
+        return (self.to, self.back_to)
+
+    def cut(self, names: dict[str, Any]) -> tuple[int, int]:
+        """(rows MaxText keeps, rows HF has)."""
+        return int(evaluate(self.to, names)), int(evaluate(self.back_to, names))
+
+    def describe(self, names: dict[str, Any]) -> str:
+        kept, rows = self.cut(names)
+        if kept >= rows:
+            return f"pad rows to {kept}" if kept > rows else f"keep the {rows} rows"
+        return (
+            f"cut rows to {kept} ({rows - kept} rows past it are left out; --reverse --like "
+            f"ORIGINAL restores them)"
+        )
+
+
 def parse_operation(spec: Any, where: str) -> Operation:
     """An `Operation` from its recipe form: a word, or a one-key mapping of word -> options."""
     if spec == "transpose":
@@ -267,10 +309,13 @@ def parse_operation(spec: Any, where: str) -> Operation:
             and sorted(options) == list(range(len(options)))
         ):
             return Permute(tuple(options))
+        if word == "fit_rows" and isinstance(options, dict):
+            return FitRows(options["to"], options["back_to"])
     raise RecipeFormatError(
         f"{where}: {spec!r} is not an operation. Use transpose, interleave_rope, "
         "{split_axis: {axis, sizes}}, {scale: {multiply|divide, back_multiply|back_divide}}, "
-        "{add: NUMBER}, {pad_rows: {to, back_to}} or {permute: [AXES]}."
+        "{add: NUMBER}, {pad_rows: {to, back_to}}, {fit_rows: {to, back_to}} or "
+        "{permute: [AXES]}."
     )
 
 
@@ -285,4 +330,7 @@ def _scale(options: dict[str, Any], where: str) -> Scale:
     else:
         back_op, back_by = ("divide" if op == "multiply" else "multiply"), options[op]
     compute = options.get("compute", "float32")
-    return Scale(op, options[op], back_op, back_by, compute, options.get("back_compute", compute))
+    back_compute = options.get("back_compute", compute)
+    return Scale(
+        op, options[op], back_op, back_by, compute, back_compute, options.get("factor_dtype")
+    )

@@ -1,9 +1,11 @@
-"""A model-family recipe: a table of MaxText leaves, each with its Hugging Face source and
-the invertible operations between them, read from a YAML file of this package.
+"""A model-family recipe: a table of MaxText (or Tunix) leaves, each with its Hugging Face
+source and the invertible operations between them, read from a YAML file of this package.
 
 The same table runs both ways. To MaxText, every HF tensor of a per-layer leaf goes through
 the operations and the layers are stacked on MaxText's scan axis (1), or kept as
-``layers_{i}`` subtrees when unscanned. Back to HF, the stack is unstacked and the inverse
+``layers_{i}`` subtrees when unscanned; a leaf with ``{expert}`` stacks its experts too
+(`_experts`). A Tunix table (``target: tunix``) names each layer in its paths
+(``layers/{layer}/attn/q_proj/w``). Back to HF, the stack is unstacked and the inverse
 operations run in reverse order. Everything stays lazy, so a conversion streams.
 
 Example:
@@ -18,6 +20,7 @@ import functools
 import importlib.resources
 import math
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +29,22 @@ import yaml
 
 from .._errors import ConfigMismatchError, RecipeError, did_you_mean
 from .._lazy.array import LazyArray, as_lazy
+from .._lazy.combine import concatenate
 from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
+from ._experts import (
+    EXPERT_LAYOUTS,
+    FUSED,
+    PER_EXPERT,
+    FusedSource,
+    check_count,
+    member,
+    parse_fused,
+    stacked_axes,
+)
 from ._expr import evaluate, names_in
-from ._ops import Operation, RecipeFormatError, parse_operation
+from ._multimodal import LanguageModel, LeftOutWarning, parse_language_model, renamed
+from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 
 MAXTEXT_ROOT = "params/params"
 # The config.json fields recipes read, by kind: Hugging Face's names, the same in every family.
@@ -43,9 +58,15 @@ COUNT_FIELDS = frozenset(
         "hidden_size",
         "vocab_size",
         "padded_vocab_size",
+        "num_local_experts",
+        "num_experts",
+        "n_routed_experts",
+        "interleave_moe_layer_step",
     }
 )
-FLAG_FIELDS = frozenset({"tie_word_embeddings", "attention_bias", "mlp_bias"})
+FLAG_FIELDS = frozenset({"tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window"})
+# layer lists: Qwen3-MoE's mlp_only_layers is a list of layer numbers ([] for none) or false
+LIST_FIELDS = frozenset({"mlp_only_layers"})
 MAX_COUNT = 1 << 62  # past any tensor's length (TensorStore's index limit)
 SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of every scanned tensor
 LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
@@ -65,6 +86,11 @@ class Leaf:
     # hf: [a, b] in the table: each goes through the operations, then they are stacked on a
     # new first axis (Tunix's Gemma kv_einsum holds k and v); () for one tensor, `hf`
     stacked: tuple[str, ...] = ()
+    experts: bool = False  # hf holds {expert}: one tensor per expert, stacked
+    expert_axis: int = 0  # where the experts go (scanned layout, layers included)
+    layer_axis: int = SCAN_AXIS  # where the layers go when scanned
+    fused: FusedSource | None = None  # where the tensor sits in transformers' fused layout
+    always_fused: bool = False  # no per-tensor form: published fused (gpt-oss, Llama 4)
 
     def sources(self, index: int | None = None) -> tuple[str, ...]:
         """The HF tensor name(s) of this leaf, for layer `index` of its group."""
@@ -73,11 +99,26 @@ class Leaf:
             return names
         return tuple(name.replace(f"{{{self.group}}}", str(index)) for name in names)
 
+    def fused_in(self, layout: str | None) -> FusedSource | None:
+        """Where this leaf's tensor sits in a fused HF tensor, in the expert layout `layout`."""
+        return self.fused if layout == FUSED or self.always_fused else None
+
+    def hf_name(
+        self, layout: str | None, index: int | str | None, expert: int | None = None
+    ) -> str:
+        """The HF tensor of layer `index` (and `expert`) in the expert layout `layout`."""
+        fused = self.fused_in(layout)
+        name = fused.hf if fused is not None else self.hf
+        if self.group is not None:
+            name = name.replace(f"{{{self.group}}}", str(index))
+        return name if expert is None else name.replace("{expert}", str(expert))
+
 
 @dataclass(frozen=True)
 class LayerGroup:
     count: str  # expression: how many MaxText layers
     hf_index: str  # expression of i: the HF layer of MaxText layer i
+    unscanned_by_hf: bool = False  # unscanned, layers_{HF index} rather than layers_{i}
 
 
 @dataclass(frozen=True)
@@ -96,6 +137,12 @@ class FamilyRecipe:
     ignore: tuple[str, ...]
     fields: frozenset[str]  # the config fields its expressions read
     target: str = "maxtext"  # whose layout: "maxtext" or "tunix"
+    experts: str | None = None  # expression: how many experts a MoE layer has
+    period: str | None = None  # expression: scanned layers repeat with this period
+    language_model: LanguageModel | None = None  # also converts a multimodal folder's
+    # fields read only by defaults' expressions: needed only when that default is
+    # (Qwen3-MoE's num_experts, the older name of num_local_experts)
+    default_inputs: dict[str, frozenset[str]] | None = None
 
     @property
     def name(self) -> str:
@@ -117,17 +164,21 @@ class FamilyRecipe:
         Every field the recipe reads is checked for its kind first (a count is a whole
         number of at least 1, a flag true or false, anything else a finite number), so a
         wrong value is an error naming the field, not a failure deep in the arithmetic.
+        A multimodal model's config holds the language model's in a sub-config
+        (``text_config``), which is the one a recipe with a ``language_model`` entry reads.
         """
         if not isinstance(config, dict):
             raise ConfigMismatchError(
                 f"Recipe {self.name!r} needs the model's config.json, a JSON object; got "
                 f"{type(config).__name__}."
             )
-        names = dict(config)
+        names = self.language_model.text_config(config) if self.language_model else dict(config)
         for field in sorted(self.fields):
             if names.get(field) is None and field not in self.defaults:
                 if field in self.require:
                     continue  # said below, with the values the recipe fits
+                if self._only_for_defaults_not_needed(field, names):
+                    continue
                 raise ConfigMismatchError(
                     f"config.json has no {field!r}{' (it is null)' if field in names else ''}; "
                     f"recipe {self.name!r} needs it. Pass the model's own config.json "
@@ -155,10 +206,21 @@ class FamilyRecipe:
                 )
         return names
 
+    def _only_for_defaults_not_needed(self, field: str, names: dict[str, Any]) -> bool:
+        """Whether `field` is read only by defaults whose own fields the config has."""
+        users = (self.default_inputs or {}).get(field)
+        return bool(users) and all(names.get(user) is not None for user in users)
+
     def _check_kind(self, field: str, value: Any, how: str) -> None:
         if field in FLAG_FIELDS:
             wanted = "true or false"
             fits = isinstance(value, bool)
+        elif field in LIST_FIELDS:
+            wanted = "a list of layer numbers, or false"
+            fits = value is False or (
+                isinstance(value, list)
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            )
         elif field in COUNT_FIELDS:
             wanted = "a whole number of at least 1"
             fits = isinstance(value, int) and not isinstance(value, bool) and value >= 1
@@ -198,13 +260,18 @@ class FamilyRecipe:
         """
         names = self.config_names(config)
         hf = _hf_leaves(tree)
-        self._check_hf_layers(hf, names)
+        prefix = self._prefix(hf)
+        if self.language_model is not None and prefix is not None:
+            hf = self.language_model.to_text(hf, prefix, self.name)
+        layout = self._expert_layout(hf, names)
+        self._check_hf_layers(hf, names, layout)
         used: set[str] = set()
         out: dict[str, Any] = {}
         for leaf in self._active(names):
-            for path, value in self._forward(leaf, hf, names, used).items():
+            for path, value in self._forward(leaf, hf, names, used, layout).items():
                 out[f"{self._root}{path}"] = value
         self._check_all_used(hf, used, names)
+        self._warn_cut_rows(names)
         if self.target == "maxtext":
             out["step"] = 0  # MaxText's TrainState starts a converted model at step 0
         return unflatten(out)
@@ -214,22 +281,103 @@ class FamilyRecipe:
         an HF tree, lazily: as a transform for `suture.nnx.load_into`, say."""
         return self.to_maxtext(tree, config)
 
-    def _forward(self, leaf: Leaf, hf: dict, names: dict, used: set[str]) -> dict[str, Any]:
+    def _forward(
+        self, leaf: Leaf, hf: dict, names: dict, used: set[str], layout: str | None
+    ) -> dict[str, Any]:
         if leaf.group is None:
-            return {leaf.maxtext: self._gathered(leaf, None, hf, names, used)}
-        members = [
-            self._gathered(leaf, index, hf, names, used)
-            for index in self._layer_indices(leaf.group, names)
+            return {leaf.maxtext: self._gathered(leaf, layout, None, hf, names, used)}
+        out = {}
+        for path, indices, stacked in self._slots(leaf, names):
+            members = [self._gathered(leaf, layout, index, hf, names, used) for index in indices]
+            out[path] = stack_arrays(members, axis=leaf.layer_axis) if stacked else members[0]
+        return out
+
+    def _gathered(
+        self, leaf: Leaf, layout: str | None, index: int | None, hf: dict, names: dict, used: set
+    ) -> LazyArray:
+        """One layer's array of `leaf`: its experts, or its stacked tensors, gathered."""
+        if leaf.experts:
+            expert_axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
+            return stack_arrays(
+                [
+                    self._converted(leaf, layout, index, expert, hf, names, used)
+                    for expert in range(self.expert_count(names))
+                ],
+                axis=expert_axis,
+            )
+        if leaf.stacked:
+            converted = [
+                self._read(leaf, name, None, None, hf, names, used) for name in leaf.sources(index)
+            ]
+            return stack_arrays(converted, axis=0)
+        return self._converted(leaf, layout, index, None, hf, names, used)
+
+    def _slots(self, leaf: Leaf, names: dict[str, Any]) -> list[tuple[str, list[int], bool]]:
+        """(target path, its HF layers, stacked?) of a per-layer leaf in this layout.
+
+        Unscanned, each layer is ``layers_{i}`` (a Tunix path names it: ``layers/{i}/...``).
+        Scanned, all layers stack on the scan axis; with a layer period P (Gemma 3: 5 local
+        + 1 global), position k of the period is ``layers/layers_{k}`` (HF layers k, k+P,
+        ...) and the layers after the last full period stay unscanned in
+        ``layers_remainder/layers_{r}``.
+        """
+        indices = self._layer_indices(leaf.group, names)  # type: ignore[arg-type]
+        if not self.scanned:
+            by_hf = self.groups[leaf.group].unscanned_by_hf  # type: ignore[index]
+            return [
+                (_unscanned(leaf.maxtext, index if by_hf else i), [index], False)
+                for i, index in enumerate(indices)
+            ]
+        if self.period is None:
+            return [(leaf.maxtext, indices, True)]
+        # a layer's place in the period is its HF index modulo the period, so a group of some
+        # of the layers (Llama 4's MoE layers) fills only its own positions
+        period = int(evaluate(self.period, names))
+        full = self._full_periods(names, period)
+        slots = []
+        for k in range(period):
+            members = [index for index in indices if index < full and index % period == k]
+            if members:
+                slots.append((_moved(leaf.maxtext, f"decoder/layers/layers_{k}/"), members, True))
+        return slots + [
+            (
+                _moved(leaf.maxtext, f"decoder/layers_remainder/layers_{index - full}/"),
+                [index],
+                False,
+            )
+            for index in indices
+            if index >= full
         ]
-        if self.scanned:
-            return {leaf.maxtext: stack_arrays(members, axis=SCAN_AXIS)}
-        return {_unscanned(leaf.maxtext, i): member for i, member in enumerate(members)}
 
-    def _gathered(self, leaf: Leaf, index: int | None, hf: dict, names: dict, used: set) -> Any:
-        converted = [self._converted(leaf, name, hf, names, used) for name in leaf.sources(index)]
-        return stack_arrays(converted, axis=0) if leaf.stacked else converted[0]
+    @staticmethod
+    def _full_periods(names: dict[str, Any], period: int) -> int:
+        layers = int(names["num_hidden_layers"])
+        return layers - layers % period
 
-    def _converted(self, leaf: Leaf, name: str, hf: dict, names: dict, used: set) -> LazyArray:
+    def _converted(
+        self,
+        leaf: Leaf,
+        layout: str | None,
+        index: int | None,
+        expert: int | None,
+        hf: dict,
+        names: dict,
+        used: set,
+    ) -> LazyArray:
+        fused = leaf.fused_in(layout)
+        name = leaf.hf_name(layout, index, None if fused is not None else expert)
+        return self._read(leaf, name, fused, expert, hf, names, used)
+
+    def _read(
+        self,
+        leaf: Leaf,
+        name: str,
+        fused: FusedSource | None,
+        expert: int | None,
+        hf: dict,
+        names: dict,
+        used: set,
+    ) -> LazyArray:
         if name not in hf:
             raise ConfigMismatchError(
                 f"Recipe {self.name!r} needs tensor {name!r} for {leaf.maxtext!r}, which the "
@@ -238,9 +386,65 @@ class FamilyRecipe:
             )
         used.add(name)
         array = as_lazy(hf[name], path=name)
+        if fused is not None:
+            array = fused.take(array, expert)
         for operation in leaf.operations:
             array = operation.forward(array, names)
         return array
+
+    def _warn_cut_rows(self, names: dict[str, Any]) -> None:
+        for leaf in self._active(names):
+            for operation in leaf.operations:
+                if isinstance(operation, FitRows):
+                    kept, rows = operation.cut(names)
+                    if kept < rows:
+                        warnings.warn(
+                            f"Recipe {self.name!r} keeps {kept} of the {rows} rows of "
+                            f"{leaf.hf!r}, as MaxText's converter does; `suture convert ... "
+                            f"--reverse --like ORIGINAL` restores the {rows - kept} others.",
+                            LeftOutWarning,
+                            stacklevel=4,
+                        )
+
+    def hf_prefix(self, tree: Any) -> str | None:
+        """Where a multimodal HF folder keeps the language model (``"language_model.model."``),
+        or None for a language-model folder (``"model."``)."""
+        return self._prefix(_hf_leaves(tree))
+
+    def _prefix(self, hf: dict[str, Any]) -> str | None:
+        return self.language_model.prefix(hf) if self.language_model else None
+
+    def expert_count(self, names: dict[str, Any]) -> int:
+        if self.experts is None:
+            raise RecipeFormatError(f"Recipe {self.name!r} uses {{expert}} but sets no 'experts'.")
+        return int(evaluate(self.experts, names))
+
+    def expert_layout(self, tree: Any, config: dict[str, Any]) -> str | None:
+        """How the HF tree stores experts: ``"per-expert"``, ``"fused"``, or None (no MoE)."""
+        return self._expert_layout(_hf_leaves(tree), self.config_names(config))
+
+    def _expert_layout(self, hf: dict[str, Any], names: dict[str, Any]) -> str | None:
+        leaf = next(
+            (leaf for leaf in self._active(names) if leaf.experts and leaf.group is not None),
+            None,
+        )
+        if leaf is None:
+            return None
+        group = leaf.group
+        if not self.layer_counts(names)[group]:  # type: ignore[index]
+            return PER_EXPERT
+        first = int(evaluate(self.groups[group].hf_index, {**names, "i": 0}))  # type: ignore[index]
+        per_expert = leaf.hf_name(PER_EXPERT, first, 0)
+        if per_expert in hf or leaf.fused is None:
+            return PER_EXPERT
+        fused = leaf.hf_name(FUSED, first)
+        if fused in hf:
+            return FUSED
+        raise ConfigMismatchError(
+            f"Recipe {self.name!r} finds the experts of layer {first} neither as "
+            f"{per_expert!r} (one tensor per expert) nor as {fused!r} (transformers' fused "
+            f"layout).{did_you_mean(per_expert, hf)} Is this a {self.family} checkpoint?"
+        )
 
     def _layer_indices(self, group: str, names: dict[str, Any]) -> list[int]:
         spec = self.groups[group]
@@ -249,20 +453,27 @@ class FamilyRecipe:
             for i in range(self.layer_counts(names)[group])
         ]
 
-    def _check_hf_layers(self, hf: dict[str, Any], names: dict[str, Any]) -> None:
+    def _check_hf_layers(
+        self, hf: dict[str, Any], names: dict[str, Any], layout: str | None = None
+    ) -> None:
         """The layers the config names against those the HF checkpoint holds, before planning.
 
         A count past the layers present fails before any index is listed, so a config naming
-        10**9 layers is an error at once, not a loop over them.
+        10**9 layers is an error at once, not a loop over them. An expert leaf is looked for
+        by its first expert, in the expert layout the checkpoint has (`layout`).
         """
         counts = self.layer_counts(names)
         templates: dict[str, set[str]] = {}  # tensor name with {} for the layer -> its groups
         for leaf in self._active(names):
-            if leaf.group is not None:
-                for name in leaf.sources():
-                    templates.setdefault(name.replace(f"{{{leaf.group}}}", "{}"), set()).add(
-                        leaf.group
-                    )
+            if leaf.group is None:
+                continue
+            if leaf.stacked:
+                sources = [name.replace(f"{{{leaf.group}}}", "{}") for name in leaf.stacked]
+            else:
+                expert = 0 if leaf.experts and leaf.fused_in(layout) is None else None
+                sources = [leaf.hf_name(layout, "{}", expert)]
+            for name in sources:
+                templates.setdefault(name, set()).add(leaf.group)
         for template, groups in templates.items():
             self._compare_layers(
                 groups,
@@ -329,9 +540,62 @@ class FamilyRecipe:
 
     # MaxText -> Hugging Face ---------------------------------------------------------------
 
-    def to_hf(self, tree: Any, config: dict[str, Any]) -> dict[str, Any]:
-        """``{tensor name: LazyArray}`` of a MaxText tree (with or without its params/params)."""
+    def to_hf(
+        self,
+        tree: Any,
+        config: dict[str, Any],
+        layout: str | None = None,
+        prefix: str | None = None,
+        like: Any = None,
+    ) -> dict[str, Any]:
+        """``{tensor name: LazyArray}`` of a MaxText tree (with or without its params/params),
+        or of a Tunix ``nnx.state`` tree.
+
+        `layout` is how the HF side stores experts (``"per-expert"``, the default, as
+        published checkpoints do, or ``"fused"``, transformers v5's 3-D tensors). `prefix`
+        is where a multimodal folder keeps the language model (default: the recipe's first,
+        when `config` is a multimodal one). `like`, the original HF tree, gives back what
+        MaxText's layout left out: rows cut from the vocabulary, a vision tower.
+        """
+        language_model = self.language_model
+        if language_model is None:
+            prefix = None
+        elif prefix is None and language_model.is_multimodal(config):
+            prefix = language_model.prefixes[0]
+        out = self._to_hf(tree, config, layout)
+        if language_model is not None and prefix is not None:
+            out = language_model.from_text(out, prefix)
+        if like is not None:
+            original = _hf_leaves(like)
+            self._restore_cut_rows(original, out, self.config_names(config), prefix)
+            if language_model is not None and prefix is not None:
+                language_model.restore_left_out(
+                    {name: as_lazy(value, path=name) for name, value in original.items()}, out
+                )
+        return out
+
+    def _restore_cut_rows(
+        self, original: dict[str, Any], out: dict[str, Any], names: dict, prefix: str | None
+    ) -> None:
+        """Rows a ``fit_rows`` cut, taken back from the `original` HF tensors."""
+        for leaf in self._active(names):
+            cuts = [op.cut(names) for op in leaf.operations if isinstance(op, FitRows)]
+            name = renamed(leaf.hf, "model.", prefix) if prefix else leaf.hf
+            if leaf.group is not None or not cuts or name not in original or name not in out:
+                continue
+            kept, rows = cuts[0]
+            source = as_lazy(original[name], path=name)
+            if kept < rows and source.shape == out[name].shape:
+                restored = concatenate([out[name][:kept], source[kept:].astype(out[name].dtype)])
+                out[name] = restored
+
+    def _to_hf(self, tree: Any, config: dict[str, Any], layout: str | None) -> dict[str, Any]:
         names = self.config_names(config)
+        if layout is not None and layout not in EXPERT_LAYOUTS:
+            raise ConfigMismatchError(
+                f"Expert layout {layout!r} is not one of {', '.join(EXPERT_LAYOUTS)}."
+            )
+        layout = layout or PER_EXPERT
         flat = flatten(tree)
         if self.target != "maxtext":  # nnx.state saved with Orbax spells each leaf .../value
             flat = {_unwrapped(path): leaf for path, leaf in flat.items()}
@@ -339,19 +603,65 @@ class FamilyRecipe:
         prefix = root if root and any(p.startswith(root) for p in flat) else ""
         self._check_maxtext_layers(flat, prefix, names)
         out: dict[str, LazyArray] = {}
+        parts: dict[str, dict[int, LazyArray]] = {}  # fused tensor -> its parts, joined below
+        fused_of: dict[str, FusedSource] = {}
         for leaf in self._active(names):
             if leaf.group is None:
                 taken = _take(flat, prefix + leaf.maxtext, self._label)
                 out.update(self._unstacked(leaf, None, taken, names))
                 continue
-            indices = self._layer_indices(leaf.group, names)
-            stacked = _take(flat, prefix + leaf.maxtext) if self.scanned else None
-            for i, index in enumerate(indices):
-                if stacked is not None:
-                    member = stacked[(slice(None),) * SCAN_AXIS + (i,)]
+            for path, index, layer in self._layers_back(leaf, flat, prefix, names):
+                if leaf.stacked:
+                    out.update(self._unstacked(leaf, index, layer, names))
+                    continue
+                if not leaf.experts:
+                    tensor = self._restored(leaf, layer, names)
+                    fused = leaf.fused_in(layout)
+                    if fused is not None:
+                        name = leaf.hf_name(FUSED, index)
+                        parts.setdefault(name, {})[fused.part] = tensor
+                        fused_of[name] = fused
+                    else:
+                        out[leaf.hf_name(PER_EXPERT, index)] = tensor
+                    continue
+                axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
+                count = self.expert_count(names)
+                check_count(layer, axis, count, "experts", path)
+                experts = [
+                    self._restored(leaf, member(layer, {axis: e}), names) for e in range(count)
+                ]
+                if layout == FUSED and leaf.fused is not None:
+                    name = leaf.hf_name(FUSED, index)
+                    parts.setdefault(name, {})[leaf.fused.part] = stack_arrays(experts, axis=0)
+                    fused_of[name] = leaf.fused
                 else:
-                    member = _take(flat, prefix + _unscanned(leaf.maxtext, i), self._label)
-                out.update(self._unstacked(leaf, index, member, names))
+                    for e, tensor in enumerate(experts):
+                        out[leaf.hf_name(PER_EXPERT, index, e)] = tensor
+        for name, pieces in parts.items():
+            fused = fused_of[name]
+            if sorted(pieces) != list(range(fused.parts)):
+                raise RecipeFormatError(
+                    f"Recipe {self.name!r} fills parts {sorted(pieces)} of fused tensor "
+                    f"{name!r}, which has {fused.parts}."
+                )
+            out[name] = fused.join([pieces[k] for k in range(fused.parts)])
+        return out
+
+    def _layers_back(
+        self, leaf: Leaf, flat: dict, prefix: str, names: dict
+    ) -> list[tuple[str, int, LazyArray]]:
+        """(target path, HF layer, that layer's array) of every layer of a per-layer leaf."""
+        out = []
+        for path, indices, stacked in self._slots(leaf, names):
+            array = _take(flat, prefix + path, self._label)
+            if not stacked:
+                out.append((path, indices[0], array))
+                continue
+            check_count(array, leaf.layer_axis, len(indices), "layers", path)
+            out += [
+                (path, index, member(array, {leaf.layer_axis: i}))
+                for i, index in enumerate(indices)
+            ]
         return out
 
     def _unstacked(self, leaf: Leaf, index: int | None, array: Any, names: dict) -> dict:
@@ -367,32 +677,69 @@ class FamilyRecipe:
         return {name: self._restored(leaf, array[j], names) for j, name in enumerate(sources)}
 
     def _check_maxtext_layers(self, flat: dict[str, Any], prefix: str, names: dict) -> None:
-        """The layers the config names against those the MaxText tree holds, before planning."""
+        """The layers the config names against those the target tree holds, before planning.
+
+        As for the HF side, a count past the layers present fails before any is listed.
+        """
         counts = self.layer_counts(names)
         for leaf in self._active(names):
             if leaf.group is None:
                 continue
-            wanted = counts[leaf.group]
-            if self.scanned:
-                stacked = _take(flat, prefix + leaf.maxtext)
-                if stacked.ndim <= SCAN_AXIS or stacked.shape[SCAN_AXIS] != wanted:
-                    held = stacked.shape[SCAN_AXIS] if stacked.ndim > SCAN_AXIS else "no"
-                    raise ConfigMismatchError(
-                        f"{self._count_fields({leaf.group}, names)}: {_layers(wanted)}, and "
-                        f"MaxText leaf {leaf.maxtext!r} holds {held} (shape {stacked.shape}, "
-                        f"layers on axis {SCAN_AXIS}). Pass the config.json of this model "
-                        f"(--config)."
-                    )
+            group, wanted = leaf.group, counts[leaf.group]
+            if not self.scanned:
+                by_hf = self.groups[group].unscanned_by_hf
+                template = prefix + _unscanned(leaf.maxtext, "{}")
+                self._compare_layers(
+                    {group},
+                    names,
+                    wanted,
+                    template,
+                    _indices(template, flat),
+                    lambda group=group, by_hf=by_hf: {
+                        index if by_hf else i
+                        for i, index in enumerate(self._layer_indices(group, names))
+                    },
+                )
                 continue
-            template = prefix + _unscanned(leaf.maxtext, "{}")
-            found = _indices(template, flat)
-            self._compare_layers(
-                {leaf.group},
-                names,
-                wanted,
-                template,
-                found,
-                lambda wanted=wanted: set(range(wanted)),
+            if self.period is None:
+                self._check_stack(leaf, flat, prefix + leaf.maxtext, wanted, wanted, names)
+                continue
+            period = int(evaluate(self.period, names))
+            places = [_moved(leaf.maxtext, f"decoder/layers/layers_{k}/") for k in range(period)]
+            held = sum(
+                flat[prefix + p].shape[leaf.layer_axis]
+                for p in places
+                if prefix + p in flat and len(flat[prefix + p].shape) > leaf.layer_axis
+            )
+            rest = prefix + _moved(leaf.maxtext, "decoder/layers_remainder/layers_{}/")
+            held += len(_indices(rest, flat))
+            if wanted > held:
+                raise ConfigMismatchError(
+                    f"{self._count_fields({group}, names)}: {_layers(wanted)}, and "
+                    f"{self._label} leaf {leaf.maxtext!r} holds {held} in its places of the "
+                    f"period of {period} and its remainder. Pass the config.json of this model "
+                    f"(--config)."
+                )
+            for path, indices, stacked in self._slots(leaf, names):
+                if stacked:
+                    self._check_stack(leaf, flat, prefix + path, len(indices), wanted, names)
+                else:
+                    _take(flat, prefix + path, self._label)
+
+    def _check_stack(
+        self, leaf: Leaf, flat: dict, path: str, layers: int, wanted: int, names: dict
+    ) -> None:
+        """The layer axis of the stacked leaf at `path` holds `layers` (of the group's `wanted`)."""
+        stacked = _take(flat, path, self._label)
+        axis = leaf.layer_axis
+        if stacked.ndim <= axis or stacked.shape[axis] != layers:
+            held = stacked.shape[axis] if stacked.ndim > axis else "no"
+            part = f", {layers} of them in {path!r}" if layers != wanted else ""
+            raise ConfigMismatchError(
+                f"{self._count_fields({leaf.group}, names)}: {_layers(wanted)}{part}, and "  # type: ignore[arg-type]
+                f"{self._label} leaf {path.removeprefix(self._root)!r} holds {held} (shape "
+                f"{stacked.shape}, layers on axis {axis}). Pass the config.json of this model "
+                f"(--config)."
             )
 
     def _restored(self, leaf: Leaf, array: LazyArray, names: dict) -> LazyArray:
@@ -404,24 +751,53 @@ class FamilyRecipe:
         return [leaf for leaf in self.leaves if leaf.when is None or evaluate(leaf.when, names)]
 
     def operations_table(self, config: dict[str, Any]) -> list[tuple[str, str, str]]:
-        """(MaxText leaf, HF tensor, operations) rows, for plans and `suture recipes`."""
+        """(target leaf, HF tensor, operations) rows, for plans and `suture recipes`."""
         names = self.config_names(config)
         return [
             (
                 leaf.maxtext,
                 " + ".join(leaf.sources()),
-                ", ".join(op.describe(names) for op in leaf.operations)
-                + (", stacked on axis 0" if leaf.stacked else "")
+                ", ".join(
+                    [
+                        *_stacking(leaf, self.scanned),
+                        *(op.describe(names) for op in leaf.operations),
+                        *(["stacked on axis 0"] if leaf.stacked else []),
+                    ]
+                )
                 or "-",
             )
             for leaf in self._active(names)
         ]
 
 
+def _stacking(leaf: Leaf, scanned: bool) -> list[str]:
+    steps = []
+    if leaf.experts:
+        axis = leaf.expert_axis if scanned else stacked_axes(leaf.expert_axis, leaf.layer_axis)[0]
+        steps.append(f"experts on axis {axis}")
+    if leaf.fused is not None:
+        fused = leaf.fused
+        where = (
+            ""
+            if fused.axis is None
+            else f" part {fused.part} of {fused.parts} on axis {fused.axis}, {fused.mode}"
+        )
+        steps.append(f"{'from' if leaf.always_fused else 'or'} fused {fused.hf}{where}")
+    if scanned and leaf.group is not None and leaf.layer_axis != SCAN_AXIS:
+        steps.append(f"layers on axis {leaf.layer_axis}")
+    return steps
+
+
 def _unscanned(maxtext_path: str, index: int | str) -> str:
-    if "{" in maxtext_path:  # a Tunix path names its layer: layers/{layer}/...
+    """``decoder/layers/x`` -> ``decoder/layers_3/x`` (and ``moe_layers`` -> ``moe_layers_3``);
+    a Tunix path names its layer (``layers/{layer}/x`` -> ``layers/3/x``)."""
+    if "{" in maxtext_path:
         return re.sub(r"\{\w+\}", str(index), maxtext_path, count=1)
-    return maxtext_path.replace("decoder/layers/", f"decoder/layers_{index}/", 1)
+    return re.sub(r"^decoder/(\w*layers)/", rf"decoder/\g<1>_{index}/", maxtext_path, count=1)
+
+
+def _moved(maxtext_path: str, layers: str) -> str:
+    return maxtext_path.replace("decoder/layers/", layers, 1)
 
 
 def _unwrapped(path: str) -> str:
@@ -545,31 +921,65 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         "layer": {"count": "num_hidden_layers", "hf_index": "i"}
     }
     groups = {
-        name: LayerGroup(str(spec["count"]), str(spec["hf_index"]))
+        name: LayerGroup(
+            str(spec["count"]), str(spec["hf_index"]), spec.get("unscanned") == "hf_index"
+        )
         for name, spec in group_specs.items()
     }
     target = data.get("target", "maxtext")
     leaves = []
     for number, item in enumerate(data["leaves"]):
+        if isinstance(item, dict) and "hf" not in item and isinstance(item.get("fused"), dict):
+            item = {**item, "hf": item["fused"].get("hf"), "always_fused": True}  # fused only
         if not isinstance(item, dict) or not {target, "hf"} <= set(item):
-            raise RecipeFormatError(f"{where}: leaf {number} needs {target!r} and 'hf'.")
+            raise RecipeFormatError(
+                f"{where}: leaf {number} needs {target!r} and 'hf' (or 'fused')."
+            )
         stacked = tuple(item["hf"]) if isinstance(item["hf"], list) else ()
         first = stacked[0] if stacked else item["hf"]
-        group = next((g for g in groups if f"{{{g}}}" in first), None)
-        operations = tuple(
-            parse_operation(op, f"{where}: leaf {item[target]!r}") for op in item.get("ops", [])
+        group = next((g for g in groups if f"{{{g}}}" in str(first)), None)
+        context = f"{where}: leaf {item[target]!r}"
+        operations = tuple(parse_operation(op, context) for op in item.get("ops", []))
+        axes = item.get("axes") or {}
+        experts = "{expert}" in str(first)
+        if experts and (group is None or "experts" not in data):
+            raise RecipeFormatError(
+                f"{context}: {{expert}} needs a layer placeholder beside it and a top-level "
+                f"'experts' (the count, e.g. num_local_experts)."
+            )
+        leaves.append(
+            Leaf(
+                item[target],
+                first,
+                group,
+                operations,
+                item.get("when"),
+                stacked=stacked,
+                experts=experts,
+                expert_axis=int(axes.get("expert", 0)),
+                layer_axis=int(axes.get("layer", SCAN_AXIS)),
+                fused=parse_fused(item["fused"], context) if "fused" in item else None,
+                always_fused=bool(item.get("always_fused")),
+            )
         )
-        leaves.append(Leaf(item[target], first, group, operations, item.get("when"), stacked))
     config = data.get("config", {})
     defaults = dict(config.get("defaults") or {})
     checks = tuple(config.get("checks") or ())
-    expressions = [*defaults.values(), *(check["test"] for check in checks)]
+    experts_count = str(data["experts"]) if "experts" in data else None
+    period = str(data["layer_period"]) if "layer_period" in data else None
+    expressions: list[Any] = [check["test"] for check in checks]
     expressions += [text for group in groups.values() for text in (group.count, group.hf_index)]
+    expressions += [e for e in (experts_count, period) if e is not None]
     for leaf in leaves:
         expressions += [leaf.when or 0, *(e for op in leaf.operations for e in op.expressions())]
-    fields = set(defaults) | set(config.get("require") or {})
+    read = set()
     for expression in expressions:
-        fields |= names_in(expression)
+        read |= names_in(expression)
+    default_inputs: dict[str, set[str]] = {}
+    for field, default in defaults.items():
+        for name in names_in(default):
+            default_inputs.setdefault(name, set()).add(field)
+    fields = set(defaults) | set(config.get("require") or {}) | read | set(default_inputs)
     return FamilyRecipe(
         family=family,
         scanned=scanned,
@@ -583,4 +993,12 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         ignore=tuple(data.get("ignore") or ()),
         fields=frozenset(fields - {"i"}),
         target=target,
+        experts=experts_count,
+        period=period,
+        language_model=parse_language_model(data.get("language_model"), where),
+        default_inputs={
+            name: frozenset(users)
+            for name, users in default_inputs.items()
+            if name not in read and name not in defaults
+        },
     )

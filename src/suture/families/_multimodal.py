@@ -1,0 +1,107 @@
+"""A multimodal Hugging Face folder's language model, as a family recipe converts it.
+
+Gemma 3 and Llama 4 are also published as multimodal folders: the language model's tensors
+sit under a prefix (``language_model.model.``, or ``model.language_model.`` as transformers v5
+writes them) beside a vision tower, and its config under ``text_config``. A recipe with a
+``language_model`` entry reads that config, renames the language model's tensors to the
+plain ``model.`` names of its table, and leaves the rest out (MaxText's text model has no
+place for it), saying so; back to HF, the names get the prefix again, and the original folder
+(``like``) gives the left-out tensors back.
+
+Example:
+    >>> lm = LanguageModel("text_config", ("language_model.model.",), (r"vision_tower\\..*",))
+    >>> hf = {"language_model.model.norm.weight": 1, "vision_tower.w": 2}
+    >>> lm.prefix(hf), lm.left_out("vision_tower.w")
+    ('language_model.model.', True)
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import RecipeFormatError
+
+TEXT_PREFIX = "model."  # the tables' names: a language-model folder's
+
+
+class LeftOutWarning(UserWarning):
+    """A conversion to MaxText leaves part of the checkpoint out, as MaxText's own does (a
+    multimodal folder's vision tower, vocabulary rows past MaxText's); ``--reverse --like
+    ORIGINAL`` gives it back."""
+
+
+@dataclass(frozen=True)
+class LanguageModel:
+    config: str  # the sub-config holding the language model's (``text_config``)
+    prefixes: tuple[str, ...]  # where a multimodal folder keeps its tensors, first the default
+    leave_out: tuple[str, ...]  # patterns of the tensors MaxText's text model has no place for
+
+    def text_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        inner = config.get(self.config)
+        return dict(inner) if isinstance(inner, dict) else dict(config)
+
+    def is_multimodal(self, config: dict[str, Any]) -> bool:
+        return isinstance(config.get(self.config), dict)
+
+    def prefix(self, hf: dict[str, Any]) -> str | None:
+        """The prefix of the language model's tensors in `hf`, or None (a text-only folder)."""
+        for prefix in self.prefixes:
+            if any(name.startswith(prefix) for name in hf):
+                return prefix
+        return None
+
+    def left_out(self, name: str) -> bool:
+        return any(re.fullmatch(pattern, name) for pattern in self.leave_out)
+
+    def to_text(self, hf: dict[str, Any], prefix: str, recipe: str) -> dict[str, Any]:
+        """`hf` with the language model under the table's names and the rest left out."""
+        left = sorted(name for name in hf if self.left_out(name))
+        if left:
+            warnings.warn(
+                f"Recipe {recipe!r} converts the language model of this multimodal folder and "
+                f"leaves out {len(left)} tensor(s) MaxText's text model has no place for "
+                f"({', '.join(left[:3])}{' ...' if len(left) > 3 else ''}); `suture convert ... "
+                f"--reverse --like ORIGINAL` restores them.",
+                LeftOutWarning,
+                stacklevel=4,
+            )
+        return {
+            renamed(name, prefix, TEXT_PREFIX): value
+            for name, value in hf.items()
+            if not self.left_out(name)
+        }
+
+    def from_text(self, tensors: dict[str, Any], prefix: str) -> dict[str, Any]:
+        return {renamed(name, TEXT_PREFIX, prefix): value for name, value in tensors.items()}
+
+    def restore_left_out(self, original: dict[str, Any], tensors: dict[str, Any]) -> None:
+        """Copies the tensors the forward conversion left out from the `original` folder."""
+        for name, value in original.items():
+            if self.left_out(name) and name not in tensors:
+                tensors[name] = value
+
+
+def parse_language_model(spec: Any, where: str) -> LanguageModel | None:
+    """A `LanguageModel` from its table form: ``{config, prefixes, leave_out}``."""
+    if spec is None:
+        return None
+    if (
+        not isinstance(spec, dict)
+        or not isinstance(spec.get("config"), str)
+        or not spec.get("prefixes")
+        or not all(isinstance(p, str) for p in spec["prefixes"])
+    ):
+        raise RecipeFormatError(
+            f"{where}: 'language_model' needs {{config: text_config, prefixes: [...], "
+            f"leave_out: [patterns]}}."
+        )
+    return LanguageModel(
+        spec["config"], tuple(spec["prefixes"]), tuple(spec.get("leave_out") or ())
+    )
+
+
+def renamed(name: str, prefix: str, replacement: str) -> str:
+    return replacement + name[len(prefix) :] if name.startswith(prefix) else name
