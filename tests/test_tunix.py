@@ -11,9 +11,8 @@ HF folder that gives the Tunix model's logits in transformers.
 
 from __future__ import annotations
 
-import os
-
 import json
+import os
 
 import numpy as np
 import pytest
