@@ -127,6 +127,10 @@ class Location:
         """Deletes this file, or this folder with everything in it; absent is fine."""
         raise NotImplementedError
 
+    def remove_file(self) -> None:
+        """Deletes this file, known to be one (an object store: one request, no listing)."""
+        self.remove()
+
     def require_writable(self) -> None:
         """Raises SurgeryError where suture cannot write (``http(s)://``)."""
 

@@ -277,7 +277,7 @@ def exclusive(destination: Location) -> Iterator[Held]:
     finally:
         with contextlib.suppress(SurgeryError, OSError):
             if _read_lock(lock) == owner:  # never remove a lock that is not this writer's
-                lock.remove()
+                lock.remove_file()
 
 
 # pid@host token start=boot:ticks; locks of older versions lack the start, token or host
@@ -313,9 +313,7 @@ def _read_lock(lock: Location) -> str | None:
         DestinationError: a link, a folder or another special file sits where the lock goes.
     """
     if not isinstance(lock, LocalLocation):
-        try:
-            if not lock.is_file():
-                return None
+        try:  # a missing lock reads as not found: no separate probe for it
             return lock.read_head(_LOCK_READ_LIMIT).decode(errors="replace")
         except (OSError, SurgeryError):
             return None
