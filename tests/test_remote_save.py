@@ -188,6 +188,7 @@ def test_a_save_between_buckets_makes_few_requests_around_its_data(
     saving = _gcs_requests() - before
     np.testing.assert_array_equal(restore_with_stock_orbax(f"{gcs}/few-requests/out")["w"], 1)
     # 15 and 29 before: _CHECKPOINT_METADATA probed and read twice, an existence check as a
-    # probe and a listing, the lock probed before each read and removed with two listings
+    # probe and a listing, the lock probed before each read, read in two requests (a short
+    # file refused a ranged read) and removed with two listings
     assert opening <= 11, opening
-    assert saving <= 22, saving
+    assert saving <= 20, saving
