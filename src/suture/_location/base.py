@@ -68,6 +68,10 @@ class Location:
         """Names of the folders directly inside this folder, sorted."""
         raise NotImplementedError
 
+    def children_and_subfolders(self) -> tuple[list[str], list[str]]:
+        """`children` and `subfolders` together (an object store lists once for both)."""
+        return self.children(), self.subfolders()
+
     def read_bytes(self, limit: int | None = None, what: str = "") -> bytes:
         """The whole file; with `limit`, refused when it holds (or decodes to) more bytes.
 

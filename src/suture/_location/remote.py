@@ -185,6 +185,13 @@ class RemoteLocation(Location):
     def subfolders(self) -> list[str]:
         return sorted({key.split("/", 1)[0] for key in self._list() if "/" in key})
 
+    def children_and_subfolders(self) -> tuple[list[str], list[str]]:
+        keys = self._list()
+        return (
+            sorted({key.split("/", 1)[0] for key in keys}),
+            sorted({key.split("/", 1)[0] for key in keys if "/" in key}),
+        )
+
     def _list(self) -> list[str]:
         if self.scheme in ("http", "https"):
             raise UnsupportedError(
