@@ -170,11 +170,10 @@ def orbax_blocks(
             arrays.append((path, array, sink.add_array(keys, kinds, array)))
     sink.opened()
     if group is None:
-        # one share of the budget per thread: on an object store, where more blocks run at
-        # once, smaller blocks let the next reads overlap the last writes
-        share_of_budget = block_budget(max_memory, write_threads(location_of(folder)))
         blocks = [
-            block for leaf in arrays for block in leaf_blocks(*leaf, share_of_budget, max_memory)
+            block
+            for leaf in arrays
+            for block in leaf_blocks(*leaf, block_budget(max_memory), max_memory)
         ]
         return blocks, lambda: sink.finish(metadata), sink.sync
     blocks = owned + share_blocks(arrays, block_budget(max_memory), group.count, group.index)
