@@ -176,7 +176,7 @@ def _skip(path: Path, why: str) -> None:
 
 def _remote_side_files(folder: Location) -> dict[str, Any]:
     try:
-        names, subfolders = folder.children(), set(folder.subfolders())
+        names, subfolders = folder.children_and_subfolders()
     except SurgeryError:  # an HTTP folder cannot be listed
         return {}
     if not any(name.endswith(".safetensors") for name in names):

@@ -68,6 +68,10 @@ class Location:
         """Names of the folders directly inside this folder, sorted."""
         raise NotImplementedError
 
+    def children_and_subfolders(self) -> tuple[list[str], list[str]]:
+        """`children` and `subfolders` together (an object store lists once for both)."""
+        return self.children(), self.subfolders()
+
     def read_bytes(self, limit: int | None = None, what: str = "") -> bytes:
         """The whole file; with `limit`, refused when it holds (or decodes to) more bytes.
 
@@ -126,6 +130,10 @@ class Location:
     def remove(self) -> None:
         """Deletes this file, or this folder with everything in it; absent is fine."""
         raise NotImplementedError
+
+    def remove_file(self) -> None:
+        """Deletes this file, known to be one (an object store: one request, no listing)."""
+        self.remove()
 
     def require_writable(self) -> None:
         """Raises SurgeryError where suture cannot write (``http(s)://``)."""

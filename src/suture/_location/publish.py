@@ -277,7 +277,7 @@ def exclusive(destination: Location) -> Iterator[Held]:
     finally:
         with contextlib.suppress(SurgeryError, OSError):
             if _read_lock(lock) == owner:  # never remove a lock that is not this writer's
-                lock.remove()
+                lock.remove_file()
 
 
 # pid@host token start=boot:ticks; locks of older versions lack the start, token or host
@@ -299,7 +299,9 @@ def _try_create(lock: Location, owner: str) -> bool:
         return True
     if lock.is_file():
         return False
-    lock.write_bytes(owner.encode())
+    # padded to the bytes a read asks for (the lock's pattern allows trailing blanks), so
+    # that each read of it is one ranged request, not a short one refused and a second
+    lock.write_bytes(owner.encode().ljust(_LOCK_READ_LIMIT))
     # Object stores have no exclusive create everywhere: read back, the last writer wins.
     return _read_lock(lock) == owner
 
@@ -313,10 +315,8 @@ def _read_lock(lock: Location) -> str | None:
         DestinationError: a link, a folder or another special file sits where the lock goes.
     """
     if not isinstance(lock, LocalLocation):
-        try:
-            if not lock.is_file():
-                return None
-            return lock.read_head(_LOCK_READ_LIMIT).decode(errors="replace")
+        try:  # a missing lock reads as not found: no separate probe for it
+            return lock.read_head(_LOCK_READ_LIMIT).decode(errors="replace").rstrip()
         except (OSError, SurgeryError):
             return None
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)

@@ -160,6 +160,14 @@ class RemoteLocation(Location):
         return result
 
     # --- reading ------------------------------------------------------------------------
+    def exists(self) -> bool:
+        """One listing answers both questions, where a file probe and a folder listing took
+        two round trips: the keys from this key up to ``key/``'s end hold both."""
+        if not self.key or self.scheme in ("http", "https"):
+            return super().exists()
+        keys = self._list_from(self.key, self.key + "0")  # '0' sorts right after '/'
+        return any(key == "" or key.startswith("/") for key in keys)
+
     def is_file(self) -> bool:
         if not self.key:
             return False
@@ -177,9 +185,14 @@ class RemoteLocation(Location):
     def subfolders(self) -> list[str]:
         return sorted({key.split("/", 1)[0] for key in self._list() if "/" in key})
 
-    def _list(self) -> list[str]:
-        import tensorstore as ts  # heavy: loaded on first use, not at import
+    def children_and_subfolders(self) -> tuple[list[str], list[str]]:
+        keys = self._list()
+        return (
+            sorted({key.split("/", 1)[0] for key in keys}),
+            sorted({key.split("/", 1)[0] for key in keys if "/" in key}),
+        )
 
+    def _list(self) -> list[str]:
         if self.scheme in ("http", "https"):
             raise UnsupportedError(
                 f"{str(self)!r} is not a file on the HTTP server, and an HTTP server's folders "
@@ -187,18 +200,30 @@ class RemoteLocation(Location):
                 f"or an Orbax checkpoint folder holding _METADATA rather than a CheckpointManager "
                 f"root."
             )
-        store, key = self._store_and_key()
-        prefix = f"{key}/" if key else ""
-        end = prefix[:-1] + "0" if prefix else ""  # '0' sorts right after '/'
+        prefix = f"{self.key}/" if self.key else ""
+        return self._list_from(prefix, prefix[:-1] + "0" if prefix else "")  # '0' follows '/'
+
+    def _list_from(self, start: str, end: str) -> list[str]:
+        """The keys in ``[start, end)`` ("": to the end), each less its first len(start) chars."""
+        import tensorstore as ts  # heavy: loaded on first use, not at import
+
+        store, _ = self._store_and_key()
         try:
-            keys = wait(store.list(ts.KvStore.KeyRange(prefix, end)), self)
+            keys = wait(store.list(ts.KvStore.KeyRange(start, end)), self)
         except ValueError as error:
             raise _remote_error(self, error) from None
-        return [k.decode()[len(prefix) :] for k in keys]
+        return [k.decode()[len(start) :] for k in keys]
 
     def read_bytes(self, limit: int | None = None, what: str = "") -> bytes:
-        if limit is not None and self._has_byte(limit):  # too big: refused before reading it
-            raise too_large(self, limit, what)
+        if limit is not None:  # too big: refused before reading it
+            try:
+                probe = self._pinned(self._read(self.key, slice(limit, limit + 1)))
+            except CorruptCheckpointError:  # the file ends before `limit`
+                probe = None
+            if probe is not None and probe.state != "value":  # no file: no second request
+                raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
+            if probe is not None and len(probe.value) == 1:
+                raise too_large(self, limit, what)
         result = self._read(self.key)
         if limit is not None:
             self._pinned(result)
@@ -282,6 +307,15 @@ class RemoteLocation(Location):
         try:
             wait(store.delete_range(ts.KvStore.KeyRange(f"{key}/", f"{key}0")), self)
             wait(store.delete_range(ts.KvStore.KeyRange(key, key + "\x00")), self)
+        except ValueError as error:
+            raise _remote_error(self, error) from None
+
+    def remove_file(self) -> None:
+        self.require_writable()
+        store, key = self._store_and_key()
+        self._generation, self._size = None, None
+        try:
+            wait(store.write(key, None), self)  # one DELETE; absent is fine
         except ValueError as error:
             raise _remote_error(self, error) from None
 

@@ -79,14 +79,15 @@ def resolve(path: Location, step: int | None = None) -> OrbaxLayout:
         UnfinishedCheckpointError: the save at `path` never completed.
         NotACheckpointError: `path` is empty or holds no Orbax checkpoint.
     """
-    _refuse_unfinished(path)
+    recorded = _read_json_if_present(path / CHECKPOINT_METADATA)
+    _refuse_unfinished(path, recorded)
     if (path / PYTREE_METADATA).is_file():
         if step is not None:
             raise NotACheckpointError(
                 f"{str(path)!r} is a single checkpoint, not a CheckpointManager folder, so "
                 f"step={step} does not apply. Drop step=, or pass the folder that holds the steps."
             )
-        return OrbaxLayout({None: path}, None, _custom_metadata(path))
+        return OrbaxLayout({None: path}, None, _custom_metadata(path, recorded))
     if not path.exists():
         raise CheckpointNotFoundError(f"No such file or folder: {str(path)!r}. Check the path.")
     items = _items_of(path)
@@ -97,7 +98,7 @@ def resolve(path: Location, step: int | None = None) -> OrbaxLayout:
                 f"the CheckpointManager folder above it, or drop step=."
             )
         json_items = {} if list(items) == [None] else _json_items_of(path)
-        return OrbaxLayout(items, _step_of(path), _custom_metadata(path), json_items)
+        return OrbaxLayout(items, _step_of(path), _custom_metadata(path, recorded), json_items)
     steps = {} if _cannot_list(path) else _steps_of(path)
     if steps:
         return _resolve_step(path, steps, step)
@@ -105,16 +106,18 @@ def resolve(path: Location, step: int | None = None) -> OrbaxLayout:
     raise AssertionError("unreachable")
 
 
-def _refuse_unfinished(path: Location) -> None:
+def _refuse_unfinished(path: Location, recorded: object = None) -> None:
+    """Refuses an unfinished save; `recorded`: its ``_CHECKPOINT_METADATA`` if read already
+    (`_ABSENT`: there is none)."""
     if TMP_MARKER in path.name:
         raise UnfinishedCheckpointError(
             f"{str(path)!r} is an unfinished Orbax save (its name carries {TMP_MARKER!r}): the "
             f"process writing it stopped before the commit. Use a finished checkpoint; this "
             f"folder can be deleted."
         )
-    checkpoint_metadata = path / CHECKPOINT_METADATA
-    if checkpoint_metadata.is_file():
-        recorded = _read_json(checkpoint_metadata)
+    if recorded is None:
+        recorded = _read_json_if_present(path / CHECKPOINT_METADATA)
+    if recorded is not _ABSENT:
         if (
             isinstance(recorded, dict)
             and recorded.get("commit_timestamp_nsecs") is None
@@ -261,13 +264,33 @@ def _explain_not_a_checkpoint(path: Location) -> None:
     )
 
 
-def _custom_metadata(path: Location) -> dict:
-    for candidate in (path / CHECKPOINT_METADATA, path.parent / CHECKPOINT_METADATA):
-        if candidate.is_file():
-            recorded = _read_json(candidate)
-            if isinstance(recorded, dict) and isinstance(recorded.get("custom_metadata"), dict):
-                return recorded["custom_metadata"]
+def _custom_metadata(path: Location, recorded: object) -> dict:
+    """The custom metadata in `recorded` (`path`'s ``_CHECKPOINT_METADATA``, read already),
+    or else in the step's parent's."""
+    for candidate in (recorded, None):
+        if candidate is None:
+            candidate = _read_json_if_present(path.parent / CHECKPOINT_METADATA)
+        if isinstance(candidate, dict) and isinstance(candidate.get("custom_metadata"), dict):
+            return candidate["custom_metadata"]
     return {}
+
+
+_ABSENT = object()  # a file that is not there
+
+
+def _read_json_if_present(path: Location) -> object:
+    """The JSON in `path`, or `_ABSENT` (one read where an existence probe and a read took
+    two round trips on an object store)."""
+    if not path.is_remote:
+        return _read_json(path) if path.is_file() else _ABSENT
+    try:
+        data = path.read_bytes(MAX_METADATA_BYTES)
+    except CheckpointNotFoundError:
+        return _ABSENT
+    try:
+        return json.loads(data)
+    except ValueError as error:
+        raise _unreadable(path, error) from error
 
 
 def _read_json(path: Location) -> object:
