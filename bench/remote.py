@@ -219,8 +219,10 @@ def main() -> None:
                         results.append(_measure(route, source, target, proxy))
                         print(name, json.dumps(results[-1]), flush=True)
                     runs[name] = results[1:]
-    finally:
+    finally:  # everything the benchmark made goes (the checkpoint, the HF folder, the bucket)
         shutil.rmtree(server_root, ignore_errors=True)
+        shutil.rmtree(_checkpoint(args.layers, args.width), ignore_errors=True)
+        shutil.rmtree(HF, ignore_errors=True)
     report(args, runs, stored, hf_bytes, bandwidth)
 
 

@@ -251,6 +251,7 @@ Qwen3-1.7B's widths with {CONFIG["num_hidden_layers"]} layers, bfloat16, tied em
 """
     write_section("tunix", body)
     print(body)
+    shutil.rmtree(WORK, ignore_errors=True)  # the model, the Tunix checkpoint, the export
 
 
 if __name__ == "__main__":
