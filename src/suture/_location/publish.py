@@ -110,9 +110,13 @@ def begin(
                 raise unfinished_elsewhere(destination)
         destination.remove()  # an overwrite (checked by the caller), or a dead writer's leftovers
     if staged:
-        folder = Path(tempfile.mkdtemp(prefix="suture-upload-"))
-        return Publication(destination, LocalLocation(folder / destination.name), staged)
+        return Publication(destination, staging(destination), staged)
     return Publication(destination, destination, staged)
+
+
+def staging(destination: Location) -> LocalLocation:
+    """A new local place to write `destination`'s files before they are uploaded."""
+    return LocalLocation(Path(tempfile.mkdtemp(prefix="suture-upload-")) / destination.name)
 
 
 def _remove_temporaries(destination: LocalLocation) -> None:

@@ -29,11 +29,8 @@ refused.
 from __future__ import annotations
 
 import contextlib
-import tempfile
 import time
-import uuid
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,7 +41,7 @@ from .._exec.distributed import Group, global_array
 from .._exec.progress import progress_bar
 from .._exec.runner import run_blocks
 from .._location import LocalLocation, Location
-from .._location.publish import TMP_MARKER, Publication, begin, exclusive
+from .._location.publish import Publication, begin, exclusive, staging
 from .._paths import flatten
 from ..sinks.orbax import OrbaxSink
 from ..sources.filesource import reading_directly
@@ -72,18 +69,17 @@ def write_collective(
     format, overwrite = options.format, options.overwrite  # noqa: A001
     max_memory, verify = options.max_memory, options.verify
     publication: list[Publication] = []  # the primary's
+    staged = format == "safetensors" and destination.is_remote  # shards uploaded by each
     with contextlib.ExitStack() as held:
 
         def prepare() -> str:
             lock = held.enter_context(exclusive(destination))
-            staged = format == "safetensors" and destination.is_remote
+            publication.append(begin(destination, overwrite, staged, lock.reclaimed))
             if isinstance(destination, LocalLocation):
-                name = f"{destination.name}{TMP_MARKER}{uuid.uuid4().hex[:12]}"
-                publication.append(Publication(destination, destination.with_name(name), staged))
                 if format == "orbax" or not destination.name.endswith(".safetensors"):
                     publication[0].temporary.path.mkdir()  # type: ignore[attr-defined]
-                return name  # each host may mount the storage elsewhere: send the name only
-            publication.append(begin(destination, overwrite, staged, lock.reclaimed))
+                # each host may mount the storage elsewhere: send the name only
+                return publication[0].temporary.name
             if format == "orbax":
                 OrbaxSink(destination).start()  # marks the prefix unfinished until the commit
             return ""  # a URL is the same everywhere: written in place
@@ -91,8 +87,8 @@ def write_collective(
         group.arrive("entered")
         name = group.agree("temporary", prepare)
         temporary = publication[0].temporary if publication else _temporary(destination, name)
-        if format == "safetensors" and destination.is_remote and not publication:
-            temporary = _staging(destination)  # each process stages and uploads its shards
+        if staged and not publication:
+            temporary = staging(destination)  # each process stages and uploads its shards
         try:
             if format == "orbax":
                 blocks, finish, sync = orbax_blocks(tree, temporary, options, group)
@@ -121,7 +117,7 @@ def write_collective(
                 raise closing_error
             if sync is not None:  # this process's Orbax database, durable before "written"
                 sync()
-            if format == "safetensors" and destination.is_remote:
+            if staged:
                 assert isinstance(temporary, LocalLocation)
                 _upload_shards(temporary, destination)  # the index waits for the commit
             group.barrier("written")
@@ -135,7 +131,7 @@ def write_collective(
             group.barrier("verified")
             if group.is_primary:
                 publication[0].commit(overwrite)
-            elif format == "safetensors" and destination.is_remote:
+            elif staged:
                 temporary.remove()
             group.barrier("committed")
         except BaseException as error:
@@ -150,7 +146,7 @@ def write_collective(
             else:
                 with contextlib.suppress(Exception):
                     group.arrive("stopped")
-            if format == "safetensors" and destination.is_remote and not publication:
+            if staged and not publication:
                 with contextlib.suppress(Exception):
                     temporary.remove()
             # A DestinationError (the destination appeared meanwhile) is an OSError but
@@ -182,11 +178,6 @@ def _refuse_spanning_arrays(tree: Any) -> None:
             f"writes its shards), or gather it first (jax.experimental.multihost_utils."
             f"process_allgather)."
         )
-
-
-def _staging(destination: Location) -> LocalLocation:
-    """A local folder where a process writes its safetensors shards before uploading them."""
-    return LocalLocation(Path(tempfile.mkdtemp(prefix="suture-upload-")) / destination.name)
 
 
 def _upload_shards(staged: LocalLocation, destination: Location) -> None:
