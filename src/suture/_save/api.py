@@ -10,6 +10,7 @@ opened for reading.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from dataclasses import replace
@@ -274,26 +275,28 @@ def _check_writable_path(destination: Location, format: str) -> None:  # noqa: A
 
 
 def _check_destination(destination: Location, overwrite: bool, tree: Any) -> None:
-    if overwrite and destination.exists():
+    exists = destination.exists()  # one listing on an object store
+    if exists and overwrite:
         check_replaceable(destination)
-    if not overwrite and destination.exists():
+    elif exists:
         if not (destination.is_remote and is_unfinished(destination)):
             raise destination_exists(destination)
         if not lock_of(destination).exists():  # no suture writer (dead or alive) of it
             raise unfinished_elsewhere(destination)
     target = str(destination.resolve())
+    resolved = functools.cache(lambda place: str(location_of(place).resolve()))
     for leaf in flatten(tree).values():
         if not isinstance(leaf, LazyArray):
             continue
-        for source in leaf.sources():
-            origin = str(location_of(source.origin).resolve()) if source.origin else None
+        for source in leaf.sources():  # thousands of leaves share a few files: each resolved once
+            origin = resolved(source.origin) if source.origin else None
             if origin is not None and _is_within(origin, target):
                 raise DestinationError(
                     f"{str(destination)!r} holds {source.path!r}, a source this save reads. Write "
                     f"to another path, then move it into place."
                 )
             within = source.folder or source.origin
-            folder = str(location_of(within).resolve()) if within else None
+            folder = resolved(within) if within else None
             if folder is not None and _is_within(target, folder):
                 raise DestinationError(
                     f"{str(destination)!r} is inside {folder!r}, the checkpoint folder this save "
