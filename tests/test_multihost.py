@@ -208,6 +208,21 @@ def test_barrier_timeout_must_be_a_number(monkeypatch: pytest.MonkeyPatch) -> No
     assert barrier_timeout() == 12.5
 
 
+@pytest.mark.parametrize("value", ["soon", "-1", "inf", "nan"])
+def test_the_entry_grace_must_be_a_number_of_seconds(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    from suture._exec.distributed import entry_grace
+
+    monkeypatch.setenv("SUTURE_COLLECTIVE_GRACE", value)
+    with pytest.raises(
+        suture.ArgumentError, match=rf"SUTURE_COLLECTIVE_GRACE='{value}' is not a number of seconds"
+    ):
+        entry_grace()
+    monkeypatch.setenv("SUTURE_COLLECTIVE_GRACE", "3")
+    assert entry_grace() == 3.0
+
+
 def test_a_lock_held_on_another_host_is_not_taken_over(tmp_path: Path) -> None:
     """On storage shared by several hosts, a pid from another host cannot be checked here."""
     lock = tmp_path / ".out.suture-lock"
