@@ -597,6 +597,11 @@ def recipes(
     recipe = family_recipe(name)  # a built-in name, or a family table file
     table = recipe.operations_table(read_config(config)) if config is not None else []
     typer.echo(f"{recipe.name}: {recipe.description}\nFollows {recipe.follows}.")
+    if recipe.layer_kinds():
+        kinds = "; ".join(recipe.layer_kinds())
+        typer.echo(
+            f"Layer kinds the target fixes in code (a config.json that departs is refused): {kinds}."
+        )
     for maxtext, hf, operations in table:
         typer.echo(f"  {maxtext:55} <- {hf:50} {operations}")
 

@@ -43,6 +43,7 @@ from ._experts import (
     stacked_axes,
 )
 from ._expr import evaluate, names_in
+from ._layer_kinds import check_pattern, check_set
 from ._multimodal import LanguageModel, LeftOutWarning, parse_language_model, renamed
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 
@@ -143,12 +144,29 @@ class FamilyRecipe:
     # fields read only by defaults' expressions: needed only when that default is
     # (Qwen3-MoE's num_experts, the older name of num_local_experts)
     default_inputs: dict[str, frozenset[str]] | None = None
+    # the per-layer kinds the target fixes in code (`_layer_kinds`): a repeating pattern
+    # per field (Gemma 3's layer_types), or an expression of i per list of layers
+    layer_patterns: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    layer_sets: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
         if self.target != "maxtext":
             return f"{self.family}:{self.target}"
         return f"{self.family}:{'maxtext' if self.scanned else 'maxtext-unscanned'}"
+
+    def layer_kinds(self) -> list[str]:
+        """The per-layer kinds the target fixes in code, as `suture recipes NAME` shows them.
+
+        Example:
+            >>> get_recipe("gpt-oss:maxtext").layer_kinds()
+            ["layer_types is ['sliding_attention', 'full_attention'] repeated"]
+        """
+        patterns = [
+            f"{field} is {list(pattern)} repeated" for field, pattern in self.layer_patterns
+        ]
+        sets = [f"{field} lists the layers where {rule}" for field, rule in self.layer_sets]
+        return patterns + sets
 
     @property
     def _root(self) -> str:
@@ -204,6 +222,11 @@ class FamilyRecipe:
                     f"config.json field {field!r} is {names.get(field)!r}: {check['message']} "
                     f"(recipe {self.name!r}, which follows {self.follows})."
                 )
+        layers = names.get("num_hidden_layers")
+        for field, pattern in self.layer_patterns:
+            check_pattern(self.name, field, names.get(field), pattern, layers)
+        for field, expression in self.layer_sets:
+            check_set(self.name, field, names.get(field), expression, names)
         return names
 
     def _only_for_defaults_not_needed(self, field: str, names: dict[str, Any]) -> bool:
@@ -970,6 +993,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     expressions: list[Any] = [check["test"] for check in checks]
     expressions += [text for group in groups.values() for text in (group.count, group.hf_index)]
     expressions += [e for e in (experts_count, period) if e is not None]
+    expressions += list((data.get("layer_sets") or {}).values())
     for leaf in leaves:
         expressions += [leaf.when or 0, *(e for op in leaf.operations for e in op.expressions())]
     read = set()
@@ -996,6 +1020,10 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         experts=experts_count,
         period=period,
         language_model=parse_language_model(data.get("language_model"), where),
+        layer_patterns=tuple(
+            (field, tuple(pattern)) for field, pattern in (data.get("layer_patterns") or {}).items()
+        ),
+        layer_sets=tuple((data.get("layer_sets") or {}).items()),
         default_inputs={
             name: frozenset(users)
             for name, users in default_inputs.items()
