@@ -1,0 +1,102 @@
+"""`cast_into` gives exactly ``astype``'s bits (ml_dtypes' rounding) for every input."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from suture._casts import cast_into
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _expected(values: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore"):
+        return values.astype(BF16).view(np.uint16)
+
+
+def _cast(values: np.ndarray) -> np.ndarray:
+    out = np.empty(values.shape, BF16)
+    cast_into(out, values)
+    return out.view(np.uint16)
+
+
+def test_every_float16_value_casts_as_ml_dtypes_does():
+    values = np.arange(1 << 16, dtype=np.uint16).view(np.float16)  # zeros, subnormals, inf, NaN
+    np.testing.assert_array_equal(_cast(values), _expected(values))
+
+
+def test_float32_edge_cases_cast_as_ml_dtypes_does():
+    patterns = [
+        0x00000000,
+        0x80000000,
+        0x00000001,
+        0x807FFFFF,
+        0x00800000,  # zeros, subnormals, min
+        0x3F808000,
+        0x3F818000,
+        0x3F807FFF,
+        0x3F808001,  # ties to even, below and above a tie
+        0x7F7FFFFF,
+        0xFF7FFFFF,
+        0x7F7F8000,  # rounding up to infinity
+        0x7F800000,
+        0xFF800000,
+        0x7F800001,
+        0xFF800001,
+        0x7F80FFFF,  # infinities, NaN payloads
+        0x7FC00000,
+        0xFFFFFFFF,
+        0x7FFFFFFF,
+        0x7FBFFFFF,
+    ]
+    values = np.array(patterns * 300, np.uint32).view(np.float32)  # past the small-array path
+    np.testing.assert_array_equal(_cast(values), _expected(values))
+
+
+def test_random_float32_bit_patterns_cast_as_ml_dtypes_does():
+    bits = np.random.default_rng(0).integers(0, 1 << 32, size=3 * (1 << 15) + 17, dtype=np.uint32)
+    values = bits.view(np.float32).reshape(-1, 1)  # several tiles and a ragged last one
+    np.testing.assert_array_equal(_cast(values), _expected(values))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_typical_weights_cast_as_ml_dtypes_does(dtype):
+    values = (np.random.default_rng(1).standard_normal((300, 257)) * 0.02).astype(dtype)
+    np.testing.assert_array_equal(_cast(values), _expected(values))
+
+
+def test_other_dtypes_and_layouts_are_plain_copies():
+    values = np.arange(20000, dtype=np.float64).reshape(100, 200)
+    for out, source in [
+        (np.empty((100, 200), BF16), values),  # float64: no fast path
+        (np.empty((200, 100), BF16).T, values.astype(np.float32)),  # a transposed target
+        (np.empty((100, 200), np.float32), values.astype(np.float16)),  # not to bfloat16
+    ]:
+        cast_into(out, source)
+        np.testing.assert_array_equal(out, source.astype(out.dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_layer_of_a_stack_casts_in_place(dtype):
+    """`out` whose rows lie apart (layer 1 of a (rows, layers, columns) stack)."""
+    values = (np.random.default_rng(2).standard_normal((3, 70, 33000)) * 0.02).astype(dtype)
+    stack = np.zeros((70, 3, 33000), BF16)
+    cast_into(stack[:, 1], values[1])
+    np.testing.assert_array_equal(stack[:, 1].view(np.uint16), _expected(values[1]))
+    assert not stack[:, 0].view(np.uint16).any() and not stack[:, 2].view(np.uint16).any()
+    deep = np.zeros((2, 35, 3, 500), BF16)  # more than two axes, the stack's on the third
+    cast_into(deep[:, :, 2], values[0, :70, :500].copy().reshape(2, 35, 500))
+    np.testing.assert_array_equal(
+        deep[:, :, 2].view(np.uint16), _expected(values[0, :70, :500].copy().reshape(2, 35, 500))
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_transposed_read_casts_into_a_contiguous_target(dtype):
+    base = (np.random.default_rng(3).standard_normal((300, 40, 70)) * 0.02).astype(dtype)
+    for values in (base[:, 0, :].T, base.transpose(2, 0, 1), base[::2].transpose(1, 0, 2)):
+        out = np.empty(values.shape, BF16)
+        cast_into(out, values)
+        np.testing.assert_array_equal(out.view(np.uint16), _expected(np.ascontiguousarray(values)))
