@@ -626,7 +626,7 @@ class FamilyRecipe:
                     continue
                 axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
                 count = self.expert_count(names)
-                check_count(layer, axis, count, "experts", path)
+                check_count(layer, axis, count, "experts", path, self._label)
                 experts = [
                     self._restored(leaf, member(layer, {axis: e}), names) for e in range(count)
                 ]
@@ -657,7 +657,7 @@ class FamilyRecipe:
             if not stacked:
                 out.append((path, indices[0], array))
                 continue
-            check_count(array, leaf.layer_axis, len(indices), "layers", path)
+            check_count(array, leaf.layer_axis, len(indices), "layers", path, self._label)
             out += [
                 (path, index, member(array, {leaf.layer_axis: i}))
                 for i, index in enumerate(indices)
