@@ -64,7 +64,9 @@ COUNT_FIELDS = frozenset(
         "interleave_moe_layer_step",
     }
 )
-FLAG_FIELDS = frozenset({"tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window"})
+FLAG_FIELDS = frozenset(
+    {"tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window", "norm_topk_prob"}
+)
 # layer lists: Qwen3-MoE's mlp_only_layers is a list of layer numbers ([] for none) or false
 LIST_FIELDS = frozenset({"mlp_only_layers"})
 MAX_COUNT = 1 << 62  # past any tensor's length (TensorStore's index limit)
