@@ -6,7 +6,8 @@ for bit, and an export from the layout Tunix's CheckpointManager writes (real Or
 Tunix's own environment (`tests/tunix_env.py`, google-tunix 0.1.7), Tunix's loader and
 suture fill the same model class with identical leaves, whose logits are transformers'; and
 a checkpoint saved by Tunix's CheckpointManager (with qwix LoRA adapters, too) exports to an
-HF folder that gives the Tunix model's logits in transformers.
+HF folder that gives the Tunix model's logits in transformers. Qwen3-MoE is read and written in
+both of transformers' expert layouts (one tensor per expert, and v5's fused 3-D experts).
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ MODELS = {
         transformers.Qwen3Config(**BASE, head_dim=16, tie_word_embeddings=True)
     ),
     "qwen2.5": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**BASE)),
+    # Tunix's MoELayer always renormalizes the top-k routing weights: norm_topk_prob true
+    "qwen3-moe": lambda: transformers.Qwen3MoeForCausalLM(
+        transformers.Qwen3MoeConfig(
+            **BASE,
+            head_dim=16,
+            moe_intermediate_size=24,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+        )
+    ),
     # Tunix's Gemma: rotary theta 1e4, RMSNorm eps 1e-6, query scaled by 1/sqrt(head_dim)
     "gemma2": lambda: transformers.Gemma2ForCausalLM(
         transformers.Gemma2Config(
@@ -96,6 +108,13 @@ SHAPES = {
         "layers/0/pre_ffw_norm/scale": (64,),
     },
     "gemma2-mha": {"layers/1/attn/qkv_einsum/w": (3, 4, 64, 16)},
+    "qwen3-moe": {
+        "layers/1/attn/q_proj/w": (64, 4, 16),
+        "layers/1/mlp/router/kernel": (64, 4),  # (embed, experts)
+        "layers/1/mlp/gate_proj": (4, 64, 24),  # (experts, embed, moe_intermediate)
+        "layers/0/mlp/up_proj": (4, 64, 24),
+        "layers/0/mlp/down_proj": (4, 24, 64),
+    },
     "gemma3": {
         "layers/1/attn/kv_einsum/w": (2, 2, 64, 16),
         "layers/1/attn/_query_norm/scale": (16,),
@@ -105,17 +124,18 @@ SHAPES = {
 
 
 def _recipe(model: str) -> str:
-    return f"{model.split('-')[0]}:tunix"
+    return f"{model.removesuffix('-tied').removesuffix('-mha')}:tunix"
 
 
-def _save_model(model: str, folder) -> object:
+def _save_model(model: str, folder, fused: bool = False) -> object:
+    """`fused`: experts in transformers v5's fused 3-D tensors, not one tensor per expert."""
     torch.manual_seed(0)
     module = MODELS[model]().eval()
     with torch.no_grad():  # non-zero biases and non-trivial norms, so a wrong mapping shows
         for name, parameter in module.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 parameter.add_(torch.randn_like(parameter) * 0.1)
-    module.save_pretrained(folder)
+    module.save_pretrained(folder, save_original_format=not fused)
     return module
 
 
@@ -144,7 +164,7 @@ def _cli(args: list[str]) -> str:
 
 def test_tunix_recipes_are_listed():
     names = families.recipe_names()
-    for name in ("llama3:tunix", "qwen3:tunix", "qwen2.5:tunix"):
+    for name in ("llama3:tunix", "qwen3:tunix", "qwen2.5:tunix", "qwen3-moe:tunix"):
         assert name in names
         assert families.get_recipe(name).name == name
     assert "qwen3:tunix " in _cli(["recipes"])
@@ -158,7 +178,7 @@ def test_round_trip_is_bit_identical(tmp_path, model):
     assert "step" not in ckpt.paths()  # the tree of nnx.state(model): no root, no step
     for path, shape in SHAPES.get(model, SHAPES["*"]).items():
         assert ckpt[path].shape == shape, path
-    assert ("lm_head/w" in ckpt.paths()) == (model in ("llama3", "qwen3", "qwen2.5"))
+    assert ("lm_head/w" in ckpt.paths()) == (model in ("llama3", "qwen3", "qwen2.5", "qwen3-moe"))
     convert_with_recipe(
         tmp_path / "tunix", tmp_path / "back", _recipe(model), reverse=True, progress=False
     )
@@ -190,6 +210,134 @@ def test_missing_tensor_is_an_error_naming_it(tmp_path):
         match=r"holds 1 \('model\.layers\.N\.self_attn\.k_norm\.weight' for N = 0\)",
     ):
         convert_with_recipe(tmp_path / "hf", tmp_path / "tunix", "qwen3:tunix", progress=False)
+
+
+# Qwen3-MoE: experts stacked per layer, from either of transformers' expert layouts ------------
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["per-expert", "fused"])
+def test_qwen3_moe_experts_stack_on_axis_0_from_either_layout_and_go_back_as_they_came(
+    tmp_path, fused
+):
+    _save_model("qwen3-moe", tmp_path / "per-expert")
+    _save_model("qwen3-moe", tmp_path / "hf", fused=fused)
+    convert_with_recipe(tmp_path / "hf", tmp_path / "tunix", "qwen3-moe:tunix", progress=False)
+    ckpt = suture.open(tmp_path / "tunix")
+    assert ckpt.custom_metadata["suture.family"]["experts"] == ("fused" if fused else "per-expert")
+    hf = _tensors(tmp_path / "per-expert")
+    for layer in range(2):
+        mlp = f"model.layers.{layer}.mlp"
+        router = ckpt[f"layers/{layer}/mlp/router/kernel"].read()
+        np.testing.assert_array_equal(router, hf[f"{mlp}.gate.weight"].T)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            stacked = ckpt[f"layers/{layer}/mlp/{name}"].read()
+            for expert in range(4):
+                per_expert = hf[f"{mlp}.experts.{expert}.{name}.weight"].T
+                np.testing.assert_array_equal(stacked[expert], per_expert)
+    convert_with_recipe(
+        tmp_path / "tunix", tmp_path / "back", "qwen3-moe:tunix", reverse=True, progress=False
+    )
+    original, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
+    assert sorted(original) == sorted(back)  # the layout the source had
+    for name, value in original.items():
+        assert back[name].dtype == value.dtype and np.array_equal(back[name], value), name
+
+
+def test_qwen3_moe_goes_back_in_the_layout_the_like_folder_shows(tmp_path):
+    model = _save_model("qwen3-moe", tmp_path / "hf")
+    _save_model("qwen3-moe", tmp_path / "fused", fused=True)
+    convert_with_recipe(tmp_path / "hf", tmp_path / "tunix", "qwen3-moe:tunix", progress=False)
+    convert_with_recipe(
+        tmp_path / "tunix",
+        tmp_path / "back",
+        "qwen3-moe:tunix",
+        reverse=True,
+        like=tmp_path / "fused",
+        progress=False,
+    )
+    fused, back = _tensors(tmp_path / "fused"), _tensors(tmp_path / "back")
+    assert sorted(back) == sorted(fused)
+    assert "model.layers.1.mlp.experts.gate_up_proj" in back
+    for name, value in fused.items():
+        assert np.array_equal(back[name], value), name
+    reloaded = type(model).from_pretrained(tmp_path / "back")
+    for (name, ours), theirs in zip(
+        model.state_dict().items(), reloaded.state_dict().values(), strict=True
+    ):
+        assert torch.equal(ours, theirs), name
+
+
+@pytest.mark.parametrize(
+    ("fused", "missing", "message"),
+    [
+        (
+            False,
+            "model.layers.1.mlp.experts.2.up_proj.weight",
+            r"needs tensor 'model\.layers\.1\.mlp\.experts\.2\.up_proj\.weight' for "
+            r"'layers/\{layer\}/mlp/up_proj', which the checkpoint lacks",
+        ),
+        (
+            True,
+            "model.layers.1.mlp.experts.down_proj",
+            r"holds 1 \('model\.layers\.N\.mlp\.experts\.down_proj' for N = 0\)",
+        ),
+    ],
+    ids=["per-expert", "fused"],
+)
+def test_a_missing_expert_tensor_is_an_error_naming_it(tmp_path, fused, missing, message):
+    from safetensors.numpy import save_file
+
+    _save_model("qwen3-moe", tmp_path / "hf", fused=fused)
+    tensors = _tensors(tmp_path / "hf")
+    del tensors[missing]
+    save_file(tensors, tmp_path / "hf" / "model.safetensors")
+    with pytest.raises(suture.SurgeryError, match=message):
+        convert_with_recipe(tmp_path / "hf", tmp_path / "tunix", "qwen3-moe:tunix", progress=False)
+    assert not (tmp_path / "tunix").exists()
+
+
+def test_a_tunix_moe_state_missing_or_short_of_experts_is_an_error_naming_the_leaf(tmp_path):
+    _save_model("qwen3-moe", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    recipe = families.get_recipe("qwen3-moe:tunix")
+    state = recipe.to_target(suture.open(tmp_path / "hf", separator=".").tree, config)
+    flat = suture.flatten(state)
+    short = {**flat, "layers/1/mlp/up_proj": flat["layers/1/mlp/up_proj"][:3]}
+    with pytest.raises(
+        suture.SurgeryError,
+        match=r"Tunix leaf 'layers/1/mlp/up_proj' has shape \(3, 64, 24\); expected 4 experts",
+    ):
+        recipe.to_hf(suture.unflatten(short), config)
+    del flat["layers/1/mlp/up_proj"]
+    with pytest.raises(
+        suture.SurgeryError, match=r"2 layers, .*holds 1 \('layers/N/mlp/up_proj' for N = 0\)"
+    ):
+        recipe.to_hf(suture.unflatten(flat), config)
+
+
+def test_qwen3_moe_without_renormalized_routing_is_refused_naming_the_field(tmp_path):
+    """Tunix's MoELayer divides the top-k routing weights by their sum whatever the config
+    says; a model that does not (norm_topk_prob false, transformers' default) would compute
+    otherwise there."""
+    _save_model("qwen3-moe", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    with pytest.raises(families.ConfigMismatchError, match="'norm_topk_prob' is False"):
+        convert_with_recipe(
+            tmp_path / "hf",
+            tmp_path / "tunix",
+            "qwen3-moe:tunix",
+            config={**config, "norm_topk_prob": False},
+            progress=False,
+        )
+
+
+def test_recipes_shows_the_moe_table(tmp_path):
+    _save_model("qwen3-moe", tmp_path / "hf")
+    shown = _cli(["recipes", "qwen3-moe:tunix", "--config", str(tmp_path / "hf" / "config.json")])
+    assert "Follows google-tunix 0.1.7 tunix/models/qwen3/params.py" in shown
+    row = next(line for line in shown.splitlines() if "layers/{layer}/mlp/up_proj " in line)
+    assert "model.layers.{layer}.mlp.experts.{expert}.up_proj.weight" in row
+    assert "experts on axis 0, or fused model.layers.{layer}.mlp.experts.gate_up_proj part 1" in row
 
 
 def _write_like_checkpoint_manager(root, tree: dict, step: int) -> None:
@@ -357,3 +505,49 @@ def test_tunix_checkpoint_exports_to_transformers(tmp_path, how):
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
     assert np.abs(got - _logits(tmp_path / "hf")).max() > 1e-2  # the weights did change
     assert sorted(_tensors(tmp_path / "out")) == sorted(_tensors(tmp_path / "hf"))
+
+
+@needs_tunix
+def test_suture_reads_fused_experts_into_the_model_tunix_loads_from_per_expert_ones(tmp_path):
+    """Tunix's loader reads one tensor per expert only; suture reads transformers' fused
+    layout into the same leaves."""
+    _save_model("qwen3-moe", tmp_path / "hf")
+    _save_model("qwen3-moe", tmp_path / "fused", fused=True)
+    tunix_env.run_worker(
+        "load", "qwen3-moe", tmp_path / "hf", tmp_path / "out", "", tmp_path / "fused"
+    )
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["differ"] == [] and report["leaves"] == report["ours"] == 27
+    got, expected = np.load(tmp_path / "out" / "logits.npy"), _logits(tmp_path / "fused")
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+@needs_tunix
+@pytest.mark.parametrize(
+    ("how", "like"), [("edited", "per-expert"), ("lora", "fused")], ids=["edited", "lora-fused"]
+)
+def test_tunix_moe_checkpoint_exports_to_transformers_in_the_like_layout(tmp_path, how, like):
+    """A Qwen3-MoE Tunix loaded and saved with its CheckpointManager (its embedding doubled;
+    lora: with qwix adapters on the attention) goes back in the expert layout of --like."""
+    _save_model("qwen3-moe", tmp_path / "per-expert")
+    _save_model("qwen3-moe", tmp_path / "fused", fused=True)
+    extra = ["4", "8.0"] if how == "lora" else []
+    tunix_env.run_worker("save", "qwen3-moe", tmp_path / "per-expert", tmp_path / "run", *extra)
+    _cli(
+        [
+            "convert",
+            str(tmp_path / "run"),
+            str(tmp_path / "out"),
+            "--recipe",
+            "qwen3-moe:tunix",
+            "--reverse",
+            "--like",
+            str(tmp_path / like),
+            *(["--lora-alpha", "8"] if how == "lora" else []),
+            "--no-progress",
+        ]
+    )
+    assert sorted(_tensors(tmp_path / "out")) == sorted(_tensors(tmp_path / like))
+    got = _logits(tmp_path / "out")
+    np.testing.assert_allclose(got, np.load(tmp_path / "run" / "logits.npy"), atol=1e-5, rtol=0)
+    assert np.abs(got - _logits(tmp_path / like)).max() > 1e-2  # the weights did change

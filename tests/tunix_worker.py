@@ -4,10 +4,12 @@ google-tunix 0.1.7 pins safetensors<0.8, which takes transformers and safetensor
 project's versions, so it lives in a virtual environment of its own (`tests/tunix_env.py`)
 and the tests call this script there, with suture's sources on the path:
 
-    python tests/tunix_worker.py load FAMILY HF_FOLDER OUT_DIR
+    python tests/tunix_worker.py load FAMILY HF_FOLDER OUT_DIR [MESH [SUTURE_FOLDER]]
         Loads HF_FOLDER with Tunix's create_model_from_safe_tensors and with
         suture.nnx.load_into (recipe FAMILY:tunix) into the same model class; compares every
         leaf; writes OUT_DIR/report.json and OUT_DIR/logits.npy (suture's model on TOKENS).
+        SUTURE_FOLDER: suture loads this folder instead (the same model in transformers' fused
+        expert layout, which Tunix's loader does not read).
     python tests/tunix_worker.py save FAMILY HF_FOLDER ROOT [LORA_RANK LORA_ALPHA]
         Loads HF_FOLDER with Tunix's loader, optionally wraps it with qwix LoRA (random, non-zero
         factors), scales the embedding by 2 (a stand-in for training), saves it with Tunix's
@@ -53,6 +55,17 @@ def tunix_model(family: str, config: dict):
         from tunix.models.qwen3 import model, params
 
         cfg = model.ModelConfig(**common, use_tied_embedding=tied, dtype=jnp.float32)
+        return params, model.Qwen3, cfg
+    if family == "qwen3-moe":  # Tunix's Qwen3 with experts: its MLP width is the experts'
+        from tunix.models.qwen3 import model, params
+
+        cfg = model.ModelConfig(
+            **{**common, "hidden_dim": config["moe_intermediate_size"]},
+            use_tied_embedding=tied,
+            num_experts=config.get("num_local_experts") or config["num_experts"],
+            num_experts_per_tok=config["num_experts_per_tok"],
+            dtype=jnp.float32,
+        )
         return params, model.Qwen3, cfg
     if family in ("qwen2", "qwen2.5"):
         from tunix.models.qwen2 import model, params
@@ -107,8 +120,9 @@ def logits_of(model) -> np.ndarray:
     return np.asarray(logits, np.float32)
 
 
-def load(family: str, hf: str, out: str, mesh_shape: str = "") -> None:
-    """`mesh_shape` ("2x2"): load on an (fsdp, tp) mesh of that many CPU devices, too."""
+def load(family: str, hf: str, out: str, mesh_shape: str = "", ours_from: str = "") -> None:
+    """`mesh_shape` ("2x2"): load on an (fsdp, tp) mesh of that many CPU devices, too;
+    `ours_from`: the folder suture loads, when not `hf`."""
     import contextlib
 
     import jax
@@ -128,7 +142,10 @@ def load(family: str, hf: str, out: str, mesh_shape: str = "") -> None:
     with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
         abstract = nnx.eval_shape(lambda: model_class(cfg, rngs=nnx.Rngs(params=0)))
     ours = suture.nnx.load_into(
-        abstract, hf, transform=lambda tree: recipe.to_target(tree, config), mesh=mesh
+        abstract,
+        ours_from or hf,
+        transform=lambda tree: recipe.to_target(tree, config),
+        mesh=mesh,
     )
     their_leaves = dict(nnx.to_flat_state(nnx.state(theirs)))
     our_leaves = dict(nnx.to_flat_state(nnx.state(ours)))

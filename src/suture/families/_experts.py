@@ -3,7 +3,7 @@
 A leaf whose ``hf`` name holds ``{expert}`` beside ``{layer}`` gathers one tensor per expert
 and layer into one MaxText array, with experts and layers on the axes the table names
 (``axes: {expert: 0, layer: 1}``, MaxText's layout for scanned MoE weights; unscanned, the
-layer axis goes and the experts stay in front).
+layer axis goes and the experts stay in front, as in each layer of Tunix's Qwen3 MoE).
 
 Hugging Face stores experts two ways, and a recipe reads both, telling them apart from the
 files: one tensor per expert (``mlp.experts.{e}.gate_proj.weight``, as published
@@ -132,9 +132,12 @@ def member(stacked: LazyArray, at: dict[int, int]) -> LazyArray:
     return stacked[tuple(index)]
 
 
-def check_count(stacked: LazyArray, axis: int, expected: int, what: str, path: str) -> None:
+def check_count(
+    stacked: LazyArray, axis: int, expected: int, what: str, path: str, label: str = "MaxText"
+) -> None:
+    """`stacked` (the `label` leaf at `path`) holds `expected` `what` on `axis`."""
     if stacked.ndim <= axis or stacked.shape[axis] != expected:
         raise ConfigMismatchError(
-            f"MaxText leaf {path!r} has shape {stacked.shape}; expected {expected} {what} on "
+            f"{label} leaf {path!r} has shape {stacked.shape}; expected {expected} {what} on "
             f"axis {axis} from config.json. Pass the config of this model."
         )

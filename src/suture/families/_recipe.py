@@ -65,7 +65,9 @@ COUNT_FIELDS = frozenset(
         "interleave_moe_layer_step",
     }
 )
-FLAG_FIELDS = frozenset({"tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window"})
+FLAG_FIELDS = frozenset(
+    {"tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window", "norm_topk_prob"}
+)
 # layer lists: Qwen3-MoE's mlp_only_layers is a list of layer numbers ([] for none) or false
 LIST_FIELDS = frozenset({"mlp_only_layers"})
 MAX_COUNT = 1 << 62  # past any tensor's length (TensorStore's index limit)
@@ -649,7 +651,7 @@ class FamilyRecipe:
                     continue
                 axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
                 count = self.expert_count(names)
-                check_count(layer, axis, count, "experts", path)
+                check_count(layer, axis, count, "experts", path, self._label)
                 experts = [
                     self._restored(leaf, member(layer, {axis: e}), names) for e in range(count)
                 ]
@@ -680,7 +682,7 @@ class FamilyRecipe:
             if not stacked:
                 out.append((path, indices[0], array))
                 continue
-            check_count(array, leaf.layer_axis, len(indices), "layers", path)
+            check_count(array, leaf.layer_axis, len(indices), "layers", path, self._label)
             out += [
                 (path, index, member(array, {leaf.layer_axis: i}))
                 for i, index in enumerate(indices)
