@@ -801,3 +801,53 @@ def test_any_slice_of_any_shape_equals_transformers(rows, cols, block, data) -> 
     )
     selection = (data.draw(axis_selections(rows)), data.draw(axis_selections(cols)))
     np.testing.assert_array_equal(node.read(selection), outer_index(expected.numpy(), selection))
+
+
+def test_transformers_loads_the_fp8_folder_suture_writes(tmp_path: Path) -> None:
+    """The serving side of --quantize fp8-block: transformers' own FP8 loader (on a CPU it
+    dequantizes as it loads) reads the folder, and every weight equals what suture reads
+    back dequantized; the logits stay near the unquantized model's.
+
+    The widths are multiples of 128: transformers' load-time dequantization (5.x,
+    `Fp8Dequantize._dequantize_one`) derives the block from the scale grid (rows // scale
+    rows), which for a ragged edge is not the 128 of the format; its FP8 linear layers
+    (`_dequantize_fp8_weight`) and DeepSeek's formula use 128 with a ragged last block, as
+    suture does (`test_fp8_dequantize_ragged_edges_equal_transformers`)."""
+    pytest.importorskip("accelerate", reason="transformers loads FP8 folders through it")
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=256,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        tie_word_embeddings=False,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(tmp_path / "hf")
+    result = cli("convert", str(tmp_path / "hf"), str(tmp_path / "fp8"), "--quantize", "fp8-block")
+    assert result.exit_code == 0, result.output
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "fp8", dtype=torch.bfloat16
+    ).eval()
+    ours = suture.open(tmp_path / "fp8", dequantize=True, dequantize_dtype="bfloat16")
+    stored = suture.open(tmp_path / "fp8")
+    quantized = [name for name in stored.paths() if name.endswith("weight_scale_inv")]
+    assert len(quantized) == 2 * 7  # q, k, v, o, gate, up, down in each layer
+    for name, parameter in loaded.state_dict().items():
+        path = name.replace(".", "/")
+        if path not in ours.paths():
+            continue  # buffers transformers makes (rotary frequencies)
+        # the tensors kept unquantized are float32 as saved; transformers casts them too
+        expected = ours[path].read().astype(ml_dtypes.bfloat16).astype(np.float32)
+        got = parameter.to(torch.float32).numpy()
+        np.testing.assert_array_equal(got, expected, err_msg=name)
+    tokens = torch.tensor([[1, 5, 9, 2, 33, 7, 60, 3]])
+    with torch.no_grad():
+        reference = model(tokens).logits.float().numpy()
+        served = loaded(tokens).logits.float().numpy()
+    assert np.max(np.abs(served - reference)) < 0.05 * np.max(np.abs(reference))

@@ -61,7 +61,8 @@ def convert(
 
     Args:
         format: ``"orbax"`` or ``"safetensors"``; default from `destination`: a name ending in
-            ``.safetensors`` means safetensors, anything else Orbax.
+            ``.safetensors`` means safetensors, anything else Orbax (safetensors with
+            `quantize`: the FP8 layout serving stacks load is a Hugging Face folder's).
         dtype: cast floating-point leaves to this dtype (``"bfloat16"``).
         recipe: a recipe file applied before writing: YAML or TOML rules, or a Python
             file (``RULES``, ``transform``, ``TARGET``, ``init``; see ``suture apply --help``),
@@ -178,8 +179,9 @@ def converted(
             "reverse= and config= go with a built-in family recipe (recipe='llama3.1:maxtext'; "
             "`suture recipes` lists them), as do like= and lora_alpha=."
         )
+    serving = quantize is not None  # FP8 for serving is a Hugging Face folder's layout
     target_format = format or (
-        "safetensors" if str(destination).endswith(".safetensors") else "orbax"
+        "safetensors" if serving or str(destination).endswith(".safetensors") else "orbax"
     )
     if dequantize and quantize is not None:
         raise ArgumentError("Pass dequantize= or quantize=, not both.")

@@ -484,7 +484,7 @@ def convert(
         typer.Option(
             "--quantize",
             help="fp8-block: linear weights as FP8 E4M3 + a float32 scale per 128x128 block "
-            "(DeepSeek-V3's layout), for serving.",
+            "(DeepSeek-V3's layout), for serving: a Hugging Face folder unless --format orbax.",
         ),
     ] = None,
     keep_unquantized: Annotated[
@@ -515,9 +515,10 @@ def convert(
 ) -> None:
     """Convert a checkpoint to Orbax or safetensors, streaming it.
 
-    A Hugging Face folder converts to Orbax unless --format safetensors is given; the
-    Orbax checkpoint keeps the folder's files beside it, and converting it back with
-    --format safetensors gives the folder again.
+    A Hugging Face folder converts to Orbax unless --format safetensors is given (or
+    --quantize, whose serving layout is a Hugging Face folder's); the Orbax checkpoint keeps
+    the folder's files beside it, and converting it back with --format safetensors gives the
+    folder again.
     """
     if dry_run:
         if recipe is not None and is_family_recipe(recipe):
