@@ -374,3 +374,24 @@ def test_the_process_grows_by_at_most_the_budget(
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["in_flight"] <= 64 << 20
     assert 32 << 20 < report["growth"] <= (64 << 20) + RSS_SLACK, report["growth"] >> 20
+
+
+def test_finished_blocks_leave_their_largest_arrays_for_reuse() -> None:
+    """A small block's array cannot serve a large one, so the largest are kept; kept arrays
+    count in flight and are given up as soon as a block needs the room."""
+    from suture._exec.runner import Budget
+
+    budget = Budget(limit=100, keep=2)
+    arrays = {n: np.empty(n, np.uint8) for n in (40, 15, 5)}  # none can serve the next
+    for n, array in arrays.items():
+        cost, reused = budget.acquire(n, n)
+        assert reused is None
+        budget.release(cost, array)
+    assert budget.in_flight == 55  # 40 and 15 kept, 5 dropped
+    cost, reused = budget.acquire(35, 35)
+    assert reused is arrays[40] and cost == 40  # charged as the array it got
+    budget.release(cost, reused)
+    cost, reused = budget.acquire(90, 90)  # no kept array fits: they make room instead
+    assert reused is None and budget.in_flight == 90
+    budget.release(cost)
+    assert budget.in_flight == 0

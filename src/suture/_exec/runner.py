@@ -24,8 +24,9 @@ class Budget:
     """Admits blocks while the bytes in flight stay under a limit (one oversized at a time).
 
     It also keeps the output arrays of finished blocks for the next blocks to reuse (fresh
-    arrays cost a page fault per 4 KiB). A kept array stays counted in `in_flight`; a block
-    that must wait first frees the kept arrays, so they never hold a block back. `peak` is
+    arrays cost a page fault per 4 KiB, and zeroing each page): the `keep` largest, since a
+    small block's array cannot serve a large one. A kept array stays counted in `in_flight`;
+    a block that must wait first frees the kept arrays, so they never hold a block back. `peak` is
     the most bytes ever in flight at once (the tests hold it to the limit).
     """
 
@@ -58,9 +59,12 @@ class Budget:
         """Returns `cost`, keeping `output` (still counted) for another block to reuse."""
         with self._condition:
             self.in_flight -= cost
-            if output is not None and 0 < output.nbytes <= cost and len(self._kept) < self._keep:
+            if output is not None and 0 < output.nbytes <= cost:
                 self._kept.append(output)
                 self.in_flight += output.nbytes
+                if len(self._kept) > self._keep:  # the largest serve most blocks: drop the smallest
+                    smallest = min(range(len(self._kept)), key=lambda i: self._kept[i].nbytes)
+                    self.in_flight -= self._kept.pop(smallest).nbytes
             self._condition.notify_all()
 
     def _take_kept(self, nbytes: int) -> np.ndarray | None:
