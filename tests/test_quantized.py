@@ -851,3 +851,48 @@ def test_transformers_loads_the_fp8_folder_suture_writes(tmp_path: Path) -> None
         reference = model(tokens).logits.float().numpy()
         served = loaded(tokens).logits.float().numpy()
     assert np.max(np.abs(served - reference)) < 0.05 * np.max(np.abs(reference))
+
+
+def test_fused_experts_stay_in_high_precision_and_are_named_as_not_converted(
+    tmp_path: Path,
+) -> None:
+    """transformers v5's fused experts ((E, 2I, H) gate_up_proj) are not 2-D linear weights:
+    they are kept as they are and listed in modules_to_not_convert, so transformers builds
+    its plain experts module for them, not the FP8 one that would take them for FP8 values
+    without scales."""
+    pytest.importorskip("accelerate", reason="transformers loads FP8 folders through it")
+    import transformers
+    from transformers.integrations.finegrained_fp8 import replace_with_fp8_linear
+
+    torch.manual_seed(0)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=96,
+        hidden_size=256,
+        intermediate_size=384,
+        moe_intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+    )
+    model = transformers.Qwen3MoeForCausalLM(config).eval()
+    model.save_pretrained(tmp_path / "hf", save_original_format=False)
+    result = cli("convert", str(tmp_path / "hf"), str(tmp_path / "fp8"), "--quantize", "fp8-block")
+    assert result.exit_code == 0, result.output
+    settings = json.loads((tmp_path / "fp8" / "config.json").read_text())["quantization_config"]
+    not_converted = settings["modules_to_not_convert"]
+    assert {"model.layers.0.mlp.experts", "model.layers.1.mlp.experts"} <= set(not_converted)
+    source, written = suture.open(tmp_path / "hf"), suture.open(tmp_path / "fp8")
+    for name in ("gate_up_proj", "down_proj"):
+        key = f"model/layers/1/mlp/experts/{name}"
+        assert written[key].read().tobytes() == source[key].read().tobytes()
+    assert written["model/layers/1/self_attn/q_proj/weight"].dtype == ml_dtypes.float8_e4m3fn
+    with torch.device("meta"):
+        skeleton = transformers.Qwen3MoeForCausalLM(config)
+    fp8 = FineGrainedFP8Config(weight_block_size=(128, 128))
+    skeleton = replace_with_fp8_linear(skeleton, not_converted, fp8, pre_quantized=True)
+    modules = dict(skeleton.named_modules())
+    assert type(modules["model.layers.0.mlp.experts"]).__name__ == "Qwen3MoeExperts"
+    assert type(modules["model.layers.0.self_attn.q_proj"]).__name__ == "FP8Linear"

@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,8 @@ FP8_SCALE_DTYPES = ("float32", "bfloat16", "float16", "float8_e8m0fnu", "uint8")
 # Kept in high precision by `quantize="fp8-block"`, as DeepSeek-V3's published checkpoint
 # keeps them: embeddings, norms, the LM head, and MoE routers (DeepSeek's `mlp.gate`).
 DEFAULT_KEEP = (r"embed", r"norm", r"lm_head", r"\.gate\.weight$", r"router")
+# transformers v5's fused expert tensors (save_pretrained(save_original_format=False))
+FUSED_EXPERTS = re.compile(r"\.experts\.(gate_up_proj|gate_proj|up_proj|down_proj)$")
 
 
 def is_quantized_name(name: str) -> bool:
@@ -191,6 +194,14 @@ def quantize_tensors(
     for name, array in tensors.items():
         high_precision = array.dtype.name in ("float32", "float16", "bfloat16", "float64")
         linear = array.ndim == 2 and name.rsplit(".", 1)[-1] == "weight" and high_precision
+        if high_precision and FUSED_EXPERTS.search(name) and array.ndim == 3:
+            # transformers' fused experts (E, out, in): its FP8 experts module wants scales
+            # of another layout, so they stay as they are and are named as not converted
+            result[name] = array
+            module = name.rsplit(".", 1)[0]
+            if module not in kept:
+                kept.append(module)
+            continue
         if not linear:
             result[name] = array
             continue
