@@ -112,3 +112,26 @@ def test_gemma2_layers_not_paired_local_then_global_are_refused(tmp_path):
     layers = config["num_hidden_layers"]
     _edit_config(tmp_path / "hf", layer_types=["full_attention"] * layers)
     _refused(tmp_path, "gemma2:maxtext", r"makes layer 0 'full_attention'; .* 'sliding_attention'")
+
+
+@pytest.mark.parametrize("recipe", ["qwen3:maxtext", "qwen3:tunix"])
+def test_qwen_with_sliding_window_layers_is_refused(tmp_path, recipe):
+    """Qwen's use_sliding_window makes the layers from max_window_layers on sliding; neither
+    MaxText's nor Tunix's Qwen3 has a sliding window."""
+    import transformers
+
+    config = transformers.Qwen3Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        use_sliding_window=True,
+        sliding_window=16,
+        max_window_layers=2,
+    )
+    assert config.layer_types == ["full_attention"] * 2 + ["sliding_attention"] * 2
+    transformers.Qwen3ForCausalLM(config).save_pretrained(tmp_path / "hf")
+    _refused(tmp_path, recipe, r"makes layer 2 'sliding_attention'; .* expects 'full_attention'")
