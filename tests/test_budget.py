@@ -395,3 +395,35 @@ def test_finished_blocks_leave_their_largest_arrays_for_reuse() -> None:
     assert reused is None and budget.in_flight == 90
     budget.release(cost)
     assert budget.in_flight == 0
+
+
+def test_a_block_waiting_for_running_blocks_leaves_the_kept_arrays_for_others() -> None:
+    """Dropping kept arrays helps a waiting block only when that lets it in now; a large block
+    that must wait for running ones anyway leaves them, and a block of their size reuses
+    one meanwhile (instead of faulting in fresh pages)."""
+    import threading
+
+    from suture._exec.runner import Budget
+
+    budget = Budget(limit=100, keep=2)
+    running, _ = budget.acquire(30, 30)  # a block still running
+    kept = np.empty(30, np.uint8)
+    first, _ = budget.acquire(30, 30)
+    budget.release(first, kept)  # a finished block leaves its array: 60 in flight
+    entered = threading.Event()
+
+    def large() -> None:
+        cost, _ = budget.acquire(90, 60)  # needs the running block gone too
+        entered.set()
+        budget.release(cost)
+
+    waiter = threading.Thread(target=large)
+    waiter.start()
+    assert not entered.wait(0.2)
+    assert budget._kept == [kept]  # not dropped: it would not have let the block in
+    cost, reused = budget.acquire(30, 30)
+    assert reused is kept
+    budget.release(cost)
+    budget.release(running)
+    waiter.join(timeout=10)
+    assert entered.is_set() and budget.in_flight == 0

@@ -26,7 +26,8 @@ class Budget:
     It also keeps the output arrays of finished blocks for the next blocks to reuse (fresh
     arrays cost a page fault per 4 KiB, and zeroing each page): the `keep` largest, since a
     small block's array cannot serve a large one. A kept array stays counted in `in_flight`;
-    a block that must wait first frees the kept arrays, so they never hold a block back. `peak` is
+    a block that would fit without the kept arrays frees them, so they never hold a block
+    back; one that must wait for running blocks anyway leaves them for others to reuse. `peak` is
     the most bytes ever in flight at once (the tests hold it to the limit).
     """
 
@@ -42,18 +43,22 @@ class Budget:
         A reused array of ``n >= output_bytes`` bytes is charged as ``n`` instead.
         """
         with self._condition:
-            reused = self._take_kept(output_bytes) if output_bytes else None
-            if reused is not None:
-                self.in_flight -= reused.nbytes
-                cost += reused.nbytes - output_bytes
-            while not (self.in_flight == 0 or self.in_flight + cost <= self.limit):
-                if self._kept:
+            reused, extra = None, cost
+            while True:
+                if reused is None and output_bytes:  # again after each wait: one may be kept now
+                    reused = self._take_kept(output_bytes)  # still counted in in_flight
+                    if reused is not None:
+                        extra = cost - output_bytes
+                held = reused.nbytes if reused is not None else 0
+                if self.in_flight == held or self.in_flight + extra <= self.limit:
+                    break
+                if self._kept and self._fits_without_kept(extra, held):
                     self.in_flight -= self._kept.pop().nbytes
-                else:
+                else:  # dropping them would not let this block in now: others may reuse them
                     self._condition.wait()
-            self.in_flight += cost
+            self.in_flight += extra
             self.peak = max(self.peak, self.in_flight)
-            return cost, reused
+            return extra + held, reused
 
     def release(self, cost: int, output: np.ndarray | None = None) -> None:
         """Returns `cost`, keeping `output` (still counted) for another block to reuse."""
@@ -67,11 +72,31 @@ class Budget:
                     self.in_flight -= self._kept.pop(smallest).nbytes
             self._condition.notify_all()
 
+    def _fits_without_kept(self, extra: int, held: int) -> bool:
+        rest = self.in_flight - sum(kept.nbytes for kept in self._kept)
+        return rest == held or rest + extra <= self.limit
+
     def _take_kept(self, nbytes: int) -> np.ndarray | None:
         fitting = [i for i, kept in enumerate(self._kept) if nbytes <= kept.nbytes <= 2 * nbytes]
         if not fitting:
             return None
         return self._kept.pop(min(fitting, key=lambda i: self._kept[i].nbytes))
+
+
+def buffer_size(nbytes: int, room: int) -> int:
+    """`nbytes` rounded up to a size class (the next quarter of its power of two), when
+    `room` allows: blocks of nearly the same size (208 and 210 MiB) then reuse each other's
+    arrays instead of each faulting in (and the kernel zeroing) fresh pages.
+
+    Example:
+        >>> [buffer_size(n << 20, room=1 << 30) >> 20 for n in (208, 210, 177, 64)]
+        [224, 224, 192, 64]
+    """
+    if nbytes <= 1 << 20:
+        return nbytes
+    step = 1 << (nbytes.bit_length() - 3)  # a quarter of the power of two below nbytes
+    rounded = -(-nbytes // step) * step
+    return rounded if rounded - nbytes <= room else nbytes
 
 
 @dataclass
@@ -118,12 +143,13 @@ def run_blocks(
 
     def run(block: Block) -> None:
         view = block.view
-        cost, buffer = budget.acquire(block.cost, view.nbytes)
+        size = buffer_size(view.nbytes, room=max_memory - block.cost)
+        cost, buffer = budget.acquire(block.cost + size - view.nbytes, size)
         try:
             if failed.is_set():
                 return
             if buffer is None:
-                buffer = aligned_empty((view.nbytes,), np.dtype(np.uint8), alignment=4096)
+                buffer = aligned_empty((size,), np.dtype(np.uint8), alignment=4096)
             values = buffer[: view.nbytes].view(view.dtype).reshape(view.shape)
             view.node.read_into(full(view.shape), values)
             block.write(values)
