@@ -6,6 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from suture._buffers import assign
 from suture._casts import cast_into
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -93,10 +94,16 @@ def test_a_layer_of_a_stack_casts_in_place(dtype):
     )
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_a_transposed_read_casts_into_a_contiguous_target(dtype):
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16])
+def test_a_transposed_read_assigns_into_a_contiguous_target(dtype):
+    """`assign` turns a transposed read around (a transposed target, tiled) before casting."""
     base = (np.random.default_rng(3).standard_normal((300, 40, 70)) * 0.02).astype(dtype)
-    for values in (base[:, 0, :].T, base.transpose(2, 0, 1), base[::2].transpose(1, 0, 2)):
+    for values in (
+        base[:, 0, :].T,  # too small for the tiles: numpy's copy
+        base.transpose(2, 0, 1),  # (70, 300, 40): columns first once flattened
+        base[::2].transpose(1, 0, 2),  # not a transpose of anything contiguous
+        np.ascontiguousarray(base.reshape(300, -1)).T,  # (2800, 300)
+    ):
         out = np.empty(values.shape, BF16)
-        cast_into(out, values)
+        assign(out, values)
         np.testing.assert_array_equal(out.view(np.uint16), _expected(np.ascontiguousarray(values)))

@@ -46,7 +46,13 @@ def scratch_buffer(name: str, nbytes: int) -> np.ndarray:
 
 
 def assign(out: np.ndarray, values: np.ndarray) -> None:
-    """``out[...] = values``, cast as ``astype`` casts, fast when `out` is a transposed view."""
+    """``out[...] = values``, cast as ``astype`` casts, fast when `out` is a transposed view
+    (or `values` is, into a contiguous `out`)."""
+    if out.flags.c_contiguous and out.ndim >= 2 and out.size >= _TILE * _TILE:
+        columns_first = _transposed_matrix(values)
+        if columns_first is not None:  # a transposed read: the same copy, seen the other way
+            assign(out.reshape(out.shape[0], -1).T, columns_first)
+            return
     if out.ndim != 2 or out.flags.c_contiguous or out.size < _TILE * _TILE:
         if out.ndim > 2 and not out.flags.c_contiguous and out.shape[0] <= _TILE:
             for index in range(out.shape[0]):  # a stack of transposed matrices
@@ -65,6 +71,19 @@ def assign(out: np.ndarray, values: np.ndarray) -> None:
             tile = tile.view(out.dtype).reshape(height, columns)
             cast_into(tile, values[row : row + height])
         _transpose_into(out[row : row + height], tile)
+
+
+def _transposed_matrix(values: np.ndarray) -> np.ndarray | None:
+    """``values.reshape(len(values), -1).T`` when that is a C-contiguous view (values read
+    through a transpose), else None; never a copy."""
+    if values.flags.c_contiguous or values.ndim < 2:
+        return None
+    matrix = values.view()
+    try:
+        matrix.shape = (values.shape[0], -1)  # refuses, rather than copies, when it cannot view
+    except AttributeError:
+        return None
+    return matrix.T if matrix.T.flags.c_contiguous else None
 
 
 def _transpose_into(out: np.ndarray, tile: np.ndarray) -> None:

@@ -39,13 +39,8 @@ def cast_into(out: np.ndarray, values: np.ndarray) -> None:
         or out.shape != values.shape
         or out.size < _SMALL
         or not values.dtype.isnative
-    ):
+    ) or not values.flags.c_contiguous:
         np.copyto(out, values, casting="unsafe")
-    elif not values.flags.c_contiguous:
-        if out.flags.c_contiguous:  # a transposed read: gather a slab, then cast it
-            _cast_gathered(kernel, out, values)
-        else:
-            np.copyto(out, values, casting="unsafe")
     elif out.flags.c_contiguous:
         _cast_flat(kernel, values.reshape(-1), out.reshape(-1).view(np.uint16))
     elif out.ndim >= 2 and out.strides[-1] == out.itemsize:  # rows apart: a layer of a stack
@@ -58,20 +53,6 @@ def cast_into(out: np.ndarray, values: np.ndarray) -> None:
 def _cast_flat(kernel: Callable, source: np.ndarray, target: np.ndarray) -> None:
     for start in range(0, source.size, _TILE):
         kernel(source[start : start + _TILE], target[start : start + _TILE])
-
-
-def _cast_gathered(kernel: Callable, out: np.ndarray, values: np.ndarray) -> None:
-    """A C-contiguous `out` from strided `values`: slabs of leading rows, copied contiguous
-    in their own dtype (a plain strided copy), then cast."""
-    row_size = out.size // out.shape[0]
-    height = max(1, 8 * _TILE // max(row_size, 1))
-    bits = values.view(f"u{values.itemsize}")  # numpy copies integers, not ml_dtypes
-    target = out.reshape(out.shape[0], -1).view(np.uint16)
-    for row in range(0, out.shape[0], height):
-        slab = bits[row : row + height]
-        staging = _buffer("gathered", bits.dtype, slab.size)
-        np.copyto(staging.reshape(slab.shape), slab)
-        _cast_flat(kernel, staging.view(values.dtype), target[row : row + height].reshape(-1))
 
 
 def _cast_rows(kernel: Callable, out: np.ndarray, values: np.ndarray) -> None:
