@@ -803,6 +803,30 @@ def test_any_slice_of_any_shape_equals_transformers(rows, cols, block, data) -> 
     np.testing.assert_array_equal(node.read(selection), outer_index(expected.numpy(), selection))
 
 
+# widths in multiples of 128 (see test_transformers_loads_the_fp8_folder_suture_writes)
+SERVED_WIDTHS = dict(
+    vocab_size=96,
+    hidden_size=256,
+    intermediate_size=384,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+)
+
+
+def _served_fp8(tmp_path: Path, model_class, config, **save_options):
+    """A tiny random transformers model saved as `hf`, and `suture convert --quantize
+    fp8-block` of it as `fp8`: (the model, the FP8 folder)."""
+    pytest.importorskip("accelerate", reason="transformers loads FP8 folders through it")
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    model.save_pretrained(tmp_path / "hf", **save_options)
+    result = cli("convert", str(tmp_path / "hf"), str(tmp_path / "fp8"), "--quantize", "fp8-block")
+    assert result.exit_code == 0, result.output
+    return model, tmp_path / "fp8"
+
+
 def test_transformers_loads_the_fp8_folder_suture_writes(tmp_path: Path) -> None:
     """The serving side of --quantize fp8-block: transformers' own FP8 loader (on a CPU it
     dequantizes as it loads) reads the folder, and every weight equals what suture reads
@@ -813,29 +837,13 @@ def test_transformers_loads_the_fp8_folder_suture_writes(tmp_path: Path) -> None
     rows), which for a ragged edge is not the 128 of the format; its FP8 linear layers
     (`_dequantize_fp8_weight`) and DeepSeek's formula use 128 with a ragged last block, as
     suture does (`test_fp8_dequantize_ragged_edges_equal_transformers`)."""
-    pytest.importorskip("accelerate", reason="transformers loads FP8 folders through it")
     import transformers
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=256,
-        intermediate_size=384,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        tie_word_embeddings=False,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
-    model.save_pretrained(tmp_path / "hf")
-    result = cli("convert", str(tmp_path / "hf"), str(tmp_path / "fp8"), "--quantize", "fp8-block")
-    assert result.exit_code == 0, result.output
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path / "fp8", dtype=torch.bfloat16
-    ).eval()
-    ours = suture.open(tmp_path / "fp8", dequantize=True, dequantize_dtype="bfloat16")
-    stored = suture.open(tmp_path / "fp8")
+    config = transformers.LlamaConfig(**SERVED_WIDTHS, tie_word_embeddings=False)
+    model, fp8 = _served_fp8(tmp_path, transformers.LlamaForCausalLM, config)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(fp8, dtype=torch.bfloat16).eval()
+    ours = suture.open(fp8, dequantize=True, dequantize_dtype="bfloat16")
+    stored = suture.open(fp8)
     quantized = [name for name in stored.paths() if name.endswith("weight_scale_inv")]
     assert len(quantized) == 2 * 7  # q, k, v, o, gate, up, down in each layer
     for name, parameter in loaded.state_dict().items():
@@ -860,27 +868,13 @@ def test_fused_experts_stay_in_high_precision_and_are_named_as_not_converted(
     they are kept as they are and listed in modules_to_not_convert, so transformers builds
     its plain experts module for them, not the FP8 one that would take them for FP8 values
     without scales."""
-    pytest.importorskip("accelerate", reason="transformers loads FP8 folders through it")
     import transformers
     from transformers.integrations.finegrained_fp8 import replace_with_fp8_linear
 
-    torch.manual_seed(0)
     config = transformers.Qwen3MoeConfig(
-        vocab_size=96,
-        hidden_size=256,
-        intermediate_size=384,
-        moe_intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        num_experts=4,
-        num_experts_per_tok=2,
+        **SERVED_WIDTHS, moe_intermediate_size=128, num_experts=4, num_experts_per_tok=2
     )
-    model = transformers.Qwen3MoeForCausalLM(config).eval()
-    model.save_pretrained(tmp_path / "hf", save_original_format=False)
-    result = cli("convert", str(tmp_path / "hf"), str(tmp_path / "fp8"), "--quantize", "fp8-block")
-    assert result.exit_code == 0, result.output
+    _served_fp8(tmp_path, transformers.Qwen3MoeForCausalLM, config, save_original_format=False)
     settings = json.loads((tmp_path / "fp8" / "config.json").read_text())["quantization_config"]
     not_converted = settings["modules_to_not_convert"]
     assert {"model.layers.0.mlp.experts", "model.layers.1.mlp.experts"} <= set(not_converted)
