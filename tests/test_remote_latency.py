@@ -22,7 +22,7 @@ from suture._lazy.array import LazyArray
 from suture._lazy.graph import MemorySource
 from suture._lazy.joins import REMOTE_MEMBER_READS, StackNode
 from suture._lazy.selection import Selection, full
-from suture._location import location_of, metadata_read_once
+from suture._location import MAX_METADATA_BYTES, location_of, metadata_read_once, read_ahead
 from suture._location import remote as remote_module
 from suture._location.remote import RemoteLocation, _open_store
 from suture.sources.filesource import FileRangeSource
@@ -187,3 +187,53 @@ def test_opening_a_remote_folder_lists_it_once(gcs: str, tmp_path: Path) -> None
         ckpt = suture.open(url)
     np.testing.assert_array_equal(ckpt["w"].read(), np.ones((2, 2)))
     assert listings == ["latency/hf/"]  # asked by the detection and by the opening
+
+
+def test_read_ahead_answers_the_reads_that_follow(gcs: str, monkeypatch) -> None:
+    folder = location_of(f"{gcs}/latency/ahead")
+    (folder / "a.json").write_bytes(b'{"a": 1}')
+    (folder / "b.json").write_bytes(b'{"b": 2}')
+    files = [folder / "a.json", folder / "b.json", folder / "missing.json"]
+    asked: list[tuple[str, object]] = []
+    read_now = RemoteLocation._read_now
+
+    def counted(self: RemoteLocation, key: str, byte_range: slice | None = None):
+        asked.append((key, byte_range))  # the real read, counted
+        return read_now(self, key, byte_range)
+
+    monkeypatch.setattr(RemoteLocation, "_read_now", counted)
+    read_ahead(files, MAX_METADATA_BYTES)
+    assert asked == []  # outside metadata_read_once: nothing to keep the answers in
+    with metadata_read_once():
+        read_ahead(files, MAX_METADATA_BYTES)
+        ahead = len(asked)
+        assert ahead == 5  # a probe of the limit each, and the two files that are there
+        assert json.loads(files[0].read_bytes(MAX_METADATA_BYTES)) == {"a": 1}
+        assert json.loads(files[1].read_bytes(MAX_METADATA_BYTES)) == {"b": 2}
+        assert files[1].is_file() and not files[2].is_file()
+        with pytest.raises(suture.CheckpointNotFoundError, match="missing.json"):
+            files[2].read_bytes(MAX_METADATA_BYTES)
+        assert len(asked) == ahead  # every answer was there already
+
+
+def test_opening_a_remote_orbax_folder_reads_its_metadata_at_once(gcs: str, monkeypatch) -> None:
+    import orbax.checkpoint as ocp
+    from etils import epath
+
+    url = f"{gcs}/latency/orbax"
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(epath.Path(url), {"w": np.arange(4.0, dtype=np.float32)})
+        checkpointer.wait_until_finished()
+    probes: dict[str, int] = {}  # file -> the thread that probed its size limit
+    read_now = RemoteLocation._read_now
+
+    def counted(self: RemoteLocation, key: str, byte_range: slice | None = None):
+        if byte_range is not None and byte_range.start == MAX_METADATA_BYTES:
+            probes[key.rsplit("/", 1)[-1]] = threading.get_ident()
+        return read_now(self, key, byte_range)  # the real read
+
+    monkeypatch.setattr(RemoteLocation, "_read_now", counted)
+    np.testing.assert_array_equal(suture.open(url)["w"].read(), np.arange(4.0))
+    metadata = {"_CHECKPOINT_METADATA", "_METADATA", "commit_success.txt"}
+    assert set(probes) == metadata  # each read once, each on a thread of its own
+    assert len(set(probes.values()) - {threading.get_ident()}) == 3

@@ -43,6 +43,7 @@ from .remote import (
     WRITABLE_SCHEMES,
     RemoteLocation,
     metadata_read_once,
+    read_ahead,
     remote_context,
     wait,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "is_remote",
     "location_of",
     "metadata_read_once",
+    "read_ahead",
     "remote_context",
     "too_large",
     "wait",

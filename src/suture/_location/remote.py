@@ -126,15 +126,15 @@ class RemoteLocation(Location):
                 return known
             try:
                 result = self._read_now(key, byte_range)
-            except CorruptCheckpointError as error:  # past the end: so it stays
+            except SurgeryError as error:  # past the end, missing, no answer: so it stays
                 answers[asked] = error
                 raise
             if result.state != "value" or len(result.value) <= MEMO_BYTES:
                 answers[asked] = result
             return result
         answer = answers[asked]
-        if isinstance(answer, CorruptCheckpointError):
-            raise CorruptCheckpointError(*answer.args)
+        if isinstance(answer, SurgeryError):
+            raise answer.with_traceback(None)
         return answer
 
     def _known_read(self, answers: dict, key: str, byte_range: slice | None) -> Any:
@@ -154,7 +154,17 @@ class RemoteLocation(Location):
                     f"file's {len(value)} bytes"
                 )
             return ts.KvStore.ReadResult(state="value", value=value[start:stop], stamp=whole.stamp)
-        if (start, stop) != (0, 0) or self.scheme in ("http", "https"):
+        if (start, stop) != (0, 0):
+            return None
+        if whole is not None:  # missing, read whole
+            return whole
+        for asked, answer in list(answers.items()):  # a read of it found no file
+            if (
+                asked[:4] == ("read", self.scheme, self.host, key)
+                and getattr(answer, "state", None) == "missing"
+            ):
+                return answer
+        if self.scheme in ("http", "https"):
             return None
         folder, _, name = key.rpartition("/")
         prefix = f"{folder}/" if folder else ""
@@ -462,6 +472,27 @@ def metadata_read_once() -> Iterator[None]:
         yield
     finally:
         _answers.reset(token)
+
+
+def read_ahead(files: list[Location], limit: int) -> None:
+    """Within `metadata_read_once`, reads the small remote `files` at once, each as
+    ``read_bytes(limit)`` reads it, so that the reads that follow are answered without a
+    round trip each (opening an Orbax folder reads three files one after another).
+    Errors are kept for those reads to raise; outside the scope this does nothing."""
+    answers = _answers.get()
+    remote = [place for place in files if isinstance(place, RemoteLocation)]
+    if answers is None or len(remote) < 2:
+        return
+
+    def read(place: RemoteLocation) -> None:
+        with contextlib.suppress(SurgeryError, OSError):
+            place.read_bytes(limit)
+
+    with ThreadPoolExecutor(max_workers=len(remote)) as pool:
+        # each in a copy of this context: the same answers, filled from every thread
+        reads = [pool.submit(contextvars.copy_context().run, read, place) for place in remote]
+        for done in reads:
+            done.result()
 
 
 def _forget_answers() -> None:

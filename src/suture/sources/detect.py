@@ -12,8 +12,16 @@ from .._errors import (
     NotACheckpointError,
     UnsupportedError,
 )
-from .._location import Location, RemoteLocation, location_of, metadata_read_once
+from .._location import (
+    MAX_METADATA_BYTES,
+    Location,
+    RemoteLocation,
+    location_of,
+    metadata_read_once,
+    read_ahead,
+)
 from .._location.hub_cache import missing_repo_error
+from .._location.publish import COMMIT_SUCCESS_FILE
 from .checkpoint import Checkpoint
 
 FORMATS = ("orbax", "safetensors", "msgpack", "npz", "torch", "memory")
@@ -173,6 +181,14 @@ def detect(path: Location) -> str:
         )
 
         if is_orbax_folder(path):
+            # what opening it reads next, read at once (on a bucket, within open_source)
+            read_ahead(
+                [
+                    path / name
+                    for name in ("_CHECKPOINT_METADATA", "_METADATA", COMMIT_SUCCESS_FILE)
+                ],
+                MAX_METADATA_BYTES,
+            )
             return "orbax"
         from .safetensors import INDEX_SUFFIX  # a format plugin: loaded for the format found
 
