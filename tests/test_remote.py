@@ -128,10 +128,10 @@ def test_every_format_reads_like_the_stock_readers(remote_files: str, local_file
         np.testing.assert_array_equal(
             sharded["model/layers/2/weight"].read(), tensors["model.layers.2.weight"]
         )
-    stock_npz = np.load(local_files / "arrays.npz")
-    archive = suture.open(f"{remote_files}/arrays.npz")
-    np.testing.assert_array_equal(archive["b"].read(), stock_npz["b"])
-    np.testing.assert_array_equal(archive["a"][2:5].read(), stock_npz["a"][2:5])
+    with np.load(local_files / "arrays.npz") as stock_npz:  # closed: no file left to the GC
+        archive = suture.open(f"{remote_files}/arrays.npz")
+        np.testing.assert_array_equal(archive["b"].read(), stock_npz["b"])
+        np.testing.assert_array_equal(archive["a"][2:5].read(), stock_npz["a"][2:5])
     np.testing.assert_array_equal(
         suture.open(f"{remote_files}/packed.npz")["c"].read(), np.arange(6.0)
     )

@@ -246,14 +246,17 @@ def with_output_dtype(extra_files: Mapping[str, Any], tree: Any) -> dict[str, An
     if source is None:
         return dict(extra_files)
     try:
-        config = json.loads(source.read_bytes())
+        raw = source.read_bytes()
+        config = json.loads(raw)
     except (OSError, ValueError, SurgeryError):
         return dict(extra_files)  # not JSON: copied as it is
+    # copied from the bytes read here: a remote config.json is not fetched a second time
+    unchanged = {**extra_files, "config.json": _WrittenFile(source, raw)}
     if not isinstance(config, dict) or not any(field in config for field in DTYPE_FIELDS):
-        return dict(extra_files)
+        return unchanged
     dtype = output_dtype(tree)
     if dtype is None or all(config.get(field, dtype) == dtype for field in DTYPE_FIELDS):
-        return dict(extra_files)
+        return unchanged
     config.update(dict.fromkeys(DTYPE_FIELDS, dtype))
     text = json.dumps(config, indent=2, sort_keys=False) + "\n"
     return {**extra_files, "config.json": _WrittenFile(source, text.encode())}

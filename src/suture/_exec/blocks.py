@@ -2,8 +2,8 @@
 
 Each array leaf is cut into blocks along its first axis, each a whole number of the sink's
 chunks (so no chunk is written twice). Blocks are read (only the source bytes they need),
-computed and handed to the sink on a few threads. A block's cost is the bytes it reads
-plus the bytes it produces; the blocks in flight never cost more than `max_memory`. A row
+computed and handed to the sink on a few threads. A block's cost is the bytes it produces
+plus the larger of what reading it and writing it hold (one after the other); the blocks in flight never cost more than `max_memory`. A row
 (a layer of a stacked array) that would cost more than the whole budget is written in
 parts, a block of its own rows at a time (`leaf_blocks`); a block that still costs more
 than the budget is refused before anything is written (`check_blocks_fit`).
@@ -286,13 +286,19 @@ def _walk(node: Node) -> Iterator[Node]:
 
 
 def _cost(array: LazyArray, rows: slice, writer: LeafWriter, axis: int = 0) -> int:
-    """Bytes a block holds at its peak: what reading it holds (decoded chunks, strips,
-    temporaries, map working memory), the block itself, and what the writer holds."""
+    """Bytes a block holds at its peak: the block itself, and the larger of what reading it
+    holds (decoded chunks, strips, temporaries, map working memory) and what the writer holds.
+
+    A block is read whole before it is written (`runner.run_blocks`), and what reading held
+    is freed by then: the two never overlap. Counting both made a stack of float32 layers
+    cast to bfloat16 cost 208 MiB a layer instead of 160, so that a fifth layer waited for
+    the first four to be written (bench/remote.py).
+    """
     view = array[(slice(None),) * axis + (rows,)] if array.ndim else array
     # maps count their working memory in `held_while_reading`, at the selection each computes
     working = sum(n.working_bytes(view.nbytes) for n in _walk(view.node))
     reading = view.node.held_while_reading(full(view.shape), into=True)
-    return reading + view.nbytes + working + writer.held_while_writing(view.nbytes)
+    return view.nbytes + max(reading + working, writer.held_while_writing(view.nbytes))
 
 
 def write_threads(destination: Any) -> int:

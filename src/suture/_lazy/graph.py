@@ -129,6 +129,9 @@ class SourceNode(Node):
     path: str | None
     origin: str | None
     folder: str | None = None
+    # Whether a read waits on round trips to a remote store (a bucket, an HTTP server): such
+    # reads are worth overlapping (`joins.StackNode` reads its members at once).
+    remote: bool = False
 
     def start_opening(self) -> None:
         """Starts opening the stored array without waiting (`open_all`); most sources have

@@ -3,11 +3,18 @@
 A read touches only the members its selection reaches: ``stack(xs)[3]`` reads ``xs[3]``;
 a slice of a concatenation reads the parts of the members it covers; a pad reads only
 the part of its input inside the bounds.
+
+A stack whose members come from a remote store (a bucket, an HTTP server) reads up to
+`REMOTE_MEMBER_READS` members at once, each into its place: one after another, each
+member's round trips and transfer would add up (a block of eight layers of a safetensors
+folder on a bucket took eight ranged reads in a row). Its memory counts each member being
+read at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -22,6 +29,8 @@ from .selection import (
     to_slice,
 )
 
+REMOTE_MEMBER_READS = 8  # members of a stack read at once from a remote store
+
 
 class StackNode(Node):
     """`members` stacked along a new `axis`."""
@@ -30,6 +39,14 @@ class StackNode(Node):
         self.members, self.axis, self.dtype = tuple(members), axis, dtype
         member_shape = members[0].shape
         self.shape = member_shape[:axis] + (len(members),) + member_shape[axis:]
+        self._remote: bool | None = None
+
+    @property
+    def reads_at_once(self) -> int:
+        """Members read at once: several when a member reads from a remote store, else one."""
+        if self._remote is None:
+            self._remote = any(_reads_remote(member) for member in self.members)
+        return REMOTE_MEMBER_READS if self._remote else 1
 
     def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
         member_selection = selection[: self.axis] + selection[self.axis + 1 :]
@@ -37,10 +54,12 @@ class StackNode(Node):
         return [(self.members[member], member_selection) for member in touched]
 
     def held_while_reading(self, selection: Selection, into: bool = False) -> int:
-        held = max(  # members are read one after another, each into its place
+        # each member is read into its place; `reads_at_once` of them at a time
+        each = sorted(
             (m.held_while_reading(part, into=True) for m, part in self.input_selections(selection)),
-            default=0,
+            reverse=True,
         )
+        held = sum(each[: self.reads_at_once])
         return held + (0 if into else selected_bytes(self, selection))
 
     def describe(self) -> str:
@@ -61,9 +80,22 @@ class StackNode(Node):
             return
         member_selection = selection[: self.axis] + selection[self.axis + 1 :]
         # one read per selected position (a repeated member is read again, into its place)
-        for position, member in enumerate(positions(selection[self.axis])):
+        parts = list(enumerate(positions(selection[self.axis])))
+
+        def read_member(part: tuple[int, int]) -> None:
+            position, member = part
             target = (slice(None),) * self.axis + (position,)
             self.members[member].read_into(member_selection, out[target])
+
+        at_once = min(self.reads_at_once, len(parts))
+        if at_once <= 1:
+            for part in parts:
+                read_member(part)
+            return
+        # threads of this read alone (no shared pool: a stack of stacks cannot starve one)
+        with ThreadPoolExecutor(max_workers=at_once) as pool:
+            for _ in pool.map(read_member, parts):
+                pass
 
     def inputs(self) -> tuple[Node, ...]:
         return self.members
@@ -159,6 +191,17 @@ class PadNode(Node):
 
     def inputs(self) -> tuple[Node, ...]:
         return (self.base,)
+
+
+def _reads_remote(node: Node) -> bool:
+    """Whether reading `node` reads a remote source (a bucket, an HTTP server)."""
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if getattr(current, "remote", False):
+            return True
+        pending.extend(current.inputs())
+    return False
 
 
 def _promoted(node: StackNode | ConcatNode) -> str:

@@ -39,7 +39,14 @@ from .._errors import ArgumentError, UnsupportedError
 from .base import MAX_METADATA_BYTES, LocalLocation, Location, too_large
 from .hub import hub_location
 from .hub_cache import cached_location
-from .remote import WRITABLE_SCHEMES, RemoteLocation, remote_context, wait
+from .remote import (
+    WRITABLE_SCHEMES,
+    RemoteLocation,
+    metadata_read_once,
+    read_ahead,
+    remote_context,
+    wait,
+)
 
 __all__ = [
     "MAX_METADATA_BYTES",
@@ -50,6 +57,8 @@ __all__ = [
     "RemoteLocation",
     "is_remote",
     "location_of",
+    "metadata_read_once",
+    "read_ahead",
     "remote_context",
     "too_large",
     "wait",

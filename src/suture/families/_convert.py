@@ -26,7 +26,7 @@ from .._hf import (
     reuse_safetensors_layout,
     with_config_edited,
 )
-from .._location import LocalLocation, location_of
+from .._location import LocalLocation, location_of, metadata_read_once
 from .._paths import unflatten
 from .._quant.tensors import dequantized_config
 from .._save.api import SaveResult, save
@@ -82,18 +82,21 @@ def convert_with_recipe(
         )
     if reverse and recipe.target == "tunix":
         source = tunix.model_params(source)
-    ckpt = open_checkpoint(
-        source,
-        separator=".",
-        dequantize=True if dequantize else "auto",
-        dequantize_dtype=dtype or "bfloat16",
-    )
+    # opening, the config and the side files ask a bucket the same questions: once each
+    with metadata_read_once():
+        ckpt = open_checkpoint(
+            source,
+            separator=".",
+            dequantize=True if dequantize else "auto",
+            dequantize_dtype=dtype or "bfloat16",
+        )
+        if not reverse:
+            settings = read_config(config) if config is not None else _config_beside(source, name)
+            options = keep_safetensors_layout(ckpt, location_of(source), ".")
     if not reverse:
-        settings = read_config(config) if config is not None else _config_beside(source, name)
         if ckpt.layout.get("dequantized"):
             settings = dequantized_config(dtype or "bfloat16")(settings)
         tree = recipe.to_maxtext(ckpt.tree, settings)
-        options = keep_safetensors_layout(ckpt, location_of(source), ".")
         if ckpt.layout.get("dequantized"):  # the stored names and shards are not the tree's
             options["metadata"][LAYOUT_KEY]["weight_map"] = None
             options["extra_files"] = with_config_edited(

@@ -12,8 +12,16 @@ from .._errors import (
     NotACheckpointError,
     UnsupportedError,
 )
-from .._location import Location, RemoteLocation, location_of
+from .._location import (
+    MAX_METADATA_BYTES,
+    Location,
+    RemoteLocation,
+    location_of,
+    metadata_read_once,
+    read_ahead,
+)
 from .._location.hub_cache import missing_repo_error
+from .._location.publish import COMMIT_SUCCESS_FILE
 from .checkpoint import Checkpoint
 
 FORMATS = ("orbax", "safetensors", "msgpack", "npz", "torch", "memory")
@@ -30,7 +38,27 @@ def open_source(
     dequantize: bool | str = False,
     dequantize_dtype: Any = "bfloat16",
 ) -> Checkpoint:
-    """Opens `source` lazily; see `suture.open` (``dequantize="auto"``: if quantized)."""
+    """Opens `source` lazily; see `suture.open` (``dequantize="auto"``: if quantized).
+
+    On a bucket, each listing and small read the detection and the opening make is asked
+    once (`metadata_read_once`): they ask the same questions in several places.
+    """
+    with metadata_read_once():
+        return _open_source(
+            source, step, item, format, separator, allow_pickle, dequantize, dequantize_dtype
+        )
+
+
+def _open_source(
+    source: Any,
+    step: int | None,
+    item: str | None,
+    format: str | None,  # noqa: A002
+    separator: str,
+    allow_pickle: bool,
+    dequantize: bool | str,
+    dequantize_dtype: Any,
+) -> Checkpoint:
     if isinstance(source, Checkpoint):
         return source
     if format is not None and format not in FORMATS:
@@ -153,6 +181,14 @@ def detect(path: Location) -> str:
         )
 
         if is_orbax_folder(path):
+            # what opening it reads next, read at once (on a bucket, within open_source)
+            read_ahead(
+                [
+                    path / name
+                    for name in ("_CHECKPOINT_METADATA", "_METADATA", COMMIT_SUCCESS_FILE)
+                ],
+                MAX_METADATA_BYTES,
+            )
             return "orbax"
         from .safetensors import INDEX_SUFFIX  # a format plugin: loaded for the format found
 

@@ -5,7 +5,9 @@ reads of its `Location`: positional reads locally, ranged GETs remotely). A read
 a read of some columns goes through a bounded strip of rows at a time, so its memory is
 the result plus one strip, never the whole span. `read_into` reads into a caller's array
 (a cast or transposed view of it) through a small per-thread tile, which fuses the read,
-the cast and the transpose without a full-size temporary.
+the cast and the transpose without a full-size temporary; from a remote store it reads the
+rows whole (one ranged read, in parts at once) and casts them into place, as a round trip
+per tile, one after another, would cost more than the temporary.
 
 Linux returns at most 2,147,479,552 bytes from one ``preadv``; `read_fully` loops until
 every byte is read, so tensors over 2 GiB read like any other. Each read of a local file
@@ -57,6 +59,10 @@ class FileRangeSource(SourceNode):
         self.identity = identity  # the file as opened; a read of another one is an error
 
     @property
+    def remote(self) -> bool:  # type: ignore[override]
+        return self.file.is_remote
+
+    @property
     def _row_bytes(self) -> int:
         return self.dtype.itemsize * math.prod(self.shape[1:])
 
@@ -78,6 +84,9 @@ class FileRangeSource(SourceNode):
             super().read_into(selection, out)
         elif out.dtype == self.dtype and out.flags.c_contiguous:
             self._read_rows(*rows, out)
+        elif self.remote:  # one read (its parts at once), not a round trip per tile in turn
+            span = aligned_empty((rows[1] - rows[0], *self.shape[1:]), self.dtype)
+            assign(out, self._read_rows(*rows, span))
         else:  # a tile at a time through this thread's scratch: cast and transpose stay in cache
             step = max(1, TILE_BYTES // max(1, self._row_bytes))
             for start in range(rows[0], rows[1], step):
@@ -90,7 +99,8 @@ class FileRangeSource(SourceNode):
         if not self.shape:
             return ReadCost(result, result)
         if _whole_rows(selection, self.shape) is not None:
-            return ReadCost(result, min(result, TILE_BYTES) if into else result)
+            tile = result if self.remote else min(result, TILE_BYTES)  # see `read_into`
+            return ReadCost(result, tile if into else result)
         spans = [stop - start for start, stop, _ in _row_groups(selection[0], self._strip_rows)]
         strip = max(spans, default=0) * self._row_bytes
         return ReadCost(sum(spans) * self._row_bytes, result + strip)
