@@ -201,6 +201,29 @@ def test_a_lock_of_other_content_is_foreign(tmp_path: Path, content: bytes) -> N
     assert lock_of(location_of(destination)).path.read_bytes() == content
 
 
+def test_a_lock_caught_between_its_creation_and_its_writing_is_another_writers(
+    tmp_path: Path,
+) -> None:
+    """A writer creates its lock and then writes its name into it; a second writer starting
+    that instant finds it empty. It waits for the name instead of calling the lock foreign."""
+    import threading
+
+    destination = tmp_path / "out"
+    lock = lock_of(location_of(destination)).path
+    lock.write_bytes(b"")  # just created by the other writer (this process stands in for it)
+    name = f"{os.getpid()}@{socket.gethostname()} {uuid.uuid4().hex}"
+    writing = threading.Timer(0.05, lock.write_text, args=(name,))
+    writing.start()
+    try:
+        with pytest.raises(
+            suture.DestinationError, match=r"Another process \(pid \d+\) is writing"
+        ):
+            suture.save({"w": np.ones(2)}, destination, progress=False)
+    finally:
+        writing.join()
+    assert lock.read_text() == name  # the other writer's lock is left alone
+
+
 def test_a_stale_lock_whose_pid_was_reused_is_taken_over(tmp_path: Path) -> None:
     """Item 14: the writer was SIGKILLed; its pid now belongs to an unrelated process."""
     destination = tmp_path / "out"

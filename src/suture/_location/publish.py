@@ -41,6 +41,7 @@ import socket
 import stat
 import sys
 import tempfile
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -247,7 +248,7 @@ def exclusive(destination: Location) -> Iterator[Held]:
     for _ in range(3):
         if _try_create(lock, owner):
             break
-        text = _read_lock(lock)
+        text = _read_written_lock(lock)
         if text is None:
             continue  # removed meanwhile: try again
         pid, host, started = _parse_lock(text, lock)
@@ -336,6 +337,18 @@ def _read_lock(lock: Location) -> str | None:
         return os.read(descriptor, _LOCK_READ_LIMIT).decode(errors="replace")
     finally:
         os.close(descriptor)
+
+
+def _read_written_lock(lock: Location, waits: int = 50) -> str | None:
+    """`_read_lock`, waiting (up to half a second) while the lock is empty: a writer creates
+    it and then writes its name, and another writer starting that instant reads it between."""
+    text = _read_lock(lock)
+    for _ in range(waits):
+        if text is None or text.strip():
+            break
+        time.sleep(0.01)
+        text = _read_lock(lock)
+    return text
 
 
 def _parse_lock(text: str, lock: Location) -> tuple[int, str, str | None]:
