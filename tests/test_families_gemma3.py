@@ -245,3 +245,41 @@ def test_maxtext_layout_gives_transformers_logits(tmp_path):
     with torch.no_grad():
         theirs = model(torch.tensor(TOKENS)).logits.numpy()
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=0)
+
+
+def test_tunix_recipe_takes_the_language_model_of_a_multimodal_folder(tmp_path):
+    """As Tunix's own loader does (its gemma3 mapping accepts ``language_model.model.``): the
+    Tunix tree of a multimodal folder equals the one of a text folder holding the same
+    language model, and --reverse --like ORIGINAL gives the multimodal folder back."""
+    from safetensors.numpy import save_file
+
+    _multimodal_model(tmp_path / "mm")
+    tensors = _tensors(tmp_path / "mm")
+    prefix = "language_model."
+    text = {
+        name[len(prefix) :]: value for name, value in tensors.items() if name.startswith(prefix)
+    }
+    assert len(text) < len(tensors)  # the vision tower and projector stay behind
+    (tmp_path / "text").mkdir()
+    save_file(text, tmp_path / "text" / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((tmp_path / "mm" / "config.json").read_text())["text_config"]
+    (tmp_path / "text" / "config.json").write_text(json.dumps(config))
+    with pytest.warns(suture.families.LeftOutWarning, match="Tunix's text model has no place for"):
+        convert_with_recipe(tmp_path / "mm", tmp_path / "from_mm", "gemma3:tunix", progress=False)
+    convert_with_recipe(tmp_path / "text", tmp_path / "from_text", "gemma3:tunix", progress=False)
+    from_mm, from_text = suture.open(tmp_path / "from_mm"), suture.open(tmp_path / "from_text")
+    assert sorted(from_mm.paths()) == sorted(from_text.paths())
+    for path in from_text.paths():
+        np.testing.assert_array_equal(from_mm[path].read(), from_text[path].read(), err_msg=path)
+    convert_with_recipe(
+        tmp_path / "from_mm",
+        tmp_path / "back",
+        "gemma3:tunix",
+        reverse=True,
+        like=tmp_path / "mm",
+        progress=False,
+    )
+    back = _tensors(tmp_path / "back")
+    assert sorted(back) == sorted(tensors)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(back[name], value, err_msg=name)

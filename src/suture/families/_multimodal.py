@@ -37,7 +37,7 @@ class LeftOutWarning(UserWarning):
 class LanguageModel:
     config: str  # the sub-config holding the language model's (``text_config``)
     prefixes: tuple[str, ...]  # where a multimodal folder keeps its tensors, first the default
-    leave_out: tuple[str, ...]  # patterns of the tensors MaxText's text model has no place for
+    leave_out: tuple[str, ...]  # patterns of the tensors the target's text model has no place for
 
     def text_config(self, config: dict[str, Any]) -> dict[str, Any]:
         inner = config.get(self.config)
@@ -56,13 +56,15 @@ class LanguageModel:
     def left_out(self, name: str) -> bool:
         return any(re.fullmatch(pattern, name) for pattern in self.leave_out)
 
-    def to_text(self, hf: dict[str, Any], prefix: str, recipe: str) -> dict[str, Any]:
+    def to_text(
+        self, hf: dict[str, Any], prefix: str, recipe: str, target: str = "MaxText"
+    ) -> dict[str, Any]:
         """`hf` with the language model under the table's names and the rest left out."""
         left = sorted(name for name in hf if self.left_out(name))
         if left:
             warnings.warn(
                 f"Recipe {recipe!r} converts the language model of this multimodal folder and "
-                f"leaves out {len(left)} tensor(s) MaxText's text model has no place for "
+                f"leaves out {len(left)} tensor(s) {target}'s text model has no place for "
                 f"({', '.join(left[:3])}{' ...' if len(left) > 3 else ''}); `suture convert ... "
                 f"--reverse --like ORIGINAL` restores them.",
                 LeftOutWarning,

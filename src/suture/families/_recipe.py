@@ -287,7 +287,7 @@ class FamilyRecipe:
         hf = _hf_leaves(tree)
         prefix = self._prefix(hf)
         if self.language_model is not None and prefix is not None:
-            hf = self.language_model.to_text(hf, prefix, self.name)
+            hf = self.language_model.to_text(hf, prefix, self.name, self._label)
         layout = self._expert_layout(hf, names)
         self._check_hf_layers(hf, names, layout)
         used: set[str] = set()
