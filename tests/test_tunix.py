@@ -274,7 +274,7 @@ def test_qwen3_moe_goes_back_in_the_layout_the_like_folder_shows(tmp_path):
             False,
             "model.layers.1.mlp.experts.2.up_proj.weight",
             r"needs tensor 'model\.layers\.1\.mlp\.experts\.2\.up_proj\.weight' for "
-            r"'layers/\{layer\}/mlp/up_proj', which the checkpoint lacks",
+            r"'layers/1/mlp/up_proj', which the checkpoint lacks",
         ),
         (
             True,

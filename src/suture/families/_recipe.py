@@ -332,7 +332,8 @@ class FamilyRecipe:
             )
         if leaf.stacked:
             converted = [
-                self._read(leaf, name, None, None, hf, names, used) for name in leaf.sources(index)
+                self._read(leaf, name, None, None, hf, names, used, index)
+                for name in leaf.sources(index)
             ]
             return stack_arrays(converted, axis=0)
         return self._converted(leaf, layout, index, None, hf, names, used)
@@ -391,7 +392,7 @@ class FamilyRecipe:
     ) -> LazyArray:
         fused = leaf.fused_in(layout)
         name = leaf.hf_name(layout, index, None if fused is not None else expert)
-        return self._read(leaf, name, fused, expert, hf, names, used)
+        return self._read(leaf, name, fused, expert, hf, names, used, index)
 
     def _read(
         self,
@@ -402,10 +403,14 @@ class FamilyRecipe:
         hf: dict,
         names: dict,
         used: set,
+        index: int | None = None,
     ) -> LazyArray:
         if name not in hf:
+            target = leaf.maxtext  # a per-layer target (Tunix's layers/N/...) named as this layer's
+            if index is not None and self.target != "maxtext":
+                target = target.replace("{layer}", str(index))
             raise ConfigMismatchError(
-                f"Recipe {self.name!r} needs tensor {name!r} for {leaf.maxtext!r}, which the "
+                f"Recipe {self.name!r} needs tensor {name!r} for {target!r}, which the "
                 f"checkpoint lacks.{did_you_mean(name, hf)} Check that config.json belongs to "
                 f"these weights (num_hidden_layers={names.get('num_hidden_layers')})."
             )
