@@ -3,10 +3,11 @@
 Each array leaf is cut into blocks along its first axis, each a whole number of the sink's
 chunks (so no chunk is written twice). Blocks are read (only the source bytes they need),
 computed and handed to the sink on a few threads. A block's cost is the bytes it produces
-plus the larger of what reading it and writing it hold (one after the other); the blocks in flight never cost more than `max_memory`. A row
-(a layer of a stacked array) that would cost more than the whole budget is written in
-parts, a block of its own rows at a time (`leaf_blocks`); a block that still costs more
-than the budget is refused before anything is written (`check_blocks_fit`).
+plus the larger of what reading it and writing it hold (one after the other); the blocks in
+flight never cost more than `max_memory`. A row (a layer of a stacked array) that would cost
+more than the whole budget is written in parts, a block of its own rows at a time
+(`leaf_blocks`); a block that still costs more than the budget is refused before anything is
+written (`check_blocks_fit`).
 
 Running the blocks under the budget is `runner.py`; what the allocator keeps is `memory.py`.
 """
