@@ -78,12 +78,18 @@ def _transposed_matrix(values: np.ndarray) -> np.ndarray | None:
     through a transpose), else None; never a copy."""
     if values.flags.c_contiguous or values.ndim < 2:
         return None
-    matrix = values.view()
-    try:
-        matrix.shape = (values.shape[0], -1)  # refuses, rather than copies, when it cannot view
-    except AttributeError:
+    rows = values.shape[0]
+    rest = math.prod(values.shape[1:])
+    # columns first: axis 0 is the fastest, and the other axes merge into one stride
+    merged = values.strides[0] == values.itemsize and all(
+        values.strides[axis] == values.strides[axis + 1] * values.shape[axis + 1]
+        for axis in range(1, values.ndim - 1)
+    )
+    if not merged or values.strides[-1] != rows * values.itemsize:
         return None
-    return matrix.T if matrix.T.flags.c_contiguous else None
+    return np.lib.stride_tricks.as_strided(
+        values, shape=(rest, rows), strides=(values.strides[-1], values.itemsize), writeable=False
+    )
 
 
 def _transpose_into(out: np.ndarray, tile: np.ndarray) -> None:
