@@ -198,3 +198,38 @@ def orbax_load_params_only(path: object) -> dict:
 
     tree = jax.tree.map_with_path(placeholder, ocp.metadata(path).metadata)
     return ocp.load(path, tree)
+
+
+def write_hf_shards(
+    folder: Path, shards: list[dict[str, tuple[int, ...]]], config: dict, dtype: str
+) -> int:
+    """Writes a sharded Hugging Face folder of random weights, one shard in memory at a time:
+    each dict of `shards` (tensor name -> shape) is one safetensors file, beside the index and
+    `config` (its ``torch_dtype`` set to `dtype`). Returns the tensors' size in bytes.
+
+    One random block, tiled into every tensor: generation runs at memory speed, and no two
+    rows of a tensor are equal (the block's length is not a multiple of any row length), so
+    a wrong transpose or permutation shows in a value check.
+    """
+    import ml_dtypes  # noqa: F401  (registers "bfloat16" as a numpy dtype name)
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True)
+    block = np.random.default_rng(0).standard_normal(1_000_003, dtype=np.float32) * 0.02
+    block = block.astype(np.dtype(dtype))
+    weight_map, total = {}, 0
+    for number, shapes in enumerate(shards, start=1):
+        tensors = {
+            name: np.resize(np.roll(block, 7919 * k), shape)
+            for k, (name, shape) in enumerate(shapes.items())
+        }
+        name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        save_file(tensors, folder / name, metadata={"format": "pt"})
+        weight_map.update({tensor: name for tensor in tensors})
+        total += sum(t.nbytes for t in tensors.values())
+        del tensors
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": dtype}, indent=2))
+    return total

@@ -36,7 +36,14 @@ from pathlib import Path
 import numpy as np
 
 from bench import _maxtext, _maxtext_families
-from bench._common import DATA_DIR, REPO_ROOT, drop_caches, machine, write_section
+from bench._common import (
+    DATA_DIR,
+    REPO_ROOT,
+    drop_caches,
+    machine,
+    write_hf_shards,
+    write_section,
+)
 
 WORK = DATA_DIR / "families"
 LLAMA2_7B = dict(
@@ -73,48 +80,19 @@ def _tensors_of_layer(i: int, config: dict) -> dict[str, tuple[int, ...]]:
 
 
 def generate(folder: Path, config: dict, dtype: str, layers_per_shard: int = 4) -> int:
-    """Writes the HF folder shard by shard; returns its size in bytes."""
-    from safetensors.numpy import save_file
-
-    folder.mkdir(parents=True)
-    # One random block, tiled: generation runs at memory speed, and no two rows of a tensor
-    # are equal (the block's length is not a multiple of any row length), so a wrong
-    # transpose or permutation shows in the value check.
-    block = (np.random.default_rng(0).standard_normal(1_000_003, dtype=np.float32) * 0.02).astype(
-        dtype
-    )
+    """Writes the HF folder shard by shard (embeddings first, then `layers_per_shard` layers
+    each); returns its size in bytes."""
     e, v = config["hidden_size"], config["vocab_size"]
     layers = config["num_hidden_layers"]
-    groups = [
-        list(range(i, min(i + layers_per_shard, layers)))
-        for i in range(0, layers, layers_per_shard)
+    shards = [
+        {"model.embed_tokens.weight": (v, e), "lm_head.weight": (v, e), "model.norm.weight": (e,)}
     ]
-    shards = len(groups) + 1
-    weight_map, total = {}, 0
-    for number, group in enumerate([None, *groups], start=1):
-        if group is None:
-            shapes = {
-                "model.embed_tokens.weight": (v, e),
-                "lm_head.weight": (v, e),
-                "model.norm.weight": (e,),
-            }
-        else:
-            shapes = {
-                name: shape for i in group for name, shape in _tensors_of_layer(i, config).items()
-            }
-        tensors = {
-            name: np.resize(np.roll(block, 7919 * k), shape)
-            for k, (name, shape) in enumerate(shapes.items())
-        }
-        name = f"model-{number:05d}-of-{shards:05d}.safetensors"
-        save_file(tensors, folder / name, metadata={"format": "pt"})
-        weight_map.update({tensor: name for tensor in tensors})
-        total += sum(t.nbytes for t in tensors.values())
-        del tensors
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": dtype}, indent=2))
-    return total
+    for first in range(0, layers, layers_per_shard):
+        group = range(first, min(first + layers_per_shard, layers))
+        shards.append(
+            {name: shape for i in group for name, shape in _tensors_of_layer(i, config).items()}
+        )
+    return write_hf_shards(folder, shards, config, dtype)
 
 
 _TIMED = r"""

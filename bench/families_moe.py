@@ -17,14 +17,13 @@ one). Everything it made is deleted at the end.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from bench._common import DATA_DIR, machine, write_section
+from bench._common import DATA_DIR, machine, write_hf_shards, write_section
 from bench.families import timed
 
 WORK = DATA_DIR / "families-moe"
@@ -74,32 +73,14 @@ def _layer(i: int, config: dict) -> dict[str, tuple[int, ...]]:
 
 def generate(folder: Path, config: dict) -> int:
     """Writes the HF folder one layer per shard; returns its size in bytes."""
-    import ml_dtypes
-    from safetensors.numpy import save_file
-
-    folder.mkdir(parents=True)
-    block = (np.random.default_rng(0).standard_normal(1_000_003, dtype=np.float32) * 0.02).astype(
-        ml_dtypes.bfloat16
-    )
     e, v, layers = config["hidden_size"], config["vocab_size"], config["num_hidden_layers"]
-    groups: list[dict] = [
-        {"model.embed_tokens.weight": (v, e), "lm_head.weight": (v, e), "model.norm.weight": (e,)}
-    ] + [_layer(i, config) for i in range(layers)]
-    weight_map, total = {}, 0
-    for number, shapes in enumerate(groups, start=1):
-        tensors = {
-            name: np.resize(np.roll(block, 7919 * k), shape)
-            for k, (name, shape) in enumerate(shapes.items())
-        }
-        name = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
-        save_file(tensors, folder / name, metadata={"format": "pt"})
-        weight_map.update({tensor: name for tensor in tensors})
-        total += sum(t.nbytes for t in tensors.values())
-        del tensors
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
-    return total
+    embeddings = {
+        "model.embed_tokens.weight": (v, e),
+        "lm_head.weight": (v, e),
+        "model.norm.weight": (e,),
+    }
+    shards = [embeddings] + [_layer(i, config) for i in range(layers)]
+    return write_hf_shards(folder, shards, config, "bfloat16")
 
 
 def run(layers: int) -> dict:
