@@ -34,16 +34,16 @@ _scratch = threading.local()
 def cast_into(out: np.ndarray, values: np.ndarray) -> None:
     """``out[...] = values`` with ``astype``'s casting; fast for float32/float16 -> bfloat16."""
     kernel = _KERNELS.get((np.dtype(values.dtype), np.dtype(out.dtype)))
-    if (
-        kernel is None
-        or out.shape != values.shape
-        or out.size < _SMALL
-        or not values.dtype.isnative
-    ) or not values.flags.c_contiguous:
-        np.copyto(out, values, casting="unsafe")
-    elif out.flags.c_contiguous:
+    fast = (
+        kernel is not None
+        and out.shape == values.shape
+        and out.size >= _SMALL
+        and values.dtype.isnative
+        and values.flags.c_contiguous  # `assign` turns transposed reads around first
+    )
+    if fast and out.flags.c_contiguous:
         _cast_flat(kernel, values.reshape(-1), out.reshape(-1).view(np.uint16))
-    elif out.ndim >= 2 and out.strides[-1] == out.itemsize:  # rows apart: a layer of a stack
+    elif fast and out.ndim >= 2 and out.strides[-1] == out.itemsize:  # a layer of a stack
         for index in np.ndindex(out.shape[:-2]):
             _cast_rows(kernel, out[index], values[index])
     else:
