@@ -1000,7 +1000,8 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     expressions: list[Any] = [check["test"] for check in checks]
     expressions += [text for group in groups.values() for text in (group.count, group.hf_index)]
     expressions += [e for e in (experts_count, period) if e is not None]
-    expressions += list((data.get("layer_sets") or {}).values())
+    layer_sets = tuple((data.get("layer_sets") or {}).items())
+    expressions += [expression for _, expression in layer_sets]
     for leaf in leaves:
         expressions += [leaf.when or 0, *(e for op in leaf.operations for e in op.expressions())]
     read = set()
@@ -1030,7 +1031,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         layer_patterns=tuple(
             (field, tuple(pattern)) for field, pattern in (data.get("layer_patterns") or {}).items()
         ),
-        layer_sets=tuple((data.get("layer_sets") or {}).items()),
+        layer_sets=layer_sets,
         default_inputs={
             name: frozenset(users)
             for name, users in default_inputs.items()
