@@ -27,8 +27,8 @@ class Budget:
     arrays cost a page fault per 4 KiB, and zeroing each page): the `keep` largest, since a
     small block's array cannot serve a large one. A kept array stays counted in `in_flight`;
     a block that would fit without the kept arrays frees them, so they never hold a block
-    back; one that must wait for running blocks anyway leaves them for others to reuse. `peak` is
-    the most bytes ever in flight at once (the tests hold it to the limit).
+    back; one that must wait for running blocks anyway leaves them for others to reuse.
+    `peak` is the most bytes ever in flight at once (the tests hold it to the limit).
     """
 
     def __init__(self, limit: int, keep: int = WRITE_THREADS) -> None:
