@@ -211,6 +211,8 @@ def write_hf_shards(
     rows of a tensor are equal (the block's length is not a multiple of any row length), so
     a wrong transpose or permutation shows in a value check.
     """
+    # loaded here, as the other data makers load them: this module's timing helpers import
+    # nothing beyond the standard library
     import ml_dtypes  # noqa: F401  (registers "bfloat16" as a numpy dtype name)
     import numpy as np
     from safetensors.numpy import save_file

@@ -9,6 +9,7 @@ give or take a small constant; and the values must be right.
 
 from __future__ import annotations
 
+import threading
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from safetensors.numpy import save_file
 
 import suture
 from suture import rules
+from suture._exec.runner import Budget
 from suture._format import parse_bytes
 from suture._iostats import count_bytes_read
 from tests.orbax_writers import save_standard
@@ -379,8 +381,6 @@ def test_the_process_grows_by_at_most_the_budget(
 def test_finished_blocks_leave_their_largest_arrays_for_reuse() -> None:
     """A small block's array cannot serve a large one, so the largest are kept; kept arrays
     count in flight and are given up as soon as a block needs the room."""
-    from suture._exec.runner import Budget
-
     budget = Budget(limit=100, keep=2)
     arrays = {n: np.empty(n, np.uint8) for n in (40, 15, 5)}  # none can serve the next
     for n, array in arrays.items():
@@ -401,10 +401,6 @@ def test_a_block_waiting_for_running_blocks_leaves_the_kept_arrays_for_others() 
     """Dropping kept arrays helps a waiting block only when that lets it in now; a large block
     that must wait for running ones anyway leaves them, and a block of their size reuses
     one meanwhile (instead of faulting in fresh pages)."""
-    import threading
-
-    from suture._exec.runner import Budget
-
     budget = Budget(limit=100, keep=2)
     running, _ = budget.acquire(30, 30)  # a block still running
     kept = np.empty(30, np.uint8)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 import suture
 from suture.families._convert import convert_with_recipe
@@ -251,8 +251,6 @@ def test_tunix_recipe_takes_the_language_model_of_a_multimodal_folder(tmp_path):
     """As Tunix's own loader does (its gemma3 mapping accepts ``language_model.model.``): the
     Tunix tree of a multimodal folder equals the one of a text folder holding the same
     language model, and --reverse --like ORIGINAL gives the multimodal folder back."""
-    from safetensors.numpy import save_file
-
     _multimodal_model(tmp_path / "mm")
     tensors = _tensors(tmp_path / "mm")
     prefix = "language_model."

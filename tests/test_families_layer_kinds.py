@@ -17,10 +17,11 @@ import pytest
 from suture import families
 from suture.families._convert import convert_with_recipe
 
+from .test_families import _save_model
 from .test_families_gemma3 import _text_model
 from .test_families_moe import _gpt_oss, _llama4
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 
 
 def _edit_config(folder, **changes):
@@ -105,8 +106,6 @@ def test_llama4_rope_left_out_elsewhere_than_every_fourth_layer_is_refused(tmp_p
 
 
 def test_gemma2_layers_not_paired_local_then_global_are_refused(tmp_path):
-    from .test_families import _save_model
-
     _save_model("gemma2", tmp_path / "hf")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     layers = config["num_hidden_layers"]
@@ -118,8 +117,6 @@ def test_gemma2_layers_not_paired_local_then_global_are_refused(tmp_path):
 def test_qwen_with_sliding_window_layers_is_refused(tmp_path, recipe):
     """Qwen's use_sliding_window makes the layers from max_window_layers on sliding; neither
     MaxText's nor Tunix's Qwen3 has a sliding window."""
-    import transformers
-
     config = transformers.Qwen3Config(
         vocab_size=64,
         hidden_size=64,

@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -206,8 +207,6 @@ def test_a_lock_caught_between_its_creation_and_its_writing_is_another_writers(
 ) -> None:
     """A writer creates its lock and then writes its name into it; a second writer starting
     that instant finds it empty. It waits for the name instead of calling the lock foreign."""
-    import threading
-
     destination = tmp_path / "out"
     lock = lock_of(location_of(destination)).path
     lock.write_bytes(b"")  # just created by the other writer (this process stands in for it)

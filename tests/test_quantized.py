@@ -24,6 +24,7 @@ torch = pytest.importorskip(
     "torch", reason="the references are transformers' torch code (the dev extra)"
 )
 # ruff: noqa: E402
+import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
@@ -32,6 +33,7 @@ from transformers.integrations.finegrained_fp8 import (
     Fp8Dequantize,
     Fp8Quantize,
     _dequantize_fp8_weight,
+    replace_with_fp8_linear,
 )
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
@@ -837,8 +839,6 @@ def test_transformers_loads_the_fp8_folder_suture_writes(tmp_path: Path) -> None
     rows), which for a ragged edge is not the 128 of the format; its FP8 linear layers
     (`_dequantize_fp8_weight`) and DeepSeek's formula use 128 with a ragged last block, as
     suture does (`test_fp8_dequantize_ragged_edges_equal_transformers`)."""
-    import transformers
-
     config = transformers.LlamaConfig(**SERVED_WIDTHS, tie_word_embeddings=False)
     model, fp8 = _served_fp8(tmp_path, transformers.LlamaForCausalLM, config)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(fp8, dtype=torch.bfloat16).eval()
@@ -868,9 +868,6 @@ def test_fused_experts_stay_in_high_precision_and_are_named_as_not_converted(
     they are kept as they are and listed in modules_to_not_convert, so transformers builds
     its plain experts module for them, not the FP8 one that would take them for FP8 values
     without scales."""
-    import transformers
-    from transformers.integrations.finegrained_fp8 import replace_with_fp8_linear
-
     config = transformers.Qwen3MoeConfig(
         **SERVED_WIDTHS, moe_intermediate_size=128, num_experts=4, num_experts_per_tok=2
     )
