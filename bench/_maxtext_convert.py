@@ -9,6 +9,12 @@ tensor at a time, as MaxText intends) and then runs the module unchanged, with t
 arguments:
 
     python bench/_maxtext_convert.py model_name=llama3.1-8b ... hf_model_path=DIR
+
+MaxText maps names from its built-in Hugging Face config of ``model_name``
+(``HF_MODEL_CONFIGS``), whose layer count is the published model's. An argument
+``hf_config.KEY=VALUE`` (taken out before MaxText parses the rest) sets that config's KEY, so
+that a model with fewer layers than the published one converts:
+``hf_config.num_hidden_layers=8`` beside ``base_num_decoder_layers=8``.
 """
 
 import runpy
@@ -31,8 +37,24 @@ registry.BaseLeafHandlerRegistry._try_get = lambda self, leaf_type: _try_get(
 _get = type_handler_registry._TypeHandlerRegistryImpl.get
 type_handler_registry._TypeHandlerRegistryImpl.get = lambda self, ty: _get(self, _as_numpy(ty))
 
+
+def _set_hf_config(argv: list[str]) -> list[str]:
+    """`argv` without its ``hf_config.KEY=VALUE`` items, each set on MaxText's HF config."""
+    from maxtext.checkpoint_conversion.utils.hf_model_configs import HF_MODEL_CONFIGS
+
+    model = next(item.split("=", 1)[1] for item in argv if item.startswith("model_name="))
+    kept = []
+    for item in argv:
+        if item.startswith("hf_config."):
+            key, value = item[len("hf_config.") :].split("=", 1)
+            setattr(HF_MODEL_CONFIGS[model], key, int(value) if value.isdigit() else value)
+        else:
+            kept.append(item)
+    return kept
+
+
 if __name__ == "__main__":
-    sys.argv[0] = "to_maxtext"
+    sys.argv = ["to_maxtext", *_set_hf_config(sys.argv[1:])]
     runpy.run_module(
         "maxtext.checkpoint_conversion.to_maxtext", run_name="__main__", alter_sys=True
     )

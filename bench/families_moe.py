@@ -1,17 +1,23 @@
-"""A mixture-of-experts model at full width to MaxText's layout: suture's memory and wall.
+"""A mixture-of-experts model at full width to MaxText's layout: suture beside MaxText.
 
-    python -m bench.families_moe [--layers 8 16]
+    python -m bench.families_moe [--layers 8 16] [--maxtext-venv PATH [--maxtext-layers 8]]
 
 Generates a random Qwen3-30B-A3B-shaped Hugging Face folder (hidden 2048, 32 query and 4 KV
 heads of 128, 128 experts of 768, vocab 151936, bfloat16, one tensor per expert as published)
 with a few layers, one layer per shard (never more than one shard in memory), drops the page
 cache and converts it with ``suture convert --recipe qwen3-moe:maxtext`` in a fresh process:
-wall, CPU seconds, peak RSS, beside a cold read of the same files (the floor). Each stacked
-expert weight, (128 experts, layers, 2048, 768), is the largest array of the output and is
-written in pieces. Twice the layers shows that the memory does not grow with the model.
-MaxText's own converter is not run at this size: it maps names from its built-in 48-layer
-config, so it converts only a 48-layer model (``--maxtext-families`` compares it on a narrow
-one). Everything it made is deleted at the end.
+wall, CPU seconds, peak RSS, beside a cold read of the same files (the floor) and a cold
+copy of them (``cp -r``: what reading the source and writing as many bytes costs, with no
+transformation at all). Each stacked expert weight, (128 experts, layers, 2048, 768), is the
+largest array of the output and is written in pieces. Twice the layers shows that the memory
+does not grow with the model.
+
+With ``--maxtext-venv PATH`` (the environment ``bench.families --maxtext-venv`` makes), MaxText
+0.2.5's own converter (``to_maxtext``, lazy tensor loading, scanned, bfloat16) runs on the same
+folder of ``--maxtext-layers`` layers, cold, in a fresh process, and its tree is compared with
+suture's leaf by leaf. MaxText maps names from its built-in 48-layer Qwen3-30B-A3B config: the
+launcher sets that config's layer count to the folder's (``hf_config.num_hidden_layers``).
+Everything it made is deleted at the end.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench._common import DATA_DIR, machine, write_hf_shards, write_section
+from bench import _maxtext
+from bench._common import BENCH_DIR, DATA_DIR, machine, write_hf_shards, write_section
 from bench.families import timed
 
 WORK = DATA_DIR / "families-moe"
@@ -83,7 +90,31 @@ def generate(folder: Path, config: dict) -> int:
     return write_hf_shards(folder, shards, config, "bfloat16")
 
 
-def run(layers: int) -> dict:
+def maxtext_command(python: Path, layers: int, hf: Path, out: Path) -> list[str]:
+    """MaxText 0.2.5's converter on the folder: scanned, bfloat16, on the CPU, lazy loading."""
+    return [
+        str(python),
+        "-P",
+        str(BENCH_DIR / "_maxtext_convert.py"),
+        "model_name=qwen3-30b-a3b",
+        "override_model_config=True",
+        f"base_num_decoder_layers={layers}",
+        f"hf_config.num_hidden_layers={layers}",
+        "sparse_matmul=False",  # the dense MoE path: megablox kernels need an accelerator
+        "scan_layers=True",
+        "hardware=cpu",
+        "skip_jax_distributed_system=True",
+        f"base_output_directory={out}",
+        "run_name=bench",
+        f"hf_model_path={hf}",
+        "lazy_load_tensors=True",
+        "simulated_cpu_devices_count=1",
+        "save_dtype=bfloat16",
+    ]
+
+
+def run(layers: int, maxtext: Path | None = None) -> dict:
+    """Converts a `layers`-layer folder with suture (and MaxText, given its Python), cold."""
     config = {**QWEN3_30B_A3B, "num_hidden_layers": layers}
     shutil.rmtree(WORK, ignore_errors=True)
     hf, out = WORK / "hf", WORK / "maxtext"
@@ -91,6 +122,8 @@ def run(layers: int) -> dict:
         size = generate(hf, config)
         shards = sorted(str(p) for p in hf.glob("*.safetensors"))
         floor = timed(["sh", "-c", 'cat "$@" > /dev/null', "sh", *shards])
+        copied = timed(["cp", "-r", str(hf), str(WORK / "copy")])
+        shutil.rmtree(WORK / "copy")
         suture_cli = str(Path(sys.executable).with_name("suture"))
         converted = timed(
             [suture_cli, "convert", str(hf), str(out), "--recipe", "qwen3-moe:maxtext"]
@@ -101,23 +134,66 @@ def run(layers: int) -> dict:
         wi_0 = suture.open(out)["params/params/decoder/layers/moe_block/wi_0"]
         expected = suture.open(hf)[f"model/layers/{layers - 1}/mlp/experts/127/gate_proj/weight"]
         same = np.array_equal(wi_0[127, layers - 1].read(), expected.read().T)
-        return dict(
-            layers=layers, size=size, floor=floor, suture=converted, leaf=wi_0.nbytes, same=same
+        row = dict(
+            layers=layers,
+            size=size,
+            floor=floor,
+            copy=copied,
+            suture=converted,
+            leaf=wi_0.nbytes,
+            same=same,
         )
+        if maxtext is not None:
+            theirs = WORK / "maxtext-own"
+            row["maxtext"] = timed(maxtext_command(maxtext, layers, hf, theirs))
+            row["compared"], _ = _maxtext.compare_trees(theirs / "0" / "items", out)
+        return row
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
+
+
+def _route(name: str, run: dict, floor: dict) -> str:
+    return (
+        f"| {name} | {run['wall_s']:.1f} s | {run['wall_s'] / floor['wall_s']:.2f}x | "
+        f"{run['cpu_s']:.1f} | {run['peak_rss_bytes'] / GIB:.2f} GiB |"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, nargs="+", default=[8, 16])
-    rows = [run(layers) for layers in parser.parse_args().layers]
+    parser.add_argument("--maxtext-venv", type=Path, help="MaxText's environment (bench._maxtext)")
+    parser.add_argument(
+        "--maxtext-layers", type=int, default=8, help="the layer count MaxText converts too"
+    )
+    args = parser.parse_args()
+    maxtext = _maxtext.ensure_venv(args.maxtext_venv) if args.maxtext_venv else None
+    rows = [
+        run(layers, maxtext if layers == args.maxtext_layers else None) for layers in args.layers
+    ]
     table = "\n".join(
         f"| {r['layers']} | {r['size'] / GIB:.2f} GiB | {r['leaf'] / GIB:.2f} GiB | "
-        f"{r['floor']['wall_s']:.1f} s | {r['suture']['wall_s']:.1f} s "
+        f"{r['floor']['wall_s']:.1f} s | {r['copy']['wall_s']:.1f} s "
+        f"({r['copy']['wall_s'] / r['floor']['wall_s']:.2f}x) | {r['suture']['wall_s']:.1f} s "
         f"({r['suture']['wall_s'] / r['floor']['wall_s']:.2f}x) | {r['suture']['cpu_s']:.1f} | "
         f"{r['suture']['peak_rss_bytes'] / GIB:.2f} GiB | {'yes' if r['same'] else 'NO'} |"
         for r in rows
+    )
+    beside = "\n\n".join(
+        f"""### {r["layers"]} layers of full width, beside MaxText 0.2.5's `to_maxtext` on the same folder
+
+| route | wall | wall / cold read | CPU s | peak RSS |
+| --- | --- | --- | --- | --- |
+{_route("cold read (`cat`)", r["floor"], r["floor"])}
+{_route("cold copy (`cp -r`)", r["copy"], r["floor"])}
+{_route("suture `convert --recipe qwen3-moe:maxtext`", r["suture"], r["floor"])}
+{_route("MaxText `to_maxtext` (lazy_load_tensors, scanned, bfloat16)", r["maxtext"], r["floor"])}
+
+Leaf by leaf: """
+        + "; ".join(r["compared"])
+        + "."
+        for r in rows
+        if "maxtext" in r
     )
     body = f"""## Model families: a full-width MoE to MaxText's layout (`python -m bench.families_moe`)
 
@@ -127,13 +203,14 @@ per shard), converted cold with `suture convert HF OUT --recipe qwen3-moe:maxtex
 scanned Orbax checkpoint; the floor is a cold read of the same files (`cat > /dev/null`).
 "stacked leaf" is one expert weight, `moe_block/wi_0` of shape (128, layers, 2048, 768).
 
-| layers | source | stacked leaf | floor (cold read) | suture wall | suture CPU s | suture peak RSS | last expert checked |
-| --- | --- | --- | --- | --- | --- | --- | --- |
+"cold copy" is `cp -r` of the folder, cold: reading the source and writing as many bytes,
+with nothing transformed or compressed; no converter that writes its output can beat it.
+
+| layers | source | stacked leaf | floor (cold read) | cold copy | suture wall | suture CPU s | suture peak RSS | last expert checked |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
 {table}
 
-MaxText's own converter is not run at this size: it takes the layer count from its built-in
-48-layer qwen3-30b-a3b config and converts only a 48-layer model (the side-by-side section
-compares it on a narrow 48-layer one).
+{beside}
 """
     write_section("families-moe", body)
     print(body)
