@@ -23,6 +23,7 @@ Everything it made is deleted at the end.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -167,6 +168,7 @@ def main() -> None:
         "--maxtext-layers", type=int, default=8, help="the layer count MaxText converts too"
     )
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     maxtext = _maxtext.ensure_venv(args.maxtext_venv) if args.maxtext_venv else None
     rows = [
         run(layers, maxtext if layers == args.maxtext_layers else None) for layers in args.layers
@@ -197,7 +199,8 @@ Leaf by leaf: """
     )
     body = f"""## Model families: a full-width MoE to MaxText's layout (`python -m bench.families_moe`)
 
-{machine()}. Random Qwen3-30B-A3B-shaped HF folders (hidden 2048, 32 query and 4 KV heads of
+{machine()}; load average {load_before:.1f} at the start and {os.getloadavg()[0]:.1f} at the
+end (other work on the machine slows every route). Random Qwen3-30B-A3B-shaped HF folders (hidden 2048, 32 query and 4 KV heads of
 128, 128 experts of 768, vocab 151936, bfloat16, one tensor per expert as published, one layer
 per shard), converted cold with `suture convert HF OUT --recipe qwen3-moe:maxtext` into one
 scanned Orbax checkpoint; the floor is a cold read of the same files (`cat > /dev/null`).
