@@ -189,6 +189,8 @@ def test_a_save_between_buckets_makes_few_requests_around_its_data(
     np.testing.assert_array_equal(restore_with_stock_orbax(f"{gcs}/few-requests/out")["w"], 1)
     # 15 and 29 before: _CHECKPOINT_METADATA probed and read twice, an existence check as a
     # probe and a listing, the lock probed before each read, read in two requests (a short
-    # file refused a ranged read) and removed with two listings
-    assert opening <= 11, opening
+    # file refused a ranged read) and removed with two listings. Opening probes the folder's
+    # name, _METADATA and _CHECKPOINT_METADATA at once: one request more than probing them
+    # in turn until one is found, one round trip (two for a folder of safetensors) less.
+    assert opening <= 12, opening
     assert saving <= 20, saving
