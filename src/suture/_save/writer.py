@@ -168,6 +168,8 @@ def orbax_blocks(
             array = sink.add_value(keys, kinds, leaf)
         if array is not None:
             arrays.append((path, array, sink.add_array(keys, kinds, array)))
+    if group is None:
+        sink.write_tree()  # while the arrays are being created
     sink.opened()
     if group is None:
         blocks = [
