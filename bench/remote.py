@@ -163,9 +163,27 @@ def boto3_peer(source: str, destination: str) -> None:
             done.result()
 
 
+def _server_cpu(store: str) -> float:
+    """CPU seconds the store's server has used: moto runs in this process (whose other
+    threads wait), fake-gcs-server is a child process."""
+    if store == "s3":
+        used = os.times()
+        return used.user + used.system
+    total = 0.0
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"fake-gcs" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+                    total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def _measure(route: str, source: str, destination: str, proxy: str) -> dict:
-    """One fresh-process run of `route`; its wall time and what went through the proxy."""
-    before, load_before = stats_of(proxy), os.getloadavg()[0]
+    """One fresh-process run of `route`; its wall time, what went through the proxy, and
+    the CPU time of the route's store server meanwhile."""
+    store = source.split("://", 1)[0]
+    before, load_before, cpu_before = stats_of(proxy), os.getloadavg()[0], _server_cpu(store)
     done = subprocess.run(
         [sys.executable, "-m", "bench.remote", "--worker", route, source, destination],
         capture_output=True,
@@ -179,6 +197,7 @@ def _measure(route: str, source: str, destination: str, proxy: str) -> dict:
     result.update(
         {key: after[key] - before[key] for key in ("requests", "bytes_up", "bytes_down")},
         load=(load_before + os.getloadavg()[0]) / 2,
+        server_cpu_s=_server_cpu(store) - cpu_before,
     )
     return result
 
@@ -316,7 +335,7 @@ def report(args, runs: dict[str, list[dict]], stored: int, hf_bytes: int, bandwi
             f"| {name} | {median(name, 'wall_s'):.2f} s | {median(name, 'requests'):.0f} "
             f"| {median(name, 'bytes_down') / MIB:.0f} / {median(name, 'bytes_up') / MIB:.0f} MiB "
             f"| {floor:.2f} s | **{median(name, 'wall_s') / floor:.2f}x** "
-            f"| {median(name, 'load'):.1f} |"
+            f"| {median(name, 'server_cpu_s'):.2f} s | {median(name, 'load'):.1f} |"
         )
     every = "; ".join(
         f"{name} " + ", ".join(f"{r['wall_s']:.2f}" for r in results)
@@ -333,15 +352,17 @@ def report(args, runs: dict[str, list[dict]], stored: int, hf_bytes: int, bandwi
 the benchmark's proxy ({args.latency_ms:g} ms per request, {args.bandwidth_mbs:g} MB/s per
 connection, requests and bytes counted by it). Median of {args.repeats} runs per route, each
 a fresh process after one discarded run (wall: from before opening to the arrays being
-ready or the checkpoint committed, imports excluded). The machine is shared: the load
-average (1 min) during each route is in the last column.
+ready or the checkpoint committed, imports excluded). Server CPU: what the route's store
+server (fake-gcs-server, or moto, one Python process) used meanwhile; moto reads a whole
+object for every ranged GET. The machine is shared: the load average (1 min) during each
+route is in the last column.
 Checkpoint (a, b): stock `StandardCheckpointer`, {args.layers} layers of
 ({args.width}, {args.width}) float32 kernels + biases for params, mu and nu,
 {stored / MIB:.0f} MiB stored. HF folder (c): Llama, hidden {LLAMA["hidden_size"]},
 {LLAMA["num_hidden_layers"]} layers, bfloat16, {hf_bytes / MIB:.0f} MiB in 5 shards.
 
-| route | wall | requests | down / up through the proxy | floor (bytes / bandwidth) | wall / floor | load |
-| --- | --- | --- | --- | --- | --- | --- |
+| route | wall | requests | down / up through the proxy | floor (bytes / bandwidth) | wall / floor | server CPU | load |
+| --- | --- | --- | --- | --- | --- | --- | --- |
 {chr(10).join(rows)}
 
 - Every run's wall time: {every}.
