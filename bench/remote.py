@@ -14,7 +14,12 @@ committed, imports excluded), after one discarded run of it.
 (b) a streamed surgery gs:// -> gs:// of the same checkpoint: drop the optimizer state,
     stack the layers, cast to bfloat16 (``suture.save(suture.transform(rules, src), dst)``).
 (c) a sharded safetensors Llama folder (bfloat16) -> MaxText layout with
-    ``--recipe llama3.1:maxtext``, gs:// -> gs:// and s3:// -> s3://.
+    ``--recipe llama3.1:maxtext``, gs:// -> gs:// and s3:// -> s3://; beside s3->s3, its
+    stock peer (``peer-s3``): plain boto3 moving the same bytes through the same proxy to
+    the same moto, in requests of the same sizes, as many at once as suture has in flight
+    (the index and each shard's header, every tensor in ranged GETs of at most 16 MiB, and
+    as many bytes as the conversion uploaded, in 10 MiB PUTs issued as the reads arrive).
+    What the peer takes over its floor is what moto and the proxy cost on this machine.
 
 The floor of a route is the bytes it moved through the proxy (both ways) over one
 connection's bandwidth. Goals (issue 30): loads at most Orbax's wall and requests; streamed
@@ -34,6 +39,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from bench._common import (
@@ -63,6 +69,10 @@ LLAMA = dict(
     rope_theta=500000.0,
 )
 MIB = 2**20
+PEER_CONNECTIONS = 64  # suture's reads (and writes) in flight at most (`s3_request_concurrency`)
+PEER_PART_BYTES = 16 << 20  # a ranged read's part, as suture cuts a long range
+PEER_OBJECT_BYTES = 10 << 20  # about the size of the OCDBT data files suture uploads
+PEER_UPLOAD = "BENCH_PEER_UPLOAD_BYTES"  # bytes the peer uploads (the conversion's)
 
 
 def worker(route: str, source: str, destination: str) -> None:
@@ -90,15 +100,90 @@ def worker(route: str, source: str, destination: str) -> None:
         suture.save(suture.transform(surgery, source), destination, progress=False)
     elif route == "suture-convert":
         convert_with_recipe(source, destination, "llama3.1:maxtext", progress=False)
+    elif route == "boto3-peer":
+        boto3_peer(source, destination)
     else:
         raise SystemExit(f"unknown route {route}")
     wall = time.perf_counter() - started
     print(json.dumps({"wall_s": wall, "peak_rss_bytes": peak_rss_bytes()}))
 
 
+def boto3_peer(source: str, destination: str) -> None:
+    """The conversion's transfers done by plain boto3 (see the module's docstring, (c))."""
+    import boto3  # this route's alone, as jax and suture are the others'
+    import botocore.config
+
+    bucket, _, folder = source.removeprefix("s3://").partition("/")
+    out_bucket, _, out_folder = destination.removeprefix("s3://").partition("/")
+    config = botocore.config.Config(max_pool_connections=2 * PEER_CONNECTIONS)
+    client = boto3.client("s3", config=config)
+
+    def get(name: str, start: int, count: int) -> bytes:
+        ranged = {"Range": f"bytes={start}-{start + count - 1}"} if count else {}
+        return client.get_object(Bucket=bucket, Key=f"{folder}/{name}", **ranged)["Body"].read()
+
+    def header(name: str) -> tuple[str, int, dict]:
+        head = get(name, 0, 64 << 10)
+        end = 8 + int.from_bytes(head[:8], "little")
+        return name, end, json.loads(head[8:end])
+
+    index = json.loads(get("model.safetensors.index.json", 0, 0))
+    shards = sorted(set(index["weight_map"].values()))
+    payload = os.urandom(PEER_OBJECT_BYTES)
+    # reads and writes each have PEER_CONNECTIONS slots, as suture's have (`OrbaxSink`)
+    with ThreadPoolExecutor(PEER_CONNECTIONS) as pool, ThreadPoolExecutor(PEER_CONNECTIONS) as up:
+        parts = [
+            (name, data_start + begin + offset, min(PEER_PART_BYTES, end - begin - offset))
+            for name, data_start, entries in pool.map(header, shards)
+            for tensor, entry in entries.items()
+            if tensor != "__metadata__"
+            for begin, end in [entry["data_offsets"]]
+            for offset in range(0, end - begin, PEER_PART_BYTES)
+        ]
+        total = sum(count for *_, count in parts)
+        share = int(os.environ.get(PEER_UPLOAD) or total) / total  # bytes up per byte down
+        reads = [pool.submit(get, *part) for part in parts]
+        writes: list = []
+
+        def put(size: int) -> None:
+            key = f"{out_folder}/d/{len(writes)}"
+            writes.append(
+                up.submit(client.put_object, Bucket=out_bucket, Key=key, Body=payload[:size])
+            )
+
+        ready = 0.0
+        for done in as_completed(reads):  # the writes go up as the reads arrive
+            ready += len(done.result()) * share
+            while ready >= PEER_OBJECT_BYTES:
+                put(PEER_OBJECT_BYTES)
+                ready -= PEER_OBJECT_BYTES
+        if ready >= 1:
+            put(int(ready))
+        for done in writes:
+            done.result()
+
+
+def _server_cpu(store: str) -> float:
+    """CPU seconds the store's server has used: moto runs in this process (whose other
+    threads wait), fake-gcs-server is a child process."""
+    if store == "s3":
+        used = os.times()
+        return used.user + used.system
+    total = 0.0
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"fake-gcs" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+                    total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def _measure(route: str, source: str, destination: str, proxy: str) -> dict:
-    """One fresh-process run of `route`; its wall time and what went through the proxy."""
-    before, load_before = stats_of(proxy), os.getloadavg()[0]
+    """One fresh-process run of `route`; its wall time, what went through the proxy, and
+    the CPU time of the route's store server meanwhile."""
+    store = source.split("://", 1)[0]
+    before, load_before, cpu_before = stats_of(proxy), os.getloadavg()[0], _server_cpu(store)
     done = subprocess.run(
         [sys.executable, "-m", "bench.remote", "--worker", route, source, destination],
         capture_output=True,
@@ -112,6 +197,7 @@ def _measure(route: str, source: str, destination: str, proxy: str) -> dict:
     result.update(
         {key: after[key] - before[key] for key in ("requests", "bytes_up", "bytes_down")},
         load=(load_before + os.getloadavg()[0]) / 2,
+        server_cpu_s=_server_cpu(store) - cpu_before,
     )
     return result
 
@@ -165,7 +251,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=5)
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cases", default="load,surgery,convert-gs,convert-s3")
+    parser.add_argument("--cases", default="load,surgery,convert-gs,convert-s3,peer-s3")
     parser.add_argument("--section", default="remote", help="the RESULTS.md section written")
     parser.add_argument("--note", default="", help="a line added under the table")
     args = parser.parse_args()
@@ -185,7 +271,7 @@ def main() -> None:
         with gcs_server(server_root) as gcs_url, s3_server() as s3_url:
             upload(checkpoint, f"gs://{BUCKET}/ckpt")
             upload(HF, f"gs://{BUCKET}/hf")
-            if "convert-s3" in cases:
+            if "convert-s3" in cases or "peer-s3" in cases:
                 upload(HF, f"s3://{BUCKET}/hf")
             with (
                 _proxy(gcs_url, latency, bandwidth) as gcs_proxy,
@@ -212,7 +298,18 @@ def main() -> None:
                             (f"(c) convert {store}->{store}", "suture-convert",
                              f"{store}://{BUCKET}/hf", f"{store}://{BUCKET}/out/maxtext", proxy)
                         )  # fmt: skip
+                if "peer-s3" in cases:
+                    plan.append(
+                        ("(c) boto3 peer s3->s3", "boto3-peer", f"s3://{BUCKET}/hf",
+                         f"s3://{BUCKET}/out/peer", s3_proxy)
+                    )  # fmt: skip
                 for name, route, source, destination, proxy in plan:
+                    if route == "boto3-peer" and "(c) convert s3->s3" in runs:
+                        # the peer uploads what the conversion uploaded (its workers see it)
+                        uploaded = statistics.median(
+                            r["bytes_up"] for r in runs["(c) convert s3->s3"]
+                        )
+                        os.environ[PEER_UPLOAD] = str(int(uploaded))
                     results = []
                     for attempt in range(args.repeats + 1):  # the first discarded
                         target = f"{destination}-{attempt}" if destination else ""
@@ -238,7 +335,7 @@ def report(args, runs: dict[str, list[dict]], stored: int, hf_bytes: int, bandwi
             f"| {name} | {median(name, 'wall_s'):.2f} s | {median(name, 'requests'):.0f} "
             f"| {median(name, 'bytes_down') / MIB:.0f} / {median(name, 'bytes_up') / MIB:.0f} MiB "
             f"| {floor:.2f} s | **{median(name, 'wall_s') / floor:.2f}x** "
-            f"| {median(name, 'load'):.1f} |"
+            f"| {median(name, 'server_cpu_s'):.2f} s | {median(name, 'load'):.1f} |"
         )
     every = "; ".join(
         f"{name} " + ", ".join(f"{r['wall_s']:.2f}" for r in results)
@@ -255,15 +352,17 @@ def report(args, runs: dict[str, list[dict]], stored: int, hf_bytes: int, bandwi
 the benchmark's proxy ({args.latency_ms:g} ms per request, {args.bandwidth_mbs:g} MB/s per
 connection, requests and bytes counted by it). Median of {args.repeats} runs per route, each
 a fresh process after one discarded run (wall: from before opening to the arrays being
-ready or the checkpoint committed, imports excluded). The machine is shared: the load
-average (1 min) during each route is in the last column.
+ready or the checkpoint committed, imports excluded). Server CPU: what the route's store
+server (fake-gcs-server, or moto, one Python process) used meanwhile; moto reads a whole
+object for every ranged GET. The machine is shared: the load average (1 min) during each
+route is in the last column.
 Checkpoint (a, b): stock `StandardCheckpointer`, {args.layers} layers of
 ({args.width}, {args.width}) float32 kernels + biases for params, mu and nu,
 {stored / MIB:.0f} MiB stored. HF folder (c): Llama, hidden {LLAMA["hidden_size"]},
 {LLAMA["num_hidden_layers"]} layers, bfloat16, {hf_bytes / MIB:.0f} MiB in 5 shards.
 
-| route | wall | requests | down / up through the proxy | floor (bytes / bandwidth) | wall / floor | load |
-| --- | --- | --- | --- | --- | --- | --- |
+| route | wall | requests | down / up through the proxy | floor (bytes / bandwidth) | wall / floor | server CPU | load |
+| --- | --- | --- | --- | --- | --- | --- | --- |
 {chr(10).join(rows)}
 
 - Every run's wall time: {every}.

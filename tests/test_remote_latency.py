@@ -26,6 +26,7 @@ from suture._location import MAX_METADATA_BYTES, location_of, metadata_read_once
 from suture._location import remote as remote_module
 from suture._location.remote import RemoteLocation, _open_store
 from suture.sources.filesource import FileRangeSource
+from suture.sources.safetensors import HEADER_GUESS
 from tests.remote_servers import upload
 
 
@@ -225,15 +226,50 @@ def test_opening_a_remote_orbax_folder_reads_its_metadata_at_once(gcs: str, monk
         checkpointer.save(epath.Path(url), {"w": np.arange(4.0, dtype=np.float32)})
         checkpointer.wait_until_finished()
     probes: dict[str, int] = {}  # file -> the thread that probed its size limit
+    together = threading.Barrier(3, timeout=30)  # broken unless the three probes are at once
     read_now = RemoteLocation._read_now
 
     def counted(self: RemoteLocation, key: str, byte_range: slice | None = None):
         if byte_range is not None and byte_range.start == MAX_METADATA_BYTES:
             probes[key.rsplit("/", 1)[-1]] = threading.get_ident()
+            together.wait()
         return read_now(self, key, byte_range)  # the real read
 
     monkeypatch.setattr(RemoteLocation, "_read_now", counted)
     np.testing.assert_array_equal(suture.open(url)["w"].read(), np.arange(4.0))
     metadata = {"_CHECKPOINT_METADATA", "_METADATA", "commit_success.txt"}
-    assert set(probes) == metadata  # each read once, each on a thread of its own
-    assert len(set(probes.values()) - {threading.get_ident()}) == 3
+    assert set(probes) == metadata  # each read once, the three at once
+    assert threading.get_ident() not in probes.values()
+
+
+def test_opening_remote_shards_reads_each_header_in_one_request(gcs: str, tmp_path: Path) -> None:
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    rng = np.random.default_rng(3)
+    shards = {"model-00001-of-00002.safetensors": "a", "model-00002-of-00002.safetensors": "b"}
+    values = {tensor: rng.standard_normal((160, 128)).astype(np.float32) for tensor in "ab"}
+    for name, tensor in shards.items():  # 80 KiB each: longer than the first read
+        save_file({tensor: values[tensor]}, hf / name)
+    index = {"metadata": {}, "weight_map": {tensor: name for name, tensor in shards.items()}}
+    (hf / "model.safetensors.index.json").write_text(json.dumps(index))
+    url = upload(hf, f"{gcs}/latency/shards")
+    asked: list[tuple[str, tuple[int, int] | None]] = []
+    read_now = RemoteLocation._read_now
+
+    def counted(self: RemoteLocation, key: str, byte_range: slice | None = None):
+        if "model-0000" in key:
+            bounds = None if byte_range is None else (byte_range.start, byte_range.stop)
+            asked.append((key.rsplit("/", 1)[-1], bounds))
+        return read_now(self, key, byte_range)  # the real read
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RemoteLocation, "_read_now", counted)
+        ckpt = suture.open(url)
+    # per shard: the length and the header in one read, then the last byte the header
+    # names; no probe of whether the shard is there (the folder's listing said so)
+    for name in shards:
+        reads = sorted(bounds for shard, bounds in asked if shard == name)
+        size = (hf / name).stat().st_size
+        assert reads == [(0, HEADER_GUESS), (size - 1, size)], reads
+    for tensor in "ab":
+        np.testing.assert_array_equal(ckpt[tensor].read(), values[tensor])

@@ -23,7 +23,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -479,19 +479,30 @@ def read_ahead(files: list[Location], limit: int) -> None:
     ``read_bytes(limit)`` reads it, so that the reads that follow are answered without a
     round trip each (opening an Orbax folder reads three files one after another).
     Errors are kept for those reads to raise; outside the scope this does nothing."""
+    _ask_at_once(files, lambda place: place.read_bytes(limit))
+
+
+def probe_ahead(files: list[Location]) -> None:
+    """Within `metadata_read_once`, asks at once whether each remote file is there (as
+    ``is_file`` asks), so that the probes that follow are answered without a round trip
+    each (telling a folder's format probes a name, then another); outside it, nothing."""
+    _ask_at_once(files, lambda place: place.is_file())
+
+
+def _ask_at_once(files: list[Location], ask: Callable[[RemoteLocation], Any]) -> None:
     answers = _answers.get()
     remote = [place for place in files if isinstance(place, RemoteLocation)]
     if answers is None or len(remote) < 2:
         return
 
-    def read(place: RemoteLocation) -> None:
+    def asked(place: RemoteLocation) -> None:
         with contextlib.suppress(SurgeryError, OSError):
-            place.read_bytes(limit)
+            ask(place)
 
     with ThreadPoolExecutor(max_workers=len(remote)) as pool:
         # each in a copy of this context: the same answers, filled from every thread
-        reads = [pool.submit(contextvars.copy_context().run, read, place) for place in remote]
-        for done in reads:
+        calls = [pool.submit(contextvars.copy_context().run, asked, place) for place in remote]
+        for done in calls:
             done.result()
 
 

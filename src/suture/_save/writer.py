@@ -52,9 +52,10 @@ def write(tree: Any, destination: Location, options: SaveOptions) -> SaveResult:
         staged = format == "safetensors"
         publication = begin(destination, overwrite, staged, reclaimed=held.reclaimed)
         temporary = publication.temporary
+        settle: Any = lambda: None  # noqa: E731 (replaced by the Orbax sink's)
         try:
             if format == "orbax":
-                blocks, finish, _ = orbax_blocks(tree, temporary, options)
+                blocks, finish, settle = orbax_blocks(tree, temporary, options)
             else:
                 assert isinstance(temporary, LocalLocation)
                 one_file = destination.name.endswith(".safetensors")
@@ -85,11 +86,13 @@ def write(tree: Any, destination: Location, options: SaveOptions) -> SaveResult:
             copy_extra_files(options.extra_files, temporary)
             publication.commit(overwrite)
         except (OSError, ValueError) as error:
+            call_collecting_error(settle)  # nothing still being created outlives the abort
             publication.abort()
             if isinstance(error, ValueError) and not is_io_failure(error):
                 raise
             raise as_surgery_error(error, destination) from error
         except BaseException:
+            call_collecting_error(settle)
             publication.abort()
             raise
     return SaveResult(
@@ -142,7 +145,9 @@ def orbax_blocks(
     tree: Any, folder: Location | Path, options: SaveOptions, group: Group | None = None
 ) -> tuple[list[Block], Any, Any]:
     """The blocks to write, the function that finishes the checkpoint, and the one that
-    makes this process's writes durable (the finish does it for a single process).
+    settles this process's writes: under a `group`, makes its database durable; for a
+    single process (whose finish makes it durable), waits for the arrays' creation, which
+    on a bucket goes on while the blocks run (call it before an abort that skips finish).
 
     With a `group` (under jax.distributed) the blocks are this process's share, written to
     its own database (each process syncs its own), and the finish (for the primary, after
@@ -168,14 +173,20 @@ def orbax_blocks(
             array = sink.add_value(keys, kinds, leaf)
         if array is not None:
             arrays.append((path, array, sink.add_array(keys, kinds, array)))
-    sink.opened()
     if group is None:
+        sink.write_tree()  # while the arrays are being created
+        if not sink.folder.is_remote:
+            sink.opened()
+        # On a bucket the creation takes a few round trips in a row: the blocks start
+        # reading meanwhile, each block's write waits for its array, and `finish` (or
+        # the settling before an abort) for every array.
         blocks = [
             block
             for leaf in arrays
             for block in leaf_blocks(*leaf, block_budget(max_memory), max_memory)
         ]
-        return blocks, lambda: sink.finish(metadata), sink.sync
+        return blocks, lambda: sink.finish(metadata), sink.opened
+    sink.opened()
     blocks = owned + share_blocks(arrays, block_budget(max_memory), group.count, group.index)
     return blocks, lambda: (sink.finish(metadata), merge_process_databases(folder)), sink.sync
 

@@ -50,6 +50,10 @@ _HANDLER = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheck
 _SEQUENCE_KEY, _DICT_KEY = 1, 2
 PROCESS_PREFIX = "ocdbt.process_"  # Orbax's name for one process's database
 REMOTE_DATA_FILE_BYTES = 8 << 20
+# request slots of the writes' own (`OrbaxSink`), as many as the reads have
+WRITE_RESOURCES = {
+    f"{driver}_request_concurrency": {"limit": 64} for driver in ("gcs", "s3", "http")
+}
 
 
 class OrbaxArrayWriter:
@@ -197,12 +201,18 @@ class OrbaxSink:
         self._strings: dict[str, str] = {}
         self._names = OrbaxNames()
         self._openings: list[Any] = []  # TensorStore futures of the arrays being created
+        self._tree_written = False  # `_METADATA` and `_strings.json` (`write_tree`)
         # Chunks are not fsync'd one by one (TensorStore's default): that stalls each writing
         # thread on the disk. `sync` makes everything durable once, before publication.
         self._context = ts.Context(
             {
                 "file_io_concurrency": {"limit": 64},
                 "file_io_sync": False,
+                # On a bucket, commits run one after another and every block's write waits
+                # for its commit: the writes get request slots of their own, instead of
+                # queueing behind the reads of the blocks in flight (a stack's members and
+                # a long range's parts, a hundred at once).
+                **(WRITE_RESOURCES if self.folder.is_remote else {}),
             },
             parent=remote_context() if self.folder.is_remote else None,
         )
@@ -352,9 +362,11 @@ class OrbaxSink:
         if isinstance(self._database, LocalLocation):
             fsync_tree(self._database.path)
 
-    def finish(self, custom_metadata: dict | None = None) -> None:
-        """Writes `_METADATA`, `_strings.json` and `_CHECKPOINT_METADATA`, then fsyncs the
-        whole checkpoint (so that it is durable before it is published)."""
+    def write_tree(self) -> None:
+        """Writes `_METADATA` and `_strings.json` once every leaf is added: written while
+        the arrays are being created (`opened` waits for those), they cost no round trip
+        of their own on a bucket, and `finish` has one file less to write. The folder stays
+        unfinished until `finish` records the commit."""
         metadata = {
             "tree_metadata": self._entries,
             "use_ocdbt": True,
@@ -365,6 +377,15 @@ class OrbaxSink:
         _write_json(self.folder / "_METADATA", metadata)
         if self._strings:
             _write_json(self.folder / "_strings.json", self._strings)
+        self._tree_written = True
+
+    def finish(self, custom_metadata: dict | None = None) -> None:
+        """Writes `_METADATA` and `_strings.json` (unless `write_tree` did) and
+        `_CHECKPOINT_METADATA`, then fsyncs the whole checkpoint (so that it is durable
+        before it is published)."""
+        self.opened()  # on a bucket the blocks ran while the arrays were being created
+        if not self._tree_written:
+            self.write_tree()
         _write_json(
             self.folder / "_CHECKPOINT_METADATA",
             self._checkpoint_metadata(time.time_ns(), custom_metadata),

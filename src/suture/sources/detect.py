@@ -18,6 +18,7 @@ from .._location import (
     RemoteLocation,
     location_of,
     metadata_read_once,
+    probe_ahead,
     read_ahead,
 )
 from .._location.hub_cache import missing_repo_error
@@ -173,6 +174,10 @@ def detect(path: Location) -> str:
         if not path.is_file():
             raise CheckpointNotFoundError(f"No such file: {str(path)!r}. Check the path.")
         return "safetensors"
+    if path.is_remote and not path.name.endswith(_FILE_SUFFIXES):
+        # a file, or an Orbax folder (its two metadata names): asked at once (on a bucket,
+        # within open_source), not in three round trips one after another
+        probe_ahead([path, path / "_METADATA", path / "_CHECKPOINT_METADATA"])
     is_file = path.is_file() if path.is_remote else not path.is_dir()
     if not is_file:
         from .orbax_layout import (  # a format plugin: loaded for the format found

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +65,9 @@ INDEX_SUFFIX = ".index.json"
 MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 SINGLE_NAMES = (f"model.safetensors{INDEX_SUFFIX}", "model.safetensors")  # Hugging Face's
 REMOTE_OPENS = 16  # remote shards whose headers are read at once (each waits on round trips)
+# Bytes read first from a file: its header's length and, for most files, the header itself
+# (a shard of a few hundred tensors has a header of a few tens of KiB), in one round trip.
+HEADER_GUESS = 64 << 10
 
 
 def open_safetensors(
@@ -187,7 +191,10 @@ def _each(function: Any, items: list, remote: bool | None = None) -> list:
     if not remote or len(items) < 2:
         return [function(item) for item in items]
     with ThreadPoolExecutor(max_workers=min(REMOTE_OPENS, len(items))) as pool:
-        return list(pool.map(function, items))
+        # each in a copy of this context, so that `metadata_read_once` holds in the pool's
+        # threads too (a shard's presence is then answered by the folder's listing)
+        calls = [pool.submit(contextvars.copy_context().run, function, item) for item in items]
+        return [call.result() for call in calls]
 
 
 def _folder_names(folder: Location) -> list[str]:
@@ -232,24 +239,28 @@ def _check_index(index: dict, tensors: dict[str, LazyArray], path: Location) -> 
 def read_header(file: Location) -> tuple[dict[str, Any], int]:
     """The parsed JSON header of a safetensors file and the offset of its data.
 
-    Two reads (the length, then the header); a remote file's size is not asked for, the
-    last byte its header names is read instead.
+    One read of the first `HEADER_GUESS` bytes holds the length and, for most files, the
+    header (a longer header is read in a second); a remote file's size is not asked for,
+    the last byte its header names is read instead.
     """
     try:
         size = None if file.is_remote else file.size()
-        prefix = file.read_head(8)
+        prefix = file.read_head(HEADER_GUESS)
         if len(prefix) < 8:
             raise CorruptCheckpointError(
                 f"{str(file)!r} is {len(prefix)} bytes, too short for a safetensors header."
             )
-        length = int.from_bytes(prefix, "little")
+        length = int.from_bytes(prefix[:8], "little")
         if length > (MAX_HEADER_BYTES if size is None else min(size - 8, MAX_HEADER_BYTES)):
             shown = f"{size - 8} bytes" if size is not None else "a limit of 100 MiB"
             raise CorruptCheckpointError(
                 f"{str(file)!r} claims a {length}-byte header, but the file has {shown} "
                 f"after the length. The file is truncated or not safetensors."
             )
-        raw = bytes(file.read_range(8, length, "the header"))
+        if len(prefix) >= 8 + length:
+            raw = bytes(prefix[8 : 8 + length])
+        else:
+            raw = bytes(file.read_range(8, length, "the header"))
     except OSError as error:
         raise CorruptCheckpointError(f"Cannot read {str(file)!r}: {error}.") from error
     try:
