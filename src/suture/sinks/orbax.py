@@ -461,11 +461,33 @@ def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
     inner = array.dtype.itemsize
     for axis in reversed(range(len(shape))):
         if inner * shape[axis] > chunk_bytes:
-            chunk[axis] = max(1, chunk_bytes // inner)
+            chunk[axis] = _even_length(shape[axis], max(1, chunk_bytes // inner))
             break
         chunk[axis] = shape[axis]
         inner *= shape[axis]
     return tuple(chunk)
+
+
+def _even_length(length: int, most: int) -> int:
+    """A chunk's length along an axis of `length` cut into chunks of at most `most`: a
+    divisor of `length` where one is at least half of `most`, else chunks of nearly equal
+    lengths.
+
+    A chunk that the array's end cuts short is padded to its whole shape in the file, and
+    TensorStore copies what is written into it into a fresh buffer of that shape before
+    encoding (a chunk written whole is encoded straight from the block): the (2048, 7168)
+    expert weights of DeepSeek-V3 in chunks of 1170 rows encoded 14 % of padding and
+    copied a third of their bytes.
+
+    Example:
+        >>> _even_length(2048, 1170), _even_length(7168, 4096), _even_length(11, 4)
+        (1024, 3584, 4)
+    """
+    count = -(-length // most)
+    for pieces in range(count, 2 * count + 1):
+        if length % pieces == 0:
+            return length // pieces
+    return -(-length // count)
 
 
 def keys_and_kinds(tree: Any) -> list[tuple[tuple[str, ...], tuple[int, ...], Any]]:
