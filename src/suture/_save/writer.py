@@ -175,8 +175,10 @@ def orbax_blocks(
             for leaf in arrays
             for block in leaf_blocks(*leaf, block_budget(max_memory), max_memory)
         ]
+        sink.drop_behind(sum(block.nbytes for block in blocks))
         return blocks, lambda: sink.finish(metadata), sink.sync
     blocks = owned + share_blocks(arrays, block_budget(max_memory), group.count, group.index)
+    sink.drop_behind(sum(block.nbytes for block in blocks))
     return blocks, lambda: (sink.finish(metadata), merge_process_databases(folder)), sink.sync
 
 

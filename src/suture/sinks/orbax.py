@@ -38,7 +38,7 @@ from .._errors import UnsupportedError
 from .._exec.blocks import Block, chunk_rows, stack_axis
 from .._interrupts import native_call
 from .._lazy.array import LazyArray
-from .._location import LocalLocation, Location, location_of, remote_context
+from .._location import LocalLocation, Location, location_of, remote_context, writeback
 from .._paths import children, is_namedtuple
 from .names import OrbaxNames
 
@@ -50,6 +50,10 @@ _HANDLER = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheck
 _SEQUENCE_KEY, _DICT_KEY = 1, 2
 PROCESS_PREFIX = "ocdbt.process_"  # Orbax's name for one process's database
 REMOTE_DATA_FILE_BYTES = 8 << 20
+# Saves writing this much or more drop their finished data files from the page cache as
+# they go (`OrbaxSink.drop_behind`); smaller ones are often read back at once.
+DROP_BEHIND_BYTES = 1 << 30
+DATA_FOLDER = "d"  # where an OCDBT database keeps its data files
 
 
 class OrbaxArrayWriter:
@@ -212,6 +216,7 @@ class OrbaxSink:
         self._data_files = (
             {"target_data_file_size": REMOTE_DATA_FILE_BYTES} if self.folder.is_remote else {}
         )
+        self._dropper: writeback.DropBehind | None = None
 
     def start(self) -> None:
         """Creates the folder with a ``_CHECKPOINT_METADATA`` recording a start, no commit.
@@ -346,15 +351,35 @@ class OrbaxSink:
             "value_metadata": {"value_type": value_type, "skip_deserialize": skip_deserialize},
         }
 
+    def drop_behind(self, nbytes: int) -> None:
+        """Writes back and drops from the page cache each data file once written, when the
+        blocks to write hold `nbytes` of `DROP_BEHIND_BYTES` or more (local folders on
+        Linux): the cache then reuses its pages instead of growing by the whole output
+        (see `suture._location.writeback`). Stopped by `sync` and `finish`."""
+        if (
+            nbytes >= DROP_BEHIND_BYTES
+            and isinstance(self._database, LocalLocation)
+            and writeback.available()
+            and self._dropper is None
+        ):
+            self._dropper = writeback.DropBehind(self._database.path / DATA_FOLDER)
+
+    def _stop_dropping(self) -> None:
+        if self._dropper is not None:
+            self._dropper.stop()
+            self._dropper = None
+
     def sync(self) -> None:
         """Makes this sink's database durable: fsyncs its files and folders (local only;
         an object store has nothing to sync)."""
+        self._stop_dropping()
         if isinstance(self._database, LocalLocation):
             fsync_tree(self._database.path)
 
     def finish(self, custom_metadata: dict | None = None) -> None:
         """Writes `_METADATA`, `_strings.json` and `_CHECKPOINT_METADATA`, then fsyncs the
         whole checkpoint (so that it is durable before it is published)."""
+        self._stop_dropping()
         metadata = {
             "tree_metadata": self._entries,
             "use_ocdbt": True,
