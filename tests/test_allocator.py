@@ -121,3 +121,21 @@ def test_a_save_not_asked_leaves_the_allocator_alone() -> None:
         "suture.save({'w': np.ones((64, 64))}, os.path.join(folder, 'ckpt'), progress=False)\n"
     )
     assert heaps_after(setup) >= 9
+
+
+def test_the_tuning_fixes_the_thresholds_unless_the_environment_sets_them(monkeypatch) -> None:
+    from suture._exec import memory
+
+    calls: list[tuple[int, int]] = []
+
+    class FakeLibc:
+        def mallopt(self, option: int, value: int) -> int:
+            calls.append((option, value))
+            return 1
+
+    monkeypatch.setattr(memory, "_LIBC", FakeLibc())
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1000000")
+    memory.tune_malloc()
+    assert calls == [(-8, 1), (-3, 32 << 20)]  # one arena, the mmap threshold; trim left alone

@@ -196,6 +196,21 @@ def test_a_leaf_larger_than_the_budget_is_written_in_blocks(tmp_path: Path, monk
     np.testing.assert_array_equal(suture.open(tmp_path / "out")["big"].read(), big)
 
 
+def test_chunks_divide_the_array_where_they_can(tmp_path: Path) -> None:
+    # 96 rows of 40 bytes under 1400-byte chunks: 3 chunks of 32 rows, not 35 + 35 + 26 (a
+    # last chunk the array's end cuts short is padded in the file and copied by TensorStore)
+    values = np.arange(960, dtype=np.float32).reshape(96, 10)
+    suture.save(
+        {"w": values, "odd": values[:95]}, tmp_path / "out", chunk_bytes=1400, progress=False
+    )
+    out = suture.open(tmp_path / "out")
+    assert out["w"].node.store().chunk_layout.read_chunk.shape == (32, 10)
+    assert out["odd"].node.store().chunk_layout.read_chunk.shape == (19, 10)  # 95 = 5 x 19
+    restored = ocp.StandardCheckpointer().restore(tmp_path / "out")
+    np.testing.assert_array_equal(restored["w"], values)
+    np.testing.assert_array_equal(restored["odd"], values[:95])
+
+
 def test_existing_destination_needs_overwrite(tmp_path: Path) -> None:
     suture.save({"a": np.zeros(2)}, tmp_path / "out", progress=False)
     with pytest.raises(suture.SurgeryError, match=r"already exists\. Pass overwrite=True"):

@@ -122,7 +122,8 @@ def _cost_at(tree: Any, options: SaveOptions, one_file: bool) -> Any:
         leaves = {f"leaf{i}": named[path] for i, path in enumerate(sorted(paths)) if path in named}
         with tempfile.TemporaryDirectory() as scratch:
             if trial.format == "orbax":
-                blocks, _, _ = orbax_blocks(leaves, Path(scratch) / "trial", trial)
+                blocks, _, settle = orbax_blocks(leaves, Path(scratch) / "trial", trial)
+                call_collecting_error(settle)  # a trial starts no thread that outlives it
             else:
                 where = Path(scratch) / "scratch.safetensors" if one_file else Path(scratch)
                 blocks, closing = safetensors_blocks(leaves, where, one_file, trial)
@@ -185,9 +186,11 @@ def orbax_blocks(
             for leaf in arrays
             for block in leaf_blocks(*leaf, block_budget(max_memory), max_memory)
         ]
-        return blocks, lambda: sink.finish(metadata), sink.opened
+        sink.drop_behind(sum(block.nbytes for block in blocks))
+        return blocks, lambda: sink.finish(metadata), sink.settle
     sink.opened()
     blocks = owned + share_blocks(arrays, block_budget(max_memory), group.count, group.index)
+    sink.drop_behind(sum(block.nbytes for block in blocks))
     return blocks, lambda: (sink.finish(metadata), merge_process_databases(folder)), sink.sync
 
 

@@ -22,7 +22,7 @@ from .. import families
 from .._convert import convert as run_convert
 from .._convert import converted
 from .._errors import ArgumentError, SurgeryError, SutureWarning
-from .._exec.memory import limit_malloc_arenas
+from .._exec.memory import tune_malloc
 from .._format import human_bytes
 from .._interrupts import Terminated
 from .._interrupts import install as install_interrupt_handlers
@@ -653,7 +653,7 @@ def main(argv: list[str] | None = None) -> None:
     warnings.showwarning = _show_warning
     args = argv if argv is not None else sys.argv[1:]
     # first, before any thread starts: the command line owns its process, one malloc arena
-    limit_malloc_arenas()  # (docs/design.md, "Memory")
+    tune_malloc()  # (docs/design.md, "Memory")
     if "--debug" not in args:
         quiet_native_logs()  # the AWS credential chain's misses, logged as errors
     install_interrupt_handlers()

@@ -38,7 +38,7 @@ from .._errors import UnsupportedError
 from .._exec.blocks import Block, chunk_rows, stack_axis
 from .._interrupts import native_call
 from .._lazy.array import LazyArray
-from .._location import LocalLocation, Location, location_of, remote_context
+from .._location import LocalLocation, Location, location_of, remote_context, writeback
 from .._paths import children, is_namedtuple
 from .names import OrbaxNames
 
@@ -54,6 +54,10 @@ REMOTE_DATA_FILE_BYTES = 8 << 20
 WRITE_RESOURCES = {
     f"{driver}_request_concurrency": {"limit": 64} for driver in ("gcs", "s3", "http")
 }
+# Saves writing this much or more drop their finished data files from the page cache as
+# they go (`OrbaxSink.drop_behind`); smaller ones are often read back at once.
+DROP_BEHIND_BYTES = 1 << 30
+DATA_FOLDER = "d"  # where an OCDBT database keeps its data files
 
 
 class OrbaxArrayWriter:
@@ -222,6 +226,7 @@ class OrbaxSink:
         self._data_files = (
             {"target_data_file_size": REMOTE_DATA_FILE_BYTES} if self.folder.is_remote else {}
         )
+        self._dropper: writeback.DropBehind | None = None
 
     def start(self) -> None:
         """Creates the folder with a ``_CHECKPOINT_METADATA`` recording a start, no commit.
@@ -356,11 +361,37 @@ class OrbaxSink:
             "value_metadata": {"value_type": value_type, "skip_deserialize": skip_deserialize},
         }
 
+    def drop_behind(self, nbytes: int) -> None:
+        """Writes back and drops from the page cache each data file once written, when the
+        blocks to write hold `nbytes` of `DROP_BEHIND_BYTES` or more (local folders on
+        Linux): the cache then reuses its pages instead of growing by the whole output
+        (see `suture._location.writeback`). Stopped by `sync` and `finish`."""
+        if (
+            nbytes >= DROP_BEHIND_BYTES
+            and isinstance(self._database, LocalLocation)
+            and writeback.available()
+            and self._dropper is None
+        ):
+            self._dropper = writeback.DropBehind(self._database.path / DATA_FOLDER)
+
+    def _stop_dropping(self) -> None:
+        if self._dropper is not None:
+            self._dropper.stop()
+            self._dropper = None
+
     def sync(self) -> None:
         """Makes this sink's database durable: fsyncs its files and folders (local only;
         an object store has nothing to sync)."""
+        self._stop_dropping()
         if isinstance(self._database, LocalLocation):
             fsync_tree(self._database.path)
+
+    def settle(self) -> None:
+        """Before an abort that skips `finish`: stops dropping written files from the page
+        cache and waits for the arrays still being created (on a bucket the blocks run
+        meanwhile), so that nothing of this sink outlives the abort."""
+        self._stop_dropping()
+        self.opened()
 
     def write_tree(self) -> None:
         """Writes `_METADATA` and `_strings.json` once every leaf is added: written while
@@ -383,6 +414,7 @@ class OrbaxSink:
         """Writes `_METADATA` and `_strings.json` (unless `write_tree` did) and
         `_CHECKPOINT_METADATA`, then fsyncs the whole checkpoint (so that it is durable
         before it is published)."""
+        self._stop_dropping()
         self.opened()  # on a bucket the blocks ran while the arrays were being created
         if not self._tree_written:
             self.write_tree()
@@ -482,11 +514,33 @@ def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
     inner = array.dtype.itemsize
     for axis in reversed(range(len(shape))):
         if inner * shape[axis] > chunk_bytes:
-            chunk[axis] = max(1, chunk_bytes // inner)
+            chunk[axis] = _even_length(shape[axis], max(1, chunk_bytes // inner))
             break
         chunk[axis] = shape[axis]
         inner *= shape[axis]
     return tuple(chunk)
+
+
+def _even_length(length: int, most: int) -> int:
+    """A chunk's length along an axis of `length` cut into chunks of at most `most`: a
+    divisor of `length` where one is at least half of `most`, else chunks of nearly equal
+    lengths.
+
+    A chunk that the array's end cuts short is padded to its whole shape in the file, and
+    TensorStore copies what is written into it into a fresh buffer of that shape before
+    encoding (a chunk written whole is encoded straight from the block): the (2048, 7168)
+    expert weights of DeepSeek-V3 in chunks of 1170 rows encoded 14 % of padding and
+    copied a third of their bytes.
+
+    Example:
+        >>> _even_length(2048, 1170), _even_length(7168, 4096), _even_length(11, 4)
+        (1024, 3584, 4)
+    """
+    count = -(-length // most)
+    for pieces in range(count, 2 * count + 1):
+        if length % pieces == 0:
+            return length // pieces
+    return -(-length // count)
 
 
 def keys_and_kinds(tree: Any) -> list[tuple[tuple[str, ...], tuple[int, ...], Any]]:

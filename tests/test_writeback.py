@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from safetensors.numpy import save_file
+
+import suture
+from suture._location import writeback
+from suture.sinks import orbax as orbax_sink
+
+pytestmark = pytest.mark.skipif(not writeback.available(), reason="no posix_fadvise here")
+
+
+def _wait_for(condition, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def test_only_finished_files_are_released(tmp_path: Path, monkeypatch) -> None:
+    released: list[str] = []
+    monkeypatch.setattr(writeback, "release", lambda path: released.append(path.name))
+    folder = tmp_path / "d"
+    dropper = writeback.DropBehind(folder, interval=0.01)
+    try:
+        folder.mkdir()  # the folder appears after the thread started
+        (folder / "aa").write_bytes(b"x" * 10)
+        (folder / "bb.__lock").write_bytes(b"y")  # still being written
+        assert _wait_for(lambda: released == ["aa"])
+        (folder / "bb.__lock").rename(folder / "bb")
+        assert _wait_for(lambda: sorted(released) == ["aa", "bb"])
+    finally:
+        dropper.stop()
+    assert not dropper._thread.is_alive()
+    assert sorted(released) == ["aa", "bb"]  # each once
+
+
+def test_release_leaves_the_bytes_and_tolerates_a_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_bytes(b"abc" * 5000)
+    writeback.release(path)
+    assert path.read_bytes() == b"abc" * 5000
+    writeback.release(tmp_path / "missing")  # no error
+
+
+def test_a_large_save_drops_its_data_files_and_stock_orbax_restores_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    released: list[Path] = []
+    original = writeback.release
+
+    def recording(path: Path) -> None:
+        released.append(path)
+        original(path)
+
+    monkeypatch.setattr(writeback, "release", recording)
+    monkeypatch.setattr(writeback, "INTERVAL_SECONDS", 0.01)
+    monkeypatch.setattr(orbax_sink, "DROP_BEHIND_BYTES", 1)  # every save counts as large
+    write = orbax_sink.OrbaxArrayWriter.write_along
+
+    def slow_write(self, *arguments) -> None:
+        write(self, *arguments)
+        time.sleep(0.05)  # the thread looks every 10 ms: it sees the files of this block
+
+    monkeypatch.setattr(orbax_sink.OrbaxArrayWriter, "write_along", slow_write)
+    values = np.random.default_rng(0).standard_normal((64, 256, 256), dtype=np.float32)
+    suture.save(
+        {"a": values, "b": values[:3] * 2},
+        tmp_path / "out",
+        chunk_bytes="1MiB",
+        max_memory="16MiB",
+        progress=False,
+    )
+    restored = ocp.StandardCheckpointer().restore(tmp_path / "out")
+    np.testing.assert_array_equal(restored["a"], values)
+    np.testing.assert_array_equal(restored["b"], values[:3] * 2)
+    assert released and all(path.parent.name == "d" for path in released)
+    assert not [t for t in threading.enumerate() if t.name == "suture-drop-behind"]
+
+
+def test_a_small_save_starts_no_thread(tmp_path: Path, monkeypatch) -> None:
+    started: list[Path] = []
+    monkeypatch.setattr(writeback, "DropBehind", lambda folder: started.append(folder))
+    suture.save({"a": np.ones((4, 4))}, tmp_path / "out", progress=False)
+    assert started == []
+
+
+def _drop_behind_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "suture-drop-behind" and t.is_alive()]
+
+
+def test_a_save_refused_over_its_budget_leaves_no_thread(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(orbax_sink, "DROP_BEHIND_BYTES", 1)  # every save counts as large
+    path = tmp_path / "model.safetensors"
+    save_file({"w": np.ones((512, 1024), np.float32)}, str(path))
+    w = suture.open(path)["w"]
+    # a map of the whole array is one block, over the budget: refused after a trial save
+    normed = suture.map(lambda x: x / np.linalg.norm(x), w, shape=w.shape, dtype=w.dtype)
+    with pytest.raises(suture.SurgeryError, match="max_memory"):
+        suture.save({"normed": normed}, tmp_path / "out", max_memory="1MiB", progress=False)
+    assert _wait_for(lambda: not _drop_behind_threads())
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_save_failing_mid_write_leaves_no_thread(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(orbax_sink, "DROP_BEHIND_BYTES", 1)
+
+    def failing(self, *arguments) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(orbax_sink.OrbaxArrayWriter, "write_along", failing)
+    with pytest.raises(suture.SurgeryError):
+        suture.save({"a": np.ones((64, 64), np.float32)}, tmp_path / "out", progress=False)
+    assert _wait_for(lambda: not _drop_behind_threads())
+    assert not (tmp_path / "out").exists()
