@@ -121,13 +121,16 @@ def model_overrides(config: dict) -> list[str]:
     ]
 
 
-def maxtext_command(python: Path, config: dict, hf: Path, out: Path) -> list[str]:
-    """MaxText's converter on a local HF folder, scanned, on the CPU, one device, lazy tensor loading."""
+def maxtext_command(
+    python: Path, settings: list[str], hf: Path, out: Path, save_dtype: str = "bfloat16"
+) -> list[str]:
+    """MaxText's converter (through `_maxtext_convert.py`) on a local HF folder, with the
+    model's `settings` (its MaxText overrides), on the CPU, one device, lazy tensor loading."""
     return [
         str(python),
         "-P",
         str(BENCH_DIR / "_maxtext_convert.py"),
-        *model_overrides(config),
+        *settings,
         "hardware=cpu",
         "skip_jax_distributed_system=True",
         f"base_output_directory={out}",
@@ -135,7 +138,7 @@ def maxtext_command(python: Path, config: dict, hf: Path, out: Path) -> list[str
         f"hf_model_path={hf}",
         "lazy_load_tensors=True",
         "simulated_cpu_devices_count=1",
-        "save_dtype=bfloat16",
+        f"save_dtype={save_dtype}",
     ]
 
 
@@ -247,7 +250,7 @@ def compare(
                 "--no-progress",
             ]
         )
-        maxtext_run = timed(maxtext_command(python, config, hf, theirs))
+        maxtext_run = timed(maxtext_command(python, model_overrides(config), hf, theirs))
         lines, identical = compare_trees(theirs / "0" / "items", ours)
         shutil.rmtree(theirs)
         shutil.rmtree(ours)

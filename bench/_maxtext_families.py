@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from bench._common import BENCH_DIR, DATA_DIR, machine, write_section
-from bench._maxtext import compare_trees
+from bench._maxtext import compare_trees, maxtext_command
 
 WORK = DATA_DIR / "families-maxtext-moe"
 MIB = 1024**2
@@ -209,21 +209,13 @@ def compare(python: Path, *, timed: Callable[[list[str]], dict]) -> None:
                     [suture_cli, "convert", str(hf), str(ours), "--recipe", f"{family}:{layout}"]
                     + ["--no-progress"]
                 )
-                command = [
-                    str(python),
-                    "-P",
-                    str(BENCH_DIR / "_maxtext_convert.py"),
-                    *overrides(model_name, config, extra),
-                    f"scan_layers={scanned}",
-                    "hardware=cpu",
-                    "skip_jax_distributed_system=True",
-                    f"base_output_directory={theirs}",
-                    "run_name=bench",
-                    f"hf_model_path={hf}",
-                    "lazy_load_tensors=True",
-                    "simulated_cpu_devices_count=1",
-                    "save_dtype=float32",
-                ]
+                command = maxtext_command(
+                    python,
+                    [*overrides(model_name, config, extra), f"scan_layers={scanned}"],
+                    hf,
+                    theirs,
+                    save_dtype="float32",
+                )
                 try:
                     maxtext_run: dict | None = timed(command)
                 except RuntimeError as error:

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import _maxtext
-from bench._common import BENCH_DIR, DATA_DIR, machine, write_hf_shards, write_section
+from bench._common import DATA_DIR, machine, write_hf_shards, write_section
 from bench.families import timed
 
 WORK = DATA_DIR / "families-moe"
@@ -91,26 +91,16 @@ def generate(folder: Path, config: dict) -> int:
     return write_hf_shards(folder, shards, config, "bfloat16")
 
 
-def maxtext_command(python: Path, layers: int, hf: Path, out: Path) -> list[str]:
-    """MaxText 0.2.5's converter on the folder: scanned, bfloat16, on the CPU, lazy loading."""
+def maxtext_settings(layers: int) -> list[str]:
+    """MaxText's qwen3-30b-a3b at full width with `layers` layers (its HF config's too):
+    scanned, the dense MoE path (megablox kernels need an accelerator)."""
     return [
-        str(python),
-        "-P",
-        str(BENCH_DIR / "_maxtext_convert.py"),
         "model_name=qwen3-30b-a3b",
         "override_model_config=True",
         f"base_num_decoder_layers={layers}",
         f"hf_config.num_hidden_layers={layers}",
-        "sparse_matmul=False",  # the dense MoE path: megablox kernels need an accelerator
+        "sparse_matmul=False",
         "scan_layers=True",
-        "hardware=cpu",
-        "skip_jax_distributed_system=True",
-        f"base_output_directory={out}",
-        "run_name=bench",
-        f"hf_model_path={hf}",
-        "lazy_load_tensors=True",
-        "simulated_cpu_devices_count=1",
-        "save_dtype=bfloat16",
     ]
 
 
@@ -146,7 +136,9 @@ def run(layers: int, maxtext: Path | None = None) -> dict:
         )
         if maxtext is not None:
             theirs = WORK / "maxtext-own"
-            row["maxtext"] = timed(maxtext_command(maxtext, layers, hf, theirs))
+            row["maxtext"] = timed(
+                _maxtext.maxtext_command(maxtext, maxtext_settings(layers), hf, theirs)
+            )
             row["compared"], _ = _maxtext.compare_trees(theirs / "0" / "items", out)
         return row
     finally:
