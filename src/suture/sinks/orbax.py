@@ -414,8 +414,7 @@ class OrbaxSink:
         """Writes `_METADATA` and `_strings.json` (unless `write_tree` did) and
         `_CHECKPOINT_METADATA`, then fsyncs the whole checkpoint (so that it is durable
         before it is published)."""
-        self._stop_dropping()
-        self.opened()  # on a bucket the blocks ran while the arrays were being created
+        self.settle()  # on a bucket the blocks ran while the arrays were being created
         if not self._tree_written:
             self.write_tree()
         _write_json(
