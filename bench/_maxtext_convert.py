@@ -40,6 +40,7 @@ type_handler_registry._TypeHandlerRegistryImpl.get = lambda self, ty: _get(self,
 
 def _set_hf_config(argv: list[str]) -> list[str]:
     """`argv` without its ``hf_config.KEY=VALUE`` items, each set on MaxText's HF config."""
+    # MaxText's own module, there only in its environment: imported when the launcher runs
     from maxtext.checkpoint_conversion.utils.hf_model_configs import HF_MODEL_CONFIGS
 
     model = next(item.split("=", 1)[1] for item in argv if item.startswith("model_name="))

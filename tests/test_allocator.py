@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from suture._exec import memory
+
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not hasattr(ctypes.CDLL("libc.so.6"), "malloc_info"),
     reason="malloc arenas and malloc_info are glibc's",
@@ -124,8 +126,6 @@ def test_a_save_not_asked_leaves_the_allocator_alone() -> None:
 
 
 def test_the_tuning_fixes_the_thresholds_unless_the_environment_sets_them(monkeypatch) -> None:
-    from suture._exec import memory
-
     calls: list[tuple[int, int]] = []
 
     class FakeLibc:
