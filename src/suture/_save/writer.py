@@ -7,10 +7,14 @@ the mapping of write failures to `SurgeryError`.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import errno
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -61,6 +65,8 @@ def write(tree: Any, destination: Location, options: SaveOptions) -> SaveResult:
                 one_file = destination.name.endswith(".safetensors")
                 blocks, finish = safetensors_blocks(tree, temporary.path, one_file, options)
             check_blocks_fit(blocks, max_memory, _cost_at(tree, options, one_file_of(destination)))
+            side_files = copying_beside(options.extra_files, temporary)
+            settle = _also_waiting_for(side_files, settle)
             if options.verify:
                 blocks, digests = with_digests(blocks)
             total = sum(block.nbytes for block in blocks)
@@ -81,9 +87,9 @@ def write(tree: Any, destination: Location, options: SaveOptions) -> SaveResult:
                     finish_error = call_collecting_error(finish)
             if finish_error is not None:
                 raise finish_error
+            side_files.result()
             if options.verify:
                 check(blocks, digests, written_leaves(temporary, format))
-            copy_extra_files(options.extra_files, temporary)
             publication.commit(overwrite)
         except (OSError, ValueError) as error:
             call_collecting_error(settle)  # nothing still being created outlives the abort
@@ -192,6 +198,35 @@ def orbax_blocks(
     blocks = owned + share_blocks(arrays, block_budget(max_memory), group.count, group.index)
     sink.drop_behind(sum(block.nbytes for block in blocks))
     return blocks, lambda: (sink.finish(metadata), merge_process_databases(folder)), sink.sync
+
+
+def copying_beside(extra_files: Mapping[str, Location], folder: Location | Path) -> Future:
+    """`copy_extra_files` in a thread of its own, while the blocks are written: on a bucket
+    each side file is a round trip, which then no longer comes after the last block's."""
+    copying: Future = Future()
+    if not extra_files:
+        copying.set_result(None)
+        return copying
+    context = contextvars.copy_context()
+
+    def copy() -> None:
+        try:
+            copying.set_result(context.run(copy_extra_files, extra_files, folder))
+        except BaseException as error:  # raised where the save waits for it
+            copying.set_exception(error)
+
+    threading.Thread(target=copy, name="suture-side-files", daemon=True).start()
+    return copying
+
+
+def _also_waiting_for(copying: Future, settle: Any) -> Any:
+    """`settle`, after `copying` has ended (nothing of the save is written after an abort)."""
+
+    def settled() -> None:
+        concurrent.futures.wait([copying])
+        settle()
+
+    return settled
 
 
 def copy_extra_files(extra_files: Mapping[str, Location], folder: Location | Path) -> None:
