@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import queue
@@ -46,6 +47,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from bench._common import (
     DATA_DIR,
@@ -192,7 +194,7 @@ def boto3_peer(source: str, destination: str) -> None:
 def tensorstore_peer(source: str, destination: str) -> None:
     """The conversion's transfers done by TensorStore's gcs kvstore, with suture's request
     limits (see the module's docstring, (c))."""
-    import tensorstore as ts
+    import tensorstore as ts  # this route's alone, as boto3 is the s3 peer's
 
     from suture._location.remote import _CONTEXT_SPEC
     from suture.sinks.orbax import WRITE_RESOURCES
@@ -236,9 +238,6 @@ def _server_upload_rates(url: str, bucket: str) -> tuple[float, float]:
     """MB/s at which fake-gcs-server at `url` takes SERVER_PROBE_OBJECTS media uploads of
     PEER_OBJECT_BYTES straight (no proxy): one at a time, then all at once; the objects,
     under a scratch prefix, are deleted after."""
-    import http.client
-    from urllib.parse import urlsplit
-
     address = urlsplit(url)
     body = os.urandom(PEER_OBJECT_BYTES)
 

@@ -11,10 +11,9 @@ import concurrent.futures
 import contextvars
 import errno
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -203,19 +202,9 @@ def orbax_blocks(
 def copying_beside(extra_files: Mapping[str, Location], folder: Location | Path) -> Future:
     """`copy_extra_files` in a thread of its own, while the blocks are written: on a bucket
     each side file is a round trip, which then no longer comes after the last block's."""
-    copying: Future = Future()
-    if not extra_files:
-        copying.set_result(None)
-        return copying
-    context = contextvars.copy_context()
-
-    def copy() -> None:
-        try:
-            copying.set_result(context.run(copy_extra_files, extra_files, folder))
-        except BaseException as error:  # raised where the save waits for it
-            copying.set_exception(error)
-
-    threading.Thread(target=copy, name="suture-side-files", daemon=True).start()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="suture-side-files")
+    copying = pool.submit(contextvars.copy_context().run, copy_extra_files, extra_files, folder)
+    pool.shutdown(wait=False)  # the thread ends with the copy; the save waits on `copying`
     return copying
 
 
