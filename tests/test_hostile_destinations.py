@@ -295,3 +295,63 @@ def test_an_output_inside_an_orbax_source_is_refused(tmp_path: Path) -> None:
     suture.save({"w": np.ones(2)}, tmp_path / "ckpt", progress=False)
     with pytest.raises(suture.DestinationError, match="inside"):
         suture.save(suture.open(tmp_path / "ckpt"), tmp_path / "ckpt" / "copy", progress=False)
+
+
+# --- a destination that cannot be written (issue 37, item 14) -----------------------------
+
+
+@pytest.fixture
+def read_only_folder(tmp_path: Path):
+    """A folder nobody can write in: a read-only tmpfs as root (root ignores modes), else a
+    folder without write permission."""
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+        return
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["convert", "src", "read_only/out"],
+        ["convert", "src", "read_only/out", "--format", "safetensors"],
+        ["merge", "merge.yaml", "-o", "read_only/merged"],
+        ["demo", "--examples", "read_only/examples"],
+    ],
+)
+def test_a_read_only_destination_is_a_destination_error_naming_the_folder(
+    tmp_path: Path, read_only_folder: Path, arguments: list[str]
+) -> None:
+    """It was a raw OSError traceback from creating the lock file."""
+    suture.save({"w": np.arange(8, dtype=np.float32)}, tmp_path / "src", progress=False)
+    (tmp_path / "merge.yaml").write_text("method: linear\nmodels: [src, src]\n")
+    before = sorted(p.name for p in (tmp_path / "src").rglob("*"))
+    result = _cli(*arguments, cwd=tmp_path)
+    _refused(result, "read_only")
+    assert "Read-only file system" in result.stderr or "Permission denied" in result.stderr
+    assert "folder you can write" in result.stderr
+    assert list(read_only_folder.iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "src").rglob("*")) == before
+
+
+def test_saving_into_a_read_only_folder_raises_destination_error(
+    tmp_path: Path, read_only_folder: Path
+) -> None:
+    tree = {"w": np.arange(8, dtype=np.float32)}
+    with pytest.raises(suture.DestinationError, match=r"Cannot write in '.*read_only'"):
+        suture.save(tree, read_only_folder / "out", progress=False)
+    with pytest.raises(suture.DestinationError, match=r"Cannot write in '.*read_only'"):
+        suture.save(tree, read_only_folder / "run", step=3, progress=False)
+    assert list(read_only_folder.iterdir()) == []

@@ -11,6 +11,10 @@ Example:
     (2, 2, 2)
 """
 
+from ._interrupts import install_while_starting as _install_while_starting
+
+_install_while_starting()  # first: `suture` stopped during its imports says so in one line
+
 from importlib.metadata import version as _package_version
 
 from . import linen as linen

@@ -14,8 +14,11 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -32,6 +35,74 @@ def install() -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _handler)
         signal.signal(signal.SIGTERM, _handler)
+
+
+STOPPED = "Stopped by {}; no output was written and the temporary files were removed."
+
+
+def stopped_line(signum: int) -> str:
+    """The one line the command line prints when `signum` stops it."""
+    return STOPPED.format("SIGTERM" if signum == signal.SIGTERM else "Ctrl-C (SIGINT)")
+
+
+def install_while_starting() -> None:
+    """When this process is the `suture` command, stops it at once on Ctrl-C or SIGTERM
+    until `install` takes over: before the command runs there is nothing to clean up, and an
+    interrupt landing in an import would print the import's traceback instead.
+
+    Nothing changes for a program that imports suture as a library, or that set handlers.
+    """
+    program = os.path.basename(sys.argv[0]) if sys.argv else ""
+    as_module = list(getattr(sys, "orig_argv", []))[1:3] == ["-m", "suture"]
+    if not (program in ("suture", "suture.exe") or as_module):
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL):
+            signal.signal(signum, _stop_at_once)
+
+
+def _stop_at_once(signum: int, frame: Any) -> None:
+    os.write(2, (stopped_line(signum) + "\n").encode())
+    os._exit(143 if signum == signal.SIGTERM else 130)
+
+
+_done: dict[str, int | None] = {"code": None}
+
+
+def exit_promptly_when_done() -> None:
+    """Registers the command line's last step (call it before the command runs, so that the
+    libraries' exit handlers registered meanwhile run first): once `install_when_done` gave
+    the status, the process ends with it after the threads and those handlers, skipping the
+    interpreter's teardown, during which a signal would kill it with no word (Python resets
+    the handlers first)."""
+    atexit.register(_exit_if_done)
+
+
+def install_when_done(code: int) -> None:
+    """Once a command's work is done, Ctrl-C or SIGTERM ends the process at once with the
+    command's own status `code`: its output is finished, and an interrupt that landed in the
+    libraries' exit handlers would otherwise make a success look stopped."""
+    _done["code"] = code
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _exit_with_status)
+
+
+def _exit_with_status(signum: int, frame: Any) -> None:
+    _exit_if_done()
+
+
+def _exit_if_done() -> None:
+    code = _done["code"]
+    if code is None:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _handler(signum: int, frame: Any) -> None:

@@ -299,6 +299,8 @@ def _try_create(lock: Location, owner: str) -> bool:
             descriptor = os.open(lock.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
+        except OSError as error:  # the first thing a save writes: say why it cannot
+            raise unwritable(lock, error) from None
         os.write(descriptor, owner.encode())
         os.close(descriptor)
         return True
@@ -309,6 +311,15 @@ def _try_create(lock: Location, owner: str) -> bool:
     lock.write_bytes(owner.encode().ljust(_LOCK_READ_LIMIT))
     # Object stores have no exclusive create everywhere: read back, the last writer wins.
     return _read_lock(lock) == owner
+
+
+def unwritable(place: Location, error: OSError) -> DestinationError:
+    """`error` from writing `place` as a `DestinationError` that names its folder and why."""
+    reason = error.strerror or str(error)
+    return DestinationError(
+        f"Cannot write in {str(place.parent)!r}: {reason} (creating {place.name!r}). Write the "
+        f"output to a folder you can write to, or make this one writable."
+    )
 
 
 def _read_lock(lock: Location) -> str | None:

@@ -25,6 +25,7 @@ from .._errors import (
     UnsupportedError,
 )
 from .._location import LocalLocation, location_of
+from .._location.publish import unwritable
 from ..sources.orbax_layout import CHECKPOINT_METADATA, TMP_MARKER
 
 DEFAULT_ITEM = "default"  # a CheckpointManager's item without item_names
@@ -53,7 +54,10 @@ def save_step(
     root = where.path
     if root.exists() and not root.is_dir():
         raise ArgumentError(f"{str(root)!r} is a file, not a CheckpointManager run folder.")
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise unwritable(LocalLocation(root), error) from None
     step_dir = root / str(step)
     if step_dir.exists():
         if (step_dir / name).exists() and not overwrite:
@@ -65,7 +69,10 @@ def save_step(
         _record_item(step_dir, name)
         return result
     temporary = root / f"{step}{TMP_MARKER}-suture-{uuid.uuid4().hex[:12]}"
-    temporary.mkdir()
+    try:
+        temporary.mkdir()
+    except OSError as error:
+        raise unwritable(LocalLocation(temporary), error) from None
     try:
         result = write(temporary / name)
         _record_item(temporary, name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Callable
@@ -21,10 +22,10 @@ import typer
 from .. import families
 from .._convert import convert as run_convert
 from .._convert import converted
-from .._errors import ArgumentError, SurgeryError, SutureWarning
+from .._errors import ArgumentError, SutureWarning
 from .._exec.memory import tune_malloc
 from .._format import human_bytes
-from .._interrupts import Terminated
+from .._interrupts import Terminated, exit_promptly_when_done, install_when_done, stopped_line
 from .._interrupts import install as install_interrupt_handlers
 from .._redact import redact_text
 from .._save.api import save
@@ -49,6 +50,7 @@ from .inspect import (
     render_tree,
 )
 from .merge import run_merge
+from .outcome import interruption_in, surgery_error_in
 from .quiet import quiet_native_logs
 
 app = typer.Typer(
@@ -112,27 +114,34 @@ Dequantize = Annotated[
 
 
 def reports_errors(command: F) -> F:
-    """Turns a SurgeryError into ``Error: ...`` on stderr and exit status 2."""
+    """Turns a SurgeryError into ``Error: ...`` on stderr and exit status 2, and Ctrl-C or
+    SIGTERM into one line and exit status 130 or 143, also when another exception wraps them
+    (`outcome`)."""
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
-        except SurgeryError as error:
-            if _state["debug"]:
+        except BaseException as failure:
+            if isinstance(failure, typer.Exit | SystemExit):
+                raise
+            interruption = interruption_in(failure)
+            if interruption is not None:
+                raise typer.Exit(code=_say_stopped(interruption)) from None
+            error = surgery_error_in(failure)
+            if error is None or _state["debug"]:
                 raise
             typer.echo(f"Error: {for_command_line(str(error))}", err=True)
             raise typer.Exit(code=2) from None
-        except KeyboardInterrupt as interruption:
-            terminated = isinstance(interruption, Terminated)
-            typer.echo(
-                f"Stopped by {'SIGTERM' if terminated else 'Ctrl-C (SIGINT)'}; no output was "
-                f"written and the temporary files were removed.",
-                err=True,
-            )
-            raise typer.Exit(code=143 if terminated else 130) from None
 
     return run  # type: ignore[return-value]
+
+
+def _say_stopped(interruption: KeyboardInterrupt) -> int:
+    """Prints the one line of an interrupted command; its exit status (130, SIGTERM 143)."""
+    signum = signal.SIGTERM if isinstance(interruption, Terminated) else signal.SIGINT
+    typer.echo(stopped_line(signum), err=True)
+    return 143 if signum == signal.SIGTERM else 130
 
 
 def _is_model_folder(source: str) -> bool:
@@ -657,11 +666,17 @@ def main(argv: list[str] | None = None) -> None:
     if "--debug" not in args:
         quiet_native_logs()  # the AWS credential chain's misses, logged as errors
     install_interrupt_handlers()
+    exit_promptly_when_done()
     try:
         app(args=args, prog_name="suture")
     except SystemExit as exit_:
-        if exit_.code in (130, 143):  # interrupted: the output is cleaned up; skip the
+        # an interrupt outside a command's body (typer turns it into a silent exit 130,
+        # SIGTERM's too); one inside it was reported already (raised `from None`)
+        interruption = interruption_in(exit_)
+        code = _say_stopped(interruption) if interruption is not None else exit_.code
+        if code in (130, 143):  # interrupted: the output is cleaned up; skip the
             sys.stdout.flush()  # libraries' exit handlers, which can take a second
             sys.stderr.flush()
-            os._exit(exit_.code)
+            os._exit(code)
+        install_when_done(code if isinstance(code, int) else 0 if code is None else 1)
         raise

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import DestinationExistsError
+from .._errors import DestinationError, DestinationExistsError
 
 # The README's recipe and merge config, as files the shell examples use.
 RECIPE = r"""rules:
@@ -56,7 +56,13 @@ def write_examples(folder: str | Path, echo: Callable[[str], None] | None = None
     from safetensors.numpy import save_file  # loaded on first use, as the writers do
 
     root = Path(folder).expanduser().absolute()  # Orbax takes absolute paths only
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DestinationError(
+            f"Cannot write the examples into {str(folder)!r}: {error.strerror or error}. Pass "
+            f"--examples a folder you can write to."
+        ) from None
     taken = [name for name in NAMES if (root / name).exists()]
     if taken:
         raise DestinationExistsError(
