@@ -45,7 +45,7 @@ def test_a_file_replaced_during_a_command_is_one_error_line(
     name = f"replaced-{command[0]}-{len(command)}"
     url = http.publish(tmp_path / "first", name)
     replaced_at = []
-    for after in range(4):
+    for after in (1, 2, 3):  # 0 reads the replacement whole, as any later opening would
         http.server.hostile[f"/{name}/{SHARD}"] = Hostile(
             after=after, body=(tmp_path / "second" / SHARD).read_bytes()
         )
