@@ -31,8 +31,6 @@ import suture
 from suture.cli import app
 from tests.remote_servers import Hostile, free_port
 
-pytest.importorskip("RangeHTTPServer")
-
 runner = CliRunner()
 TREE = {
     "params": {
@@ -50,6 +48,7 @@ HF = {
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """An Orbax folder (``ckpt``) and a Hugging Face folder (``hf``) served by
     ``python -m RangeHTTPServer`` from a folder of their own; yields the server's URL."""
+    pytest.importorskip("RangeHTTPServer")  # rangehttpserver, in the test extra
     root = tmp_path_factory.mktemp("plain-server")
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(root / "ckpt", TREE)

@@ -85,7 +85,8 @@ def fetch_capped(
             return _fetch_once(request, cap, started, timeout, min(stall, timeout), rate)
         except (TimeoutError, BodyTooLarge, UnknownEncoding):
             raise
-        except urllib.error.HTTPError as error:
+        except urllib.error.HTTPError as error:  # a status other than 2xx (3xx included)
+            error.close()
             if error.code not in RETRIED or delay is None:
                 return Fetched(error.code, location=error.headers.get("Location"))
         except (OSError, http.client.HTTPException):
@@ -134,9 +135,7 @@ def _fetch_once(
             while True:
                 if time.monotonic() > started + timeout + received[0] / rate:
                     raise TimeoutError(f"the body did not arrive within {timeout:g} s")
-                chunk = (
-                    response.read1(PIECE) if hasattr(response, "read1") else response.read(PIECE)
-                )
+                chunk = response.read1(PIECE)
                 if not chunk:
                     return
                 received[0] += len(chunk)

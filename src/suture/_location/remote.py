@@ -220,7 +220,7 @@ class RemoteLocation(Location):
             fetched = self._fetch_capped(target, cap, what)
         if fetched.status in (404, 410):
             return ts.KvStore.ReadResult(state="missing")
-        if fetched.status != 200 or fetched.body is None:
+        if fetched.body is None:  # a status other than 2xx
             raise SurgeryError(f"Cannot read {str(self)!r}: {describe_status(fetched.status)}.")
         etag = (fetched.etag or "").strip()
         # as TensorStore records a strong ETag (unquoted, after a 0 byte); a weak one is
@@ -250,6 +250,8 @@ class RemoteLocation(Location):
         except TimeoutError:
             raise no_answer(self, timeout) from None
         except (OSError, http.client.HTTPException) as error:
+            if isinstance(getattr(error, "reason", None), TimeoutError):  # urllib's wrapping
+                raise no_answer(self, timeout) from None
             raise SurgeryError(
                 f"Cannot reach {str(self)!r}: {redact_text(str(error))}. Check the server and "
                 f"the network."
