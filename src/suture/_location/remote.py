@@ -196,7 +196,7 @@ class RemoteLocation(Location):
             code = _http_code(error)
             if self.scheme not in ("http", "https") or code not in REDIRECT_CODES:
                 raise _remote_error(self, error) from None
-        target = self._redirected(key, "HEAD" if byte_range is not None and not count else "GET")
+        target = self._redirected(key, "GET" if count else "HEAD")
         if target.endswith("/"):  # a folder, as a file server names it: no file here
             import tensorstore as ts  # heavy: loaded on first use, not at import
 
@@ -214,7 +214,7 @@ class RemoteLocation(Location):
 
         fetched = self._fetch_capped(key, cap, what)
         if fetched.status in REDIRECT_CODES:
-            target = self._redirected(key)
+            target = self._redirected(key, "HEAD")
             if target.endswith("/"):  # a folder, as a file server names it: no file here
                 return ts.KvStore.ReadResult(state="missing")
             fetched = self._fetch_capped(target, cap, what)
@@ -257,12 +257,13 @@ class RemoteLocation(Location):
                 f"the network."
             ) from None
 
-    def _redirected(self, key: str, method: str = "GET") -> str:
+    def _redirected(self, key: str, method: str) -> str:
         """The key a server's redirect of `key` leads to, on the same host (asked once).
 
-        Asked with the read's own method: TensorStore probes a name with ``HEAD``, and a
-        plain file server may answer a folder's ``HEAD`` with ``301 -> folder/`` but a
-        ranged ``GET`` of it with ``404`` (RangeHTTPServer opens it as a file).
+        Asked as the read asked: ``GET`` (of one byte) for a ranged read, ``HEAD`` for a
+        probe or a whole file. A plain file server may answer a folder's ``HEAD`` (and
+        unranged ``GET``) with ``301 -> folder/`` but a ranged ``GET`` with ``404``
+        (RangeHTTPServer opens the folder as a file).
         """
         cache_key = (self.scheme, self.host, key, method)
         with _stores_lock:
@@ -327,18 +328,12 @@ class RemoteLocation(Location):
         """Whether one of the usual files of this name as a folder is known to be there:
         asked already within `metadata_read_once` (`probe_ahead` asks them along), so
         that this costs no request."""
-        answers = _answers.get()
-        if answers is None:
-            return False
-        return any(
-            getattr(
-                answers.get(("read", self.scheme, self.host, f"{self.key}/{name}", (0, 0))),
-                "state",
-                None,
-            )
-            == "value"
+        answers = _answers.get() or {}
+        probes = [
+            ("read", self.scheme, self.host, f"{self.key}/{name}", (0, 0))
             for name in _FOLDER_PROBES
-        )
+        ]
+        return any(getattr(answers.get(probe), "state", None) == "value" for probe in probes)
 
     def is_dir(self) -> bool:
         if self.scheme in ("http", "https"):
