@@ -465,8 +465,8 @@ class RemoteLocation(Location):
     def read_head(self, count: int) -> bytes:
         try:
             result = self._read(self.key, slice(0, count))
-        except CorruptCheckpointError:  # shorter than `count`: the whole file
-            result = self._read(self.key)
+        except CorruptCheckpointError:  # shorter than `count`: the whole file, so no more
+            result = self._read(self.key, cap=count)
         if result.state != "value":
             raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
         return self._pinned(result).value[:count]
