@@ -55,6 +55,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     (root / "hf").mkdir()
     save_file(HF, root / "hf" / "model.safetensors")
     (root / "hf" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (root / "my model").mkdir()  # a name with a space, and shards behind an index
+    index = {"metadata": {}, "weight_map": {}}
+    for number, (name, value) in enumerate(HF.items(), start=1):
+        shard = f"model-0000{number}-of-00002.safetensors"
+        save_file({name: value}, root / "my model" / shard)
+        index["weight_map"][name] = shard
+    (root / "my model" / "model.safetensors.index.json").write_text(json.dumps(index))
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "RangeHTTPServer", str(port), "--bind", "127.0.0.1"],
@@ -112,6 +119,13 @@ def test_a_hugging_face_folder_opens_from_a_plain_file_server(served: str, slash
     shown = runner.invoke(app, ["inspect", url])
     assert shown.exit_code == 0, shown.output
     assert "(safetensors)" in shown.output and "(6, 4)" in shown.output
+
+
+def test_an_index_in_a_folder_named_with_a_space_opens(served: str) -> None:
+    for url in (f"{served}/my model", f"{served}/my model/model.safetensors.index.json"):
+        checkpoint = suture.open(url)
+        for name, expected in HF.items():
+            np.testing.assert_array_equal(checkpoint[name.replace(".", "/")].read(), expected)
 
 
 def test_a_conversion_reads_from_a_plain_file_server(served: str, tmp_path: Path) -> None:

@@ -73,7 +73,9 @@ def fetch_capped(
         TimeoutError, OSError: no answer in time, or the server could not be reached.
     """
     user, _, netloc = host.rpartition("@")
-    request = urllib.request.Request(f"{scheme}://{netloc}/{key}", method="GET")
+    # the key percent-encoded as TensorStore sends it: a space, '%', '?' are part of a name
+    path = urllib.parse.quote(key, safe="/:@!$&'()*+,;=")
+    request = urllib.request.Request(f"{scheme}://{netloc}/{path}", method="GET")
     request.add_header("Accept-Encoding", ACCEPTED)
     request.add_header("User-Agent", "suture")
     if user:
