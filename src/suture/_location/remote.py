@@ -312,17 +312,9 @@ class RemoteLocation(Location):
         """Whether the name answers as a file. Over HTTP a folder's own URL may answer too
         (a listing page) or fail (a redirect elsewhere, a refusal): a name whose folder
         files are known to answer is a folder whatever its own URL says."""
-        if not self.key:
+        if not self.key or (self.scheme in ("http", "https") and self._known_folder()):
             return False
-        if self.scheme not in ("http", "https"):
-            return self._read(self.key, slice(0, 0)).state == "value"
-        try:
-            there = self._read(self.key, slice(0, 0)).state == "value"
-        except SurgeryError:
-            if self._known_folder():
-                return False
-            raise
-        return there and not self._known_folder()
+        return self._read(self.key, slice(0, 0)).state == "value"
 
     def _known_folder(self) -> bool:
         """Whether one of the usual files of this name as a folder is known to be there:
