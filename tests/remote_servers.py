@@ -144,7 +144,8 @@ class Hostile:
         are answered as usual; the others as below.
     stall: seconds to hold each request without answering a byte, then drop it (the server
         stopping ends a stall early).
-    body: sent instead of the file, with an ETag of its own (a file replaced meanwhile).
+    body: sent instead of the file, with an ETag of its own (a file replaced meanwhile; for
+        a folder's own path, a page such as a listing instead of the redirect to its slash).
     encoding: the ``Content-Encoding`` header sent with the body (``gzip``: `body` holds
         the compressed bytes, as a server of precompressed files does); ranges apply to it.
     size, fill: a virtual file of `size` bytes, ``fill(offset, count)`` each, made as they
@@ -152,6 +153,7 @@ class Hostile:
     ignore_range: answers every request with the whole body (status 200).
     cut: stops sending after this many body bytes of each answer and drops the connection.
     redirect: answers ``302 Found`` with this ``Location`` (a path, or a URL on another host).
+    status: answers with this error status (an error page), whatever the path holds.
     """
 
     after: int = 0
@@ -164,6 +166,7 @@ class Hostile:
     ignore_range: bool = False
     cut: int | None = None
     redirect: str | None = None
+    status: int | None = None
     seen: int = 0  # requests for the path so far
 
 
@@ -197,13 +200,17 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
             self.server.stopping.wait(hostile.stall)  # type: ignore[attr-defined]
             self.close_connection = True
             return None
+        if hostile is not None and hostile.status is not None:
+            self.send_error(hostile.status)
+            return None
         if hostile is not None and hostile.redirect is not None:
             self.send_response(302)
             self.send_header("Location", hostile.redirect)
             self.send_header("Content-Length", "0")
             self.end_headers()
             return None
-        if path.is_dir() and not self.path.split("?")[0].endswith("/"):
+        made = hostile is not None and (hostile.body is not None or hostile.size is not None)
+        if path.is_dir() and not self.path.split("?")[0].endswith("/") and not made:
             # as http.server (and nginx, Apache) answer a folder named without its slash
             self.send_response(301)
             self.send_header("Location", self.path.split("?")[0] + "/")

@@ -215,6 +215,107 @@ def test_small_gzip_index_is_read(http, tmp_path: Path) -> None:
         del http.hostile["/small/model.safetensors.index.json"]
 
 
+def gzip_bomb(prefix: bytes, mebibytes: int, suffix: bytes) -> bytes:
+    """A gzip stream of `prefix`, `mebibytes` MiB of spaces and `suffix`, made in a blink:
+    one MiB compressed once, its bytes repeated (a full flush between them makes each the
+    same), and the trailer's CRC computed piece by piece. About 1 KiB per MiB inflated."""
+    import struct
+    import zlib
+
+    block = b" " * (1 << 20)
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    start = deflate.compress(prefix) + deflate.flush(zlib.Z_FULL_FLUSH)
+    repeated = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
+    end = deflate.compress(suffix) + deflate.flush()
+    crc = zlib.crc32(prefix)
+    for _ in range(mebibytes):
+        crc = zlib.crc32(block, crc)
+    size = len(prefix) + (mebibytes << 20) + len(suffix)
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+    trailer = struct.pack("<II", zlib.crc32(suffix, crc), size & 0xFFFFFFFF)
+    return header + start + repeated * mebibytes + end + trailer
+
+
+# `suture ARGS` with the metadata cap set to sys.argv[1] bytes (a bomb then stays small
+# here); then the process's resident memory before the command and at its peak (KiB)
+CAPPED = (
+    "import re, sys\n"
+    "import suture.sources.safetensors as source\n"
+    "from suture.cli.app import main\n"
+    "def kib(field):\n"
+    "    return int(re.search(field + r':\\s*(\\d+)', open('/proc/self/status').read())[1])\n"
+    "source.MAX_METADATA_BYTES = int(sys.argv[1])\n"
+    "before = kib('VmRSS')\n"
+    "try:\n"
+    "    main(sys.argv[2:])\n"
+    "finally:\n"
+    "    print(before, kib('VmHWM'), file=sys.stderr)\n"
+)
+
+
+def test_gzip_bomb_index_stops_inflating_at_the_cap(http) -> None:
+    """Half a megabyte of gzip that inflates to 512 MiB, under a cap of 8 MiB: refused
+    naming the file and the cap, and the process grows by little more than the cap (it
+    held the whole inflated body, twice, before: 3.1 GiB for a bigger bomb)."""
+    body = gzip_bomb(b'{"weight_map": {}, "pad": "', 512, b'"}')
+    assert len(body) < 1 << 20
+    url = f"{http.url}/bomb-cli/model.safetensors.index.json"
+    http.hostile["/bomb-cli/model.safetensors.index.json"] = Hostile(body=body, encoding="gzip")
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", CAPPED, str(8 << 20), "inspect", url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        del http.hostile["/bomb-cli/model.safetensors.index.json"]
+    *message, memory = result.stderr.strip().splitlines()
+    before, peak = map(int, memory.split())
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "holds more than 8,388,608 bytes (decoded)" in message[0]
+    assert "bomb-cli/model.safetensors.index.json" in message[0]
+    assert peak - before < 256 << 10, f"grew by {peak - before} KiB"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "deflate-raw", "gzip, gzip"])
+def test_compressed_metadata_in_each_encoding_reads(http, tmp_path: Path, encoding: str) -> None:
+    """Each encoding suture asks for decodes to the same index (deflate with or without its
+    zlib header, as servers send it; encodings applied twice, undone in reverse)."""
+    import zlib
+
+    http.publish(
+        two_tensors(tmp_path / "m.safetensors", 1, 2), f"enc/{tmp_path.name}/m.safetensors"
+    )
+    raw = json.dumps({"weight_map": {"a": "m.safetensors", "b": "m.safetensors"}}).encode()
+    body = {
+        "gzip": gzip.compress(raw),
+        "deflate": zlib.compress(raw),
+        "deflate-raw": zlib.compress(raw, wbits=-zlib.MAX_WBITS),
+        "gzip, gzip": gzip.compress(gzip.compress(raw)),
+    }[encoding]
+    path = f"/enc/{tmp_path.name}/model.safetensors.index.json"
+    http.hostile[path] = Hostile(body=body, encoding=encoding.replace("-raw", ""))
+    try:
+        ckpt = suture.open(f"{http.url}{path}")
+        np.testing.assert_array_equal(ckpt["b"].read(), np.full(4, 2, np.float32))
+    finally:
+        del http.hostile[path]
+
+
+def test_metadata_in_an_encoding_suture_does_not_decode_is_refused(http) -> None:
+    http.hostile["/br/model.safetensors.index.json"] = Hostile(
+        body=b"\x0b\x02\x80{}\x03", encoding="br"
+    )
+    try:
+        with pytest.raises(
+            suture.CorruptCheckpointError, match=r"'Content-Encoding: br'.*does not"
+        ):
+            suture.open(f"{http.url}/br/model.safetensors.index.json")
+    finally:
+        del http.hostile["/br/model.safetensors.index.json"]
+
+
 # `suture ARGS`, then the process's peak resident memory (KiB) as the last line of stderr:
 # VmHWM, which starts again at exec (getrusage's maxrss keeps the forked parent's)
 MEASURED = (

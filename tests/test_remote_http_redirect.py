@@ -8,6 +8,7 @@ another host: refused).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,21 @@ def test_a_folder_without_its_slash_opens(published: str) -> None:
 def test_a_file_moved_on_the_same_host_is_followed(published: str, http) -> None:
     http.hostile["/redirects/old.safetensors"] = Hostile(redirect="/redirects/hf/model.safetensors")
     moved = suture.open(f"{published}/old.safetensors")
+    np.testing.assert_array_equal(moved["w"].read(), np.ones((2, 2)))
+
+
+def test_a_moved_index_is_followed_and_read_whole(published: str, http, tmp_path: Path) -> None:
+    """An index (metadata, read whole under the size cap) moved on the same host."""
+    index = {"metadata": {}, "weight_map": {"w": "model.safetensors"}}
+    (http.root / "redirects" / "hf" / "model.safetensors.index.json").write_text(json.dumps(index))
+    http.hostile["/redirects/hf/old.safetensors.index.json"] = Hostile(
+        redirect="/redirects/hf/model.safetensors.index.json"
+    )
+    try:
+        moved = suture.open(f"{published}/hf/old.safetensors.index.json")
+    finally:
+        del http.hostile["/redirects/hf/old.safetensors.index.json"]
+        (http.root / "redirects" / "hf" / "model.safetensors.index.json").unlink()
     np.testing.assert_array_equal(moved["w"].read(), np.ones((2, 2)))
 
 

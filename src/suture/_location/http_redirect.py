@@ -25,20 +25,25 @@ REDIRECT_CODES = (301, 302, 303, 307, 308)
 MAX_HOPS = 5
 
 
-def redirect_target(scheme: str, host: str, key: str, timeout: float) -> str:
-    """The key (path without its leading ``/``) that ``scheme://host/key`` redirects to.
+def redirect_target(scheme: str, host: str, key: str, timeout: float, method: str = "GET") -> str:
+    """The key (path without its leading ``/``) that ``scheme://host/key`` redirects to,
+    asked with `method` (``HEAD``, or a ``GET`` of its first byte).
 
     Raises:
         SurgeryError: a redirect to another scheme, host or port, a loop, or no answer.
     """
     user, _, netloc = host.rpartition("@")
-    headers = {"Range": "bytes=0-0", "User-Agent": "suture"}
+    headers = (
+        {"User-Agent": "suture"}
+        if method == "HEAD"
+        else {"Range": "bytes=0-0", "User-Agent": "suture"}
+    )
     if user:  # credentials in the URL, sent as TensorStore's client would send them
         plain = urllib.parse.unquote(user).encode()
         headers["Authorization"] = "Basic " + base64.b64encode(plain).decode()
     path, shown = "/" + key, f"{scheme}://{host}/{key}"
     for _ in range(MAX_HOPS):
-        status, location = _ask(scheme, netloc, path, headers, timeout, shown)
+        status, location = _ask(scheme, netloc, path, headers, timeout, shown, method)
         if status not in REDIRECT_CODES:
             return path[1:]
         if not location:
@@ -62,14 +67,14 @@ def redirect_target(scheme: str, host: str, key: str, timeout: float) -> str:
 
 
 def _ask(
-    scheme: str, netloc: str, path: str, headers: dict, timeout: float, shown: str
+    scheme: str, netloc: str, path: str, headers: dict, timeout: float, shown: str, method: str
 ) -> tuple[int, str | None]:
     connection_type = (
         http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
     )
     connection = connection_type(netloc, timeout=timeout)
     try:
-        connection.request("GET", path, headers=headers)
+        connection.request(method, path, headers=headers)
         response = connection.getresponse()
         return response.status, response.getheader("Location")
     except (OSError, http.client.HTTPException) as error:

@@ -21,13 +21,14 @@ import os
 import re
 from pathlib import Path
 
-from .._errors import CheckpointNotFoundError, DestinationError
+from .._errors import CheckpointNotFoundError, CorruptCheckpointError, DestinationError
 from .base import LocalLocation
 
 DEFAULT_REVISION = "main"
 _NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?"
 _REPO_ID = re.compile(rf"^{_NAME}/{_NAME}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+REF_BYTES = 256  # read of a ref file at most: a commit is 40 hex digits
 
 
 def looks_like_repo_id(text: str) -> bool:
@@ -59,11 +60,29 @@ def cached_snapshot(repo_id: str, revision: str = DEFAULT_REVISION) -> Path | No
         ref = storage / "refs" / revision
         if ".." in Path(revision).parts or not ref.is_file():
             return None
-        commit = ref.read_text(encoding="utf-8", errors="replace").strip()
-        if not _COMMIT.match(commit):
-            return None
+        commit = _read_ref(ref, repo_id, revision)
     snapshot = storage / "snapshots" / commit
     return snapshot if snapshot.is_dir() else None
+
+
+def _read_ref(ref: Path, repo_id: str, revision: str) -> str:
+    """The commit a cache's ref file names: 40 hex digits (and a line end), read no further.
+
+    Raises:
+        CorruptCheckpointError: the file holds anything else (it is damaged, or not the
+            cache's).
+    """
+    with open(ref, "rb") as stream:
+        head = stream.read(REF_BYTES + 1)
+    text = head[:REF_BYTES].decode("utf-8", "replace").strip()
+    if len(head) <= REF_BYTES and _COMMIT.match(text):
+        return text
+    found = f"more than {REF_BYTES} bytes" if len(head) > REF_BYTES else f"{text[:60]!r}"
+    raise CorruptCheckpointError(
+        f"The Hugging Face cache's ref {str(ref)!r} (revision {revision!r} of {repo_id!r}) "
+        f"should hold a commit (40 hex digits) but holds {found}. The cache is damaged: "
+        f"delete that file and download the model again (`hf download {repo_id}`)."
+    )
 
 
 class CachedLocation(LocalLocation):

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import http.client
 import io
 import math
 import os
 import re
 import threading
+import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -40,6 +43,7 @@ from .._errors import (
 )
 from .._redact import redact_text, redact_url
 from .base import Location, RangeReader, short_read, too_large
+from .http_body import ACCEPTED, BodyTooLarge, Fetched, UnknownEncoding, fetch_capped
 from .http_redirect import REDIRECT_CODES, describe_status, redirect_target
 
 WRITABLE_SCHEMES = ("gs", "s3")
@@ -114,18 +118,21 @@ class RemoteLocation(Location):
     def _store_and_key(self) -> tuple[Any, str]:
         return _open_store(self.scheme, self.host), self.key
 
-    def _read(self, key: str, byte_range: slice | None = None) -> Any:
-        """A kvstore read within its deadline (asked once within `metadata_read_once`)."""
+    def _read(
+        self, key: str, byte_range: slice | None = None, cap: int | None = None, what: str = ""
+    ) -> Any:
+        """A kvstore read within its deadline (asked once within `metadata_read_once`); a
+        whole read with a `cap` stops once more than `cap` bytes come out (`_read_capped`)."""
         answers = _answers.get()
         if answers is None or not _small(byte_range):
-            return self._read_now(key, byte_range)
+            return self._read_one(key, byte_range, cap, what)
         asked = ("read", self.scheme, self.host, key, _bounds(byte_range))
         if asked not in answers:
             known = self._known_read(answers, key, byte_range)
             if known is not None:
                 return known
             try:
-                result = self._read_now(key, byte_range)
+                result = self._read_one(key, byte_range, cap, what)
             except SurgeryError as error:  # past the end, missing, no answer: so it stays
                 answers[asked] = error
                 raise
@@ -175,6 +182,11 @@ class RemoteLocation(Location):
             return None
         return ts.KvStore.ReadResult(state="value" if name in listed else "missing")
 
+    def _read_one(self, key: str, byte_range: slice | None, cap: int | None, what: str) -> Any:
+        if cap is not None and byte_range is None and self.scheme in ("http", "https"):
+            return self._read_capped(key, cap, what)
+        return self._read_now(key, byte_range)
+
     def _read_now(self, key: str, byte_range: slice | None = None) -> Any:
         store, _ = self._store_and_key()
         count = 0 if byte_range is None else (byte_range.stop or 0) - (byte_range.start or 0)
@@ -184,7 +196,7 @@ class RemoteLocation(Location):
             code = _http_code(error)
             if self.scheme not in ("http", "https") or code not in REDIRECT_CODES:
                 raise _remote_error(self, error) from None
-        target = self._redirected(key)
+        target = self._redirected(key, "GET" if count else "HEAD")
         if target.endswith("/"):  # a folder, as a file server names it: no file here
             import tensorstore as ts  # heavy: loaded on first use, not at import
 
@@ -194,13 +206,70 @@ class RemoteLocation(Location):
         except ValueError as error:
             raise _remote_error(self, error) from None
 
-    def _redirected(self, key: str) -> str:
-        """The key a server's redirect of `key` leads to, on the same host (asked once)."""
-        cache_key = (self.scheme, self.host, key)
+    def _read_capped(self, key: str, cap: int, what: str) -> Any:
+        """A whole file over HTTP as a kvstore read result, read by `fetch_capped` rather
+        than TensorStore, whose client inflates a compressed body whole before it can be
+        measured: the body stops at `cap` bytes, compressed or decoded."""
+        import tensorstore as ts  # heavy: loaded on first use, not at import
+
+        fetched = self._fetch_capped(key, cap, what)
+        if fetched.status in REDIRECT_CODES:
+            target = self._redirected(key, "HEAD")
+            if target.endswith("/"):  # a folder, as a file server names it: no file here
+                return ts.KvStore.ReadResult(state="missing")
+            fetched = self._fetch_capped(target, cap, what)
+        if fetched.status in (404, 410):
+            return ts.KvStore.ReadResult(state="missing")
+        if fetched.body is None:  # a status other than 2xx
+            raise SurgeryError(f"Cannot read {str(self)!r}: {describe_status(fetched.status)}.")
+        etag = (fetched.etag or "").strip()
+        # as TensorStore records a strong ETag (unquoted, after a 0 byte); a weak one is
+        # not pinned, as TensorStore's reads without one are not
+        strong = len(etag) > 2 and etag[0] == etag[-1] == '"'
+        stamp = ts.KvStore.TimestampedStorageGeneration(
+            b"\x00" + etag[1:-1].encode() if strong else b"", time.time()
+        )
+        return ts.KvStore.ReadResult(state="value", value=fetched.body, stamp=stamp)
+
+    def _fetch_capped(self, key: str, cap: int, what: str) -> Fetched:
+        timeout = remote_timeout()
+        try:
+            return fetch_capped(self.scheme, self.host, key, cap, timeout, STALL_SECONDS, MIN_RATE)
+        except BodyTooLarge:
+            raise too_large(self, cap, what) from None
+        except UnknownEncoding as error:
+            raise CorruptCheckpointError(
+                f"{str(self)!r} came with 'Content-Encoding: {error}', which suture does not "
+                f"decode (it asks for {ACCEPTED}). Serve it uncompressed, or gzip-compressed."
+            ) from None
+        except zlib.error as error:
+            raise CorruptCheckpointError(
+                f"{str(self)!r} came compressed (Content-Encoding), and its body does not "
+                f"decode: {error}. The server sends a damaged body; check the server."
+            ) from None
+        except TimeoutError:
+            raise no_answer(self, timeout) from None
+        except (OSError, http.client.HTTPException) as error:
+            if isinstance(getattr(error, "reason", None), TimeoutError):  # urllib's wrapping
+                raise no_answer(self, timeout) from None
+            raise SurgeryError(
+                f"Cannot reach {str(self)!r}: {redact_text(str(error))}. Check the server and "
+                f"the network."
+            ) from None
+
+    def _redirected(self, key: str, method: str) -> str:
+        """The key a server's redirect of `key` leads to, on the same host (asked once).
+
+        Asked as the read asked: ``GET`` (of one byte) for a ranged read, ``HEAD`` for a
+        probe or a whole file. A plain file server may answer a folder's ``HEAD`` (and
+        unranged ``GET``) with ``301 -> folder/`` but a ranged ``GET`` with ``404``
+        (RangeHTTPServer opens the folder as a file).
+        """
+        cache_key = (self.scheme, self.host, key, method)
         with _stores_lock:
             target = _redirects.get(cache_key)
         if target is None:
-            target = redirect_target(self.scheme, self.host, key, remote_timeout())
+            target = redirect_target(self.scheme, self.host, key, remote_timeout(), method)
             if target.endswith("/") and target != f"{key}/":
                 raise UnsupportedError(
                     f"{str(self)!r} redirects to the folder {target!r} on the same server; "
@@ -240,9 +309,23 @@ class RemoteLocation(Location):
         return any(key == "" or key.startswith("/") for key in keys)
 
     def is_file(self) -> bool:
-        if not self.key:
+        """Whether the name answers as a file. Over HTTP a folder's own URL may answer too
+        (a listing page) or fail (a redirect elsewhere, a refusal): a name whose folder
+        files are known to answer is a folder whatever its own URL says."""
+        if not self.key or (self.scheme in ("http", "https") and self._known_folder()):
             return False
         return self._read(self.key, slice(0, 0)).state == "value"
+
+    def _known_folder(self) -> bool:
+        """Whether one of the usual files of this name as a folder is known to be there:
+        asked already within `metadata_read_once` (`probe_ahead` asks them along), so
+        that this costs no request."""
+        answers = _answers.get() or {}
+        probes = [
+            ("read", self.scheme, self.host, f"{self.key}/{name}", (0, 0))
+            for name in _FOLDER_PROBES
+        ]
+        return any(getattr(answers.get(probe), "state", None) == "value" for probe in probes)
 
     def is_dir(self) -> bool:
         if self.scheme in ("http", "https"):
@@ -305,7 +388,7 @@ class RemoteLocation(Location):
                 raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
             if probe is not None and len(probe.value) == 1:
                 raise too_large(self, limit, what)
-        result = self._read(self.key)
+        result = self._read(self.key, cap=limit, what=what)
         if limit is not None:
             self._pinned(result)
         if result.state != "value":
@@ -374,8 +457,8 @@ class RemoteLocation(Location):
     def read_head(self, count: int) -> bytes:
         try:
             result = self._read(self.key, slice(0, count))
-        except CorruptCheckpointError:  # shorter than `count`: the whole file
-            result = self._read(self.key)
+        except CorruptCheckpointError:  # shorter than `count`: the whole file, so no more
+            result = self._read(self.key, cap=count)
         if result.state != "value":
             raise CheckpointNotFoundError(f"No such file: {str(self)!r}. Check the path.")
         return self._pinned(result).value[:count]
@@ -485,8 +568,20 @@ def read_ahead(files: list[Location], limit: int) -> None:
 def probe_ahead(files: list[Location]) -> None:
     """Within `metadata_read_once`, asks at once whether each remote file is there (as
     ``is_file`` asks), so that the probes that follow are answered without a round trip
-    each (telling a folder's format probes a name, then another); outside it, nothing."""
-    _ask_at_once(files, lambda place: place.is_file())
+    each (telling a folder's format probes a name, then another); outside it, nothing.
+
+    Over HTTP a name probed along with files inside it may be a folder, which cannot be
+    listed: its usual files are asked too, in the same round trip, for `is_file` to tell."""
+    remote = [place for place in files if isinstance(place, RemoteLocation)]
+    folders = [
+        place
+        for place in remote
+        if place.scheme in ("http", "https") and any(other.parent == place for other in remote)
+    ]
+    usual = [folder / name for folder in folders for name in _FOLDER_PROBES]
+    _ask_at_once(
+        [*files, *(place for place in usual if place not in files)], RemoteLocation.is_file
+    )
 
 
 def _ask_at_once(files: list[Location], ask: Callable[[RemoteLocation], Any]) -> None:
@@ -534,7 +629,7 @@ _FOLDER_PROBES = (
 
 _stores: dict[tuple[str, str, str, tuple], Any] = {}
 _stores_lock = threading.Lock()
-_redirects: dict[tuple[str, str, str], str] = {}  # (scheme, host, key) -> key redirected to
+_redirects: dict[tuple[str, str, str, str], str] = {}  # (scheme, host, key, method) -> key
 _CONTEXT_SPEC = {
     "cache_pool": {"total_bytes_limit": 0},
     "gcs_request_concurrency": {"limit": 64},
@@ -625,12 +720,17 @@ def wait(future: Any, location: Any, count: int = 0) -> Any:
         return future.result(timeout=deadline)
     except TimeoutError:
         future.cancel()
-        raise SurgeryError(
-            f"No answer from {redact_text(str(location))!r} within {deadline:.3g} s: the server "
-            f"accepted the request but did not finish it (stalled, or too slow), retries "
-            f"included. Check the server and the network; {TIMEOUT_VARIABLE} sets the seconds "
-            f"to wait (now {remote_timeout():g})."
-        ) from None
+        raise no_answer(location, deadline) from None
+
+
+def no_answer(location: Any, deadline: float) -> SurgeryError:
+    """The error for a request to `location` that found no answer within `deadline` s."""
+    return SurgeryError(
+        f"No answer from {redact_text(str(location))!r} within {deadline:.3g} s: the server "
+        f"accepted the request but did not finish it (stalled, or too slow), retries "
+        f"included. Check the server and the network; {TIMEOUT_VARIABLE} sets the seconds "
+        f"to wait (now {remote_timeout():g})."
+    )
 
 
 def _shown(generation: bytes) -> str:
