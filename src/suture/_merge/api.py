@@ -36,6 +36,7 @@ from ..sources.detect import open_source
 from .registry import (
     METHODS,
     Method,
+    check_magnitudes,
     check_params,
     check_value,
     check_weight,
@@ -271,19 +272,21 @@ def merge_leaf(
             f"Leaf {path!r} has different shapes in the models: {sorted(shapes)}. Only equally "
             f"shaped leaves can be merged; drop or reshape it first."
         )
-    if method.name == "linear" and plan.params["normalize"] and sum(plan.weights) == 0:
-        raise MergeError(
-            f"Leaf {path!r}: linear merge weights sum to 0 and cannot be normalized; pass "
-            f"normalize=False."
-        )
     out_dtype = to_dtype(dtype) if dtype is not None else leaves[0].dtype
     work = leaves[0].dtype if compute_dtype == "input" else to_dtype(compute_dtype)
+    check_magnitudes(path, method, plan.params, plan.weights, plan.model_params, work)
     kernel = method.make_kernel(plan.params)
     seed = _seed(path, plan.params)
     count = len(leaves)
 
     def compute(*arrays: np.ndarray) -> np.ndarray:
         values = [np.asarray(array, dtype=work) for array in arrays]
+        with np.errstate(all="ignore"):  # an overflow is refused by `check_finite` below
+            merged, result = _merged(values)
+        check_finite(result, merged, values, path, plan)
+        return result
+
+    def _merged(values: list[np.ndarray]) -> tuple[Any, np.ndarray]:
         merged = kernel(
             MergeInputs(
                 values[:count],
@@ -294,12 +297,43 @@ def merge_leaf(
                 seed,
             )
         )
-        return np.asarray(merged).astype(out_dtype)
+        return merged, np.asarray(merged).astype(out_dtype)
 
     compute.__name__ = f"{method.name}_merge"
     return lazy_map(
         compute, *inputs, shape=leaves[0].shape, dtype=out_dtype, elementwise=method.elementwise
     )
+
+
+def check_finite(
+    result: np.ndarray, merged: Any, inputs: list[np.ndarray], path: str, plan: LeafMerge
+) -> None:
+    """Refuses a block of merged leaf `path` that holds inf or NaN, saying where they come
+    from: an input that holds them, the cast to the output dtype, or the merge itself."""
+    finite = np.isfinite(result)
+    if finite.all():
+        return
+    bad = np.flatnonzero(~finite.reshape(-1))
+    first = result.reshape(-1)[bad[0]]
+    found = f"Leaf {path!r}: {len(bad)} value(s) of a block are {first} after the {plan.method.name} merge"
+    models = [i for i, x in enumerate(inputs) if not np.isfinite(x).all()]
+    if models:
+        who = ", ".join("the base" if i == len(plan.weights) else f"model {i}" for i in models)
+        cause = (
+            f"{who} already hold(s) inf or NaN there. Fix or drop that leaf in the model "
+            f"(per_leaf: {{take: K}} takes it from a sound model)."
+        )
+    elif np.isfinite(np.asarray(merged, np.float64)).all():
+        cause = (
+            f"the merged values exceed the largest {result.dtype.name} of the output. Pass "
+            f"dtype='float32' (or a wider dtype), or smaller weights."
+        )
+    else:
+        cause = (
+            f"the weights {list(plan.weights)} and parameters {plan.params} make it overflow "
+            f"or divide by zero. Use smaller or normalized weights."
+        )
+    raise MergeError(f"{found}: {cause}")
 
 
 def _extended_float(leaf: LazyArray) -> bool:
