@@ -410,7 +410,8 @@ def map(  # noqa: A001 (the public name is suture.map)
     numpy's rules for a ufunc (``np.tanh``), from ``jax.eval_shape(fn, ...)``, or, for numpy
     code jax cannot trace, from running `fn` once on ones of small inputs. With ``elementwise=True`` (output element ``i`` depends
     only on input elements ``i``), reading part of the result reads only that part of the
-    inputs.
+    inputs. A result of another dtype is cast to `dtype`; a cast that changes a value
+    beyond a float's rounding (3000 to int8, 1e39 to float32) is a `LossyCastError`.
 
     Example:
         >>> import numpy as np, suture

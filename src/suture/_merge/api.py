@@ -95,7 +95,9 @@ def merge(
     Raises:
         MergeError: an unknown method or parameter, a parameter or weight that is not a
             finite number of its kind, a missing base, leaves missing from some models, or
-            shapes that differ.
+            shapes that differ; weights whose sum a normalizing method divides by is 0, or a
+            weight or scale beyond the compute dtype's range. When read: a merged block that
+            holds inf or NaN, or a Karcher mean that takes a leaf more than 600 s.
     """
     chosen = get_method(method)
     # quantized models merge on their dequantized values, never on FP8 bytes and scales
@@ -315,7 +317,8 @@ def check_finite(
         return
     bad = np.flatnonzero(~finite.reshape(-1))
     first = result.reshape(-1)[bad[0]]
-    found = f"Leaf {path!r}: {len(bad)} value(s) of a block are {first} after the {plan.method.name} merge"
+    method = plan.method.name
+    found = f"Leaf {path!r}: {len(bad)} value(s) of a block are {first} after the {method} merge"
     models = [i for i, x in enumerate(inputs) if not np.isfinite(x).all()]
     if models:
         who = ", ".join("the base" if i == len(plan.weights) else f"model {i}" for i in models)
@@ -330,8 +333,9 @@ def check_finite(
         )
     else:
         cause = (
-            f"the weights {list(plan.weights)} and parameters {plan.params} make it overflow "
-            f"or divide by zero. Use smaller or normalized weights."
+            f"the merge itself overflows or divides by zero on these finite values (weights "
+            f"{list(plan.weights)}, parameters {plan.params}). Use smaller or normalized "
+            f"weights, or another method for this leaf (per_leaf)."
         )
     raise MergeError(f"{found}: {cause}")
 

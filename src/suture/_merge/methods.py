@@ -158,10 +158,10 @@ def karcher_kernel(params: dict[str, Any]) -> Kernel:
         for iteration in range(max_iter):
             if time.monotonic() > deadline:
                 raise MergeError(
-                    f"Leaf {inputs.path!r}: karcher did not converge within {KARCHER_SECONDS:g} s "
-                    f"({iteration} of max_iter={max_iter} iterations, tol={tol:g}); each leaf "
-                    f"gets that long. Raise tol, lower max_iter, or merge this leaf with "
-                    f"another method (per_leaf)."
+                    f"Leaf {inputs.path!r}: karcher did not converge within "
+                    f"{KARCHER_SECONDS:g} s ({iteration} of max_iter={max_iter} iterations, "
+                    f"tol={tol:g}); each leaf gets that long. Raise tol, lower max_iter, or "
+                    f"merge this leaf with another method (per_leaf)."
                 )
             step = np.zeros_like(u)
             for a, unit in shares:

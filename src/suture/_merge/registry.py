@@ -221,9 +221,9 @@ def check_magnitudes(
     switch = DIVIDE_BY_SUM.get(method.name)
     if switch is not None and params.get(switch) and sum(weights) == 0:
         raise MergeError(
-            f"Leaf {path!r}: the {method.name} merge divides by the sum of the weights "
-            f"{list(weights)}, which is 0: every value would be inf or NaN. Change the weights, "
-            f"or pass {switch}=False."
+            f"Leaf {path!r}: {method.name} merge weights sum to 0 and cannot be normalized; "
+            f"pass {switch}=False, or change the weights {list(weights)} (divided by their "
+            f"sum, every value would be inf or NaN)."
         )
     largest = float(ml_dtypes.finfo(work).max)
     scales = [("scale", params.get("scale"))] + [
