@@ -234,11 +234,15 @@ def check_magnitudes(
     sizes += [(name, value) for name, value in scales if isinstance(value, (int, float))]
     for name, value in sizes:
         if abs(value) > largest:
+            smaller = (
+                "a smaller scale"
+                if "scale" in name
+                else "smaller weights (normalized, only their ratios matter)"
+            )
             raise MergeError(
                 f"Leaf {path!r}: the {method.name} merge's {name} is {value:g}, beyond the "
                 f"largest {work.name} ({largest:g}) it is computed in: the merged values would "
-                f"be inf. Use smaller weights (normalized, only their ratios matter), or "
-                f"compute_dtype='float64'."
+                f"be inf. Use {smaller}, or compute_dtype='float64'."
             )
 
 
