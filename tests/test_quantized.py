@@ -166,11 +166,13 @@ def test_mxfp4_equals_transformers() -> None:
             torch.from_numpy(blocks), torch.from_numpy(scales), dtype=dtype
         )
         node = MXFP4DequantNode(
-            MemorySource(blocks), MemorySource(scales), as_numpy(expected).dtype, "mxfp4"
+            MemorySource(blocks), MemorySource(scales), as_numpy(expected).dtype, "mxfp4", "e"
         )
         assert node.shape == tuple(expected.shape)
         full = (range(3), range(128), range(10))
-        np.testing.assert_array_equal(node.read(full), as_numpy(expected))
+        # scale 254 times FP4's 6 is beyond float32: inf, as transformers gives, said once
+        with pytest.warns(suture.SutureWarning, match=r"Tensor 'e': .* inf or NaN .* 2\*\*127"):
+            np.testing.assert_array_equal(node.read(full), as_numpy(expected))
         part = (range(1, 3), np.array([5, 70, 33, 127]), range(9, 2, -3))
         np.testing.assert_array_equal(
             node.read(part), as_numpy(expected)[1:3][:, [5, 70, 33, 127]][:, :, 9:2:-3]

@@ -410,7 +410,8 @@ def map(  # noqa: A001 (the public name is suture.map)
     numpy's rules for a ufunc (``np.tanh``), from ``jax.eval_shape(fn, ...)``, or, for numpy
     code jax cannot trace, from running `fn` once on ones of small inputs. With ``elementwise=True`` (output element ``i`` depends
     only on input elements ``i``), reading part of the result reads only that part of the
-    inputs.
+    inputs. A result of another dtype is cast to `dtype`; a cast that changes a value
+    beyond a float's rounding (3000 to int8, 1e39 to float32) is a `LossyCastError`.
 
     Example:
         >>> import numpy as np, suture
@@ -424,13 +425,16 @@ def map(  # noqa: A001 (the public name is suture.map)
         inferred_shape, inferred_dtype = _infer_shape_dtype(fn, lazy, name, elementwise)
         shape = inferred_shape if shape is None else shape
         dtype = inferred_dtype if dtype is None else dtype
-    node = MapNode(fn, [a.node for a in lazy], tuple(shape), to_dtype(dtype), elementwise, name)
+    path = common_path(lazy)
+    node = MapNode(
+        fn, [a.node for a in lazy], tuple(shape), to_dtype(dtype), elementwise, name, path
+    )
     if elementwise and any(array.shape != node.shape for array in lazy):
         raise ShapeMismatchError(
             f"suture.map({name}, elementwise=True) needs inputs of the output shape {node.shape}; "
             f"got {[array.shape for array in lazy]}. Drop elementwise=True for broadcasting."
         )
-    return LazyArray(node, common_path(lazy))
+    return LazyArray(node, path)
 
 
 def _infer_shape_dtype(

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ShapeMismatchError
+from .._dtypes import cast_changes, cast_loss
+from .._errors import LossyCastError, ShapeMismatchError
 from .graph import Node, selected_bytes
 from .selection import Selection, is_full, outer_index, selection_shape
 
@@ -183,8 +184,9 @@ class MapNode(Node):
         dtype: np.dtype,
         elementwise: bool,
         name: str,
+        path: str | None = None,
     ) -> None:
-        self.fn, self.members = fn, tuple(inputs)
+        self.fn, self.members, self.path = fn, tuple(inputs), path
         self.shape, self.dtype, self.elementwise, self.name = shape, dtype, elementwise, name
 
     def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
@@ -240,8 +242,29 @@ class MapNode(Node):
                     f"{self.dtype}. Pass dtype={array.dtype.name!r} to suture.map, or cast "
                     f"inside the function."
                 )
-            array = array.astype(self.dtype)
+            array = self._cast(array)
         return array
+
+    def _cast(self, array: np.ndarray) -> np.ndarray:
+        """`array` in the declared dtype; a cast that changes a value beyond a float's
+        rounding (3000 to int8, 1e39 to float32) is refused, as strict casts refuse it."""
+        loss = cast_loss(array.dtype, self.dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            cast = array.astype(self.dtype)
+        if loss is None:
+            return cast
+        changed = cast_changes(array, cast)
+        if changed.any():
+            at = tuple(int(i) for i in np.argwhere(changed)[0])
+            raise LossyCastError(
+                f"suture.map({self.name}) of leaf {self.path or '(unnamed)'!r} returns "
+                f"{array.dtype.name} values, declared dtype={self.dtype.name!r}: "
+                f"{int(changed.sum())} value(s) of a block do not fit ({loss}), the first "
+                f"{array[at]} becomes {cast[at]} (element {at} of the block). Declare "
+                f"dtype={array.dtype.name!r} (or one that holds the values), or clip or "
+                f"rescale inside the function."
+            )
+        return cast
 
     def inputs(self) -> tuple[Node, ...]:
         return self.members

@@ -36,6 +36,7 @@ from ..sources.detect import open_source
 from .registry import (
     METHODS,
     Method,
+    check_magnitudes,
     check_params,
     check_value,
     check_weight,
@@ -94,7 +95,9 @@ def merge(
     Raises:
         MergeError: an unknown method or parameter, a parameter or weight that is not a
             finite number of its kind, a missing base, leaves missing from some models, or
-            shapes that differ.
+            shapes that differ; weights whose sum a normalizing method divides by is 0, or a
+            weight or scale beyond the compute dtype's range. When read: a merged block that
+            holds inf or NaN, or a Karcher mean that takes a leaf more than 600 s.
     """
     chosen = get_method(method)
     # quantized models merge on their dequantized values, never on FP8 bytes and scales
@@ -271,19 +274,21 @@ def merge_leaf(
             f"Leaf {path!r} has different shapes in the models: {sorted(shapes)}. Only equally "
             f"shaped leaves can be merged; drop or reshape it first."
         )
-    if method.name == "linear" and plan.params["normalize"] and sum(plan.weights) == 0:
-        raise MergeError(
-            f"Leaf {path!r}: linear merge weights sum to 0 and cannot be normalized; pass "
-            f"normalize=False."
-        )
     out_dtype = to_dtype(dtype) if dtype is not None else leaves[0].dtype
     work = leaves[0].dtype if compute_dtype == "input" else to_dtype(compute_dtype)
+    check_magnitudes(path, method, plan.params, plan.weights, plan.model_params, work)
     kernel = method.make_kernel(plan.params)
     seed = _seed(path, plan.params)
     count = len(leaves)
 
     def compute(*arrays: np.ndarray) -> np.ndarray:
         values = [np.asarray(array, dtype=work) for array in arrays]
+        with np.errstate(all="ignore"):  # an overflow is refused by `check_finite` below
+            merged, result = _merged(values)
+        check_finite(result, merged, values, path, plan)
+        return result
+
+    def _merged(values: list[np.ndarray]) -> tuple[Any, np.ndarray]:
         merged = kernel(
             MergeInputs(
                 values[:count],
@@ -294,12 +299,45 @@ def merge_leaf(
                 seed,
             )
         )
-        return np.asarray(merged).astype(out_dtype)
+        return merged, np.asarray(merged).astype(out_dtype)
 
     compute.__name__ = f"{method.name}_merge"
     return lazy_map(
         compute, *inputs, shape=leaves[0].shape, dtype=out_dtype, elementwise=method.elementwise
     )
+
+
+def check_finite(
+    result: np.ndarray, merged: Any, inputs: list[np.ndarray], path: str, plan: LeafMerge
+) -> None:
+    """Refuses a block of merged leaf `path` that holds inf or NaN, saying where they come
+    from: an input that holds them, the cast to the output dtype, or the merge itself."""
+    finite = np.isfinite(result)
+    if finite.all():
+        return
+    bad = np.flatnonzero(~finite.reshape(-1))
+    first = result.reshape(-1)[bad[0]]
+    method = plan.method.name
+    found = f"Leaf {path!r}: {len(bad)} value(s) of a block are {first} after the {method} merge"
+    models = [i for i, x in enumerate(inputs) if not np.isfinite(x).all()]
+    if models:
+        who = ", ".join("the base" if i == len(plan.weights) else f"model {i}" for i in models)
+        cause = (
+            f"{who} already hold(s) inf or NaN there. Fix or drop that leaf in the model "
+            f"(per_leaf: {{take: K}} takes it from a sound model)."
+        )
+    elif np.isfinite(np.asarray(merged, np.float64)).all():
+        cause = (
+            f"the merged values exceed the largest {result.dtype.name} of the output. Pass "
+            f"dtype='float32' (or a wider dtype), or smaller weights."
+        )
+    else:
+        cause = (
+            f"the merge itself overflows or divides by zero on these finite values (weights "
+            f"{list(plan.weights)}, parameters {plan.params}). Use smaller or normalized "
+            f"weights, or another method for this leaf (per_leaf)."
+        )
+    raise MergeError(f"{found}: {cause}")
 
 
 def _extended_float(leaf: LazyArray) -> bool:

@@ -20,6 +20,7 @@ Each follows its paper and mergekit's parameters and defaults (see ``docs/mergin
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -132,6 +133,9 @@ def multislerp_kernel(params: dict[str, Any]) -> Kernel:
     return kernel
 
 
+KARCHER_SECONDS = 600.0  # the most one leaf's Karcher mean may take
+
+
 def karcher_kernel(params: dict[str, Any]) -> Kernel:
     max_iter, tol = int(params["max_iter"]), float(params["tol"])
 
@@ -150,7 +154,15 @@ def karcher_kernel(params: dict[str, Any]) -> Kernel:
         u = sum(a * unit for a, unit in shares)
         norm_u = float(np.linalg.norm(u))
         u = shares[0][1].copy() if norm_u < tol else u / norm_u
-        for _ in range(max_iter):
+        deadline = time.monotonic() + KARCHER_SECONDS
+        for iteration in range(max_iter):
+            if time.monotonic() > deadline:
+                raise MergeError(
+                    f"Leaf {inputs.path!r}: karcher did not converge within "
+                    f"{KARCHER_SECONDS:g} s ({iteration} of max_iter={max_iter} iterations, "
+                    f"tol={tol:g}); each leaf gets that long. Raise tol, lower max_iter, or "
+                    f"merge this leaf with another method (per_leaf)."
+                )
             step = np.zeros_like(u)
             for a, unit in shares:
                 dot = float(np.clip(np.dot(u, unit), -1.0, 1.0))

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import ml_dtypes
+import numpy as np
 
 from .._errors import PatternError
 from .._patterns import compile_pattern
@@ -21,6 +24,7 @@ from .task_vectors import (
 )
 
 REQUIRED = object()  # a parameter without a default
+MAX_ITERATIONS = 1000  # the most iterations an iterative method (karcher) may be asked for
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,8 @@ _RANGES: dict[str, tuple[float, float, bool]] = {  # name: (low, high, high incl
     "gamma": (0.0, 1.0, True),
     "epsilon": (0.0, 1.0, False),
     "select_topk": (0.0, 1.0, True),
+    "max_iter": (1, MAX_ITERATIONS, True),  # karcher's; also checked first, with why
+    "tol": (0.0, 1.0, True),
 }
 
 
@@ -172,6 +178,12 @@ def check_value(method: str, name: str, value: Any, default: Any, where: str = "
         value = int(value)
     else:
         value = float(value)
+    if name == "max_iter" and value > MAX_ITERATIONS:
+        raise MergeError(
+            f"{label} is {value!r}; at most {MAX_ITERATIONS} iterations are allowed (each is a "
+            f"pass over the leaf, and the mean converges in a few: the default is 10). Lower it, "
+            f"or raise tol to stop sooner."
+        )
     if name in _RANGES:
         low, high, closed = _RANGES[name]
         if not (low <= value <= high if closed else low <= value < high):
@@ -181,12 +193,57 @@ def check_value(method: str, name: str, value: Any, default: Any, where: str = "
 
 
 def check_weight(value: Any, index: int, where: str = "") -> float:
-    """One model's weight: a finite number."""
+    """One model's weight: a finite number (`check_magnitudes` checks it against the dtype
+    a leaf is computed in)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise MergeError(
             f"{where}the weight of model {index} must be a finite number; got {value!r}."
         )
     return float(value)
+
+
+# methods that divide by the sum of the weights, and the parameter that asks them to
+DIVIDE_BY_SUM = {"linear": "normalize", "multislerp": "normalize_weights"}
+
+
+def check_magnitudes(
+    path: str,
+    method: Method,
+    params: dict[str, Any],
+    weights: Sequence[float],
+    model_params: Sequence[dict[str, Any]],
+    work: np.dtype,
+) -> None:
+    """Refuses, before anything is read, weights and scales that make every merged value of
+    leaf `path` inf or NaN in the dtype `work` it is computed in: a sum of weights the
+    method divides by that is 0, or a weight (or their sum, or a ``scale``) beyond `work`'s
+    largest value."""
+    switch = DIVIDE_BY_SUM.get(method.name)
+    if switch is not None and params.get(switch) and sum(weights) == 0:
+        raise MergeError(
+            f"Leaf {path!r}: {method.name} merge weights sum to 0 and cannot be normalized; "
+            f"pass {switch}=False, or change the weights {list(weights)} (divided by their "
+            f"sum, every value would be inf or NaN)."
+        )
+    largest = float(ml_dtypes.finfo(work).max)
+    scales = [("scale", params.get("scale"))] + [
+        (f"scale of model {i}", own.get("scale")) for i, own in enumerate(model_params)
+    ]
+    sizes = [(f"weight of model {i}", w) for i, w in enumerate(weights)]
+    sizes += [("sum of the weights' magnitudes", sum(abs(w) for w in weights))]
+    sizes += [(name, value) for name, value in scales if isinstance(value, (int, float))]
+    for name, value in sizes:
+        if abs(value) > largest:
+            smaller = (
+                "a smaller scale"
+                if "scale" in name
+                else "smaller weights (normalized, only their ratios matter)"
+            )
+            raise MergeError(
+                f"Leaf {path!r}: the {method.name} merge's {name} is {value:g}, beyond the "
+                f"largest {work.name} ({largest:g}) it is computed in: the merged values would "
+                f"be inf. Use {smaller}, or compute_dtype='float64'."
+            )
 
 
 def compile_per_leaf(pattern: Any) -> Any:

@@ -25,7 +25,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ml_dtypes
@@ -34,6 +34,20 @@ import numpy as np
 from .._buffers import assign, scratch_buffer
 
 FP8_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448.0
+FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
+SMALLEST_INVERSE = np.float64(np.finfo(np.float32).smallest_subnormal)
+
+
+def _largest_inverse() -> np.float32:
+    """The largest float32 ``scale_inv`` that dequantizes 448 to a finite float32."""
+    value = np.float32(FLOAT32_MAX / np.float32(FP8_MAX))
+    with np.errstate(over="ignore"):
+        while not np.isfinite(np.float32(FP8_MAX) * value):
+            value = np.nextafter(value, np.float32(0))
+    return value
+
+
+LARGEST_INVERSE = np.float64(_largest_inverse())
 FP4_VALUES = np.array(
     [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
     np.float32,
@@ -56,7 +70,7 @@ def scale_values(scales: np.ndarray) -> np.ndarray:
 
 def dequantize_fp8_into(
     out: np.ndarray, weight: np.ndarray, scales: np.ndarray, row_blocks: Any, col_blocks: Any
-) -> None:
+) -> bool:
     """``out[...] = float32(weight) * scale`` of each element's block, a strip at a time.
 
     `weight` and `out` have the selected elements' shape ``(..., rows, cols)``; `scales`
@@ -70,9 +84,14 @@ def dequantize_fp8_into(
     one block row the index fits 16 bits (up to 256 column blocks): it is summed as
     ``uint16`` and widened for `np.take` in one copy, which costs less than half of adding
     the bytes to a wider offset (numpy casts mixed operands in buffered steps).
+
+    Returns whether some block's table holds inf or NaN for a finite code (a scale that is
+    not finite, or a product beyond `out`'s dtype): then `out` may hold such values, which
+    the caller can look for (`unheld_values`).
     """
     if out.size == 0:
-        return
+        return False
+    overflow = False
     lookup = _FP8_TABLES[weight.dtype.name]
     values = scale_values(scales)
     row_blocks = np.asarray(row_blocks, dtype=np.intp)
@@ -90,12 +109,14 @@ def dequantize_fp8_into(
         whole = lead_values.size * 256 * out.dtype.itemsize <= TABLE_BYTES
         if whole:  # every block's table at once; else those of each strip's block rows
             table = _block_tables(lookup, lead_values, out.dtype)
+            overflow = overflow or _overflows(table, lookup)
         for start, stop in _strips(row_blocks, strip):
             if whole:
                 local = row_blocks[start:stop]
             else:
                 used, local = np.unique(row_blocks[start:stop], return_inverse=True)
                 table = _block_tables(lookup, lead_values[used], out.dtype)
+                overflow = overflow or _overflows(table, lookup)
             count = (stop - start) * cols
             index = index_buffer[: count * 8].view(np.intp).reshape(stop - start, cols)
             block_row = int(local[0])
@@ -115,6 +136,7 @@ def dequantize_fp8_into(
                 np.take(source, index, out=target, mode="clip")  # clip: unbuffered; in range
             else:
                 assign(target, np.take(source, index, mode="clip"))  # fast into transposed views
+    return overflow
 
 
 def _strips(row_blocks: np.ndarray, strip: int) -> Iterator[tuple[int, int]]:
@@ -133,7 +155,18 @@ def _strips(row_blocks: np.ndarray, strip: int) -> Iterator[tuple[int, int]]:
 def _block_tables(lookup: np.ndarray, scales: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """``dtype(lookup * scale)`` for every scale of ``(block rows, block cols)``, flat:
     the product in float32 (as torch and DeepSeek's kernel compute it), then one cast."""
-    return (lookup * scales[..., None]).astype(dtype).reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):  # found by `_overflows`, said by the node
+        return (lookup * scales[..., None]).astype(dtype).reshape(-1)
+
+
+def _overflows(table: np.ndarray, lookup: np.ndarray) -> bool:
+    """Whether `table` holds inf or NaN where `lookup` (its codes) is finite."""
+    return not np.isfinite(table.reshape(-1, 256)[:, np.isfinite(lookup)]).all()
+
+
+def unheld_values(out: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Where dequantized `out` is inf or NaN although its code in `codes` is finite."""
+    return ~np.isfinite(out) & np.isfinite(codes.astype(np.float32))
 
 
 def dequantize_fp8(weight: np.ndarray, scales: np.ndarray, block: tuple[int, int]) -> np.ndarray:
@@ -187,33 +220,89 @@ def _mxfp4_table(dtype: np.dtype) -> np.ndarray:
 _MXFP4_TABLES: dict[np.dtype, np.ndarray] = {}
 
 
-def quantize_fp8(values: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+def mxfp4_overflow_scale(dtype: Any) -> int:
+    """The smallest E8M0 scale byte at which some FP4 value overflows `dtype` (257: none);
+    byte 255 (E8M0's NaN) aside."""
+    dtype = np.dtype(dtype)
+    if dtype not in _MXFP4_LIMITS:
+        with np.errstate(over="ignore"):
+            largest = np.ldexp(np.float32(6.0), np.arange(255) - 127).astype(np.float32)
+            cast = largest.astype(dtype) if dtype.itemsize <= 4 else largest
+        over = np.flatnonzero(~np.isfinite(cast))
+        _MXFP4_LIMITS[dtype] = int(over[0]) if len(over) else 257
+    return _MXFP4_LIMITS[dtype]
+
+
+_MXFP4_LIMITS: dict[np.dtype, int] = {}
+
+
+def quantize_fp8(
+    values: np.ndarray, block: tuple[int, int], unheld: Callable[[np.ndarray], None] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """FP8 E4M3 values and float32 ``scale_inv`` per block of the last two axes.
 
     The block rows and columns of `values` start at multiples of `block`; the last block of
     an axis may be shorter (ragged). Bytes equal transformers' ``Fp8Quantize`` where the
     shape divides; a ragged block uses the same formula over its elements.
+
+    Where that formula breaks, the block's finite values still come back close: NaN and
+    infinities (FP8 E4M3 has no infinity) are written as NaN and left out of the block's
+    largest magnitude, a float64 value beyond float32's range saturates at float32's largest
+    (its dequantized value must fit the float32 the scales are), and a block so small that
+    ``448 / max`` overflows float32 (or so large that ``448 * scale_inv`` does) gets
+    ``scale_inv = max / 448``, kept within float32 (at least its smallest subnormal),
+    instead of an infinite or zero scale. `unheld`, when given, is called first with the
+    mask of the values that FP8 cannot hold (it may raise).
     """
-    *lead, rows, cols = values.shape
+    with np.errstate(over="ignore"):  # float64 beyond float32's range: inf here, seen below
+        x = values.astype(np.float32)
+    tiles, max_abs = _tiles(x, block)
+    not_a_number = None
+    if not np.isfinite(max_abs).all():  # NaN propagates through max, as inf does
+        finite = np.isfinite(values)
+        if unheld is not None:
+            unheld(~(finite & np.isfinite(x)))
+        x = np.where(finite, np.clip(x, -FLOAT32_MAX, FLOAT32_MAX), np.float32(0))
+        not_a_number = ~finite
+        tiles, max_abs = _tiles(x, block)
+    safe = np.where(max_abs > 0, max_abs, np.float32(1.0))
+    with np.errstate(over="ignore", divide="ignore"):  # blocks the formula fails: `off`
+        # torch computes `448.0 / t` as `t.reciprocal() * 448.0`, one rounding more than a
+        # division: the same two steps give the same scales, hence the same bytes
+        scales = (np.float32(FP8_MAX) * (np.float32(1.0) / safe)).astype(np.float32)
+        inverse = (np.float32(1.0) / scales).astype(np.float32)
+        # where the formula fails: an infinite scale, or a scale_inv that dequantizes 448 to inf
+        off = ~np.isfinite(scales) | ~np.isfinite(np.float32(FP8_MAX) * inverse)
+    scales = np.where((max_abs > 0) & ~off, scales, np.float32(1.0)).astype(np.float32)
+    inverse = np.where(max_abs > 0, inverse, np.float32(1.0)).astype(np.float32)
+    scaled = tiles * scales[..., :, None, :, None]
+    if off.any():
+        wanted = max_abs.astype(np.float64) / FP8_MAX
+        chosen = np.clip(wanted, SMALLEST_INVERSE, LARGEST_INVERSE).astype(np.float32)
+        inverse = np.where(off, chosen, inverse)
+        exact = tiles.astype(np.float64) / inverse.astype(np.float64)[..., :, None, :, None]
+        scaled = np.where(off[..., :, None, :, None], exact, scaled)
+    quantized = np.clip(scaled, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
+    rows, cols = x.shape[-2:]
+    quantized = quantized.reshape(*x.shape[:-2], -1, quantized.shape[-2] * quantized.shape[-1])
+    quantized = np.ascontiguousarray(quantized[..., :rows, :cols])
+    if not_a_number is not None:
+        quantized[not_a_number] = np.nan
+    return quantized, inverse
+
+
+def _tiles(x: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """`x` as ``(..., block rows, block[0], block cols, block[1])`` (zero-padded: zeros change
+    no block's largest magnitude) and each block's largest magnitude."""
+    *lead, rows, cols = x.shape
     row_blocks, col_blocks = -(-rows // block[0]), -(-cols // block[1])
     padded_rows, padded_cols = row_blocks * block[0], col_blocks * block[1]
-    x = values.astype(np.float32)
-    if (padded_rows, padded_cols) != (rows, cols):  # zeros change no block's largest magnitude
+    if (padded_rows, padded_cols) != (rows, cols):
         padded = np.zeros((*lead, padded_rows, padded_cols), np.float32)
         padded[..., :rows, :cols] = x
         x = padded
     tiles = x.reshape(*lead, row_blocks, block[0], col_blocks, block[1])
-    max_abs = np.abs(tiles).max(axis=(-3, -1))
-    safe = np.where(max_abs > 0, max_abs, np.float32(1.0))
-    # torch computes `448.0 / t` as `t.reciprocal() * 448.0`, one rounding more than a
-    # division: the same two steps give the same scales, hence the same bytes
-    scales = (np.float32(FP8_MAX) * (np.float32(1.0) / safe)).astype(np.float32)
-    scales = np.where(max_abs > 0, scales, np.float32(1.0)).astype(np.float32)
-    inverse = (np.float32(1.0) / scales).astype(np.float32)
-    scaled = tiles * scales[..., :, None, :, None]
-    quantized = np.clip(scaled, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
-    quantized = quantized.reshape(*lead, padded_rows, padded_cols)[..., :rows, :cols]
-    return np.ascontiguousarray(quantized), inverse
+    return tiles, np.abs(tiles).max(axis=(-3, -1))
 
 
 def _positions(axis: Any) -> Any:

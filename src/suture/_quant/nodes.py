@@ -19,22 +19,29 @@ Example:
 from __future__ import annotations
 
 import math
+import re
 import threading
+import warnings
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from .._buffers import aligned_empty, scratch_buffer
+from .._errors import LossyCastError, SutureWarning
 from .._lazy.graph import Node
 from .._lazy.selection import Selection, outer_index, positions, selection_shape
+from .._lazy.views import checking_casts
 from .formats import (
+    FLOAT32_MAX,
     MXFP4_BLOCK,
     STRIP_ELEMENTS,
     TABLE_BYTES,
     dequantize_fp8_into,
     dequantize_mxfp4,
+    mxfp4_overflow_scale,
     quantize_fp8,
+    unheld_values,
 )
 
 VALUES_STRIP_BYTES = 8 << 20  # stored FP8 values read at a time
@@ -65,10 +72,17 @@ class FP8DequantNode(Node):
     """An FP8 `weight` times `scale` (``scale_inv``) of its `block`, read as `dtype`."""
 
     def __init__(
-        self, weight: Node, scale: Node, block: tuple[int, int], dtype: np.dtype, name: str
+        self,
+        weight: Node,
+        scale: Node,
+        block: tuple[int, int],
+        dtype: np.dtype,
+        name: str,
+        tensor: str = "",
     ) -> None:
         self.weight, self.scale, self.block, self.name = weight, scale, block, name
         self.shape, self.dtype = weight.shape, np.dtype(dtype)
+        self.overflow = _OverflowWarning(tensor, self.dtype)
 
     def inputs(self) -> tuple[Node, ...]:
         return (self.weight, self.scale)
@@ -117,20 +131,30 @@ class FP8DequantNode(Node):
             self.weight.read_into(part, values)
             strip_rows = rows[start:stop]
             low, high = int(strip_rows.min()), int(strip_rows.max()) + 1
-            dequantize_fp8_into(
-                out[..., start:stop, :], values, scales[..., low:high, :], strip_rows - low, cols
-            )
+            strip_scales = scales[..., low:high, :]
+            target = out[..., start:stop, :]
+            if dequantize_fp8_into(target, values, strip_scales, strip_rows - low, cols):
+                bad = unheld_values(target, values)
+                if bad.any():
+                    at = tuple(int(i) for i in np.argwhere(bad)[0])
+                    scale = strip_scales[(*at[:-2], strip_rows[at[-2]] - low, cols[at[-1]])]
+                    where = (*at[:-2], start + at[-2], at[-1])
+                    index = tuple(positions(a)[i] for a, i in zip(selection, where, strict=True))
+                    self.overflow.say(int(bad.sum()), index, f"scale_inv {scale}", scale)
 
 
 class MXFP4DequantNode(Node):
     """``(..., rows, groups, 16)`` packed FP4 `blocks` and ``(..., rows, groups)`` E8M0
     `scales`, read as ``(..., groups * 32, rows)`` of `dtype` (transformers' layout)."""
 
-    def __init__(self, blocks: Node, scales: Node, dtype: np.dtype, name: str) -> None:
+    def __init__(
+        self, blocks: Node, scales: Node, dtype: np.dtype, name: str, tensor: str = ""
+    ) -> None:
         self.blocks, self.scales, self.name = blocks, scales, name
         *lead, rows, groups, width = blocks.shape
         self.shape = (*lead, groups * width * 2, rows)
         self.dtype = np.dtype(dtype)
+        self.overflow = _OverflowWarning(tensor, self.dtype)
 
     def inputs(self) -> tuple[Node, ...]:
         return (self.blocks, self.scales)
@@ -159,10 +183,58 @@ class MXFP4DequantNode(Node):
         blocks_part, scales_part, groups = self._parts(selection)
         blocks, scales = self.blocks.read(blocks_part), self.scales.read(scales_part)
         values = dequantize_mxfp4(blocks, scales, self.dtype)  # cast in its table: same bits
+        raw = scales.view(np.uint8)
+        if (raw[raw != 255] >= mxfp4_overflow_scale(self.dtype)).any():  # byte 255 is NaN
+            per_value = np.repeat(raw, MXFP4_BLOCK, axis=-1)
+            bad = ~np.isfinite(values) & (per_value != 255)
+            if bad.any():
+                at = tuple(int(i) for i in np.argwhere(bad)[0])
+                lead = tuple(positions(a)[i] for a, i in zip(selection[:-2], at[:-2], strict=True))
+                index = (
+                    *lead,
+                    groups.start * MXFP4_BLOCK + at[-1],
+                    positions(selection[-1])[at[-2]],
+                )
+                exponent = int(per_value[at]) - 127
+                self.overflow.say(int(bad.sum()), index, f"scale 2**{exponent}", 1.0)
         columns = _numbers(selection[-2]) - groups.start * MXFP4_BLOCK
         lead = tuple(range(n) for n in values.shape[:-2])
         values = outer_index(values, (*lead, range(values.shape[-2]), columns))
         return np.ascontiguousarray(np.swapaxes(values, -1, -2))
+
+
+class _OverflowWarning:
+    """Says once per tensor that dequantizing it gave inf or NaN from finite codes."""
+
+    def __init__(self, tensor: str, dtype: np.dtype) -> None:
+        self.tensor, self.dtype, self.said = tensor, dtype, False
+        self._lock = threading.Lock()
+
+    def say(self, count: int, where: tuple[int, ...], scale: str, value: Any) -> None:
+        with self._lock:
+            if self.said:
+                return
+            self.said = True
+        largest = float(ml_dtypes.finfo(self.dtype).max)
+        if np.isfinite(value) and largest < float(np.finfo(np.float32).max):
+            cause = (
+                f"the values exceed the largest {self.dtype.name} ({largest:g}): dequantize "
+                f"to bfloat16 or float32 instead"
+            )
+        elif np.isfinite(value):
+            cause = (
+                "the values exceed float32's range, in which they are computed (transformers "
+                "gives inf too): the checkpoint's scales are out of range (a damaged file?)"
+            )
+        else:
+            cause = "the checkpoint's scale is not finite (a damaged file?)"
+        warnings.warn(
+            f"Tensor {self.tensor or '(unnamed)'!r}: dequantizing to {self.dtype.name} gives "
+            f"{count} inf or NaN value(s) from finite codes, the first at element {where} "
+            f"({scale}): {cause}. Later ones of this tensor are not reported.",
+            SutureWarning,
+            stacklevel=2,
+        )
 
 
 class _Quantizer:
@@ -170,11 +242,13 @@ class _Quantizer:
     written are kept (a few bytes per block), and a read of the scale tensor waits for block
     rows being quantized at that moment, so that it need not read the weight again."""
 
-    def __init__(self, source: Node, block: tuple[int, int]) -> None:
-        self.source, self.block = source, block
+    def __init__(self, source: Node, block: tuple[int, int], name: str = "") -> None:
+        self.source, self.block, self.name = source, block, name
         self.scale_rows: dict[int, np.ndarray] = {}  # block row -> scale_inv of every column
         self._pending: dict[int, threading.Event] = {}  # block rows being quantized now
         self._lock = threading.Lock()
+        self.strict = checking_casts()  # as a cast built here would: read when built
+        self._warned = False
 
     @property
     def scale_shape(self) -> tuple[int, int]:
@@ -199,7 +273,10 @@ class _Quantizer:
                         self._pending[row] = done
                         owned.append(row)
         try:
-            values, scales = quantize_fp8(self.source.read(span), self.block)
+            source = self.source.read(span)
+            values, scales = quantize_fp8(
+                source, self.block, lambda unheld: self._unheld(span, source, unheld)
+            )
             if whole_rows:
                 with self._lock:
                     for index, row in enumerate(scales):
@@ -210,6 +287,42 @@ class _Quantizer:
                     del self._pending[row]
             done.set()
         return values, scales
+
+    def _unheld(self, span: Selection, source: np.ndarray, unheld: np.ndarray) -> None:
+        """Values of `span` that FP8 cannot hold: refused under strict casts, else said
+        once for the tensor (they are written as NaN, or saturated)."""
+        if not self.strict and self._warned:
+            return
+        at = tuple(int(i) for i in np.argwhere(unheld)[0])
+        row, col = span[0].start + at[0], span[1].start + at[1]
+        found = (
+            f"Tensor {self.name!r}: block (row {row // self.block[0]}, column "
+            f"{col // self.block[1]}) of {self.block[0]}x{self.block[1]} holds {source[at]} at "
+            f"element ({row}, {col}) ({int(unheld.sum())} such value(s) in block rows "
+            f"{span[0].start // self.block[0]} to {(span[0].stop - 1) // self.block[0]})"
+        )
+        if self.strict:
+            raise LossyCastError(
+                f"{found}: FP8 E4M3 has no infinity, and its float32 scales reach only "
+                f"±{float(FLOAT32_MAX):.4g}, so quantize='fp8-block' would write NaN there or "
+                f"saturate. Fix the source's values (clip them, or "
+                f"take the checkpoint from before they went wrong), or keep the tensor "
+                f"unquantized (keep_unquantized / --keep-unquantized "
+                f"'^{re.escape(self.name)}$'); without strict casts they are written as NaN "
+                f"(inf, NaN) or ±{float(FLOAT32_MAX):.4g} (larger float64), with a warning."
+            )
+        with self._lock:
+            if self._warned:
+                return
+            self._warned = True
+        warnings.warn(
+            f"{found}: written as NaN (inf and NaN: FP8 E4M3 has no infinity) or "
+            f"±{float(FLOAT32_MAX):.4g} (larger float64 values: its scales are float32); the "
+            f"other values of those blocks are quantized as usual. Later blocks of this tensor "
+            f"are not reported. Pass strict_casts=True (--strict-casts) to refuse them instead.",
+            SutureWarning,
+            stacklevel=2,
+        )
 
     def scales_of(self, rows: np.ndarray) -> np.ndarray:
         """``scale_inv`` of the block `rows` (every column): kept ones, ones being computed
@@ -311,7 +424,8 @@ def _runs_of(numbers: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def quantized_pair(source: Node, block: tuple[int, int]) -> tuple[Node, Node]:
-    """The FP8 values node and the ``scale_inv`` node of a 2-D weight `source`."""
-    quantizer = _Quantizer(source, block)
+def quantized_pair(source: Node, block: tuple[int, int], name: str = "") -> tuple[Node, Node]:
+    """The FP8 values node and the ``scale_inv`` node of a 2-D weight `source` (`name`d in
+    errors and warnings)."""
+    quantizer = _Quantizer(source, block, name)
     return FP8QuantNode(quantizer), FP8ScaleNode(quantizer)

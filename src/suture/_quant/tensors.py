@@ -89,7 +89,7 @@ def _dequantize_fp8(
             continue
         block = _fp8_block(name, array, scale, scheme, where)
         label = f"fp8 {block[0]}x{block[1]} blocks"
-        node = FP8DequantNode(array.node, scale.node, block, dtype, label)
+        node = FP8DequantNode(array.node, scale.node, block, dtype, label, name)
         result[name] = LazyArray(node, path=array.path)
     return result
 
@@ -170,7 +170,7 @@ def _dequantize_mxfp4(
                 f"{scales.shape}; expected uint8 (E8M0) of shape {array.shape[:-1]}, one per "
                 f"32 values of {name!r}."
             )
-        node = MXFP4DequantNode(array.node, scales.node, dtype, "mxfp4")
+        node = MXFP4DequantNode(array.node, scales.node, dtype, "mxfp4", base)
         path = array.path[: -len("_blocks")] if array.path else None
         result[base] = LazyArray(node, path=path)
     return result
@@ -209,7 +209,7 @@ def quantize_tensors(
             result[name] = array
             kept.append(name[: -len(".weight")])
             continue
-        values, scales = quantized_pair(array.node, FP8_BLOCK)
+        values, scales = quantized_pair(array.node, FP8_BLOCK, name)
         result[name] = LazyArray(values, path=array.path)
         result[name + FP8_SCALE_SUFFIX] = LazyArray(scales, path=None)
     return result, kept
