@@ -14,6 +14,8 @@ and the tests call this script there, with suture's sources on the path:
         Loads HF_FOLDER with Tunix's loader, optionally wraps it with qwix LoRA (random, non-zero
         factors), scales the embedding by 2 (a stand-in for training), saves it with Tunix's
         CheckpointManager at step 3 under ROOT and writes ROOT/logits.npy (the model on TOKENS).
+    python tests/tunix_worker.py preset NAME OUT_JSON
+        The leaves (paths, shapes) of Tunix's Llama3 built from ModelConfig.NAME(), abstractly.
     python tests/tunix_worker.py sft FAMILY HF_FOLDER ROOT LORA_RANK LORA_ALPHA
         Three LoRA SFT steps with Tunix's PeftTrainer checkpointing to ROOT (the adapters
         alone, as the trainer saves a LoRA model), and ROOT/logits.npy of the trained model.
@@ -51,6 +53,12 @@ def tunix_model(family: str, config: dict):
         from tunix.models.llama3 import model, params
 
         return params, model.Llama3, model.ModelConfig(**common, weight_tying=tied)
+    if family == "llama3.2":  # Tunix's own Llama 3.2 preset (weight_tying=True), made tiny
+        import dataclasses
+
+        from tunix.models.llama3 import model, params
+
+        return params, model.Llama3, dataclasses.replace(model.ModelConfig.llama3p2_1b(), **common)
     if family == "qwen3":
         from tunix.models.qwen3 import model, params
 
@@ -239,6 +247,21 @@ def mismatch(family: str, hf: str, out: str) -> None:
         Path(out).write_text("loaded")
 
 
+def preset(name: str, out: str) -> None:
+    """Leaf paths and shapes of Tunix's Llama3 made (abstractly) from its preset
+    ``ModelConfig.NAME()`` (``llama3p2_1b``, ``llama3p2_3b``), and the preset's weight tying."""
+    from flax import nnx
+    from tunix.models.llama3 import model
+
+    cfg = getattr(model.ModelConfig, name)()
+    abstract = nnx.eval_shape(lambda: model.Llama3(cfg, rngs=nnx.Rngs(params=0)))
+    leaves = {
+        "/".join(map(str, path)): list(variable.get_value().shape)
+        for path, variable in nnx.to_flat_state(nnx.state(abstract))
+    }
+    Path(out).write_text(json.dumps({"weight_tying": cfg.weight_tying, "leaves": leaves}))
+
+
 def save(
     family: str, hf: str, root: str, rank: str | None = None, alpha: str | None = None
 ) -> None:
@@ -320,4 +343,12 @@ def sft(family: str, hf: str, root: str, rank: str, alpha: str) -> None:
 
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    {"load": load, "save": save, "sft": sft, "mismatch": mismatch, "mixed": mixed}[command](*args)
+    commands = {
+        "load": load,
+        "save": save,
+        "sft": sft,
+        "mismatch": mismatch,
+        "mixed": mixed,
+        "preset": preset,
+    }
+    commands[command](*args)
