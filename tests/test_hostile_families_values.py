@@ -21,6 +21,7 @@ from safetensors.numpy import load_file
 from typer.testing import CliRunner
 
 import suture
+from suture._hf import SideFileWarning
 from suture.cli import app
 from suture.families._convert import FAMILY_KEY, convert_with_recipe
 
@@ -78,6 +79,84 @@ def _no_record(maxtext: Path, into: Path) -> Path:
     metadata[FAMILY_KEY] = {k: v for k, v in metadata[FAMILY_KEY].items() if k != "config"}
     suture.save(ckpt.tree, into, metadata=metadata, progress=False)
     return into
+
+
+# Item 5: a config.json beside the weights is read under the side-file rules ------------------
+
+SECRET = "sk-do-not-leak-0123456789"
+
+
+@pytest.fixture
+def linked(tmp_path) -> Path:
+    """A Llama folder whose config.json links to a private file outside it."""
+    torch.manual_seed(0)
+    folder = tmp_path / "hf"
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).save_pretrained(folder)
+    private = tmp_path / "elsewhere" / "private.json"
+    private.parent.mkdir()
+    config = json.loads((folder / "config.json").read_text())
+    private.write_text(json.dumps({**config, "api_token": SECRET}))
+    (folder / "config.json").unlink()
+    (folder / "config.json").symlink_to(Path("..") / "elsewhere" / "private.json")
+    return folder
+
+
+def _nowhere(root: Path, secret: str) -> None:
+    """`secret` is in no file under `root` but the private one."""
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.name != "private.json":
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_a_config_linked_from_outside_the_folder_is_not_read(linked, tmp_path):
+    before = _digest(linked)
+    with pytest.raises(suture.ConfigMismatchError, match="is a symbolic link") as error:
+        convert_with_recipe(linked, tmp_path / "out", "llama3.1:maxtext", progress=False)
+    assert "--config PATH" in str(error.value) and SECRET not in str(error.value)
+    result = _cli("convert", linked, tmp_path / "out", "--recipe", "llama3.1:maxtext")
+    _refused(result, f"Not reading {str(linked / 'config.json')!r}", "--config PATH")
+    assert SECRET not in result.output
+    _left_nothing(tmp_path / "out")
+    assert _digest(linked) == before
+    _nowhere(tmp_path, SECRET)
+
+
+def test_a_like_folder_whose_config_links_outside_is_not_read(linked, tmp_path):
+    private = tmp_path / "elsewhere" / "private.json"
+    with pytest.warns(SideFileWarning, match="Not copying"):  # an explicit --config is read
+        convert_with_recipe(linked, tmp_path / "mt", "llama3.1:maxtext", config=private)
+    with pytest.warns(SideFileWarning, match="Not copying"):  # as a side file: not copied
+        result = _cli(
+            "convert", tmp_path / "mt", tmp_path / "back", "--recipe", "llama3.1:maxtext",
+            "--reverse", "--like", linked,
+        )  # fmt: skip
+    _refused(result, "is a symbolic link", "--config PATH")
+    _left_nothing(tmp_path / "back")
+
+
+def test_an_explicit_config_may_point_anywhere(linked, tmp_path):
+    private = tmp_path / "elsewhere" / "private.json"
+    with pytest.warns(SideFileWarning, match="Not copying"):  # the link itself is not copied
+        result = _cli(
+            "convert", linked, tmp_path / "out", "--recipe", "llama3.1:maxtext", "--config", private
+        )
+    assert result.exit_code == 0, result.output
+    recorded = suture.open(tmp_path / "out").custom_metadata[FAMILY_KEY]["config"]
+    assert recorded["api_token"] == SECRET  # given on purpose, so recorded
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_a_config_in_the_folder_is_read_as_before(tmp_path):
+    torch.manual_seed(0)
+    folder = tmp_path / "hf"
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).save_pretrained(folder)
+    convert_with_recipe(folder, tmp_path / "mt", "llama3.1:maxtext", progress=False)
+    convert_with_recipe(
+        tmp_path / "mt", tmp_path / "back", "llama3.1:maxtext", reverse=True, progress=False
+    )
+    source, back = _tensors(folder), _tensors(tmp_path / "back")
+    for key in source:
+        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
 
 
 # Item 12: a padded vocabulary of 10**13 rows --------------------------------------------------

@@ -20,8 +20,11 @@ from typing import Any
 from .. import rules
 from .._errors import ArgumentError, ConfigMismatchError, SurgeryError
 from .._hf import (
+    GONE,
     LAYOUT_KEY,
+    NOT_REGULAR,
     keep_safetensors_layout,
+    local_side_file,
     model_folder_side_files,
     reuse_safetensors_layout,
     with_config_edited,
@@ -124,15 +127,15 @@ def convert_with_recipe(
         ckpt.custom_metadata.get(FAMILY_KEY) if isinstance(ckpt.custom_metadata, dict) else None
     )
     like_files = model_folder_side_files(like) if like is not None else {}
+    record = recorded if isinstance(recorded, dict) else {}
     if config is not None:
         settings = read_config(config)
     elif like is not None:
         settings = _config_beside(like, name)
-    elif isinstance(recorded, dict) and isinstance(recorded.get("config"), dict):
-        settings = recorded["config"]
+    elif isinstance(record.get("config"), dict):
+        settings = record["config"]
     else:
         settings = _config_beside(source, name)
-    record = recorded if isinstance(recorded, dict) else {}
     recorded_experts, prefix = record.get(EXPERTS_KEY), record.get(PREFIX_KEY)
     like_tree = open_checkpoint(like, separator=".").tree if like is not None else None
     experts = recorded_experts
@@ -222,12 +225,28 @@ def read_config(config: Any) -> dict[str, Any]:
 
 
 def _config_beside(source: str | os.PathLike, name: str) -> dict[str, Any]:
+    """The config.json beside `source`'s weights, taken under the side-file rules: a link out
+    of the folder is refused (its content would land in the output), unlike --config."""
     place = location_of(source)
     folder = place if place.is_dir() else place.parent
-    candidate = folder / "config.json"
-    # locally, a FIFO or folder named config.json is there, and read_config refuses it by name
-    there = candidate.exists() if isinstance(candidate, LocalLocation) else candidate.is_file()
-    if not there:
+    candidate: Any = folder / "config.json"
+    if isinstance(folder, LocalLocation):
+        found = local_side_file(folder.path, "config.json")
+        if found == GONE:
+            candidate = None
+        elif isinstance(found, str) and found != NOT_REGULAR:
+            raise ConfigMismatchError(
+                f"Not reading {str(candidate)!r}: {found}. suture reads a config.json found "
+                f"beside the weights only when it is a regular file in the model folder, as "
+                f"it copies side files. Pass it as --config PATH (config= in Python) if you "
+                f"trust it."
+            )
+        elif isinstance(found, Path):
+            candidate = found  # a cache snapshot's link reads its blob
+        # else a FIFO, device or folder named config.json: read_config refuses it by name
+    elif not candidate.is_file():
+        candidate = None
+    if candidate is None:
         raise ConfigMismatchError(
             f"Recipe {name!r} needs the model's config.json (head counts, head_dim, layers), "
             f"and {str(folder)!r} has none. Pass it: --config path/to/config.json "
