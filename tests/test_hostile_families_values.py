@@ -17,13 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 from typer.testing import CliRunner
 
 import suture
 from suture._hf import SideFileWarning
 from suture.cli import app
 from suture.families._convert import FAMILY_KEY, convert_with_recipe
+from suture.families._file import family_recipe
 
 from .test_hostile_families import FAST, LLAMA, _refused
 
@@ -79,6 +80,164 @@ def _no_record(maxtext: Path, into: Path) -> Path:
     metadata[FAMILY_KEY] = {k: v for k, v in metadata[FAMILY_KEY].items() if k != "config"}
     suture.save(ckpt.tree, into, metadata=metadata, progress=False)
     return into
+
+
+# Item 1: every expert axis against the config's count ------------------------------------------
+
+MOE = {
+    "mixtral": (
+        lambda: transformers.MixtralForCausalLM(
+            transformers.MixtralConfig(
+                **SMALL, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2
+            )
+        ),
+        "num_local_experts",
+        "model.layers.0.mlp.gate.weight",
+    ),
+    "qwen3-moe": (
+        lambda: transformers.Qwen3MoeForCausalLM(
+            transformers.Qwen3MoeConfig(
+                **SMALL,
+                head_dim=16,
+                intermediate_size=96,
+                moe_intermediate_size=24,
+                num_experts=4,
+                num_experts_per_tok=2,
+                norm_topk_prob=True,
+            )
+        ),
+        "num_local_experts",  # transformers 5 writes num_experts under this name
+        "model.layers.0.mlp.gate.weight",
+    ),
+    "gpt-oss": (
+        lambda: transformers.GptOssForCausalLM(
+            transformers.GptOssConfig(
+                **SMALL,
+                head_dim=16,
+                intermediate_size=32,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                sliding_window=16,
+                rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+            )
+        ),
+        "num_local_experts",
+        "model.layers.0.mlp.router.weight",
+    ),
+    "llama4": (
+        lambda: transformers.Llama4ForCausalLM(
+            transformers.Llama4TextConfig(
+                **{**SMALL, "num_hidden_layers": 4},
+                head_dim=16,
+                intermediate_size=32,
+                intermediate_size_mlp=48,
+                num_local_experts=4,
+                num_experts_per_tok=1,
+            )
+        ),
+        "num_local_experts",
+        "model.layers.0.feed_forward.router.weight",
+    ),
+}
+
+
+def _fused_moe(family: str, folder: Path) -> None:
+    """A tiny model of `family` with 4 experts, in transformers' fused layout."""
+    torch.manual_seed(0)
+    MOE[family][0]().save_pretrained(folder, save_original_format=False)
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("moe")
+    for family in MOE:
+        _fused_moe(family, root / family)
+    return {family: root / family for family in MOE}
+
+
+def _copy(folder: Path, into: Path) -> Path:
+    into.mkdir()
+    for path in folder.iterdir():
+        (into / path.name).write_bytes(path.read_bytes())
+    return into
+
+
+@pytest.mark.parametrize("family", list(MOE))
+def test_a_config_with_fewer_experts_than_the_files_is_refused(moe, tmp_path, family):
+    """4 experts in the files, 2 in config.json: the router and the fused tensors say 4."""
+    field, router = MOE[family][1], MOE[family][2]
+    folder = _copy(moe[family], tmp_path / "hf")
+    _edit_config(folder, **{field: 2})
+    before = _digest(folder)
+    with pytest.raises(suture.ConfigMismatchError) as error:
+        convert_with_recipe(folder, tmp_path / "out", f"{family}:maxtext", progress=False)
+    message = str(error.value)
+    assert f"{router!r}" in message and "expected 2 experts on axis" in message, message
+    assert f"as config.json gives {field}=2: it holds 4." in message, message
+    result = _cli("convert", folder, tmp_path / "out", "--recipe", f"{family}:maxtext")
+    _refused(result, router, "expected 2 experts on axis", "it holds 4")
+    _left_nothing(tmp_path / "out")
+    assert _digest(folder) == before
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3-moe"])
+def test_fused_experts_past_the_config_are_refused_naming_the_fused_tensor(moe, tmp_path, family):
+    """The router cut to 2 experts as the config says, the fused tensors still holding 4:
+    experts 2 and 3 were dropped without a word; now the fused tensor is named."""
+    field = MOE[family][1]
+    folder = _copy(moe[family], tmp_path / "hf")
+    _edit_config(folder, **{field: 2})
+    (shard,) = folder.glob("*.safetensors")
+    tensors = load_file(shard)
+    for name in list(tensors):
+        if name.endswith("mlp.gate.weight"):
+            tensors[name] = np.ascontiguousarray(tensors[name][:2])
+    save_file(tensors, shard, metadata={"format": "pt"})
+    result = _cli("convert", folder, tmp_path / "out", "--recipe", f"{family}:maxtext")
+    _refused(
+        result,
+        "Hugging Face tensor 'model.layers.0.mlp.experts.",
+        "expected 2 experts on axis 0, as config.json gives num_local_experts=2: it holds 4.",
+    )
+    _left_nothing(tmp_path / "out")
+
+
+@pytest.mark.parametrize("family", list(MOE))
+def test_a_reverse_with_fewer_experts_than_the_maxtext_leaves_is_refused(moe, tmp_path, family):
+    """Back to HF with a config naming 2 of the 4 experts (no recorded config to compare)."""
+    name = f"{family}:maxtext"
+    convert_with_recipe(moe[family], tmp_path / "mt", name, progress=False)
+    source = _no_record(tmp_path / "mt", tmp_path / "bare")
+    config = tmp_path / "config.json"
+    settings = json.loads((moe[family] / "config.json").read_text())
+    config.write_text(json.dumps({**settings, MOE[family][1]: 2}))
+    before = _digest(source)
+    result = _cli(
+        "convert", source, tmp_path / "back", "--recipe", name, "--reverse", "--config", config
+    )
+    _refused(result, "MaxText leaf 'decoder/", "expected 2 experts on axis", "it holds 4")
+    _left_nothing(tmp_path / "back")
+    assert _digest(source) == before
+
+
+@pytest.mark.parametrize("family", list(MOE))
+def test_fused_experts_matching_the_config_round_trip_exactly(moe, tmp_path, family):
+    name = f"{family}:maxtext"
+    convert_with_recipe(moe[family], tmp_path / "mt", name, progress=False)
+    convert_with_recipe(tmp_path / "mt", tmp_path / "back", name, reverse=True, progress=False)
+    source, back = _tensors(moe[family]), _tensors(tmp_path / "back")
+    assert sorted(source) == sorted(back)
+    for key in source:
+        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
+
+
+def test_a_table_axis_of_experts_needs_the_count(tmp_path):
+    """A table marking an axis of experts (a router's) says how many there are."""
+    table = tmp_path / "mine.yaml"
+    text = (Path(suture.__file__).parent / "families" / "gpt-oss.yaml").read_text()
+    table.write_text(text.replace("\nexperts: num_local_experts", "\n", 1))
+    with pytest.raises(suture.SurgeryError, match=r"'axes: \{expert: N\}' needs a top-level"):
+        family_recipe(str(table))
 
 
 # Item 5: a config.json beside the weights is read under the side-file rules ------------------
