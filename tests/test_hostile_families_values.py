@@ -240,6 +240,121 @@ def test_a_table_axis_of_experts_needs_the_count(tmp_path):
         family_recipe(str(table))
 
 
+# Item 2: a reverse with another model's config -------------------------------------------------
+
+HEADS = dict(
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)  # head_dim 4; OTHER: 2 heads of 8 (kv 1 of 8), every tensor the same shape
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("heads")
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**HEADS)).save_pretrained(root / "hf")
+    convert_with_recipe(root / "hf", root / "mt", "llama3.1:maxtext", progress=False)
+    other = json.loads((root / "hf" / "config.json").read_text())
+    other.update(num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    (root / "other").mkdir()
+    (root / "other" / "config.json").write_text(json.dumps(other))
+    return root
+
+
+@pytest.mark.parametrize("how", ["--config", "--like"])
+def test_a_reverse_with_another_models_config_is_refused(llama, tmp_path, how):
+    """Same shapes, 2 heads of 8 instead of 4 of 4: q_proj came back 1.414x too large, with
+    q and k in another rotary order. The recorded config names the field that differs."""
+    given = llama / "other" / "config.json"
+    if how == "--like":  # a folder of the other model: its config, the same tensors
+        given = _copy(llama / "hf", tmp_path / "like")
+        (given / "config.json").write_text((llama / "other" / "config.json").read_text())
+    before = _digest(llama / "mt")
+    with pytest.raises(suture.ConfigMismatchError, match=r"axes 1-2 are \(4, 4\), and the config"):
+        convert_with_recipe(
+            llama / "mt",
+            tmp_path / "back",
+            "llama3.1:maxtext",
+            reverse=True,
+            **({"config": given} if how == "--config" else {"like": given}),
+            progress=False,
+        )
+    result = _cli(
+        "convert", llama / "mt", tmp_path / "back", "--recipe", "llama3.1:maxtext",
+        "--reverse", how, given,
+    )  # fmt: skip
+    _refused(result, "num_attention_heads=2 x head_dim=8", "--like the original")
+    _left_nothing(tmp_path / "back")
+    assert _digest(llama / "mt") == before
+
+
+def test_a_reverse_config_that_differs_from_the_recorded_one_is_refused(llama, tmp_path):
+    """A field that changes no shape: tie_word_embeddings true would leave the output layer
+    out. The config the forward run recorded names it, with both values."""
+    config = json.loads((llama / "hf" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    result = _cli(
+        "convert", llama / "mt", tmp_path / "back", "--recipe", "llama3.1:maxtext", "--reverse",
+        "--config", tmp_path / "config.json",
+    )  # fmt: skip
+    _refused(
+        result,
+        "has 'tie_word_embeddings' = True, and the config this checkpoint was converted with "
+        "has False",
+        "leave --config out",
+    )
+    _left_nothing(tmp_path / "back")
+
+
+def test_a_split_checks_the_axes_it_merges_without_a_record(llama, tmp_path):
+    """A MaxText checkpoint with no recorded config: the heads of the query kernel (4, 4)
+    against the config's (2, 8) stop the run, naming both fields."""
+    source = _no_record(llama / "mt", tmp_path / "bare")
+    result = _cli(
+        "convert", source, tmp_path / "back", "--recipe", "llama3.1:maxtext", "--reverse",
+        "--config", llama / "other" / "config.json",
+    )  # fmt: skip
+    _refused(result, "are (4, 4)", "num_attention_heads=2 x head_dim=8", "--like the original")
+    _left_nothing(tmp_path / "back")
+
+
+def test_another_recipe_than_the_forward_runs_is_refused(llama, tmp_path):
+    """llama3.1 interleaves the rotary halves; llama3 does not: the values would differ."""
+    result = _cli(
+        "convert", llama / "mt", tmp_path / "back", "--recipe", "llama3:maxtext", "--reverse",
+        "--config", llama / "hf" / "config.json",
+    )  # fmt: skip
+    _refused(result, "converted with recipe 'llama3.1:maxtext'", "--recipe llama3.1:maxtext")
+    _left_nothing(tmp_path / "back")
+
+
+@pytest.mark.parametrize("how", ["recorded", "--config", "--like", "unread-field"])
+def test_a_reverse_with_the_original_config_is_bit_exact(llama, tmp_path, how):
+    """The neighbours: the recorded config, the original's, or one that differs only in a
+    field the table does not read (rope_theta here) all give the original tensors back."""
+    options: dict = {}
+    if how == "--config":
+        options["config"] = llama / "hf" / "config.json"
+    elif how == "--like":
+        options["like"] = llama / "hf"
+    elif how == "unread-field":
+        config = json.loads((llama / "hf" / "config.json").read_text())
+        (tmp_path / "config.json").write_text(json.dumps({**config, "rope_theta": 1234.0}))
+        options["config"] = tmp_path / "config.json"
+    convert_with_recipe(
+        llama / "mt", tmp_path / "back", "llama3.1:maxtext", reverse=True, progress=False, **options
+    )
+    source, back = _tensors(llama / "hf"), _tensors(tmp_path / "back")
+    assert sorted(source) == sorted(back)
+    for key in source:
+        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
+
+
 # Item 5: a config.json beside the weights is read under the side-file rules ------------------
 
 SECRET = "sk-do-not-leak-0123456789"

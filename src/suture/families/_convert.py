@@ -128,6 +128,12 @@ def convert_with_recipe(
     )
     like_files = model_folder_side_files(like) if like is not None else {}
     record = recorded if isinstance(recorded, dict) else {}
+    forward = record.get("recipe")
+    if isinstance(forward, str) and forward != recipe.name:
+        raise ConfigMismatchError(
+            f"{str(source)!r} was converted with recipe {forward!r}; reversing it with "
+            f"{recipe.name!r} would undo other operations. Reverse with --recipe {forward}."
+        )
     if config is not None:
         settings = read_config(config)
     elif like is not None:
@@ -152,6 +158,10 @@ def convert_with_recipe(
 
         tree = tunix.merged_lora(tree, lora_alpha, base if like is not None else None)
     tensors = recipe.to_hf(tree, settings, experts, prefix, like_tree)
+    if isinstance(record.get("config"), dict) and settings is not record["config"]:
+        # after the shapes are checked (which name what does not fit): what else the table reads
+        given = f"--config {str(config)!r}" if config is not None else f"--like {str(like)!r}"
+        _check_recorded_config(recipe, record["config"], settings, given)
     recorded_layout = LAYOUT_KEY in ckpt.custom_metadata
     options = (
         reuse_safetensors_layout(ckpt, location_of(source), ".", False) if recorded_layout else {}
@@ -180,6 +190,24 @@ def convert_with_recipe(
             extra_files=extra,
             **options,
         )
+
+
+def _check_recorded_config(recipe: Any, recorded: dict, settings: dict, given: str) -> None:
+    """Refuses a reverse whose config (`given`) differs from the forward run's in a field the
+    table reads: the shapes may fit, the values would not (a query scaled by another
+    head_dim, an output layer left out as tied)."""
+    recorded, names = recipe.config_names(recorded), recipe.config_names(settings)
+    read = set(recipe.fields) | {field for field, _ in recipe.layer_patterns}
+    read |= {field for field, _ in recipe.layer_sets}
+    for field in sorted(read):
+        if recorded.get(field) != names.get(field):
+            raise ConfigMismatchError(
+                f"The config of {given} has {field!r} = {names.get(field)!r:.60}, and the "
+                f"config this checkpoint was converted with has {recorded.get(field)!r:.60}; "
+                f"recipe {recipe.name!r} reads {field!r}, so the values would come back wrong. "
+                f"Reverse with the config it was converted from: leave --config out (the "
+                f"recorded one is used), or --like the original Hugging Face folder."
+            )
 
 
 def _cast(tree: Any, dtype: str | None) -> Any:

@@ -120,8 +120,18 @@ class SplitAxis(Operation):
         return array.reshape(shape)
 
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
-        count = len(self.sizes)
-        merged = math.prod(array.shape[self.axis : self.axis + count])
+        sizes, count = self._sizes(names), len(self.sizes)
+        found = array.shape[self.axis : self.axis + count]
+        if found != sizes:
+            # merging (2, 8) where the config says (4, 4) gives the right shape, wrong values
+            raise ConfigMismatchError(
+                f"Leaf {array.path!r} has shape {array.shape}: axes {self.axis}-"
+                f"{self.axis + count - 1} are {found}, and the config says "
+                f"{_fields(self.sizes, sizes, names)}. This checkpoint was not made with this "
+                f"config: pass the config.json it was converted from (--config), or --like the "
+                f"original Hugging Face folder."
+            )
+        merged = math.prod(sizes)
         return array.reshape(
             array.shape[: self.axis] + (merged,) + array.shape[self.axis + count :]
         )
