@@ -294,21 +294,38 @@ def test_a_reverse_with_another_models_config_is_refused(llama, tmp_path, how):
 
 
 def test_a_reverse_config_that_differs_from_the_recorded_one_is_refused(llama, tmp_path):
-    """A field that changes no shape: tie_word_embeddings true would leave the output layer
-    out. The config the forward run recorded names it, with both values."""
+    """A field that changes values but no shape (a table of the user's scaling the query by
+    a field of its own): the config the forward run recorded names it, with both values."""
+    text = (Path(suture.__file__).parent / "families" / "llama3.1.yaml").read_text()
+    text = text.replace("names: [llama3.1]", "names: [scaled]")
+    text = text.replace(
+        "    head_dim: hidden_size", "    query_scale: head_dim\n    head_dim: hidden_size"
+    )
+    text = text.replace(
+        "1/sqrt(head_dim), back_multiply: sqrt(head_dim)",
+        "1/sqrt(query_scale), back_multiply: sqrt(query_scale)",
+    )
+    table = tmp_path / "scaled.yaml"
+    table.write_text(text)
+    convert_with_recipe(llama / "hf", tmp_path / "mt", str(table), progress=False)
     config = json.loads((llama / "hf" / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    (tmp_path / "config.json").write_text(json.dumps({**config, "query_scale": 16}))
     result = _cli(
-        "convert", llama / "mt", tmp_path / "back", "--recipe", "llama3.1:maxtext", "--reverse",
+        "convert", tmp_path / "mt", tmp_path / "back", "--recipe", table, "--reverse",
         "--config", tmp_path / "config.json",
     )  # fmt: skip
     _refused(
         result,
-        "has 'tie_word_embeddings' = True, and the config this checkpoint was converted with "
-        "has False",
+        "has 'query_scale' = 16, and the config this checkpoint was converted with has 4",
         "leave --config out",
     )
     _left_nothing(tmp_path / "back")
+    convert_with_recipe(
+        tmp_path / "mt", tmp_path / "back", str(table), reverse=True, progress=False
+    )
+    source, back = _tensors(llama / "hf"), _tensors(tmp_path / "back")
+    for key in source:
+        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
 
 
 def test_a_split_checks_the_axes_it_merges_without_a_record(llama, tmp_path):
@@ -330,6 +347,24 @@ def test_another_recipe_than_the_forward_runs_is_refused(llama, tmp_path):
         "--config", llama / "hf" / "config.json",
     )  # fmt: skip
     _refused(result, "converted with recipe 'llama3.1:maxtext'", "--recipe llama3.1:maxtext")
+    _left_nothing(tmp_path / "back")
+
+
+def test_a_config_leaving_out_a_leaf_the_checkpoint_holds_is_refused(llama, tmp_path):
+    """No recorded config: tie_word_embeddings true would drop decoder/logits_dense."""
+    source = _no_record(llama / "mt", tmp_path / "bare")
+    config = json.loads((llama / "hf" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    result = _cli(
+        "convert", source, tmp_path / "back", "--recipe", "llama3.1:maxtext", "--reverse",
+        "--config", tmp_path / "config.json",
+    )  # fmt: skip
+    _refused(
+        result,
+        "MaxText leaf 'decoder/logits_dense/kernel' is in the checkpoint",
+        "tie_word_embeddings=True",
+        "would lose it",
+    )
     _left_nothing(tmp_path / "back")
 
 

@@ -659,6 +659,7 @@ class FamilyRecipe:
         root = self._root
         prefix = root if root and any(p.startswith(root) for p in flat) else ""
         self._check_maxtext_layers(flat, prefix, names)
+        self._check_none_left_out(flat, prefix, names)
         out: dict[str, LazyArray] = {}
         parts: dict[str, dict[int, LazyArray]] = {}  # fused tensor -> its parts, joined below
         fused_of: dict[str, FusedSource] = {}
@@ -788,6 +789,28 @@ class FamilyRecipe:
                     self._check_stack(leaf, flat, prefix + path, len(indices), wanted, names)
                 else:
                     _take(flat, prefix + path, self._label)
+
+    def _check_none_left_out(self, flat: dict[str, Any], prefix: str, names: dict) -> None:
+        """Refuses a config whose ``when:`` leaves out a leaf the target tree holds (a tied
+        output layer, by tie_word_embeddings true): converting would drop it silently."""
+        active = self._active(names)
+        taken = {path for leaf in active for path in self._paths(leaf, names)}
+        for leaf in self.leaves:
+            if leaf in active:
+                continue
+            held = [p for p in self._paths(leaf, names) if p not in taken and prefix + p in flat]
+            if held:
+                raise ConfigMismatchError(
+                    f"{self._label} leaf {held[0]!r} is in the checkpoint, and recipe "
+                    f"{self.name!r} leaves it out with this config (when: {leaf.when}; "
+                    f"{_fields_shown(leaf.when, names)}): converting would lose it. Pass the "
+                    f"config.json it was converted from (--config)."
+                )
+
+    def _paths(self, leaf: Leaf, names: dict[str, Any]) -> list[str]:
+        if leaf.group is None:
+            return [leaf.maxtext]
+        return [path for path, _, _ in self._slots(leaf, names)]
 
     def _check_stack(
         self, leaf: Leaf, flat: dict, path: str, layers: int, wanted: int, names: dict
