@@ -537,3 +537,27 @@ def test_a_pad_to_10_13_rows_plans_and_reads_without_listing_them():
         (slice(2, 5), np.array([0, 5, 3])),
     ]:
         np.testing.assert_array_equal(small[index].read(), whole[index])
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_fit_rows_of_a_vocabulary_of_another_size_is_refused(tmp_path, reverse):
+    """Gemma 3's fit_rows cut or padded any embedding to the config's sizes: 64 rows with
+    vocab_size 100 got 36 zero rows invented (or, cut, rows dropped), with exit 0."""
+    torch.manual_seed(0)
+    text = dict(LLAMA, head_dim=16, query_pre_attn_scalar=16, num_hidden_layers=6)
+    model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**text))
+    model.save_pretrained(tmp_path / "hf")
+    settings = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**settings, "vocab_size": 100}))
+    source = tmp_path / "hf"
+    if reverse:
+        convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "gemma3:maxtext", progress=False)
+        source = tmp_path / "mt"
+    result = _cli(
+        "convert", source, tmp_path / "out", "--recipe", "gemma3:maxtext",
+        *(["--reverse"] if reverse else []), "--config", tmp_path / "config.json",
+    )  # fmt: skip
+    leaf = "params/params/token_embedder/embedding" if reverse else "model/embed_tokens/weight"
+    field = "maxtext_vocab_size=100" if reverse else "vocab_size=100"
+    _refused(result, f"Leaf {leaf!r} has shape (64, 64), and the config says 100 rows ({field})")
+    _left_nothing(tmp_path / "out")

@@ -279,9 +279,11 @@ class FitRows(Operation):
     back_to: Any
 
     def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        _check_rows(array, self.back_to, names)
         return _grown(array, int(evaluate(self.to, names)), self.to, names)
 
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        _check_rows(array, self.to, names)
         return _grown(array, int(evaluate(self.back_to, names)), self.back_to, names)
 
     def expressions(self) -> tuple[Any, ...]:
@@ -298,6 +300,18 @@ class FitRows(Operation):
         return (
             f"cut rows to {kept} ({rows - kept} rows past it are left out; --reverse --like "
             f"ORIGINAL restores them)"
+        )
+
+
+def _check_rows(array: LazyArray, expression: Any, names: dict[str, Any]) -> None:
+    """`array` has the rows the config says (`expression`): cutting or padding a vocabulary
+    of another size would drop rows or invent them."""
+    rows = int(evaluate(expression, names))
+    if array.ndim == 0 or array.shape[0] != rows:
+        raise ConfigMismatchError(
+            f"Leaf {array.path!r} has shape {array.shape}, and the config says {rows} rows "
+            f"({_fields((expression,), (rows,), names)}). Pass the config.json of these weights "
+            f"(--config), or --like the original Hugging Face folder."
         )
 
 
