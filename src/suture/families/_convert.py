@@ -196,14 +196,14 @@ def _check_recorded_config(recipe: Any, recorded: dict, settings: dict, given: s
     """Refuses a reverse whose config (`given`) differs from the forward run's in a field the
     table reads: the shapes may fit, the values would not (a query scaled by another
     head_dim, an output layer left out as tied)."""
-    recorded, names = recipe.config_names(recorded), recipe.config_names(settings)
+    before, now = recipe.config_names(recorded), recipe.config_names(settings)
     read = set(recipe.fields) | {field for field, _ in recipe.layer_patterns}
     read |= {field for field, _ in recipe.layer_sets}
     for field in sorted(read):
-        if recorded.get(field) != names.get(field):
+        if before.get(field) != now.get(field):
             raise ConfigMismatchError(
-                f"The config of {given} has {field!r} = {names.get(field)!r:.60}, and the "
-                f"config this checkpoint was converted with has {recorded.get(field)!r:.60}; "
+                f"The config of {given} has {field!r} = {now.get(field)!r:.60}, and the "
+                f"config this checkpoint was converted with has {before.get(field)!r:.60}; "
                 f"recipe {recipe.name!r} reads {field!r}, so the values would come back wrong. "
                 f"Reverse with the config it was converted from: leave --config out (the "
                 f"recorded one is used), or --like the original Hugging Face folder."
