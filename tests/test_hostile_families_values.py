@@ -485,6 +485,7 @@ def test_an_absurd_padded_vocabulary_is_refused_naming_the_field(gemma, tmp_path
     settings = json.loads((gemma / "config.json").read_text())
     config = tmp_path / "config.json"
     config.write_text(json.dumps({**settings, "padded_vocab_size": rows}))
+    before = _digest(gemma)
     started = time.perf_counter()
     with pytest.raises(suture.ConfigMismatchError, match=rf"padded_vocab_size={rows}\)"):
         convert_with_recipe(gemma, tmp_path / "out", "gemma2:maxtext", config=config)
@@ -494,6 +495,7 @@ def test_an_absurd_padded_vocabulary_is_refused_naming_the_field(gemma, tmp_path
     _refused(result, "has 64 rows", f"pads it to {rows}", "at most 65600")
     assert time.perf_counter() - started < FAST
     _left_nothing(tmp_path / "out")
+    assert _digest(gemma) == before
 
 
 def test_a_normal_padded_vocabulary_converts_exactly(gemma, tmp_path):
