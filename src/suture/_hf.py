@@ -145,23 +145,36 @@ def side_file(folder: Path | Location, name: str) -> Any:
     if isinstance(folder, Location) and folder.is_remote:  # no links or special files there
         return folder / name if (folder / name).is_file() else None
     folder = folder.path if isinstance(folder, LocalLocation) else folder
+    found = local_side_file(folder, name)
+    if isinstance(found, str):
+        if found != GONE:
+            _skip(folder / name, found)
+        return None
+    return found
+
+
+GONE = "it does not exist"
+NOT_REGULAR = "it is not a regular file"
+
+
+def local_side_file(folder: Path, name: str) -> Path | str:
+    """The path to read for the side file `name` of the local `folder`, or why there is none
+    (`GONE`, or why it is refused: a link, not a regular file, outside the folder).
+
+    The rule of every file suture takes from beside the weights, copied or read.
+    """
     path = folder / name
     try:
         status = path.lstat()
     except OSError:
-        return None  # gone: nothing to copy
+        return GONE
     if stat.S_ISLNK(status.st_mode):
         blob = trusted_cache_link(folder, name)  # a Hugging Face cache snapshot's own link
-        if blob is not None:
-            return blob
-        _skip(path, "it is a symbolic link")
-        return None
+        return blob if blob is not None else "it is a symbolic link"
     if not stat.S_ISREG(status.st_mode):
-        _skip(path, "it is not a regular file")
-        return None
+        return NOT_REGULAR
     if path.resolve().parent != folder.resolve():
-        _skip(path, "it resolves outside the model folder")
-        return None
+        return "it resolves outside the model folder"
     return path
 
 

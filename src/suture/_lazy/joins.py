@@ -162,18 +162,24 @@ class PadNode(Node):
     def __init__(self, base: Node, shape: tuple[int, ...]) -> None:
         self.base, self.shape, self.dtype = base, shape, base.dtype
 
-    def _inside(self, selection: Selection) -> tuple[list[np.ndarray], Selection] | None:
-        """Where the selection is within `base` (result positions per axis, and the base's
-        selection), or None when it is all padding."""
+    def _inside(self, selection: Selection) -> tuple[Selection, Selection] | None:
+        """Where the selection is within `base` (the result's positions per axis, and the
+        base's selection), or None when it is all padding. A range stays a range, worked out
+        arithmetically: a pad to 10**13 rows lists none of them."""
         inside_positions, base_selection = [], []
         for axis_selection, base_length in zip(selection, self.base.shape, strict=True):
-            indices = np.asarray(positions(axis_selection), dtype=np.int64)
-            inside = np.flatnonzero(indices < base_length)
+            if isinstance(axis_selection, range):
+                kept = _below(axis_selection, base_length)
+                inside, base = range(kept.start, kept.stop), axis_selection[kept]
+            else:
+                indices = np.asarray(axis_selection, dtype=np.int64)
+                where = np.flatnonzero(indices < base_length)
+                inside, base = as_range(where), as_range(indices[where])
             if len(inside) == 0:
                 return None
             inside_positions.append(inside)
-            base_selection.append(as_range(indices[inside]))
-        return inside_positions, tuple(base_selection)
+            base_selection.append(base)
+        return tuple(inside_positions), tuple(base_selection)
 
     def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
         inside = self._inside(selection)
@@ -186,11 +192,29 @@ class PadNode(Node):
         result = np.zeros(selection_shape(selection), self.dtype)
         inside = self._inside(selection)
         if inside is not None:
-            result[np.ix_(*inside[0])] = self.base.read(inside[1])
+            places, base = inside
+            if all(isinstance(place, range) for place in places):
+                result[tuple(to_slice(place) for place in places)] = self.base.read(base)
+            else:
+                where = np.ix_(*(np.asarray(positions(place), np.int64) for place in places))
+                result[where] = self.base.read(base)
         return result
 
     def inputs(self) -> tuple[Node, ...]:
         return (self.base,)
+
+
+def _below(axis: range, length: int) -> slice:
+    """The slice of `axis`'s positions whose index is below `length`, without listing them
+    (a range of indices is increasing or decreasing, so they are one run)."""
+    count = len(axis)
+    if count == 0:
+        return slice(0, 0)
+    if axis.step > 0:
+        first_out = 0 if axis.start >= length else -(-(length - axis.start) // axis.step)
+        return slice(0, min(count, first_out))
+    first_in = 0 if axis.start < length else -(-(axis.start - length + 1) // -axis.step)
+    return slice(min(count, first_in), count)
 
 
 def _reads_remote(node: Node) -> bool:

@@ -20,8 +20,11 @@ from typing import Any
 from .. import rules
 from .._errors import ArgumentError, ConfigMismatchError, SurgeryError
 from .._hf import (
+    GONE,
     LAYOUT_KEY,
+    NOT_REGULAR,
     keep_safetensors_layout,
+    local_side_file,
     model_folder_side_files,
     reuse_safetensors_layout,
     with_config_edited,
@@ -124,15 +127,21 @@ def convert_with_recipe(
         ckpt.custom_metadata.get(FAMILY_KEY) if isinstance(ckpt.custom_metadata, dict) else None
     )
     like_files = model_folder_side_files(like) if like is not None else {}
+    record = recorded if isinstance(recorded, dict) else {}
+    forward = record.get("recipe")
+    if isinstance(forward, str) and forward != recipe.name:
+        raise ConfigMismatchError(
+            f"{str(source)!r} was converted with recipe {forward!r}; reversing it with "
+            f"{recipe.name!r} would undo other operations. Reverse with --recipe {forward}."
+        )
     if config is not None:
         settings = read_config(config)
     elif like is not None:
         settings = _config_beside(like, name)
-    elif isinstance(recorded, dict) and isinstance(recorded.get("config"), dict):
-        settings = recorded["config"]
+    elif isinstance(record.get("config"), dict):
+        settings = record["config"]
     else:
         settings = _config_beside(source, name)
-    record = recorded if isinstance(recorded, dict) else {}
     recorded_experts, prefix = record.get(EXPERTS_KEY), record.get(PREFIX_KEY)
     like_tree = open_checkpoint(like, separator=".").tree if like is not None else None
     experts = recorded_experts
@@ -149,6 +158,10 @@ def convert_with_recipe(
 
         tree = tunix.merged_lora(tree, lora_alpha, base if like is not None else None)
     tensors = recipe.to_hf(tree, settings, experts, prefix, like_tree)
+    if isinstance(record.get("config"), dict) and settings is not record["config"]:
+        # after the shapes are checked (which name what does not fit): what else the table reads
+        given = f"--config {str(config)!r}" if config is not None else f"--like {str(like)!r}"
+        _check_recorded_config(recipe, record["config"], settings, given)
     recorded_layout = LAYOUT_KEY in ckpt.custom_metadata
     options = (
         reuse_safetensors_layout(ckpt, location_of(source), ".", False) if recorded_layout else {}
@@ -177,6 +190,24 @@ def convert_with_recipe(
             extra_files=extra,
             **options,
         )
+
+
+def _check_recorded_config(recipe: Any, recorded: dict, settings: dict, given: str) -> None:
+    """Refuses a reverse whose config (`given`) differs from the forward run's in a field the
+    table reads: the shapes may fit, the values would not (a query scaled by another
+    head_dim, an output layer left out as tied)."""
+    before, now = recipe.config_names(recorded), recipe.config_names(settings)
+    read = set(recipe.fields) | {field for field, _ in recipe.layer_patterns}
+    read |= {field for field, _ in recipe.layer_sets}
+    for field in sorted(read):
+        if before.get(field) != now.get(field):
+            raise ConfigMismatchError(
+                f"The config of {given} has {field!r} = {now.get(field)!r:.60}, and the "
+                f"config this checkpoint was converted with has {before.get(field)!r:.60}; "
+                f"recipe {recipe.name!r} reads {field!r}, so the values would come back wrong. "
+                f"Reverse with the config it was converted from: leave --config out (the "
+                f"recorded one is used), or --like the original Hugging Face folder."
+            )
 
 
 def _cast(tree: Any, dtype: str | None) -> Any:
@@ -222,12 +253,28 @@ def read_config(config: Any) -> dict[str, Any]:
 
 
 def _config_beside(source: str | os.PathLike, name: str) -> dict[str, Any]:
+    """The config.json beside `source`'s weights, taken under the side-file rules: a link out
+    of the folder is refused (its content would land in the output), unlike --config."""
     place = location_of(source)
     folder = place if place.is_dir() else place.parent
-    candidate = folder / "config.json"
-    # locally, a FIFO or folder named config.json is there, and read_config refuses it by name
-    there = candidate.exists() if isinstance(candidate, LocalLocation) else candidate.is_file()
-    if not there:
+    candidate: Any = folder / "config.json"
+    if isinstance(folder, LocalLocation):
+        found = local_side_file(folder.path, "config.json")
+        if found == GONE:
+            candidate = None
+        elif isinstance(found, str) and found != NOT_REGULAR:
+            raise ConfigMismatchError(
+                f"Not reading {str(candidate)!r}: {found}. suture reads a config.json found "
+                f"beside the weights only when it is a regular file in the model folder, as "
+                f"it copies side files. Pass it as --config PATH (config= in Python) if you "
+                f"trust it."
+            )
+        elif isinstance(found, Path):
+            candidate = found  # a cache snapshot's link reads its blob
+        # else a FIFO, device or folder named config.json: read_config refuses it by name
+    elif not candidate.is_file():
+        candidate = None
+    if candidate is None:
         raise ConfigMismatchError(
             f"Recipe {name!r} needs the model's config.json (head counts, head_dim, layers), "
             f"and {str(folder)!r} has none. Pass it: --config path/to/config.json "

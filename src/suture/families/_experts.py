@@ -133,11 +133,14 @@ def member(stacked: LazyArray, at: dict[int, int]) -> LazyArray:
 
 
 def check_count(
-    stacked: LazyArray, axis: int, expected: int, what: str, path: str, label: str = "MaxText"
+    array: LazyArray, axis: int, expected: int, what: str, named: str, source: str
 ) -> None:
-    """`stacked` (the `label` leaf at `path`) holds `expected` `what` on `axis`."""
-    if stacked.ndim <= axis or stacked.shape[axis] != expected:
+    """`array` (`named`: ``MaxText leaf 'x'``) holds `expected` `what` on `axis`, as the config
+    says (`source`: ``config.json gives num_local_experts=2``); otherwise an error naming both."""
+    if array.ndim <= axis or array.shape[axis] != expected:
+        held = array.shape[axis] if array.ndim > axis else "no"
         raise ConfigMismatchError(
-            f"{label} leaf {path!r} has shape {stacked.shape}; expected {expected} {what} on "
-            f"axis {axis} from config.json. Pass the config of this model."
+            f"{named} has shape {array.shape}; expected {expected} {what} on axis {axis}, as "
+            f"{source}: it holds {held}. Converting would drop or invent {what}: pass the "
+            f"config.json of these weights (--config)."
         )

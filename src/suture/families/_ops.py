@@ -40,7 +40,11 @@ from .._dtypes import to_dtype
 from .._errors import ConfigMismatchError, RecipeFormatError
 from .._lazy.array import LazyArray, elementwise
 from .._lazy.combine import fit_shape
-from ._expr import evaluate
+from ._expr import evaluate, names_in
+
+# A padded vocabulary adds a few rows (to a multiple of 128, say): at most as many as the
+# tensor has, or this many. A config asking for more is a mistake, and would write terabytes.
+MAX_ADDED_ROWS = 1 << 16
 
 
 class Operation:
@@ -116,8 +120,18 @@ class SplitAxis(Operation):
         return array.reshape(shape)
 
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
-        count = len(self.sizes)
-        merged = math.prod(array.shape[self.axis : self.axis + count])
+        sizes, count = self._sizes(names), len(self.sizes)
+        found = array.shape[self.axis : self.axis + count]
+        if found != sizes:
+            # merging (2, 8) where the config says (4, 4) gives the right shape, wrong values
+            raise ConfigMismatchError(
+                f"Leaf {array.path!r} has shape {array.shape}: axes {self.axis}-"
+                f"{self.axis + count - 1} are {found}, and the config says "
+                f"{_fields(self.sizes, sizes, names)}. This checkpoint was not made with this "
+                f"config: pass the config.json it was converted from (--config), or --like the "
+                f"original Hugging Face folder."
+            )
+        merged = math.prod(sizes)
         return array.reshape(
             array.shape[: self.axis] + (merged,) + array.shape[self.axis + count :]
         )
@@ -234,7 +248,7 @@ class PadRows(Operation):
                 f"({self.back_to}), padded to {rows} ({self.to}). Pass the config.json of "
                 f"these weights."
             )
-        return fit_shape(array, (rows,) + array.shape[1:])
+        return _grown(array, rows, self.to, names)
 
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
         rows, own = int(evaluate(self.to, names)), int(evaluate(self.back_to, names))
@@ -265,10 +279,12 @@ class FitRows(Operation):
     back_to: Any
 
     def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
-        return fit_shape(array, (int(evaluate(self.to, names)),) + array.shape[1:])
+        _check_rows(array, self.back_to, names)
+        return _grown(array, int(evaluate(self.to, names)), self.to, names)
 
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
-        return fit_shape(array, (int(evaluate(self.back_to, names)),) + array.shape[1:])
+        _check_rows(array, self.to, names)
+        return _grown(array, int(evaluate(self.back_to, names)), self.back_to, names)
 
     def expressions(self) -> tuple[Any, ...]:
         return (self.to, self.back_to)
@@ -285,6 +301,46 @@ class FitRows(Operation):
             f"cut rows to {kept} ({rows - kept} rows past it are left out; --reverse --like "
             f"ORIGINAL restores them)"
         )
+
+
+def _check_rows(array: LazyArray, expression: Any, names: dict[str, Any]) -> None:
+    """`array` has the rows the config says (`expression`): cutting or padding a vocabulary
+    of another size would drop rows or invent them."""
+    rows = int(evaluate(expression, names))
+    if array.ndim == 0 or array.shape[0] != rows:
+        raise ConfigMismatchError(
+            f"Leaf {array.path!r} has shape {array.shape}, and the config says {rows} rows "
+            f"({_fields((expression,), (rows,), names)}). Pass the config.json of these weights "
+            f"(--config), or --like the original Hugging Face folder."
+        )
+
+
+def _grown(array: LazyArray, rows: int, expression: Any, names: dict[str, Any]) -> LazyArray:
+    """`array` cut or zero-padded to `rows` rows (`expression` of the config), refusing a
+    size far past its own: the pad is lazy, but writing it is not."""
+    have = array.shape[0] if array.ndim else 0
+    most = have + max(have, MAX_ADDED_ROWS)
+    if rows > most:
+        raise ConfigMismatchError(
+            f"Leaf {array.path!r} has {have} rows, and the config pads it to {rows} "
+            f"({_fields((expression,), (rows,), names)}): a padded vocabulary adds a few "
+            f"rows, at most {most} here. Fix that field of config.json, or "
+            f"pass the model's own (--config)."
+        )
+    return fit_shape(array, (rows,) + array.shape[1:])
+
+
+def _fields(expressions: tuple[Any, ...], values: tuple[int, ...], names: dict[str, Any]) -> str:
+    """``num_attention_heads=4 x head_dim=4``: config expressions with their values."""
+    shown = []
+    for expression, value in zip(expressions, values, strict=True):
+        read = sorted(names_in(expression))
+        if read == [str(expression)]:
+            shown.append(f"{expression}={value}")
+        else:
+            inputs = ", ".join(f"{name}={names.get(name)!r:.40}" for name in read)
+            shown.append(f"{expression} = {value}" + (f" ({inputs})" if inputs else ""))
+    return " x ".join(shown)
 
 
 def parse_operation(spec: Any, where: str) -> Operation:

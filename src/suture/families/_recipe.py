@@ -91,6 +91,9 @@ class Leaf:
     stacked: tuple[str, ...] = ()
     experts: bool = False  # hf holds {expert}: one tensor per expert, stacked
     expert_axis: int = 0  # where the experts go (scanned layout, layers included)
+    # one entry per expert on expert_axis, without {expert} (a router, a published fused
+    # tensor): `axes: {expert: N}` in the table; checked against the count both ways
+    routed: bool = False
     layer_axis: int = SCAN_AXIS  # where the layers go when scanned
     fused: FusedSource | None = None  # where the tensor sits in transformers' fused layout
     always_fused: bool = False  # no per-tensor form: published fused (gpt-oss, Llama 4)
@@ -336,7 +339,28 @@ class FamilyRecipe:
                 for name in leaf.sources(index)
             ]
             return stack_arrays(converted, axis=0)
-        return self._converted(leaf, layout, index, None, hf, names, used)
+        array = self._converted(leaf, layout, index, None, hf, names, used)
+        if leaf.routed:
+            name = leaf.hf_name(layout, index)
+            self._check_experts(
+                leaf,
+                array,
+                names,
+                f"Hugging Face tensor {name!r} (shape {as_lazy(hf[name]).shape}), as {self._label} "
+                f"leaf {leaf.maxtext!r},",
+            )
+        return array
+
+    def _check_experts(self, leaf: Leaf, array: LazyArray, names: dict, named: str) -> None:
+        """One layer's `array` of `leaf` holds the config's count of experts on its axis."""
+        axis = leaf.expert_axis
+        if leaf.group is not None:
+            axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
+        check_count(array, axis, self.expert_count(names), "experts", named, self._said(names))
+
+    def _said(self, names: dict[str, Any]) -> str:
+        """``config.json gives num_local_experts=2``: where the count of experts comes from."""
+        return f"config.json gives {_fields_shown(self.experts, names)}"
 
     def _slots(self, leaf: Leaf, names: dict[str, Any]) -> list[tuple[str, list[int], bool]]:
         """(target path, its HF layers, stacked?) of a per-layer leaf in this layout.
@@ -417,6 +441,9 @@ class FamilyRecipe:
         used.add(name)
         array = as_lazy(hf[name], path=name)
         if fused is not None:
+            if expert is not None:  # the fused tensor's axis 0 holds every expert
+                named, count = f"Hugging Face tensor {name!r}", self.expert_count(names)
+                check_count(array, 0, count, "experts", named, self._said(names))
             array = fused.take(array, expert)
         for operation in leaf.operations:
             array = operation.forward(array, names)
@@ -632,18 +659,23 @@ class FamilyRecipe:
         root = self._root
         prefix = root if root and any(p.startswith(root) for p in flat) else ""
         self._check_maxtext_layers(flat, prefix, names)
+        self._check_none_left_out(flat, prefix, names)
         out: dict[str, LazyArray] = {}
         parts: dict[str, dict[int, LazyArray]] = {}  # fused tensor -> its parts, joined below
         fused_of: dict[str, FusedSource] = {}
         for leaf in self._active(names):
             if leaf.group is None:
                 taken = _take(flat, prefix + leaf.maxtext, self._label)
+                if leaf.routed:
+                    self._check_experts(leaf, taken, names, f"{self._label} leaf {leaf.maxtext!r}")
                 out.update(self._unstacked(leaf, None, taken, names))
                 continue
             for path, index, layer in self._layers_back(leaf, flat, prefix, names):
                 if leaf.stacked:
                     out.update(self._unstacked(leaf, index, layer, names))
                     continue
+                if leaf.routed:
+                    self._check_experts(leaf, layer, names, f"{self._label} leaf {path!r}")
                 if not leaf.experts:
                     tensor = self._restored(leaf, layer, names)
                     fused = leaf.fused_in(layout)
@@ -656,7 +688,7 @@ class FamilyRecipe:
                     continue
                 axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
                 count = self.expert_count(names)
-                check_count(layer, axis, count, "experts", path, self._label)
+                self._check_experts(leaf, layer, names, f"{self._label} leaf {path!r}")
                 experts = [
                     self._restored(leaf, member(layer, {axis: e}), names) for e in range(count)
                 ]
@@ -687,7 +719,9 @@ class FamilyRecipe:
             if not stacked:
                 out.append((path, indices[0], array))
                 continue
-            check_count(array, leaf.layer_axis, len(indices), "layers", path, self._label)
+            said = f"config.json gives {_fields_shown(self.groups[leaf.group].count, names)}"  # type: ignore[index]
+            named = f"{self._label} leaf {path!r}"
+            check_count(array, leaf.layer_axis, len(indices), "layers", named, said)
             out += [
                 (path, index, member(array, {leaf.layer_axis: i}))
                 for i, index in enumerate(indices)
@@ -755,6 +789,28 @@ class FamilyRecipe:
                     self._check_stack(leaf, flat, prefix + path, len(indices), wanted, names)
                 else:
                     _take(flat, prefix + path, self._label)
+
+    def _check_none_left_out(self, flat: dict[str, Any], prefix: str, names: dict) -> None:
+        """Refuses a config whose ``when:`` leaves out a leaf the target tree holds (a tied
+        output layer, by tie_word_embeddings true): converting would drop it silently."""
+        active = self._active(names)
+        taken = {path for leaf in active for path in self._paths(leaf, names)}
+        for leaf in self.leaves:
+            if leaf in active:
+                continue
+            held = [p for p in self._paths(leaf, names) if p not in taken and prefix + p in flat]
+            if held:
+                raise ConfigMismatchError(
+                    f"{self._label} leaf {held[0]!r} is in the checkpoint, and recipe "
+                    f"{self.name!r} leaves it out with this config (when: {leaf.when}; "
+                    f"{_fields_shown(leaf.when, names)}): converting would lose it. Pass the "
+                    f"config.json it was converted from (--config)."
+                )
+
+    def _paths(self, leaf: Leaf, names: dict[str, Any]) -> list[str]:
+        if leaf.group is None:
+            return [leaf.maxtext]
+        return [path for path, _, _ in self._slots(leaf, names)]
 
     def _check_stack(
         self, leaf: Leaf, flat: dict, path: str, layers: int, wanted: int, names: dict
@@ -977,6 +1033,11 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
                 f"{context}: {{expert}} needs a layer placeholder beside it and a top-level "
                 f"'experts' (the count, e.g. num_local_experts)."
             )
+        routed = not experts and "expert" in axes
+        if routed and "experts" not in data:
+            raise RecipeFormatError(
+                f"{context}: 'axes: {{expert: N}}' needs a top-level 'experts' (the count)."
+            )
         leaves.append(
             Leaf(
                 item[target],
@@ -987,6 +1048,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
                 stacked=stacked,
                 experts=experts,
                 expert_axis=int(axes.get("expert", 0)),
+                routed=routed,
                 layer_axis=int(axes.get("layer", SCAN_AXIS)),
                 fused=parse_fused(item["fused"], context) if "fused" in item else None,
                 always_fused=bool(item.get("always_fused")),
