@@ -7,6 +7,8 @@ nothing of it appears afterwards.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -77,3 +79,52 @@ def test_an_aborted_save_to_a_bucket_waits_for_its_side_files(
         suture.save({"w": np.arange(6.0)}, url, progress=False, extra_files=_config(tmp_path))
     time.sleep(0.7)  # past the copy's end, had it gone on alone
     assert location_of(f"{gcs}/side-files").children() == []
+
+
+# --- every config.json read is capped and follows the side-file rule (issue 37) -----------
+
+
+def _hf_folder(folder: Path, value: float) -> Path:
+    from safetensors.numpy import save_file
+
+    folder.mkdir()
+    save_file({"w": np.full((4, 4), value, np.float32)}, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_a_merge_refuses_a_config_json_past_the_metadata_cap(tmp_path: Path) -> None:
+    """An HF merge reads the first model's config.json to write its own: a sparse 300 MiB
+    one is refused from its size, unread, naming the file."""
+    first, second = _hf_folder(tmp_path / "a", 1.0), _hf_folder(tmp_path / "b", 3.0)
+    with open(first / "config.json", "wb") as stream:
+        stream.truncate(300 << 20)
+    (second / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "merge.yaml").write_text(
+        "merge_method: linear\nmodels:\n  - model: a\n    parameters: {weight: 1.0}\n"
+        "  - model: b\n    parameters: {weight: 1.0}\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-m", "suture", "merge", "merge.yaml", "-o", "merged"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    assert "config.json" in ran.stderr and "holds more than" in ran.stderr, ran.stderr
+    assert not (tmp_path / "merged").exists()
+
+
+def test_dequantize_does_not_read_a_config_linked_from_outside(tmp_path: Path) -> None:
+    """The quantization_config is looked up under the side-file rule: a config.json that
+    links out of the folder is not read, so the folder reads as not quantized."""
+    from suture.sources.safetensors import quantization_config
+
+    folder = _hf_folder(tmp_path / "model", 1.0)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text('{"quantization_config": {"quant_method": "fp8"}, "api_token": "s"}')
+    (folder / "config.json").symlink_to(elsewhere)
+    assert quantization_config(location_of(folder)) is None
+    (folder / "config.json").unlink()
+    (folder / "config.json").write_text('{"quantization_config": {"quant_method": "fp8"}}')
+    assert quantization_config(location_of(folder)) == {"quant_method": "fp8"}

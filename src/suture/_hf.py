@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import CorruptCheckpointError, SurgeryError, SutureWarning
-from ._location import LocalLocation, Location, location_of
+from ._location import MAX_METADATA_BYTES, LocalLocation, Location, location_of, too_large
 from ._location.hub_cache import trusted_cache_link
 from ._paths import flatten
 
@@ -238,6 +238,13 @@ def output_dtype(tree: Any) -> str | None:
     return names.pop() if len(names) == 1 and names <= set(_HF_FLOAT_DTYPES) else None
 
 
+def _read_capped(source: Any) -> bytes:
+    """A config.json's bytes: a file's read under the metadata cap, an edited one's as made."""
+    if isinstance(source, Location):
+        return source.read_bytes(MAX_METADATA_BYTES, "the model's config")
+    return source.read_bytes()
+
+
 def with_output_dtype(extra_files: Mapping[str, Any], tree: Any) -> dict[str, Any]:
     """`extra_files` with a ``config.json`` whose ``dtype`` and ``torch_dtype`` say the dtype
     of `tree`'s weights, where the copied config says another (a cast, a merge's ``dtype:``).
@@ -259,7 +266,7 @@ def with_output_dtype(extra_files: Mapping[str, Any], tree: Any) -> dict[str, An
     if source is None:
         return dict(extra_files)
     try:
-        raw = source.read_bytes()
+        raw = _read_capped(source)
         config = json.loads(raw)
     except (OSError, ValueError, SurgeryError):
         return dict(extra_files)  # not JSON: copied as it is
@@ -385,7 +392,9 @@ class InlineFile(Location):
     def is_dir(self) -> bool:
         return False
 
-    def read_bytes(self) -> bytes:
+    def read_bytes(self, limit: int | None = None, what: str = "") -> bytes:
+        if limit is not None and len(self._data) > limit:
+            raise too_large(self, limit, what)
         return self._data
 
 
@@ -404,7 +413,7 @@ def with_config_edited(
         return dict(side)
     source = side["config.json"]
     try:
-        config = json.loads(location_of(source).read_bytes())
+        config = json.loads(_read_capped(location_of(source)))
     except (OSError, ValueError, SurgeryError) as error:
         raise CorruptCheckpointError(f"Cannot read {where} as JSON: {error}.") from error
     if not isinstance(config, dict):

@@ -53,7 +53,7 @@ from .._errors import (
     StaleLockWarning,
     SurgeryError,
 )
-from .base import LocalLocation, Location
+from .base import MAX_METADATA_BYTES, LocalLocation, Location
 
 TMP_MARKER = ".orbax-checkpoint-tmp-suture-"
 COMMIT_SUCCESS_FILE = "commit_success.txt"  # Orbax's commit marker on object stores
@@ -147,7 +147,7 @@ def unfinished_elsewhere(destination: Location) -> DestinationError:
 def _describe_unfinished(destination: Location) -> str:
     """Whose an unfinished save looks like: Orbax's metadata says when it started."""
     try:
-        recorded = json.loads((destination / CHECKPOINT_METADATA).read_bytes())
+        recorded = json.loads((destination / CHECKPOINT_METADATA).read_bytes(MAX_METADATA_BYTES))
         started_ns = int(recorded["init_timestamp_nsecs"])
         started = datetime.datetime.fromtimestamp(started_ns / 1e9, datetime.UTC)
         return f"an Orbax save started at {started:%Y-%m-%d %H:%M:%S} UTC with no commit yet"
@@ -175,8 +175,8 @@ def is_unfinished(folder: Location) -> bool:
     if not metadata.is_file():
         return False
     try:
-        recorded = json.loads(metadata.read_bytes())
-    except ValueError:
+        recorded = json.loads(metadata.read_bytes(MAX_METADATA_BYTES))
+    except (ValueError, SurgeryError):
         return False
     if not isinstance(recorded, dict):
         return False

@@ -17,7 +17,7 @@ from typing import Any
 from .._dtypes import to_dtype
 from .._errors import MergeError
 from .._hf import side_file
-from .._location import LocalLocation, location_of
+from .._location import MAX_METADATA_BYTES, LocalLocation, location_of
 
 TOKENIZER_FILES = (
     "tokenizer_config.json",
@@ -65,7 +65,8 @@ def hf_side_files(
             f"config.json only as a regular file inside the model folder. Replace the link with "
             f"the file itself."
         )
-    config = json.loads(source_config.read_bytes().decode("utf-8"))
+    raw = location_of(source_config).read_bytes(MAX_METADATA_BYTES, "the model's config")
+    config = json.loads(raw.decode("utf-8"))
     if layers and "num_hidden_layers" in config:
         config["num_hidden_layers"] = layers
     if out_dtype:  # transformers 5 reads `dtype`, 4 `torch_dtype`; both by numpy's name

@@ -34,8 +34,9 @@ from .._errors import (
     SurgeryError,
     check_shape,
 )
+from .._hf import local_side_file
 from .._lazy.array import LazyArray
-from .._location import MAX_METADATA_BYTES, Location, location_of
+from .._location import MAX_METADATA_BYTES, LocalLocation, Location, location_of
 from .._paths import unflatten
 from .._quant.scheme import scheme_of
 from .._quant.tensors import dequantize_tensors
@@ -103,9 +104,14 @@ def quantization_config(path: Location) -> Any:
     folder = path.parent if path.name.endswith((INDEX_SUFFIX, ".safetensors")) else path
     config_file = folder / "config.json"
     try:
-        if not config_file.is_file():
+        if isinstance(folder, LocalLocation):  # under the side-file rule: no links out
+            found = local_side_file(folder.path, "config.json")
+            if isinstance(found, str):
+                return None
+            config_file = LocalLocation(found)
+        elif not config_file.is_file():
             return None
-        config = json.loads(config_file.read_bytes())
+        config = json.loads(config_file.read_bytes(MAX_METADATA_BYTES, "the model's config"))
     except (OSError, ValueError, SurgeryError):
         return None  # an unreadable config is the family recipes' to report
     return config.get("quantization_config") if isinstance(config, dict) else None
