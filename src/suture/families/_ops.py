@@ -103,7 +103,18 @@ class SplitAxis(Operation):
     def _sizes(self, names: dict[str, Any]) -> tuple[int, ...]:
         return tuple(int(evaluate(size, names)) for size in self.sizes)
 
+    def _check_rank(self, array: LazyArray, axes: int) -> None:
+        """The table's axis (and the `axes` after it) exists in `array`: shapes are known only now."""
+        if self.axis + axes > array.ndim:
+            raise ConfigMismatchError(
+                f"Leaf {array.path!r}: split_axis splits axis {self.axis}"
+                f"{f' (and merges {axes} axes from it)' if axes > 1 else ''}, and the array "
+                f"has {array.ndim} axes (shape {array.shape}) there. The table's split_axis "
+                f"does not fit this tensor: check its axis, counting the operations before it."
+            )
+
     def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        self._check_rank(array, 1)
         sizes = self._sizes(names)
         if math.prod(sizes) != array.shape[self.axis]:
             raise ConfigMismatchError(
@@ -117,6 +128,7 @@ class SplitAxis(Operation):
 
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
         count = len(self.sizes)
+        self._check_rank(array, count)
         merged = math.prod(array.shape[self.axis : self.axis + count])
         return array.reshape(
             array.shape[: self.axis] + (merged,) + array.shape[self.axis + count :]
