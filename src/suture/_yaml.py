@@ -40,8 +40,9 @@ def parse(text: str, label: str, wanted: str, error: type[SurgeryError]) -> tupl
             f"{label} is over {MAX_YAML_BYTES // 1024} KiB; {wanted} is small. Check the path."
         )
     check_brackets(text, label, wanted, error)
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # its reader refuses control characters at once
         root = loader.get_single_node()
         if root is None:
             return None, None
@@ -56,7 +57,8 @@ def parse(text: str, label: str, wanted: str, error: type[SurgeryError]) -> tupl
             raise
         raise error(f"{label} is not valid YAML: {failure}.") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _too_deep(label: str, wanted: str, line: int | None) -> str:

@@ -28,6 +28,18 @@ def table_file(name: str) -> tuple[Path, bool] | None:
     one cannot hang the look; one that breaks them is left to the rule-recipe reader, which
     says what is wrong with it.
     """
+    found = _yaml_file(name)
+    if found is None:
+        return None
+    try:
+        data = _load(found[0])
+    except (OSError, SurgeryError):
+        return None
+    return found if _is_table(data) else None
+
+
+def _yaml_file(name: str) -> tuple[Path, bool] | None:
+    """``(file, scanned)`` when `name` names a YAML file (with a layout, perhaps)."""
     text = str(name)
     path, layout = text, ""
     if ":" in text and not Path(text).exists():
@@ -37,13 +49,11 @@ def table_file(name: str) -> tuple[Path, bool] | None:
     file = Path(path)
     if file.suffix.lower() not in TABLE_SUFFIXES or not file.is_file():
         return None
-    try:
-        data = _load(file)
-    except (OSError, SurgeryError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("leaves"), list):
-        return None
     return file, LAYOUTS[layout or "maxtext"]
+
+
+def _is_table(data: Any) -> bool:
+    return isinstance(data, dict) and "leaves" in data
 
 
 def is_family_recipe(name: Any) -> bool:
@@ -57,11 +67,17 @@ def family_recipe(name: str) -> FamilyRecipe:
     Raises:
         RecipeError: naming the file, the entry and the rule it breaks (`_schema`).
     """
-    found = table_file(name)
+    found = _yaml_file(name)
     if found is None:
         return get_recipe(name)
     file, scanned = found
-    data = dict(_load(file))
+    data = _load(file)  # a file that breaks the YAML bounds is an error naming it
+    if not _is_table(data):
+        raise RecipeError(
+            f"Family table {str(file)!r} has no 'leaves:' list, so it is no family table "
+            f"(docs/recipe-tables.md); a rule recipe runs with `suture apply`."
+        )
+    data = dict(data)
     names = data.get("names")
     family = (
         names[0] if isinstance(names, list) and names and isinstance(names[0], str) else file.stem

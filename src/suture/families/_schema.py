@@ -66,6 +66,7 @@ MODES = ("halves", "interleaved")
 MAX_AXIS = 32  # past any array's rank (numpy's limit is 64)
 MAX_SHOWN = 10  # problems listed in one error
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_LAYERS = re.compile(r"decoder/\w*layers/")  # where MaxText's unscanned layout numbers layers
 
 
 def checked_table(data: Any, where: str) -> dict[str, Any]:
@@ -104,6 +105,7 @@ class _Table:
     def __init__(self, where: str) -> None:
         self.label = f"Family table {where!r}"
         self.problems: list[str] = []
+        self.paths: dict[str, int] = {}  # target path -> its leaf
 
     def problem(self, entry: str, rule: str) -> None:
         self.problems.append(f"{entry}: {rule}")
@@ -116,7 +118,8 @@ class _Table:
         for key in value if keys is not None else ():
             if key not in keys:
                 hint = did_you_mean(str(key), keys)
-                self.problem(entry, f"unknown key {key!r}.{hint} Known keys: {', '.join(keys)}")
+                known = ", ".join(k for k in keys if k != "source_file")
+                self.problem(entry, f"unknown key {key!r}.{hint} Known keys: {known}")
         return value
 
     def listing(self, value: Any, entry: str, empty: bool = True) -> list[Any]:
@@ -283,8 +286,8 @@ class _Table:
         out = dict(item)
         if target not in item:
             self.problem(entry, f"needs {target!r} (the {target} path) and 'hf' (or 'fused')")
-        else:
-            self.text(path, f"{entry}.{target}")
+        elif self.text(path, f"{entry}.{target}"):
+            self.target_path(path, item, number, target, groups)
         if "hf" in item:
             hf = item["hf"]
             names = self.listing(hf, f"{entry}.hf", empty=False) if isinstance(hf, list) else [hf]
@@ -310,6 +313,33 @@ class _Table:
         if not isinstance(item.get("always_fused", False), bool):
             self.problem(f"{entry}.always_fused", "must be true or false")
         return out
+
+    def target_path(
+        self, path: str, item: dict, number: int, target: str, groups: list[str]
+    ) -> None:
+        """A target path once per table; a per-layer leaf's says where its layer goes: MaxText's
+        under ``decoder/...layers/`` (``layers_3`` unscanned), Tunix's naming it (``{layer}``)."""
+        entry = f"leaf {number} ({path!r}).{target}"
+        if path in self.paths:
+            self.problem(
+                entry, f"is also leaf {self.paths[path]}'s path: one would overwrite the other"
+            )
+        self.paths.setdefault(path, number)
+        fused = item.get("fused")
+        hf = item.get("hf", fused.get("hf") if isinstance(fused, dict) else None)
+        first = hf[0] if isinstance(hf, list) and hf else hf
+        per_layer = isinstance(first, str) and any(f"{{{group}}}" in first for group in groups)
+        named = _PLACEHOLDER.search(path) is not None
+        if target == "maxtext" and (named or (per_layer and not _LAYERS.match(path))):
+            self.problem(
+                entry,
+                "a MaxText path has no placeholder, and a per-layer leaf's starts with "
+                "decoder/layers/ (or another decoder/...layers/)",
+            )
+        elif target != "maxtext" and per_layer != named:
+            self.problem(
+                entry, "a per-layer leaf's path names its layer ({layer}); no other's does"
+            )
 
     def placeholders(self, name: str, entry: str, groups: list[str]) -> None:
         for found in _PLACEHOLDER.findall(name):
