@@ -97,6 +97,11 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _only_key(value: Any) -> Any:
+    """The one key of a one-key mapping (an operation's word), else None."""
+    return next(iter(value)) if isinstance(value, dict) and len(value) == 1 else None
+
+
 def _whole(value: Any, least: int, most: int) -> bool:
     return type(value) is int and least <= value <= most
 
@@ -137,7 +142,7 @@ class _Table:
 
     def expression(self, value: Any, entry: str) -> Any:
         """An expression (text, a number, true or false) as an `Expression` knowing `entry`."""
-        if isinstance(value, bool | int | float) and not isinstance(value, str):
+        if isinstance(value, int | float):  # true and false too
             if isinstance(value, float) and not math.isfinite(value):
                 self.problem(entry, f"must be a finite number; got {value}")
             return value
@@ -179,8 +184,8 @@ class _Table:
             out["config"] = self.config(data["config"])
         for i, pattern in enumerate(self.listing(data.get("ignore") or [], "ignore")):
             self.pattern(pattern, f"ignore[{i}]")
-        groups = ["layer"]
-        if data.get("layer_groups") is not None:
+        groups = ["layer"]  # without layer_groups (or with {}), one group: every layer
+        if data.get("layer_groups") not in (None, {}):
             out["layer_groups"], groups = self.layer_groups(data["layer_groups"])
         if "experts" in data:
             out["experts"] = self.expression(data["experts"], "experts")
@@ -202,7 +207,7 @@ class _Table:
             self.language_model(data["language_model"])
         if "leaves" not in data:
             self.problem("the table", "needs 'leaves': the list of target leaves")
-        leaves = self.listing(data.get("leaves", []), "leaves", empty=False)
+        leaves = self.listing(data["leaves"], "leaves", empty=False) if "leaves" in data else []
         out["leaves"] = [self.leaf(leaf, i, target, groups) for i, leaf in enumerate(leaves)]
         return out
 
@@ -382,21 +387,15 @@ class _Table:
         """One operation, checked; its expressions as `Expression`."""
         if isinstance(spec, str) and spec in WORDS:
             return spec
-        if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in OPTIONS:
-            word = (
-                spec
-                if isinstance(spec, str)
-                else next(iter(spec), None)
-                if isinstance(spec, dict) and len(spec) == 1
-                else None
-            )
+        word = spec if isinstance(spec, str) else _only_key(spec)
+        if word not in OPTIONS:
             hint = did_you_mean(str(word), [*WORDS, *OPTIONS]) if word is not None else ""
             self.problem(
                 entry,
                 f"{_shown(spec)} is not an operation.{hint} Use transpose, interleave_rope, "
-                "{split_axis: {axis, sizes}}, {scale: {multiply|divide, back_multiply|back_divide}}, "
-                "{add: NUMBER}, {pad_rows: {to, back_to}}, {fit_rows: {to, back_to}} or "
-                "{permute: [AXES]}",
+                "{split_axis: {axis, sizes}}, {scale: {multiply|divide, "
+                "back_multiply|back_divide}}, {add: NUMBER}, {pad_rows: {to, back_to}}, "
+                "{fit_rows: {to, back_to}} or {permute: [AXES]}",
             )
             return spec
         ((word, options),) = spec.items()
@@ -418,9 +417,11 @@ class _Table:
             ):
                 self.problem(
                     entry,
-                    f"needs the axes in their new order (a permutation of 0..n-1); got {_shown(axes)}",
+                    f"needs the axes in their new order (a permutation of 0..n-1); got "
+                    f"{_shown(axes)}",
                 )
             return spec
+        given = isinstance(options, dict)  # else a problem already, and no more of its keys
         options = self.mapping(options, entry, OPTIONS[word])
         out = dict(options)
         if word == "split_axis":
@@ -429,7 +430,7 @@ class _Table:
                     f"{entry}.axis",
                     f"must be an axis, 0 to {MAX_AXIS}; got {_shown(options['axis'])}",
                 )
-            if "sizes" not in options and isinstance(options, dict):
+            if "sizes" not in options and given:
                 self.problem(entry, "needs sizes: [expressions], the lengths the axis splits into")
             sizes = self.listing(options.get("sizes", [1]), f"{entry}.sizes", empty=False)
             if len(sizes) > MAX_AXIS:
@@ -439,7 +440,7 @@ class _Table:
             ]
         elif word in ("pad_rows", "fit_rows"):
             for key in ("to", "back_to"):
-                if key not in options and options:
+                if key not in options and given:
                     self.problem(entry, f"needs {key!r} (an expression of the config)")
                 out[key] = self.expression(options.get(key, 1), f"{entry}.{key}")
         elif word == "scale":
@@ -462,6 +463,7 @@ class _Table:
             if "factor_dtype" in options and options["factor_dtype"] not in FACTOR_DTYPES:
                 self.problem(
                     f"{entry}.factor_dtype",
-                    f"must be one of {', '.join(FACTOR_DTYPES)}; got {_shown(options['factor_dtype'])}",
+                    f"must be one of {', '.join(FACTOR_DTYPES)}; got "
+                    f"{_shown(options['factor_dtype'])}",
                 )
         return {word: out}
