@@ -76,7 +76,7 @@ def evaluate(expression: str | int | float, names: Mapping[str, Any]) -> Any:
             raise
         used = ", ".join(f"{name}={names.get(name)!r:.40}" for name in sorted(names_in(expression)))
         raise ExpressionError(
-            f"{_where(expression)}{expression!r} cannot be computed from the config ({used}): "
+            f"{located(expression)}{expression!r} cannot be computed from the config ({used}): "
             f"{error}."
         ) from None
 
@@ -115,7 +115,7 @@ def check(expression: str | int | float) -> None:
         else:
             found = type(node).__name__
         raise ExpressionError(
-            f"{_where(expression)}{str(expression)!r}: only numbers, config names, arithmetic, "
+            f"{located(expression)}{str(expression)!r}: only numbers, config names, arithmetic, "
             f"comparisons and sqrt() are allowed in recipe expressions; found {found}."
         )
 
@@ -136,7 +136,9 @@ _ALLOWED = (
 )
 
 
-def _where(expression: Any) -> str:
+def located(expression: Any) -> str:
+    """``"Family table 'my.yaml', leaf 3 ('...').when: "``: where a table has `expression`
+    (empty for one that is not a table's), to start a message about it."""
     where = getattr(expression, "where", "")
     return f"{where}: " if where else ""
 
@@ -145,7 +147,7 @@ def _parse(expression: str | int | float) -> ast.Expression:
     text = str(expression)
     if len(text) > MAX_LENGTH:
         raise ExpressionError(
-            f"{_where(expression)}{text[:60]!r}... is {len(text):,} characters long; a recipe "
+            f"{located(expression)}{text[:60]!r}... is {len(text):,} characters long; a recipe "
             f"expression is at most {MAX_LENGTH}. Shorten it (a default can name a part)."
         )
     try:
@@ -153,7 +155,7 @@ def _parse(expression: str | int | float) -> ast.Expression:
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
         why = error.msg if isinstance(error, SyntaxError) else "it nests too deeply"
         raise ExpressionError(
-            f"{_where(expression)}{expression!r} is not an expression: {why}."
+            f"{located(expression)}{expression!r} is not an expression: {why}."
         ) from None
 
 
@@ -167,7 +169,7 @@ def _computed(node: ast.AST, names: Mapping[str, Any], source: str) -> Any:
     if isinstance(node, ast.Name):
         if node.id not in names:
             raise ExpressionError(
-                f"{_where(source)}{source!r} uses {node.id!r}, which the model's config.json "
+                f"{located(source)}{source!r} uses {node.id!r}, which the model's config.json "
                 f"does not have."
             )
         return names[node.id]
@@ -202,7 +204,7 @@ def _computed(node: ast.AST, names: Mapping[str, Any], source: str) -> Any:
     ):
         return _FUNCTIONS[node.func.id](_number(_value(node.args[0], names, source), source))
     raise ExpressionError(
-        f"{_where(source)}{source!r}: only numbers, config names, arithmetic, comparisons and "
+        f"{located(source)}{source!r}: only numbers, config names, arithmetic, comparisons and "
         f"sqrt() are allowed in recipe expressions; found {ast.dump(node)[:60]}."
     )
 
@@ -212,7 +214,7 @@ def _number(value: Any, source: str) -> Any:
     a list times a number would repeat it."""
     if not isinstance(value, int | float):
         raise ExpressionError(
-            f"{_where(source)}{source!r} does arithmetic on {value!r:.60} "
+            f"{located(source)}{source!r} does arithmetic on {value!r:.60} "
             f"({type(value).__name__}); only numbers can be computed with."
         )
     return value
@@ -238,7 +240,7 @@ def _bounded(value: Any, source: str) -> Any:
         raise _too_large(source)
     if isinstance(value, float) and not math.isfinite(value):
         raise ExpressionError(
-            f"{_where(source)}{source!r} computes {value} with this config; a recipe "
+            f"{located(source)}{source!r} computes {value} with this config; a recipe "
             f"expression must give a finite number. Check the expression and the config."
         )
     return value
@@ -246,7 +248,7 @@ def _bounded(value: Any, source: str) -> Any:
 
 def _too_large(source: str) -> ExpressionError:
     return ExpressionError(
-        f"{_where(source)}{source!r} computes a whole number past 2**{MAX_BITS} with this "
+        f"{located(source)}{source!r} computes a whole number past 2**{MAX_BITS} with this "
         f"config; recipe expressions are sizes and counts. Check the expression (a ** or * "
         f"too many?) and the config."
     )

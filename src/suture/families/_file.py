@@ -88,19 +88,17 @@ def family_recipe(name: str) -> FamilyRecipe:
 
 
 def _load(file: Path) -> Any:
-    """The table in `file`, read once while unchanged (looking at a file, then converting
-    with it, reads it once)."""
-    status = file.stat()
-    return _loaded(str(file), status.st_mtime_ns, status.st_size)
-
-
-@functools.lru_cache(maxsize=8)
-def _loaded(path: str, mtime_ns: int, size: int) -> Any:
-    file = Path(path)
+    """The table in `file`; the same text is parsed once (looking at a file, then converting
+    with it, parses it once)."""
     label = f"Family table {str(file)!r}"
     raw = read_limited(file, label, "a family table", MAX_YAML_BYTES, RecipeError)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise RecipeError(f"{label} is not UTF-8 text (byte {error.start}).") from None
+    return _parsed(text, label)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(text: str, label: str) -> Any:
     return parse_yaml(text, label, "a family table", RecipeError)[0]

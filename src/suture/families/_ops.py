@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 
 from .._dtypes import to_dtype
-from .._errors import ConfigMismatchError, RecipeFormatError
+from .._errors import ConfigMismatchError, ExpressionError, RecipeFormatError
 from .._lazy.array import LazyArray, elementwise
 from .._lazy.combine import fit_shape
-from ._expr import evaluate
+from ._expr import evaluate, located
 
 
 class Operation:
@@ -168,6 +168,9 @@ def _even_half(array: LazyArray) -> int:
     return array.shape[-1] // 2
 
 
+MAX_FACTOR = 2.0**24  # a scale is 1/sqrt(head_dim) or sqrt(hidden_size): far inside it
+
+
 @dataclass(frozen=True)
 class Scale(Operation):
     """Multiply or divide by a config expression, computed in `compute` precision."""
@@ -199,6 +202,12 @@ class Scale(Operation):
 
     def _factor(self, by: Any, names: dict[str, Any]) -> float:
         value = evaluate(by, names)
+        if not isinstance(value, int | float) or not 1 / MAX_FACTOR <= abs(value) <= MAX_FACTOR:
+            raise ExpressionError(
+                f"{located(by)}scale by {str(by)!r} is {value!r:.40} with this config; a scale "
+                f"factor is a number between 2**-24 and 2**24 in size (0 could not be undone, and "
+                f"past those the values overflow or vanish). Check the expression and the config."
+            )
         if self.factor_dtype is None:
             return float(value)
         return float(np.asarray(value, dtype=to_dtype(self.factor_dtype)))
