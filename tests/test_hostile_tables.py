@@ -308,6 +308,11 @@ def _set(path: str, value):
     return change
 
 
+def _periodic_path(data: dict) -> None:
+    data["layer_period"] = 2
+    data["leaves"][5]["maxtext"] = "decoder/moe_layers/value/kernel"
+
+
 def _drop_field(data: dict) -> None:
     del data["config"]["checks"][0]["field"]
 
@@ -348,6 +353,19 @@ def _drop_field(data: dict) -> None:
         (_set("leaves.2.when", "hidden_size >"), ["when: 'hidden_size >' is not an expression"]),
         (_set("leaves", {"a": 1}), ["leaves: must be a non-empty list"]),
         (_set("target", "jax"), ["target: must be one of maxtext, tunix"]),
+        (_set("leaves.0.ops", [{"pad_rows": {}}]), ["ops[0] pad_rows: needs 'to'"]),
+        (
+            _set("leaves.3.maxtext", "query/kernel"),
+            ["leaf 3 ('query/kernel').maxtext: a MaxText path has no placeholder"],
+        ),
+        (
+            _set("leaves.4.maxtext", "decoder/layers/self_attention/query/kernel"),
+            ["leaf 4 (", ".maxtext: is also leaf 3's path: one would overwrite the other"],
+        ),
+        (
+            _periodic_path,
+            ["with a layer_period, a per-layer leaf's path starts with decoder/layers/"],
+        ),
         (_set("config.checks.0.test", ["x"]), ["config.checks[0].test: must be an expression"]),
     ],
 )

@@ -111,6 +111,7 @@ class _Table:
         self.label = f"Family table {where!r}"
         self.problems: list[str] = []
         self.paths: dict[str, int] = {}  # target path -> its leaf
+        self.period = False  # whether the table has a layer_period
 
     def problem(self, entry: str, rule: str) -> None:
         self.problems.append(f"{entry}: {rule}")
@@ -208,6 +209,7 @@ class _Table:
         if "leaves" not in data:
             self.problem("the table", "needs 'leaves': the list of target leaves")
         leaves = self.listing(data["leaves"], "leaves", empty=False) if "leaves" in data else []
+        self.period = "layer_period" in data
         out["leaves"] = [self.leaf(leaf, i, target, groups) for i, leaf in enumerate(leaves)]
         return out
 
@@ -340,6 +342,12 @@ class _Table:
                 entry,
                 "a MaxText path has no placeholder, and a per-layer leaf's starts with "
                 "decoder/layers/ (or another decoder/...layers/)",
+            )
+        elif per_layer and self.period and not path.startswith("decoder/layers/"):
+            self.problem(
+                entry,
+                "with a layer_period, a per-layer leaf's path starts with decoder/layers/ (the "
+                "period's places are decoder/layers/layers_K/)",
             )
         elif target != "maxtext" and per_layer != named:
             self.problem(
