@@ -412,6 +412,33 @@ def test_a_split_axis_beyond_the_arrays_rank_is_named_where_shapes_are_known(mod
 
 
 @pytest.mark.parametrize(
+    ("change", "phrases"),
+    [
+        (
+            _set("leaves.3.ops.1", {"split_axis": {"axis": 1, "sizes": [4.5, 16]}}),
+            ["ops[1] split_axis.sizes[0]: '4.5' is 4.5 with this config", "a whole number"],
+        ),
+        (
+            _set(
+                "leaves.0.ops", [{"fit_rows": {"to": "vocab_size - 64", "back_to": "vocab_size"}}]
+            ),
+            ["ops[0] fit_rows.to: 'vocab_size - 64' is 0 with this config"],
+        ),
+        (
+            _set("leaves.3.ops.3", {"scale": {"divide": "head_dim - 16"}}),
+            ["ops[3] scale.divide: scale by 'head_dim - 16' is 0 with this config"],
+        ),
+    ],
+)
+def test_a_size_or_factor_that_would_be_cut_or_lost_is_refused(models, tmp_path, change, phrases):
+    """4.5 heads were 4, -1 rows kept none, a factor of 0 wrote inf: each names its entry."""
+    table = _table(tmp_path, change)
+    _refused_everywhere(
+        models, tmp_path, table, f"Family table {str(table)!r}", *phrases, runs="api convert"
+    )
+
+
+@pytest.mark.parametrize(
     "name",
     sorted(
         entry.name for entry in files("suture.families").iterdir() if entry.name.endswith(".yaml")

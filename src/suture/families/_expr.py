@@ -81,6 +81,25 @@ def evaluate(expression: str | int | float, names: Mapping[str, Any]) -> Any:
         ) from None
 
 
+def whole(expression: str | int | float, names: Mapping[str, Any], what: str) -> int:
+    """The value of `expression` as a whole number of at least 1 (`what` it is: "a size"),
+    never cut silently: 4.5 is an error, not 4.
+
+    Example:
+        >>> whole("hidden_size // 4", {"hidden_size": 64}, "a size")
+        16
+    """
+    value = evaluate(expression, names)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ExpressionError(
+            f"{located(expression)}{str(expression)!r} is {value!r:.40} with this config; it is "
+            f"{what}, a whole number of at least 1. Check the expression and the config."
+        )
+    return value
+
+
 def names_in(expression: str | int | float) -> set[str]:
     """The config names `expression` uses.
 

@@ -40,7 +40,7 @@ from .._dtypes import to_dtype
 from .._errors import ConfigMismatchError, ExpressionError, RecipeFormatError
 from .._lazy.array import LazyArray, elementwise
 from .._lazy.combine import fit_shape
-from ._expr import evaluate, located
+from ._expr import evaluate, located, whole
 
 
 class Operation:
@@ -101,7 +101,7 @@ class SplitAxis(Operation):
     sizes: tuple[Any, ...]
 
     def _sizes(self, names: dict[str, Any]) -> tuple[int, ...]:
-        return tuple(int(evaluate(size, names)) for size in self.sizes)
+        return tuple(whole(size, names, "a size split_axis splits into") for size in self.sizes)
 
     def _check_rank(self, array: LazyArray, axes: int) -> None:
         """The table's axis (and the `axes` after it) exists in `array`: shapes are known only now."""
@@ -248,7 +248,7 @@ class PadRows(Operation):
     back_to: Any
 
     def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
-        rows, own = int(evaluate(self.to, names)), int(evaluate(self.back_to, names))
+        rows, own = _rows(self.to, names), _rows(self.back_to, names)
         if array.shape[0] != own or rows < own:
             raise ConfigMismatchError(
                 f"Leaf {array.path!r} has {array.shape[0]} rows; the config says {own} "
@@ -258,7 +258,7 @@ class PadRows(Operation):
         return fit_shape(array, (rows,) + array.shape[1:])
 
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
-        rows, own = int(evaluate(self.to, names)), int(evaluate(self.back_to, names))
+        rows, own = _rows(self.to, names), _rows(self.back_to, names)
         if array.shape[0] != rows or rows < own:
             raise ConfigMismatchError(
                 f"Leaf {array.path!r} has {array.shape[0]} rows; the config says {rows} "
@@ -268,7 +268,7 @@ class PadRows(Operation):
         return fit_shape(array, (own,) + array.shape[1:])
 
     def describe(self, names: dict[str, Any]) -> str:
-        return f"pad rows to {int(evaluate(self.to, names))}"
+        return f"pad rows to {_rows(self.to, names)}"
 
     def expressions(self) -> tuple[Any, ...]:
         return (self.to, self.back_to)
@@ -286,17 +286,17 @@ class FitRows(Operation):
     back_to: Any
 
     def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
-        return fit_shape(array, (int(evaluate(self.to, names)),) + array.shape[1:])
+        return fit_shape(array, (_rows(self.to, names),) + array.shape[1:])
 
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
-        return fit_shape(array, (int(evaluate(self.back_to, names)),) + array.shape[1:])
+        return fit_shape(array, (_rows(self.back_to, names),) + array.shape[1:])
 
     def expressions(self) -> tuple[Any, ...]:
         return (self.to, self.back_to)
 
     def cut(self, names: dict[str, Any]) -> tuple[int, int]:
         """(rows MaxText keeps, rows HF has)."""
-        return int(evaluate(self.to, names)), int(evaluate(self.back_to, names))
+        return _rows(self.to, names), _rows(self.back_to, names)
 
     def describe(self, names: dict[str, Any]) -> str:
         kept, rows = self.cut(names)
@@ -306,6 +306,10 @@ class FitRows(Operation):
             f"cut rows to {kept} ({rows - kept} rows past it are left out; --reverse --like "
             f"ORIGINAL restores them)"
         )
+
+
+def _rows(expression: Any, names: dict[str, Any]) -> int:
+    return whole(expression, names, "a count of rows")
 
 
 def parse_operation(spec: Any, where: str) -> Operation:

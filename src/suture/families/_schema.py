@@ -143,10 +143,11 @@ class _Table:
 
     def expression(self, value: Any, entry: str) -> Any:
         """An expression (text, a number, true or false) as an `Expression` knowing `entry`."""
-        if isinstance(value, int | float):  # true and false too
+        if isinstance(value, int | float):  # true and false too: as text, it knows its place
             if isinstance(value, float) and not math.isfinite(value):
                 self.problem(entry, f"must be a finite number; got {value}")
-            return value
+                return 0
+            value = repr(value)
         if not isinstance(value, str):
             self.problem(
                 entry,
