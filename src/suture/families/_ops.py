@@ -104,7 +104,8 @@ class SplitAxis(Operation):
         return tuple(whole(size, names, "a size split_axis splits into") for size in self.sizes)
 
     def _check_rank(self, array: LazyArray, axes: int) -> None:
-        """The table's axis (and the `axes` after it) exists in `array`: shapes are known only now."""
+        """The table's axis (and the `axes` after it) exists in `array`; shapes are known only
+        here, not when the table is loaded."""
         if self.axis + axes > array.ndim:
             raise ConfigMismatchError(
                 f"Leaf {array.path!r}: split_axis splits axis {self.axis}"

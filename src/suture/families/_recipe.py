@@ -560,9 +560,7 @@ class FamilyRecipe:
         # the table's patterns, matched under a time bound: a user's may backtrack
         ignore = [compile_pattern(p, f"Recipe {self.name!r}: ignore pattern") for p in self.ignore]
         left = sorted(
-            name
-            for name in hf
-            if name not in used and not any(fullmatch(p, name) for p in ignore)
+            name for name in hf if name not in used and not any(fullmatch(p, name) for p in ignore)
         )
         if left:
             raise ConfigMismatchError(
