@@ -15,9 +15,11 @@ the counts of outcomes to that file.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -41,6 +43,7 @@ FUZZ = settings(
     suppress_health_check=list(HealthCheck),
     derandomize=EXAMPLES <= 100,
 )
+TABLE_FUZZ = settings(FUZZ, deadline=None)  # plan_table times each case itself
 OUTCOMES: dict[str, Counter] = {}
 SMALL = dict(
     vocab_size=64,
@@ -56,10 +59,21 @@ MODELS = {
     "gemma2": lambda: transformers.Gemma2ForCausalLM(
         transformers.Gemma2Config(**SMALL, head_dim=16, query_pre_attn_scalar=16)
     ),
+    # experts, stacked and in transformers' fused layout: for the table fuzzer
+    "qwen3-moe": lambda: transformers.Qwen3MoeForCausalLM(
+        transformers.Qwen3MoeConfig(
+            **SMALL, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32
+        )
+    ),
 }
 CASES = [
     (family, layout, reverse)
-    for family in MODELS
+    for family in ("llama3.1", "gemma2")
+    for layout in ("maxtext", "maxtext-unscanned")
+    for reverse in (False, True)
+]
+TABLE_CASES = CASES + [
+    ("qwen3-moe", layout, reverse)
     for layout in ("maxtext", "maxtext-unscanned")
     for reverse in (False, True)
 ]
@@ -200,3 +214,154 @@ def test_fuzz_family_config_files(models, case, data) -> None:
     path = models["configs"] / "config-file.json"
     path.write_bytes(data.draw(_files(models[f"{case[0]} config"])))
     plan(models, path, case, "config files")
+
+
+# Family tables of a user's own: mutated built-in tables against the tiny models --------------
+
+TABLE_VALUES = st.one_of(
+    st.sampled_from(
+        [0, -1, 1, 2, 3, 5, 64, 2**63, 10**30, 0.5, 1e308, float("nan"), float("inf"), -0.0]
+        + [True, False, None, "", "x", "transpose", "interleave_rope", "hf_index", "halves"]
+        + ["9**9**9 > 0", "hidden_size**hidden_size**hidden_size", "model_type * 10**9"]
+        + ["hidden_size // 0", "1/0", "sqrt(-1)", "head_dim * 2", "i", "num_hidden_layers"]
+        + ["hidden_size.real", "__import__('os')", "'text'", "[1, 2]", "not", "1e999"]
+        + [r"(.|[a-z]|\w)+\d\d", "(a+)+$", "model\\.(", "[", "{layer}", "{expert}", "{nope}"]
+        + ["model.layers.{layer}.x", "decoder/layers/x", "float64", "int8", "bfloat16"]
+        + [[], [0], [1, 0], [0, 2, 1], ["a", "b"], {}, {"a": 1}]
+    ),
+    st.sampled_from(
+        [
+            {"split_axis": {"axis": 5, "sizes": [2, 2]}},
+            {"split_axis": {"axis": 0, "sizes": ["num_attention_heads", "head_dim"]}},
+            {"split_axis": {"axis": 1}},
+            {"scale": {"multiply": "1/sqrt(head_dim)"}},
+            {"scale": {"divide": 0}},
+            {"add": 1.0},
+            {"pad_rows": {"to": "vocab_size + 3", "back_to": "vocab_size"}},
+            {"fit_rows": {"to": "vocab_size - 3", "back_to": "vocab_size"}},
+            {"fit_rows": {"to": 10**30, "back_to": "vocab_size"}},
+            {"permute": [1, 0]},
+            {"permute": [0, 2, 1]},
+        ]
+    ),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=12),
+)
+TABLE_KEYS = [
+    *("names", "config", "ignore", "leaves", "layer_groups", "experts", "layer_period"),
+    *("layer_patterns", "layer_sets", "language_model", "require", "defaults", "checks"),
+    *("field", "test", "message", "maxtext", "tunix", "hf", "ops", "when", "fused", "axes"),
+    *("split", "axis", "mode", "part", "parts", "count", "hf_index", "unscanned", "typo"),
+]
+
+
+_KIN = {
+    int: st.integers(-2, 6) | st.sampled_from([64, 2**40, 10**30]),
+    float: st.sampled_from([0.0, -1.0, 0.5, 1e-30, 1e30]),
+    str: st.sampled_from(
+        ["hidden_size", "head_dim", "num_attention_heads * 2", "vocab_size + 1", "i + 1"]
+        + ["num_hidden_layers // 2", "2 * i + 1", "i", "0", "num_key_value_heads", "1/head_dim"]
+        + ["model.layers.{layer}.mlp.gate_proj.weight", "decoder/layers/mlp/wo/kernel"]
+    ),
+    list: st.lists(st.integers(-1, 3), max_size=4) | st.lists(st.sampled_from(["a", "i"])),
+}
+
+
+def _places(node, at=()) -> list[tuple]:
+    """The path of every value below `node` (keys of mappings, indices of lists)."""
+    found = [at]
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found += _places(value, (*at, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += _places(value, (*at, index))
+    return found
+
+
+def _mutated(data, draw) -> object:
+    """`data` (a table) after one to three random edits: a value replaced, removed or added."""
+    for _ in range(draw(st.integers(1, 3))):
+        place = draw(st.sampled_from(_places(data)))
+        action = draw(st.sampled_from(["set", "remove", "add"]))
+        if not place:
+            if action == "set":
+                data = copy.deepcopy(draw(TABLE_VALUES))
+            continue
+        parent = data
+        for part in place[:-1]:
+            parent = parent[part]
+        last = place[-1]
+        if action == "set":
+            kin = _KIN.get(type(parent[last]))  # often a value of the same kind: past the schema
+            use_kin = kin is not None and draw(st.booleans())
+            parent[last] = copy.deepcopy(draw(kin if use_kin else TABLE_VALUES))
+        elif action == "remove":
+            del parent[last]
+        elif isinstance(parent[last], dict):
+            parent[last][draw(st.sampled_from(TABLE_KEYS))] = copy.deepcopy(draw(TABLE_VALUES))
+        elif isinstance(parent[last], list):
+            value = copy.deepcopy(draw(TABLE_VALUES))  # the strategies' own stay as they are
+            parent[last].insert(draw(st.integers(0, len(parent[last]))), value)
+    return data
+
+
+TABLES = {"llama3.1": "llama3.1.yaml", "gemma2": "gemma2.yaml", "qwen3-moe": "qwen3-moe.yaml"}
+
+
+def plan_table(models: dict[str, object], table: Path, case: tuple, generator: str) -> str:
+    """Loads the table file, plans the conversion with it and reads every planned tensor;
+    the outcome is "planned" or the error's kind, within the deadline, or the test fails
+    (numpy's warnings included: they are errors in the test suite)."""
+    from suture.families._file import family_recipe
+
+    family, layout, reverse = case
+    started = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", families.LeftOutWarning)  # rows cut, as MaxText's
+            recipe = family_recipe(f"{table}:{layout}")
+            config = json.loads(models[f"{family} config"])
+            if reverse:
+                tree = recipe.to_hf(models[f"{family}-{layout}"], config)
+            else:
+                tree = recipe.to_maxtext(models[family], config)
+            for leaf in flatten(tree).values():
+                if isinstance(leaf, LazyArray):
+                    leaf.read()
+        outcome = "planned"
+    except suture.SurgeryError as error:
+        outcome = type(error).__name__
+    # a pattern is stopped after 2 s a match: a few names each just under it are the worst
+    assert time.perf_counter() - started < 10, table.read_text()[:400]
+    OUTCOMES.setdefault(generator, Counter())[outcome] += 1
+    return outcome
+
+
+@TABLE_FUZZ
+@given(case=st.sampled_from(TABLE_CASES), data=st.data())
+def test_fuzz_family_tables(models, case, data) -> None:
+    """Random edits of a built-in table (keys, values and their types) are a SurgeryError or
+    a plan whose every tensor reads, within the deadline."""
+    from importlib.resources import files
+
+    import yaml
+
+    table = yaml.safe_load(files("suture.families").joinpath(TABLES[case[0]]).read_text())
+    mutated = _mutated(table, data.draw)
+    path = models["configs"] / "table.yaml"
+    path.write_text(yaml.safe_dump(mutated, sort_keys=False))
+    plan_table(models, path, case, "family tables")
+
+
+@TABLE_FUZZ
+@given(case=st.sampled_from(TABLE_CASES), data=st.data())
+def test_fuzz_family_table_files(models, case, data) -> None:
+    """A built-in table's text with a slice overwritten, cut or grown: any YAML, or none."""
+    from importlib.resources import files
+
+    original = files("suture.families").joinpath(TABLES[case[0]]).read_bytes()
+    path = models["configs"] / "table-file.yaml"
+    path.write_bytes(data.draw(_spliced(original)))
+    plan_table(models, path, case, "family table files")

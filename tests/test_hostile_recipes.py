@@ -137,3 +137,19 @@ def test_a_valid_recipe_with_every_field_kind_loads(tmp_path: Path) -> None:
     built = load_recipe(recipe).transform
     assert [type(rule).__name__ for rule in built] == ["Split", "Stack", "Cast"]
     assert built[0].sizes == (1, 1, 2) and built[0].axis == -1
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("rules: &r [{drop: a}, *r]\n", r"line 1: an alias refers to the value that contains it"),
+        ("rules: [{drop: a}]\nn: 1" + ":1" * 20_000 + "\n", r"line 2: an integer of 40,001"),
+    ],
+)
+def test_yaml_that_expands_without_end_or_slowly_is_refused(tmp_path: Path, text, message) -> None:
+    """The loader every YAML file goes through (`suture._yaml`): an alias inside its own
+    value, and a sexagesimal integer (1:1:1...) whose building is quadratic."""
+    started = time.perf_counter()
+    with pytest.raises(suture.RecipeError, match=message):
+        load_recipe(_recipe(tmp_path / "r.yaml", text))
+    assert time.perf_counter() - started < 2

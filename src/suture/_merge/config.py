@@ -19,6 +19,7 @@ from .._errors import MergeError
 from .._location import is_remote
 from .._location.hub_cache import looks_like_repo_id
 from .._surgery.recipes import read_limited
+from .._yaml import parse as parse_yaml
 from .registry import check_params, check_weight, compile_per_leaf, get_method
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -93,21 +94,14 @@ def read_config(path: str | Path) -> ConfigFile:
 
 
 def _parse_yaml(text: str, file: Path) -> tuple[Any, dict[Key, int]]:
-    import yaml  # a format parser: loaded for YAML files only
-
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as error:
-        raise MergeError(f"Merge config {str(file)!r} cannot be parsed: {error}") from None
+    label = f"Merge config {str(file)!r}"
+    data, node = parse_yaml(text, label, "a merge config", MergeError)
     lines: dict[Key, int] = {}
     try:
         _walk_yaml(node, (), lines, set())
     except MergeError as error:
-        raise MergeError(f"Merge config {str(file)!r}, {error}") from None
-    try:
-        return yaml.safe_load(text), lines
-    except yaml.YAMLError as error:
-        raise MergeError(f"Merge config {str(file)!r} cannot be parsed: {error}") from None
+        raise MergeError(f"{label}, {error}") from None
+    return data, lines
 
 
 def _walk_yaml(node: Any, key: Key, lines: dict[Key, int], seen: set[int]) -> None:

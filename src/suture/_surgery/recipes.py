@@ -34,6 +34,8 @@ from typing import Any
 
 from .._errors import RecipeError as RecipeError
 from .._errors import SurgeryError
+from .._yaml import check_brackets
+from .._yaml import parse as parse_yaml
 from ..sources.checkpoint import Checkpoint
 from ..sources.open import open as open_checkpoint
 from . import rule_set as rule_module
@@ -41,8 +43,6 @@ from .recipe_schema import RULE_NAMES, check_arguments, positional_fields
 from .recorded_input import check_gives, check_like, forward_metadata, read_record
 
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of rules; a larger file is a mistake or hostile
-MAX_NESTING = 64  # brackets; a rule's arguments nest two or three deep
-MAX_YAML_NODES = 100_000  # after alias expansion: stops "billion laughs" documents
 
 
 @dataclass
@@ -66,7 +66,7 @@ def load_recipe(path: str | Path) -> Recipe:
     if suffix == ".py":
         return _python_recipe(file)
     if suffix in (".yaml", ".yml"):
-        return Recipe(_rules_from_yaml(file, _checked_nesting(_read_text(file), file)))
+        return Recipe(_rules_from_yaml(file, _read_text(file)))
     if suffix == ".toml":
         return Recipe(_rules_from_toml(file, _checked_nesting(_read_text(file), file)))
     raise RecipeError(f"Recipe {str(file)!r}: expected a .py, .yaml, .yml or .toml file.")
@@ -137,41 +137,6 @@ def _read_text(file: Path) -> str:
         ) from None
 
 
-def _checked_nesting(text: str, file: Path) -> str:
-    """Refuses brackets nested over `MAX_NESTING` deep, before a parser spends time on them.
-
-    PyYAML's scanner is quadratic in the nesting depth (10 KB of ``[`` takes seconds) and
-    both parsers recurse; quoted text and comments are skipped.
-    """
-    depth, quote, line = 0, "", 1
-    position = 0
-    while position < len(text):
-        char = text[position]
-        if char == "\n":
-            line += 1
-        if quote:
-            if char == "\\" and quote == '"':
-                position += 1
-            elif char == quote:
-                quote = ""
-        elif char in "'\"":
-            quote = char
-        elif char == "#":
-            end = text.find("\n", position)
-            position = len(text) if end < 0 else end - 1
-        elif char in "[{":
-            depth += 1
-            if depth > MAX_NESTING:
-                raise RecipeError(
-                    f"Recipe {str(file)!r}, line {line}: nests too deeply to be a recipe (over "
-                    f"{MAX_NESTING} brackets); a recipe is a flat list of rules."
-                )
-        elif char in "]}":
-            depth = max(0, depth - 1)
-        position += 1
-    return text
-
-
 def _python_recipe(file: Path) -> Recipe:
     spec = importlib.util.spec_from_file_location(f"suture_recipe_{abs(hash(file))}", file)
     if spec is None or spec.loader is None:
@@ -190,19 +155,7 @@ def _python_recipe(file: Path) -> Recipe:
 
 
 def _rules_from_yaml(file: Path, text: str) -> list[rule_module.Rule]:
-    import yaml  # a format parser: loaded for YAML files only
-
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        _check_expanded_size(root, file)
-        data = yaml.SafeLoader(text).get_single_data() if root is not None else None
-    except yaml.YAMLError as error:
-        raise RecipeError(f"Recipe {str(file)!r} is not valid YAML: {error}") from error
-    except RecursionError:
-        raise RecipeError(
-            f"Recipe {str(file)!r} nests too deeply to be a recipe; a recipe is a flat list of "
-            f"rules."
-        ) from None
+    data, root = parse_yaml(text, f"Recipe {str(file)!r}", "a recipe", RecipeError)
     items, nodes = _rule_items(data, file), _rule_nodes(root)
     if len(nodes) != len(items):
         nodes = [None] * len(items)
@@ -212,25 +165,10 @@ def _rules_from_yaml(file: Path, text: str) -> list[rule_module.Rule]:
     ]
 
 
-def _check_expanded_size(root: Any, file: Path) -> None:
-    """Counts nodes as a loader would expand them (an alias counts its whole target again)."""
-    import yaml  # a format parser: loaded for YAML files only
-
-    seen = 0
-    pending = [root] if root is not None else []
-    while pending:
-        node = pending.pop()
-        seen += 1
-        if seen > MAX_YAML_NODES:
-            raise RecipeError(
-                f"Recipe {str(file)!r} expands to over {MAX_YAML_NODES:,} YAML nodes (aliases "
-                f"repeating aliases?); a recipe is a list of rules. Refusing to expand it."
-            )
-        if isinstance(node, yaml.SequenceNode):
-            pending.extend(node.value)
-        elif isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                pending.extend((key, value))
+def _checked_nesting(text: str, file: Path) -> str:
+    """TOML whose brackets nest at most 64 deep (`suture._yaml.MAX_NESTING`): tomllib recurses."""
+    check_brackets(text, f"Recipe {str(file)!r}", "a recipe", RecipeError)
+    return text
 
 
 def _yaml_locator(file: Path, node: Any, index: int) -> Callable[[str], str]:

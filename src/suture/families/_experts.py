@@ -63,6 +63,12 @@ class FusedSource:
         if self.axis is None:
             return piece
         axis = self.axis - (0 if expert is None else 1)
+        if not 0 <= axis < piece.ndim:
+            raise ConfigMismatchError(
+                f"Leaf {fused.path!r}: the table splits axis {self.axis} of this fused tensor, "
+                f"which has shape {fused.shape}. The table's fused split does not fit it: "
+                f"check its axis (experts are axis 0)."
+            )
         length = piece.shape[axis]
         if length % self.parts:
             raise ConfigMismatchError(

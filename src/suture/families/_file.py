@@ -7,13 +7,14 @@ file as they take a built-in name; the table format is docs/recipe-tables.md.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .._errors import RecipeError
-from ._ops import RecipeFormatError
+from .._errors import RecipeError, SurgeryError
+from .._surgery.recipes import read_limited
+from .._yaml import MAX_YAML_BYTES
+from .._yaml import parse as parse_yaml
 from ._recipe import LAYOUTS, FamilyRecipe, _parse, get_recipe, is_recipe_name
 
 TABLE_SUFFIXES = (".yaml", ".yml")
@@ -21,7 +22,24 @@ TABLE_SUFFIXES = (".yaml", ".yml")
 
 def table_file(name: str) -> tuple[Path, bool] | None:
     """``(file, scanned)`` when `name` is a family table file (``my.yaml`` or
-    ``my.yaml:maxtext-unscanned``); None when it is not one (a rule recipe, a built-in name)."""
+    ``my.yaml:maxtext-unscanned``); None when it is not one (a rule recipe, a built-in name).
+
+    The file is read with the same bounds as every YAML file (`suture._yaml`), so a hostile
+    one cannot hang the look; one that breaks them is left to the rule-recipe reader, which
+    says what is wrong with it.
+    """
+    found = _yaml_file(name)
+    if found is None:
+        return None
+    try:
+        data = _load(found[0])
+    except (OSError, SurgeryError):
+        return None
+    return found if _is_table(data) else None
+
+
+def _yaml_file(name: str) -> tuple[Path, bool] | None:
+    """``(file, scanned)`` when `name` names a YAML file (with a layout, perhaps)."""
     text = str(name)
     path, layout = text, ""
     if ":" in text and not Path(text).exists():
@@ -31,13 +49,11 @@ def table_file(name: str) -> tuple[Path, bool] | None:
     file = Path(path)
     if file.suffix.lower() not in TABLE_SUFFIXES or not file.is_file():
         return None
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):
-        return None  # the rule-recipe reader reports what is wrong with it
-    if not isinstance(data, dict) or not isinstance(data.get("leaves"), list):
-        return None
     return file, LAYOUTS[layout or "maxtext"]
+
+
+def _is_table(data: Any) -> bool:
+    return isinstance(data, dict) and "leaves" in data
 
 
 def is_family_recipe(name: Any) -> bool:
@@ -46,21 +62,43 @@ def is_family_recipe(name: Any) -> bool:
 
 
 def family_recipe(name: str) -> FamilyRecipe:
-    """The recipe of a built-in name (``llama3.1:maxtext``) or of a family table file."""
-    found = table_file(name)
+    """The recipe of a built-in name (``llama3.1:maxtext``) or of a family table file.
+
+    Raises:
+        RecipeError: naming the file, the entry and the rule it breaks (`_schema`).
+    """
+    found = _yaml_file(name)
     if found is None:
         return get_recipe(name)
     file, scanned = found
-    data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    family = (data.get("names") or [file.stem])[0]
+    data = _load(file)  # a file that breaks the YAML bounds is an error naming it
+    if not _is_table(data):
+        raise RecipeError(
+            f"Family table {str(file)!r} has no 'leaves:' list, so it is no family table "
+            f"(docs/recipe-tables.md); a rule recipe runs with `suture apply`."
+        )
+    data = dict(data)
+    names = data.get("names")
+    family = (
+        names[0] if isinstance(names, list) and names and isinstance(names[0], str) else file.stem
+    )
     for needed in ("description", "follows"):
         data.setdefault(needed, f"(no {needed} in {file.name})")
+    return _parse(str(family), {**data, "source_file": str(file)}, scanned)
+
+
+def _load(file: Path) -> Any:
+    """The table in `file`; the same text is parsed once (looking at a file, then converting
+    with it, parses it once)."""
+    label = f"Family table {str(file)!r}"
+    raw = read_limited(file, label, "a family table", MAX_YAML_BYTES, RecipeError)
     try:
-        return _parse(str(family), {**data, "source_file": str(file)}, scanned)
-    except (KeyError, TypeError, ValueError) as error:
-        if isinstance(error, RecipeError | RecipeFormatError):
-            raise
-        raise RecipeFormatError(
-            f"{str(file)!r} is not a family table as docs/recipe-tables.md describes "
-            f"({type(error).__name__}: {error})."
-        ) from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RecipeError(f"{label} is not UTF-8 text (byte {error.start}).") from None
+    return _parsed(text, label)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(text: str, label: str) -> Any:
+    return parse_yaml(text, label, "a family table", RecipeError)[0]

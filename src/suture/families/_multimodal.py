@@ -17,12 +17,12 @@ Example:
 
 from __future__ import annotations
 
-import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from .._errors import RecipeFormatError
+from .._patterns import compile_pattern, fullmatch
 
 TEXT_PREFIX = "model."  # the tables' names: a language-model folder's
 
@@ -54,7 +54,11 @@ class LanguageModel:
         return None
 
     def left_out(self, name: str) -> bool:
-        return any(re.fullmatch(pattern, name) for pattern in self.leave_out)
+        # the table's patterns, matched under a time bound: a user's may backtrack
+        return any(
+            fullmatch(compile_pattern(pattern, "language_model leave_out"), name)
+            for pattern in self.leave_out
+        )
 
     def to_text(
         self, hf: dict[str, Any], prefix: str, recipe: str, target: str = "MaxText"

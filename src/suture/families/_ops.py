@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 
 from .._dtypes import to_dtype
-from .._errors import ConfigMismatchError, RecipeFormatError
+from .._errors import ConfigMismatchError, ExpressionError, RecipeFormatError
 from .._lazy.array import LazyArray, elementwise
 from .._lazy.combine import fit_shape
-from ._expr import evaluate, names_in
+from ._expr import evaluate, located, names_in, whole
 
 # A padded vocabulary adds a few rows (to a multiple of 128, say): at most as many as the
 # tensor has, or this many. A config asking for more is a mistake, and would write terabytes.
@@ -105,9 +105,21 @@ class SplitAxis(Operation):
     sizes: tuple[Any, ...]
 
     def _sizes(self, names: dict[str, Any]) -> tuple[int, ...]:
-        return tuple(int(evaluate(size, names)) for size in self.sizes)
+        return tuple(whole(size, names, "a size split_axis splits into") for size in self.sizes)
+
+    def _check_rank(self, array: LazyArray, axes: int) -> None:
+        """The table's axis (and the `axes` after it) exists in `array`; shapes are known only
+        here, not when the table is loaded."""
+        if self.axis + axes > array.ndim:
+            raise ConfigMismatchError(
+                f"Leaf {array.path!r}: split_axis splits axis {self.axis}"
+                f"{f' (and merges {axes} axes from it)' if axes > 1 else ''}, and the array "
+                f"has {array.ndim} axes (shape {array.shape}) there. The table's split_axis "
+                f"does not fit this tensor: check its axis, counting the operations before it."
+            )
 
     def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
+        self._check_rank(array, 1)
         sizes = self._sizes(names)
         if math.prod(sizes) != array.shape[self.axis]:
             raise ConfigMismatchError(
@@ -120,7 +132,9 @@ class SplitAxis(Operation):
         return array.reshape(shape)
 
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
-        sizes, count = self._sizes(names), len(self.sizes)
+        count = len(self.sizes)
+        self._check_rank(array, count)
+        sizes = self._sizes(names)
         found = array.shape[self.axis : self.axis + count]
         if found != sizes:
             # merging (2, 8) where the config says (4, 4) gives the right shape, wrong values
@@ -170,6 +184,9 @@ def _even_half(array: LazyArray) -> int:
     return array.shape[-1] // 2
 
 
+MAX_FACTOR = 2.0**24  # a scale is 1/sqrt(head_dim) or sqrt(hidden_size): far inside it
+
+
 @dataclass(frozen=True)
 class Scale(Operation):
     """Multiply or divide by a config expression, computed in `compute` precision."""
@@ -201,6 +218,12 @@ class Scale(Operation):
 
     def _factor(self, by: Any, names: dict[str, Any]) -> float:
         value = evaluate(by, names)
+        if not isinstance(value, int | float) or not 1 / MAX_FACTOR <= abs(value) <= MAX_FACTOR:
+            raise ExpressionError(
+                f"{located(by)}scale by {str(by)!r} is {value!r:.40} with this config; a scale "
+                f"factor is a number between 2**-24 and 2**24 in size (0 could not be undone, and "
+                f"past those the values overflow or vanish). Check the expression and the config."
+            )
         if self.factor_dtype is None:
             return float(value)
         return float(np.asarray(value, dtype=to_dtype(self.factor_dtype)))
@@ -241,7 +264,7 @@ class PadRows(Operation):
     back_to: Any
 
     def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
-        rows, own = int(evaluate(self.to, names)), int(evaluate(self.back_to, names))
+        rows, own = _rows(self.to, names), _rows(self.back_to, names)
         if array.shape[0] != own or rows < own:
             raise ConfigMismatchError(
                 f"Leaf {array.path!r} has {array.shape[0]} rows; the config says {own} "
@@ -251,7 +274,7 @@ class PadRows(Operation):
         return _grown(array, rows, self.to, names)
 
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
-        rows, own = int(evaluate(self.to, names)), int(evaluate(self.back_to, names))
+        rows, own = _rows(self.to, names), _rows(self.back_to, names)
         if array.shape[0] != rows or rows < own:
             raise ConfigMismatchError(
                 f"Leaf {array.path!r} has {array.shape[0]} rows; the config says {rows} "
@@ -261,7 +284,7 @@ class PadRows(Operation):
         return fit_shape(array, (own,) + array.shape[1:])
 
     def describe(self, names: dict[str, Any]) -> str:
-        return f"pad rows to {int(evaluate(self.to, names))}"
+        return f"pad rows to {_rows(self.to, names)}"
 
     def expressions(self) -> tuple[Any, ...]:
         return (self.to, self.back_to)
@@ -280,18 +303,18 @@ class FitRows(Operation):
 
     def forward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
         _check_rows(array, self.back_to, names)
-        return _grown(array, int(evaluate(self.to, names)), self.to, names)
+        return _grown(array, _rows(self.to, names), self.to, names)
 
     def backward(self, array: LazyArray, names: dict[str, Any]) -> LazyArray:
         _check_rows(array, self.to, names)
-        return _grown(array, int(evaluate(self.back_to, names)), self.back_to, names)
+        return _grown(array, _rows(self.back_to, names), self.back_to, names)
 
     def expressions(self) -> tuple[Any, ...]:
         return (self.to, self.back_to)
 
     def cut(self, names: dict[str, Any]) -> tuple[int, int]:
         """(rows MaxText keeps, rows HF has)."""
-        return int(evaluate(self.to, names)), int(evaluate(self.back_to, names))
+        return _rows(self.to, names), _rows(self.back_to, names)
 
     def describe(self, names: dict[str, Any]) -> str:
         kept, rows = self.cut(names)
@@ -303,10 +326,14 @@ class FitRows(Operation):
         )
 
 
+def _rows(expression: Any, names: dict[str, Any]) -> int:
+    return whole(expression, names, "a count of rows")
+
+
 def _check_rows(array: LazyArray, expression: Any, names: dict[str, Any]) -> None:
     """`array` has the rows the config says (`expression`): cutting or padding a vocabulary
     of another size would drop rows or invent them."""
-    rows = int(evaluate(expression, names))
+    rows = _rows(expression, names)
     if array.ndim == 0 or array.shape[0] != rows:
         raise ConfigMismatchError(
             f"Leaf {array.path!r} has shape {array.shape}, and the config says {rows} rows "

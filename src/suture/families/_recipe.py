@@ -25,13 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from .._errors import ConfigMismatchError, RecipeError, did_you_mean
 from .._lazy.array import LazyArray, as_lazy
 from .._lazy.combine import concatenate
 from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
+from .._patterns import compile_pattern, fullmatch
+from .._yaml import parse as parse_yaml
 from ._experts import (
     EXPERT_LAYOUTS,
     FUSED,
@@ -46,6 +46,7 @@ from ._expr import evaluate, names_in
 from ._layer_kinds import check_pattern, check_set
 from ._multimodal import LanguageModel, LeftOutWarning, parse_language_model, renamed
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
+from ._schema import checked_table
 
 MAXTEXT_ROOT = "params/params"
 # The config.json fields recipes read, by kind: Hugging Face's names, the same in every family.
@@ -583,10 +584,10 @@ class FamilyRecipe:
         return f"Recipe {self.name!r}: config.json field {shown}"
 
     def _check_all_used(self, hf: dict, used: set[str], names: dict) -> None:
+        # the table's patterns, matched under a time bound: a user's may backtrack
+        ignore = [compile_pattern(p, f"Recipe {self.name!r}: ignore pattern") for p in self.ignore]
         left = sorted(
-            name
-            for name in hf
-            if name not in used and not any(re.fullmatch(p, name) for p in self.ignore)
+            name for name in hf if name not in used and not any(fullmatch(p, name) for p in ignore)
         )
         if left:
             raise ConfigMismatchError(
@@ -963,12 +964,18 @@ def _families(target: str = "maxtext") -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for entry in sorted(importlib.resources.files(__package__).iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
-            data = yaml.safe_load(entry.read_text(encoding="utf-8"))
+            label = f"Built-in family table {entry.name!r}"
+            data, _ = parse_yaml(entry.read_text(encoding="utf-8"), label, "a table", RecipeError)
             if data.get("target", "maxtext") != target:
                 continue
             for family in data["names"]:
                 found[family] = {**data, "source_file": entry.name}
     return found
+
+
+def _text(expression: Any) -> str:
+    """An expression as text, keeping an `Expression` (which knows where it is) as it is."""
+    return expression if isinstance(expression, str) else str(expression)
 
 
 def recipe_names() -> list[str]:
@@ -1003,12 +1010,13 @@ def get_recipe(name: str) -> FamilyRecipe:
 
 def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     where = data["source_file"]
+    data = checked_table(data, where)  # the whole table against the schema, once
     group_specs = data.get("layer_groups") or {
         "layer": {"count": "num_hidden_layers", "hf_index": "i"}
     }
     groups = {
         name: LayerGroup(
-            str(spec["count"]), str(spec["hf_index"]), spec.get("unscanned") == "hf_index"
+            _text(spec["count"]), _text(spec["hf_index"]), spec.get("unscanned") == "hf_index"
         )
         for name, spec in group_specs.items()
     }
@@ -1057,7 +1065,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     config = data.get("config", {})
     defaults = dict(config.get("defaults") or {})
     checks = tuple(config.get("checks") or ())
-    experts_count = str(data["experts"]) if "experts" in data else None
+    experts_count = _text(data["experts"]) if "experts" in data else None
     period = str(data["layer_period"]) if "layer_period" in data else None
     expressions: list[Any] = [check["test"] for check in checks]
     expressions += [text for group in groups.values() for text in (group.count, group.hf_index)]
