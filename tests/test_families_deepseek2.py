@@ -291,6 +291,17 @@ def test_deepseek2_recipe_refuses_a_deepseek3_folder_naming_the_model_type(tmp_p
     assert not (tmp_path / "mt").exists()
 
 
+def test_deepseek3_recipe_on_a_v2_lite_folder_names_the_model_type_first(tmp_path):
+    """V2-Lite has no query LoRA (`q_lora_rank: null`), a field the deepseek3 table reads:
+    the error names the family (the `require:` fields are checked before any other)."""
+    _save_model(tmp_path / "hf")
+    with pytest.raises(
+        families.ConfigMismatchError, match="'model_type' is 'deepseek_v2'.*fits 'deepseek_v3'"
+    ):
+        convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "deepseek3:maxtext", progress=False)
+    assert not (tmp_path / "mt").exists()
+
+
 def test_cli_lists_deepseek2_and_converts_both_ways(tmp_path):
     from typer.testing import CliRunner
 

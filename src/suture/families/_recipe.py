@@ -197,6 +197,9 @@ class FamilyRecipe:
                 f"{type(config).__name__}."
             )
         names = self.language_model.text_config(config) if self.language_model else dict(config)
+        for field in self.require:  # first: another family's model is named as such
+            if field not in self.defaults:
+                self._check_required(field, names)
         for field in sorted(self.fields):
             if names.get(field) is None and field not in self.defaults:
                 if field in self.require:
@@ -214,13 +217,8 @@ class FamilyRecipe:
             if names.get(field) is None:
                 names[field] = evaluate(default, names)
                 self._check_kind(field, names[field], f" (its default, {default})")
-        for field, allowed in self.require.items():
-            if names.get(field) not in allowed:
-                raise ConfigMismatchError(
-                    f"config.json field {field!r} is {names.get(field)!r:.80}; recipe "
-                    f"{self.name!r} fits {', '.join(map(repr, allowed))}. Pick the recipe of this "
-                    f"model's family (`suture recipes` lists them)."
-                )
+        for field in self.require:
+            self._check_required(field, names)
         for check in self.checks:
             if not evaluate(check["test"], names):
                 field = check["field"]
@@ -234,6 +232,15 @@ class FamilyRecipe:
         for field, expression in self.layer_sets:
             check_set(self.name, field, names.get(field), expression, names)
         return names
+
+    def _check_required(self, field: str, names: dict[str, Any]) -> None:
+        allowed = self.require[field]
+        if names.get(field) not in allowed:
+            raise ConfigMismatchError(
+                f"config.json field {field!r} is {names.get(field)!r:.80}; recipe "
+                f"{self.name!r} fits {', '.join(map(repr, allowed))}. Pick the recipe of this "
+                f"model's family (`suture recipes` lists them)."
+            )
 
     def _only_for_defaults_not_needed(self, field: str, names: dict[str, Any]) -> bool:
         """Whether `field` is read only by defaults whose own fields the config has."""
