@@ -1,11 +1,12 @@
-"""MaxText's own converter beside suture's recipes for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss and Gemma 3 (bench/families.py).
+"""MaxText's own converter beside suture's recipes for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss, Gemma 3, OLMo 3 and DeepSeek-V2 (bench/families.py).
 
 For each family, one random HF folder made with transformers (float32, narrow, but with the
 layer and expert counts of MaxText's built-in HF config for the model name, which its converter
-maps names from) is converted scanned and unscanned by MaxText 0.2.5's ``to_maxtext`` and by
-``suture convert --recipe FAMILY:maxtext[-unscanned]``; the two trees are compared leaf by leaf.
-Then MaxText's own model restores suture's scanned output of each MoE family through
-``load_parameters_path`` and its logits are set beside transformers'.
+maps names from, unless the family's settings change that config) is converted scanned and
+unscanned by MaxText 0.2.5's ``to_maxtext`` and by ``suture convert --recipe
+FAMILY:maxtext[-unscanned]``; the two trees are compared leaf by leaf. Then MaxText's own model
+restores suture's scanned output of each family in ``LOGITS`` through ``load_parameters_path``
+and its logits are set beside transformers'.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
+from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -142,7 +145,64 @@ FAMILIES = [
         ),
         ["vocab_size=262144"],
     ),
+    (
+        # two cycles of 3 sliding layers and 1 full; the launcher sets MaxText's HF config
+        # (32 layers) to 8
+        "olmo3",
+        "olmo3-7b",
+        "Olmo3",
+        dict(
+            NARROW, intermediate_size=32, num_hidden_layers=8, sliding_window=4, rms_norm_eps=1e-6
+        ),
+        ["base_num_decoder_layers=8", "hf_config.num_hidden_layers=8"],
+    ),
+    (
+        # V2-Lite: the first layer dense, 64 routed experts (6 per token), 2 shared, no query LoRA
+        "deepseek2",
+        "deepseek2-16b",
+        "DeepseekV2",
+        dict(
+            NARROW,
+            num_key_value_heads=4,
+            intermediate_size=32,
+            moe_intermediate_size=16,
+            num_hidden_layers=27,
+            first_k_dense_replace=1,
+            n_routed_experts=64,
+            n_shared_experts=2,
+            num_experts_per_tok=6,
+            routed_scaling_factor=1.0,
+            q_lora_rank=None,
+            kv_lora_rank=16,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+        ),
+        [
+            "base_num_kv_heads=4",
+            "q_lora_rank=0",
+            "kv_lora_rank=16",
+            "qk_nope_head_dim=16",
+            "qk_rope_head_dim=8",
+            "v_head_dim=16",
+        ],
+    ),
 ]
+# Families whose scanned suture output MaxText's model runs, with the settings its forward pass
+# adds: the HF models here have plain rotary embeddings where MaxText's configs have YaRN
+# (DeepSeek keeps YaRN with a factor of 1: only MaxText's YaRN embedding rotates the interleaved
+# pairs DeepSeek's weights are laid out for; the attention's mscale is off when
+# max_position_embeddings is the original's).
+LOGITS = {
+    "qwen3-moe": [],
+    "mixtral": [],
+    "olmo3": ["rope_type=default", "sliding_window_size=4"],
+    "deepseek2": [
+        "rope_factor=1",
+        "max_position_embeddings=4096",
+        "original_max_position_embeddings=4096",
+    ],
+}
 
 
 def generate(folder: Path, kind: str, config: dict) -> int:
@@ -194,12 +254,19 @@ def overrides(model_name: str, config: dict, extra: list[str]) -> list[str]:
     return [item for item in base if item.split("=", 1)[0] not in named] + extra
 
 
-def compare(python: Path, *, timed: Callable[[list[str]], dict]) -> None:
+def compare(
+    python: Path, *, timed: Callable[[list[str]], dict], only: list[str] | None = None
+) -> None:
+    """Runs the families named in `only` (all when None) and writes their section."""
+    unknown = sorted(set(only or []) - {family[0] for family in FAMILIES})
+    if unknown:
+        raise SystemExit(f"unknown families {unknown}: choose among {[f[0] for f in FAMILIES]}")
+    selected = [family for family in FAMILIES if only is None or family[0] in only]
     shutil.rmtree(WORK, ignore_errors=True)
     rows, findings, logits = [], [], []
     suture_cli = str(Path(sys.executable).with_name("suture"))
     try:
-        for family, model_name, kind, config, extra in FAMILIES:
+        for family, model_name, kind, config, extra in selected:
             hf = WORK / family / "hf"
             size = generate(hf, kind, config)
             for scanned in (True, False):
@@ -230,18 +297,13 @@ def compare(python: Path, *, timed: Callable[[list[str]], dict]) -> None:
                     findings.append(f"`{family}:{layout}` ({model_name}): " + "; ".join(lines))
                 rows.append((family, layout, size, suture_run, maxtext_run))
                 shutil.rmtree(theirs, ignore_errors=True)
-            if family in ("qwen3-moe", "mixtral"):
-                work = WORK / family
+            if family in LOGITS:
+                settings = [*overrides(model_name, config, extra), *LOGITS[family]]
                 logits.append(
-                    (
-                        family,
-                        *logits_difference(
-                            python, overrides(model_name, config, extra), config, hf, work
-                        ),
-                    )
+                    (family, *logits_difference(python, settings, config, hf, WORK / family))
                 )
             shutil.rmtree(WORK / family, ignore_errors=True)
-        report(rows, findings, logits)
+        report(selected, only is not None, rows, findings, logits)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
 
@@ -262,7 +324,8 @@ def logits_difference(
             str(BENCH_DIR / "_maxtext_logits.py"),
             str(work / "tokens.npy"),
             str(work / "logits.npy"),
-            *settings,
+            # the converter launcher's own settings are not MaxText's
+            *(item for item in settings if not item.startswith("hf_config.")),
             "scan_layers=True",
             f"load_parameters_path={work / 'suture-maxtext'}",
             f"base_output_directory={work / 'run'}",
@@ -279,12 +342,64 @@ def logits_difference(
     return float(np.max(np.abs(got - expected))), float(np.max(np.abs(expected)))
 
 
-def report(rows: list, findings: list[str], logits: list) -> None:
+# What the section says of a family that ran: how its model was set up, and what its rows show.
+SETUP = {
+    "deepseek3": "DeepSeek-V3: V3's settings on `deepseek2-16b` (MaxText's `deepseek3-671b` "
+    "does not convert, its router bias living in a collection the mapping never names).",
+    "gemma3": "Gemma 3: multimodal, with a one-layer vision tower and its real vocabulary of "
+    "262208 rows.",
+    "olmo3": "OLMo 3: 8 layers, two cycles of 3 sliding-window layers (window 4) and 1 full, "
+    "where `olmo3-7b` has 32 (the launcher sets its converter's HF config to 8: "
+    "`hf_config.num_hidden_layers=8`).",
+    "deepseek2": "DeepSeek-V2: V2-Lite's counts, those of `deepseek2-16b` (27 layers, the first "
+    "dense; 64 routed experts, 6 per token; 2 shared; no query LoRA); latent rank 16, 4 heads "
+    "of 16 + 8 (rotary).",
+}
+NOTES = [
+    (
+        ("mixtral", "deepseek3", "deepseek2"),
+        "MaxText's scanned Mixtral and DeepSeek conversions stack the router (and DeepSeek's "
+        "shared experts) on axis 0, `(layers, embed, experts)`, and its own checkpoint writer "
+        "refuses that against the model's `(embed, layers, experts)`; suture writes the model's "
+        "shapes, which MaxText's model loads in the run below.",
+    ),
+    (
+        ("deepseek2",),
+        "DeepSeek-V2's scanned conversion fails one step earlier, for the same reason: MaxText's "
+        "converter stacks every leaf whose name holds `MoeBlock` on axis 0 (`to_maxtext.py`'s "
+        "`is_unscanned_moe` looks at the name only), so the per-layer shape it hands the "
+        "reshape hook of the router and of the shared experts is the model's `(embed, layers, "
+        "...)` without `embed`, `(26, 64)`, which a router's 64 x 64 or a shared expert's "
+        "64 x 32 values cannot fill (which one fails first varies from run to run). DeepSeek-V3's "
+        "run stops on its router bias, stacked on axis 0 by the same rule.",
+    ),
+    (
+        ("gemma3",),
+        "Gemma 3's embedding differs by design of this narrow test only: MaxText scales it by "
+        "bfloat16(sqrt(hidden_size)) with the hidden size of its built-in gemma3-4b config "
+        "(2560: 50.5), not the checkpoint's (64: 8); with that factor, suture's operation gives "
+        "MaxText's values bit for bit (checked separately), and the 64 rows past 262144 are cut "
+        "by both.",
+    ),
+    (
+        ("olmo3", "deepseek2"),
+        "MaxText's model runs OLMo 3 and DeepSeek-V2 with plain rotary embeddings, as the HF "
+        "models here have them, where its configs have YaRN (`rope_type=default` for OLMo 3; "
+        "YaRN kept for DeepSeek with a factor of 1 and no extended context, since only MaxText's "
+        "YaRN embedding rotates DeepSeek's interleaved pairs).",
+    ),
+]
+
+
+def report(selected: list, chosen: bool, rows: list, findings: list[str], logits: list) -> None:
+    """The section of the families that ran (its own section when `chosen` with --families)."""
+
     def run(r: dict | None) -> str:
         if r is None:
             return "fails | |"
         return f"{r['wall_s']:.1f} s | {r['peak_rss_bytes'] / MIB:.0f} MiB |"
 
+    names = [family[0] for family in selected]
     table = "\n".join(
         f"| `{family}:{layout}` | {size / MIB:.0f} MiB | {run(ours)} {run(theirs)}"
         for family, layout, size, ours, theirs in rows
@@ -294,17 +409,24 @@ def report(rows: list, findings: list[str], logits: list) -> None:
         f"- `{family}`: max abs logit difference {difference:.3g} (largest logit {scale:.3g})"
         for family, difference, scale in logits
     )
-    body = f"""## Model families: Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss and Gemma 3 beside MaxText's own converter (`python -m bench.families --maxtext-venv DIR --maxtext-families`)
+    command = "python -m bench.families --maxtext-venv DIR --maxtext-families"
+    command += f" --families {','.join(names)}" if chosen else ""
+    models = " / ".join(dict.fromkeys(family[1] for family in selected))
+    setup = "".join(
+        "\n" + textwrap.fill(SETUP[name], 95, initial_indent="- ", subsequent_indent="  ")
+        for name in names
+        if name in SETUP
+    )
+    notes = "\n\n".join(textwrap.fill(text, 95) for among, text in NOTES if set(among) & set(names))
+    body = f"""## Model families: {", ".join(f"`{name}`" for name in names)} beside MaxText's own converter (`{command}`)
 
-{machine()}. One random transformers model per family (float32; the layer and expert counts of
-MaxText's built-in HF config for the model name, because its converter maps names from that
-config; hidden 64, 4 query and 2 KV heads of 16, MLP 32, vocab 256; Gemma 3 multimodal with a
-one-layer vision tower and its real vocabulary of 262208 rows), converted scanned and
-unscanned by `suture convert --recipe FAMILY:LAYOUT` and by MaxText 0.2.5's `to_maxtext`
-(`model_name=qwen2.5-7b / qwen3-30b-a3b / mixtral-8x7b / deepseek2-16b / gpt-oss-20b / gemma3-4b` with the
-sizes overridden; DeepSeek with V3's settings: MaxText's `deepseek3-671b` does not convert, its
-router bias living in a collection the mapping never names,
+{machine()}, {date.today().isoformat()}. One random transformers model per family (float32; the
+layer and expert counts of MaxText's built-in HF config for the model name, because its converter
+maps names from that config; hidden 64, 4 query and 2 KV heads of 16, MLP 32, vocab 256),
+converted scanned and unscanned by `suture convert --recipe FAMILY:LAYOUT` and by MaxText
+0.2.5's `to_maxtext` (`model_name={models}` with the sizes overridden,
 `lazy_load_tensors=True`, `save_dtype=float32`, through `bench/_maxtext_convert.py`).
+{setup}
 
 | recipe | source | suture wall | suture peak RSS | MaxText wall | MaxText peak RSS |
 | --- | --- | --- | --- | --- | --- |
@@ -315,13 +437,7 @@ aside):
 
 {found}
 
-MaxText's scanned Mixtral and DeepSeek conversions stack the router (and DeepSeek's shared
-experts) on axis 0, `(layers, embed, experts)`, and its own checkpoint writer refuses that
-against the model's `(embed, layers, experts)`; suture writes the model's shapes, and the run
-below loads Mixtral's. Gemma 3's embedding differs by design of this narrow test only: MaxText
-scales it by bfloat16(sqrt(hidden_size)) with the hidden size of its built-in gemma3-4b config
-(2560: 50.5), not the checkpoint's (64: 8); with that factor, suture's operation gives
-MaxText's values bit for bit (checked separately), and the 64 rows past 262144 are cut by both.
+{notes}
 
 MaxText's own model (float32, highest matmul precision, dense MoE path, on the CPU;
 `bench/_maxtext_logits.py`) restores suture's scanned float32 output through
@@ -330,5 +446,6 @@ same tokens:
 
 {forward}
 """
-    write_section("families-maxtext-moe", body)
+    section = "families-maxtext-" + "-".join(names) if chosen else "families-maxtext-moe"
+    write_section(section, body)
     print(body)

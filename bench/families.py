@@ -1,7 +1,7 @@
 """HF Llama -> MaxText layout with a built-in family recipe, at 7B size, against MaxText's converter.
 
     python -m bench.families [--dtype float32|float16] [--layers 32] [--maxtext-venv PATH [--maxtext-only]]
-    python -m bench.families --maxtext-venv PATH --maxtext-families
+    python -m bench.families --maxtext-venv PATH --maxtext-families [--families NAME,...]
 
 Generates a random Llama-2-7B-shaped Hugging Face folder (hidden 4096, intermediate 11008,
 32 heads, vocab 32000) shard by shard (never more than one shard in memory), drops the page
@@ -18,8 +18,10 @@ MaxText's converter and suture on one smaller random Llama 3.1 folder (MaxText's
 HF names from its built-in Llama-3.1-8B config, so the folder keeps its 32 layers and head_dim
 128 and shrinks the width) and compares wall, CPU seconds, peak RSS and the two output trees
 (paths, shapes, dtypes, values) in a section of its own (``--maxtext-only`` runs just that).
-``--maxtext-families`` does the same for Qwen2.5, Qwen3-MoE and Mixtral, scanned and unscanned,
-and runs MaxText's model on suture's MoE outputs (`bench/_maxtext_families.py`).
+``--maxtext-families`` does the same for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss,
+Gemma 3, OLMo 3 and DeepSeek-V2, scanned and unscanned, and runs MaxText's model on suture's
+scanned outputs of some (`bench/_maxtext_families.py`); ``--families olmo3,deepseek2`` runs only
+those, into a section of their own.
 """
 
 from __future__ import annotations
@@ -167,13 +169,22 @@ def main() -> None:
     parser.add_argument(
         "--maxtext-families",
         action="store_true",
-        help="with --maxtext-venv: Qwen2.5, Qwen3-MoE and Mixtral beside MaxText's converter "
-        "instead of Llama 3.1 (then stops)",
+        help="with --maxtext-venv: the families of bench/_maxtext_families.py beside MaxText's "
+        "converter instead of Llama 3.1 (then stops)",
+    )
+    parser.add_argument(
+        "--families",
+        default=None,
+        help="with --maxtext-families: only these suture families, comma-separated "
+        "(e.g. olmo3,deepseek2), into a RESULTS.md section of their own",
     )
     args = parser.parse_args()
+    if args.families and not (args.maxtext_venv and args.maxtext_families):
+        parser.error("--families selects among --maxtext-families (with --maxtext-venv)")
     if args.maxtext_venv is not None and args.maxtext_families:
         python = _maxtext.ensure_venv(args.maxtext_venv)
-        _maxtext_families.compare(python, timed=timed)
+        only = args.families.split(",") if args.families else None
+        _maxtext_families.compare(python, timed=timed, only=only)
         return
     if args.maxtext_venv is not None:
         _maxtext.compare(_maxtext.ensure_venv(args.maxtext_venv), timed=timed, generate=generate)
