@@ -11,7 +11,7 @@ Example:
     (2, 2, 2)
 """
 
-from ._interrupts import install_while_starting as _install_while_starting
+from ._starting import install_while_starting as _install_while_starting
 
 _install_while_starting()  # first: `suture` stopped during its imports says so in one line
 

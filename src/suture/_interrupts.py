@@ -23,6 +23,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from ._starting import STOPPED
+
 _held: dict[str, Any] = {"depth": 0, "pending": None}
 
 
@@ -37,35 +39,9 @@ def install() -> None:
         signal.signal(signal.SIGTERM, _handler)
 
 
-STOPPED = "Stopped by {}; no output was written and the temporary files were removed."
-
-
 def stopped_line(signum: int) -> str:
     """The one line the command line prints when `signum` stops it."""
     return STOPPED.format("SIGTERM" if signum == signal.SIGTERM else "Ctrl-C (SIGINT)")
-
-
-def install_while_starting() -> None:
-    """When this process is the `suture` command, stops it at once on Ctrl-C or SIGTERM
-    until `install` takes over: before the command runs there is nothing to clean up, and an
-    interrupt landing in an import would print the import's traceback instead.
-
-    Nothing changes for a program that imports suture as a library, or that set handlers.
-    """
-    program = os.path.basename(sys.argv[0]) if sys.argv else ""
-    as_module = list(getattr(sys, "orig_argv", []))[1:3] == ["-m", "suture"]
-    if not (program in ("suture", "suture.exe") or as_module):
-        return
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL):
-            signal.signal(signum, _stop_at_once)
-
-
-def _stop_at_once(signum: int, frame: Any) -> None:
-    os.write(2, (stopped_line(signum) + "\n").encode())
-    os._exit(143 if signum == signal.SIGTERM else 130)
 
 
 _done: dict[str, int | None] = {"code": None}

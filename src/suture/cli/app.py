@@ -669,11 +669,15 @@ def main(argv: list[str] | None = None) -> None:
     exit_promptly_when_done()
     try:
         app(args=args, prog_name="suture")
-    except SystemExit as exit_:
-        # an interrupt outside a command's body (typer turns it into a silent exit 130,
-        # SIGTERM's too); one inside it was reported already (raised `from None`)
-        interruption = interruption_in(exit_)
-        code = _say_stopped(interruption) if interruption is not None else exit_.code
+    except BaseException as ended:
+        # an interrupt outside a command's body: typer turns it into a silent exit 130 (SIGTERM's
+        # too) or, while it builds the command, lets it through; one inside a command's body
+        # was reported already (raised `from None`)
+        interruption = interruption_in(ended)
+        if interruption is not None:
+            code: Any = _say_stopped(interruption)
+        else:
+            code = ended.code if isinstance(ended, SystemExit) else 1
         if code in (130, 143):  # interrupted: the output is cleaned up; skip the
             sys.stdout.flush()  # libraries' exit handlers, which can take a second
             sys.stderr.flush()
