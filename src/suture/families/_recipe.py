@@ -43,8 +43,8 @@ from ._experts import (
     stacked_axes,
 )
 from ._expr import evaluate, names_in
-from ._layout import LayerLayout, Slot, grid_fits, grid_members, parse_blocks, stack_grid
 from ._layer_kinds import check_pattern, check_set
+from ._layout import LayerLayout, Slot, grid_fits, grid_members, parse_blocks, stack_grid
 from ._multimodal import LanguageModel, LeftOutWarning, parse_language_model, renamed
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 from ._schema import checked_table
@@ -710,7 +710,10 @@ class FamilyRecipe:
                     leaf, flat, prefix + slot.path, slot.grid, len(slot.indices), names
                 )
             members = grid_members(array, slot.grid, leaf.layer_axis) if slot.grid else [array]
-            out += [(slot.path, index, layer) for index, layer in zip(slot.indices, members)]
+            out += [
+                (slot.path, index, layer)
+                for index, layer in zip(slot.indices, members, strict=True)
+            ]
         return out
 
     def _unstacked(self, leaf: Leaf, index: int | None, array: Any, names: dict) -> dict:
