@@ -292,3 +292,86 @@ def test_cli_lists_qwen3_next_and_converts_both_ways(tmp_path):
     source, restored = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
     assert sorted(source) == sorted(restored)
     assert all(np.array_equal(source[k], restored[k]) for k in source)
+
+
+# layer_blocks in a user's table -----------------------------------------------------------
+
+
+def _llama_blocks_table(folder, **change) -> object:
+    """llama3.1's table as a user's file, its layers in blocks of 2: position 0 in
+    ``local_layers`` (a nested stack), position 1 in ``global_layer``."""
+    from importlib.resources import files
+
+    import yaml
+
+    data = yaml.safe_load(files("suture.families").joinpath("llama3.1.yaml").read_text())
+    data["names"] = ["blocks"]
+    data["layer_period"] = 2
+    data["layer_blocks"] = {"local_layers": [0], "global_layer": 1}
+    data.update(change)
+    data = {key: value for key, value in data.items() if value is not None}
+    path = folder / "blocks.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_a_users_table_with_layer_blocks_converts_both_ways(tmp_path):
+    """5 Llama layers in blocks of 2: layers 0, 2 in local_layers (2 blocks x 1), 1, 3 in
+    global_layer, layer 4 in layers_remainder/local_layers; back bit for bit."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=5,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # head_dim 16: the query scale is exact
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "hf")
+    table = str(_llama_blocks_table(tmp_path))
+    suture.convert(tmp_path / "hf", tmp_path / "mt", recipe=table, progress=False)
+    tree = suture.open(tmp_path / "mt")
+    decoder = "params/params/decoder"
+    wo = "mlp/wo/kernel"
+    assert tree[f"{decoder}/layers/local_layers/{wo}"].shape == (96, 2, 1, 64)
+    assert tree[f"{decoder}/layers/global_layer/{wo}"].shape == (96, 2, 64)
+    assert tree[f"{decoder}/layers_remainder/local_layers/{wo}"].shape == (96, 1, 64)
+    hf = _tensors(tmp_path / "hf")
+    np.testing.assert_array_equal(
+        tree[f"{decoder}/layers/local_layers/{wo}"].read()[:, 1, 0],
+        hf["model.layers.2.mlp.down_proj.weight"].T,
+    )
+    suture.convert(tmp_path / "mt", tmp_path / "back", recipe=table, reverse=True, progress=False)
+    back = _tensors(tmp_path / "back")
+    assert sorted(back) == sorted(hf)
+    assert all(np.array_equal(hf[k], back[k]) for k in hf)
+
+
+@pytest.mark.parametrize(
+    ("change", "phrase"),
+    [
+        (dict(layer_period=None), "layer_blocks: needs a layer_period"),
+        (
+            dict(layer_blocks={"local_layers": [0, 2], "global_layer": 1}),
+            r"layer_blocks.local_layers: must be a position of the period \(0 to 1\)",
+        ),
+        (
+            dict(layer_blocks={"local_layers": [0, 1], "global_layer": 1}),
+            "layer_blocks.global_layer: position 1 is also in 'local_layers'",
+        ),
+        (
+            dict(layer_blocks={"local_layers": [0]}),
+            r"layer_blocks: puts no place for position\(s\) \[1\] of the period of 2",
+        ),
+        (
+            dict(layer_blocks={"local layers": [0], "global_layer": 1}),
+            "layer_blocks.local layers: a place is a word",
+        ),
+    ],
+)
+def test_a_table_with_wrong_layer_blocks_is_refused_naming_the_entry(tmp_path, change, phrase):
+    from suture.families._file import family_recipe
+
+    path = _llama_blocks_table(tmp_path, **change)
+    with pytest.raises(families.RecipeFormatError, match=phrase):
+        family_recipe(str(path))
