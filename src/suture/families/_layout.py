@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from ._experts import member
 from ._expr import evaluate
 
 SCANNED = "decoder/layers/"
+_INDEX = re.compile(r"0|[1-9][0-9]*")  # a layer number as MaxText writes it
 REMAINDER = "decoder/layers_remainder/"
 
 
@@ -118,7 +120,7 @@ class LayerLayout:
                 for p in flat
                 if p.startswith(start)
                 and p.endswith(tail)
-                and p[len(start) : len(p) - len(tail)].isdigit()
+                and _INDEX.fullmatch(p[len(start) : len(p) - len(tail)])
             )
         held = 0
         for place, positions in self.blocks:
