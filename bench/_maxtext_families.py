@@ -187,6 +187,40 @@ FAMILIES = [
             "v_head_dim=16",
         ],
     ),
+    (
+        # two cycles of 3 Gated DeltaNet layers and 1 full-attention layer; the launcher sets
+        # MaxText's HF config (48 layers, 512 experts) to 8 layers and 16 experts
+        "qwen3-next",
+        "qwen3-next-80b-a3b",
+        "Qwen3Next",
+        dict(
+            NARROW,
+            head_dim=16,
+            intermediate_size=32,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_hidden_layers=8,
+            num_experts=16,
+            num_experts_per_tok=2,
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            rms_norm_eps=1e-6,
+        ),
+        [
+            "base_num_decoder_layers=8",
+            "hf_config.num_hidden_layers=8",
+            "num_experts=16",
+            "hf_config.num_experts=16",
+            "num_experts_per_tok=2",
+            "gdn_key_head_dim=16",
+            "gdn_value_head_dim=16",
+            "gdn_num_key_heads=2",
+            "gdn_num_value_heads=4",
+        ],
+    ),
 ]
 # Families whose scanned suture output MaxText's model runs, with the settings its forward pass
 # adds: the HF models here have plain rotary embeddings where MaxText's configs have YaRN
@@ -197,6 +231,7 @@ LOGITS = {
     "qwen3-moe": [],
     "mixtral": [],
     "olmo3": ["rope_type=default", "sliding_window_size=4"],
+    "qwen3-next": ["rope_max_timescale=10000"],  # the HF model's rope_theta
     "deepseek2": [
         "rope_factor=1",
         "max_position_embeddings=4096",
@@ -351,6 +386,10 @@ SETUP = {
     "olmo3": "OLMo 3: 8 layers, two cycles of 3 sliding-window layers (window 4) and 1 full, "
     "where `olmo3-7b` has 32 (the launcher sets its converter's HF config to 8: "
     "`hf_config.num_hidden_layers=8`).",
+    "qwen3-next": "Qwen3-Next: 8 layers, two cycles of 3 Gated DeltaNet layers (2 key and 4 "
+    "value heads of 16, conv kernel 4) and 1 full-attention layer; 16 routed experts (2 per "
+    "token) and a shared expert, where `qwen3-next-80b-a3b` has 48 layers and 512 experts (the "
+    "launcher sets its converter's HF config to 8 and 16).",
     "deepseek2": "DeepSeek-V2: V2-Lite's counts, those of `deepseek2-16b` (27 layers, the first "
     "dense; 64 routed experts, 6 per token; 2 shared; no query LoRA); latent rank 16, 4 heads "
     "of 16 + 8 (rotary).",

@@ -44,6 +44,7 @@ from ._experts import (
 )
 from ._expr import evaluate, names_in
 from ._layer_kinds import check_pattern, check_set
+from ._layout import LayerLayout, Slot, grid_fits, grid_members, parse_blocks, stack_grid
 from ._multimodal import LanguageModel, LeftOutWarning, parse_language_model, renamed
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 from ._schema import checked_table
@@ -145,7 +146,7 @@ class FamilyRecipe:
     fields: frozenset[str]  # the config fields its expressions read
     target: str = "maxtext"  # whose layout: "maxtext" or "tunix"
     experts: str | None = None  # expression: how many experts a MoE layer has
-    period: str | None = None  # expression: scanned layers repeat with this period
+    layout: LayerLayout | None = None  # scanned, with a period: where each position goes
     language_model: LanguageModel | None = None  # also converts a multimodal folder's
     # fields read only by defaults' expressions: needed only when that default is
     # (Qwen3-MoE's num_experts, the older name of num_local_experts)
@@ -323,9 +324,9 @@ class FamilyRecipe:
         if leaf.group is None:
             return {leaf.maxtext: self._gathered(leaf, layout, None, hf, names, used)}
         out = {}
-        for path, indices, stacked in self._slots(leaf, names):
-            members = [self._gathered(leaf, layout, index, hf, names, used) for index in indices]
-            out[path] = stack_arrays(members, axis=leaf.layer_axis) if stacked else members[0]
+        for slot in self._slots(leaf, names):
+            members = [self._gathered(leaf, layout, i, hf, names, used) for i in slot.indices]
+            out[slot.path] = stack_grid(members, slot.grid, leaf.layer_axis)
         return out
 
     def _gathered(
@@ -370,47 +371,23 @@ class FamilyRecipe:
         """``config.json gives num_local_experts=2``: where the count of experts comes from."""
         return f"config.json gives {_fields_shown(self.experts, names)}"
 
-    def _slots(self, leaf: Leaf, names: dict[str, Any]) -> list[tuple[str, list[int], bool]]:
-        """(target path, its HF layers, stacked?) of a per-layer leaf in this layout.
+    def _slots(self, leaf: Leaf, names: dict[str, Any]) -> list[Slot]:
+        """The target paths of a per-layer leaf in this layout, each with its HF layers.
 
         Unscanned, each layer is ``layers_{i}`` (a Tunix path names it: ``layers/{i}/...``).
-        Scanned, all layers stack on the scan axis; with a layer period P (Gemma 3: 5 local
-        + 1 global), position k of the period is ``layers/layers_{k}`` (HF layers k, k+P,
-        ...) and the layers after the last full period stay unscanned in
-        ``layers_remainder/layers_{r}``.
+        Scanned, all layers stack on the scan axis, or go where the table's period and
+        blocks put them (`_layout`).
         """
         indices = self._layer_indices(leaf.group, names)  # type: ignore[arg-type]
         if not self.scanned:
             by_hf = self.groups[leaf.group].unscanned_by_hf  # type: ignore[index]
             return [
-                (_unscanned(leaf.maxtext, index if by_hf else i), [index], False)
+                Slot(_unscanned(leaf.maxtext, index if by_hf else i), (index,), ())
                 for i, index in enumerate(indices)
             ]
-        if self.period is None:
-            return [(leaf.maxtext, indices, True)]
-        # a layer's place in the period is its HF index modulo the period, so a group of some
-        # of the layers (Llama 4's MoE layers) fills only its own positions
-        period = int(evaluate(self.period, names))
-        full = self._full_periods(names, period)
-        slots = []
-        for k in range(period):
-            members = [index for index in indices if index < full and index % period == k]
-            if members:
-                slots.append((_moved(leaf.maxtext, f"decoder/layers/layers_{k}/"), members, True))
-        return slots + [
-            (
-                _moved(leaf.maxtext, f"decoder/layers_remainder/layers_{index - full}/"),
-                [index],
-                False,
-            )
-            for index in indices
-            if index >= full
-        ]
-
-    @staticmethod
-    def _full_periods(names: dict[str, Any], period: int) -> int:
-        layers = int(names["num_hidden_layers"])
-        return layers - layers % period
+        if self.layout is None:
+            return [Slot(leaf.maxtext, tuple(indices), (len(indices),))]
+        return self.layout.slots(leaf.maxtext, indices, int(names["num_hidden_layers"]), names)
 
     def _converted(
         self,
@@ -722,17 +699,20 @@ class FamilyRecipe:
     ) -> list[tuple[str, int, LazyArray]]:
         """(target path, HF layer, that layer's array) of every layer of a per-layer leaf."""
         out = []
-        for path, indices, stacked in self._slots(leaf, names):
-            array = _take(flat, prefix + path, self._label)
-            if not stacked:
-                out.append((path, indices[0], array))
-                continue
-            said = f"config.json gives {_fields_shown(self.groups[leaf.group].count, names)}"  # type: ignore[index]
-            named = f"{self._label} leaf {path!r}"
-            check_count(array, leaf.layer_axis, len(indices), "layers", named, said)
+        for slot in self._slots(leaf, names):
+            array = _take(flat, prefix + slot.path, self._label)
+            if len(slot.grid) == 1:
+                said = f"config.json gives {_fields_shown(self.groups[leaf.group].count, names)}"  # type: ignore[index]
+                named = f"{self._label} leaf {slot.path!r}"
+                check_count(array, leaf.layer_axis, slot.grid[0], "layers", named, said)
+            elif slot.grid:
+                self._check_stack(
+                    leaf, flat, prefix + slot.path, slot.grid, len(slot.indices), names
+                )
+            members = grid_members(array, slot.grid, leaf.layer_axis) if slot.grid else [array]
             out += [
-                (path, index, member(array, {leaf.layer_axis: i}))
-                for i, index in enumerate(indices)
+                (slot.path, index, layer)
+                for index, layer in zip(slot.indices, members, strict=True)
             ]
         return out
 
@@ -773,30 +753,22 @@ class FamilyRecipe:
                     },
                 )
                 continue
-            if self.period is None:
-                self._check_stack(leaf, flat, prefix + leaf.maxtext, wanted, wanted, names)
+            if self.layout is None:
+                self._check_stack(leaf, flat, prefix + leaf.maxtext, (wanted,), wanted, names)
                 continue
-            period = int(evaluate(self.period, names))
-            places = [_moved(leaf.maxtext, f"decoder/layers/layers_{k}/") for k in range(period)]
-            held = sum(
-                flat[prefix + p].shape[leaf.layer_axis]
-                for p in places
-                if prefix + p in flat and len(flat[prefix + p].shape) > leaf.layer_axis
-            )
-            rest = prefix + _moved(leaf.maxtext, "decoder/layers_remainder/layers_{}/")
-            held += len(_indices(rest, flat))
+            held = self.layout.held(leaf.maxtext, flat, prefix, leaf.layer_axis, names)
             if wanted > held:
                 raise ConfigMismatchError(
                     f"{self._count_fields({group}, names)}: {_layers(wanted)}, and "
-                    f"{self._label} leaf {leaf.maxtext!r} holds {held} in its places of the "
-                    f"period of {period} and its remainder. Pass the config.json of this model "
-                    f"(--config)."
+                    f"{self._label} leaf {leaf.maxtext!r} holds {held} in the places of its "
+                    f"{self.layout.describe()} and its remainder. Pass the config.json of this "
+                    f"model (--config)."
                 )
-            for path, indices, stacked in self._slots(leaf, names):
-                if stacked:
-                    self._check_stack(leaf, flat, prefix + path, len(indices), wanted, names)
+            for slot in self._slots(leaf, names):
+                if slot.grid:
+                    self._check_stack(leaf, flat, prefix + slot.path, slot.grid, wanted, names)
                 else:
-                    _take(flat, prefix + path, self._label)
+                    _take(flat, prefix + slot.path, self._label)
 
     def _check_none_left_out(self, flat: dict[str, Any], prefix: str, names: dict) -> None:
         """Refuses a config whose ``when:`` leaves out a leaf the target tree holds (a tied
@@ -818,21 +790,32 @@ class FamilyRecipe:
     def _paths(self, leaf: Leaf, names: dict[str, Any]) -> list[str]:
         if leaf.group is None:
             return [leaf.maxtext]
-        return [path for path, _, _ in self._slots(leaf, names)]
+        return [slot.path for slot in self._slots(leaf, names)]
 
     def _check_stack(
-        self, leaf: Leaf, flat: dict, path: str, layers: int, wanted: int, names: dict
+        self, leaf: Leaf, flat: dict, path: str, grid: tuple[int, ...], wanted: int, names: dict
     ) -> None:
-        """The layer axis of the stacked leaf at `path` holds `layers` (of the group's `wanted`)."""
+        """The layer axes of the stacked leaf at `path` hold `grid` (of the group's `wanted`):
+        (layers,) on the layer axis, or (blocks, positions) from it on."""
         stacked = _take(flat, path, self._label)
         axis = leaf.layer_axis
-        if stacked.ndim <= axis or stacked.shape[axis] != layers:
-            held = stacked.shape[axis] if stacked.ndim > axis else "no"
-            part = f", {layers} of them in {path!r}" if layers != wanted else ""
+        if not grid_fits(stacked, grid, axis):
+            layers = math.prod(grid)
+            end = axis + len(grid)
+            held = (
+                "no"
+                if stacked.ndim < end
+                else " x ".join(map(str, stacked.shape[axis:end]))
+                if len(grid) > 1
+                else stacked.shape[axis]
+            )
+            shown = f"{' x '.join(map(str, grid))} = {layers}" if len(grid) > 1 else layers
+            part = f", {shown} of them in {path!r}" if layers != wanted or len(grid) > 1 else ""
+            where = f"axis {axis}" if len(grid) == 1 else f"axes {axis}-{end - 1}"
             raise ConfigMismatchError(
                 f"{self._count_fields({leaf.group}, names)}: {_layers(wanted)}{part}, and "  # type: ignore[arg-type]
                 f"{self._label} leaf {path.removeprefix(self._root)!r} holds {held} (shape "
-                f"{stacked.shape}, layers on axis {axis}). Pass the config.json of this model "
+                f"{stacked.shape}, layers on {where}). Pass the config.json of this model "
                 f"(--config)."
             )
 
@@ -888,10 +871,6 @@ def _unscanned(maxtext_path: str, index: int | str) -> str:
     if "{" in maxtext_path:
         return re.sub(r"\{\w+\}", str(index), maxtext_path, count=1)
     return re.sub(r"^decoder/(\w*layers)/", rf"decoder/\g<1>_{index}/", maxtext_path, count=1)
-
-
-def _moved(maxtext_path: str, layers: str) -> str:
-    return maxtext_path.replace("decoder/layers/", layers, 1)
 
 
 def _unwrapped(path: str) -> str:
@@ -1074,6 +1053,9 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     checks = tuple(config.get("checks") or ())
     experts_count = _text(data["experts"]) if "experts" in data else None
     period = str(data["layer_period"]) if "layer_period" in data else None
+    layout = None
+    if period is not None:
+        layout = LayerLayout(period, parse_blocks(data.get("layer_blocks")))
     expressions: list[Any] = [check["test"] for check in checks]
     expressions += [text for group in groups.values() for text in (group.count, group.hf_index)]
     expressions += [e for e in (experts_count, period) if e is not None]
@@ -1103,7 +1085,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         fields=frozenset(fields - {"i"}),
         target=target,
         experts=experts_count,
-        period=period,
+        layout=layout,
         language_model=parse_language_model(data.get("language_model"), where),
         layer_patterns=tuple(
             (field, tuple(pattern)) for field, pattern in (data.get("layer_patterns") or {}).items()

@@ -37,6 +37,7 @@ TOP_KEYS = (
     "layer_groups",
     "experts",
     "layer_period",
+    "layer_blocks",
     "layer_patterns",
     "layer_sets",
     "language_model",
@@ -197,6 +198,8 @@ class _Table:
                 f"must be a whole number of at least 1 (the layers of one period); got "
                 f"{_shown(data['layer_period'])}",
             )
+        if data.get("layer_blocks") is not None:
+            self.layer_blocks(data["layer_blocks"], data.get("layer_period"))
         patterns = self.mapping(data.get("layer_patterns") or {}, "layer_patterns", None)
         for field, pattern in patterns.items():
             self.text(field, f"layer_patterns key {field!r}")
@@ -260,6 +263,39 @@ class _Table:
                 "hf_index": self.expression(spec.get("hf_index", 0), f"{entry}.hf_index"),
             }
         return out, [name for name in out if isinstance(name, str)]
+
+    def layer_blocks(self, value: Any, period: Any) -> None:
+        """``{place: positions}``: each position of the period in one place of the block, a
+        place of several positions (a list) stacking them on a second axis."""
+        entry = "layer_blocks"
+        blocks = self.mapping(value, entry, None)
+        if not _whole(period, 1, 1 << 16):
+            self.problem(entry, "needs a layer_period (the layers of one block)")
+            return
+        seen: dict[int, str] = {}
+        for place, positions in blocks.items():
+            where = f"{entry}.{place}"
+            if not isinstance(place, str) or not re.fullmatch(r"[A-Za-z_]\w*", place):
+                self.problem(where, "a place is a word (the name of MaxText's subtree)")
+            listed = positions if isinstance(positions, list) else [positions]
+            if not listed or not all(_whole(p, 0, period - 1) for p in listed):
+                self.problem(
+                    where,
+                    f"must be a position of the period (0 to {period - 1}) or a non-empty list "
+                    f"of them; got {_shown(positions)}",
+                )
+                continue
+            for position in listed:
+                if position in seen:
+                    self.problem(where, f"position {position} is also in {seen[position]!r}")
+                seen.setdefault(position, str(place))
+        missing = [p for p in range(period) if p not in seen]
+        if blocks and missing:
+            self.problem(
+                entry,
+                f"puts no place for position(s) {missing} of the period of {period}: those "
+                "layers would be lost",
+            )
 
     def language_model(self, value: Any) -> None:
         entry = "language_model"
