@@ -443,6 +443,44 @@ def test_a_like_folder_whose_config_links_outside_is_not_read(linked, tmp_path):
     _left_nothing(tmp_path / "back")
 
 
+def test_a_checkpoint_metadata_linked_from_outside_is_not_read(tmp_path):
+    """A MaxText checkpoint whose _CHECKPOINT_METADATA links to a file elsewhere: what it
+    records (a model's config, written back out as config.json) is not taken from it."""
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA)).save_pretrained(
+        tmp_path / "hf"
+    )
+    convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "llama3.1:maxtext", progress=False)
+    metadata = tmp_path / "mt" / "_CHECKPOINT_METADATA"
+    recorded = json.loads(metadata.read_text())
+    recorded["custom_metadata"][FAMILY_KEY]["config"]["api_token"] = SECRET
+    private = tmp_path / "elsewhere" / "private.json"
+    private.parent.mkdir()
+    private.write_text(json.dumps(recorded))
+    metadata.unlink()
+    metadata.symlink_to(Path("..") / "elsewhere" / "private.json")
+    (tmp_path / "mt" / "config.json").unlink(missing_ok=True)  # the record is all there is
+    with pytest.warns(SideFileWarning, match="Not reading the custom metadata"):
+        assert suture.open(tmp_path / "mt").custom_metadata == {}
+    with pytest.warns(SideFileWarning, match="Not reading the custom metadata"):
+        result = _cli(
+            "convert", tmp_path / "mt", tmp_path / "back", "--recipe", "llama3.1:maxtext",
+            "--reverse",
+        )  # fmt: skip
+    _refused(result, "config.json")
+    assert SECRET not in result.output
+    _left_nothing(tmp_path / "back")
+    _nowhere(tmp_path, SECRET)
+    with pytest.warns(SideFileWarning):  # the valid neighbour: the original config given
+        back = convert_with_recipe(
+            tmp_path / "mt", tmp_path / "back", "llama3.1:maxtext", reverse=True,
+            config=tmp_path / "hf" / "config.json", progress=False,
+        )  # fmt: skip
+    written, source = _tensors(back.path), _tensors(tmp_path / "hf")
+    assert written.keys() == source.keys()
+    assert all(np.array_equal(written[name], source[name]) for name in source)
+
+
 def test_an_explicit_config_may_point_anywhere(linked, tmp_path):
     private = tmp_path / "elsewhere" / "private.json"
     with pytest.warns(SideFileWarning, match="Not copying"):  # the link itself is not copied

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 
 from .._errors import (
@@ -33,7 +34,8 @@ from .._errors import (
     SurgeryError,
     UnfinishedCheckpointError,
 )
-from .._location import MAX_METADATA_BYTES, Location, RemoteLocation
+from .._hf import SideFileWarning, local_side_file
+from .._location import MAX_METADATA_BYTES, LocalLocation, Location, RemoteLocation
 from .._location.publish import COMMIT_SUCCESS_FILE
 
 TMP_MARKER = ".orbax-checkpoint-tmp"
@@ -266,13 +268,32 @@ def _explain_not_a_checkpoint(path: Location) -> None:
 
 def _custom_metadata(path: Location, recorded: object) -> dict:
     """The custom metadata in `recorded` (`path`'s ``_CHECKPOINT_METADATA``, read already),
-    or else in the step's parent's."""
-    for candidate in (recorded, None):
+    or else in the step's parent's; none from a file that is not the checkpoint's own."""
+    for folder, candidate in ((path, recorded), (path.parent, None)):
         if candidate is None:
-            candidate = _read_json_if_present(path.parent / CHECKPOINT_METADATA)
+            candidate = _read_json_if_present(folder / CHECKPOINT_METADATA)
         if isinstance(candidate, dict) and isinstance(candidate.get("custom_metadata"), dict):
-            return candidate["custom_metadata"]
+            return candidate["custom_metadata"] if _own_file(folder, CHECKPOINT_METADATA) else {}
     return {}
+
+
+def _own_file(folder: Location, name: str) -> bool:
+    """Whether a local `folder`'s `name` is a regular file inside it (the side-file rule),
+    else a warning: what a conversion recorded there (a model's config, written back out
+    as config.json) is not taken from a file linked from elsewhere."""
+    if not isinstance(folder, LocalLocation):
+        return True
+    found = local_side_file(folder.path, name)
+    if isinstance(found, str):
+        warnings.warn(
+            f"Not reading the custom metadata of {str(folder / name)!r}: {found}. suture takes "
+            f"what a conversion recorded (the model's config) only from the checkpoint's own "
+            f"files; pass --config, or --like the original Hugging Face folder.",
+            SideFileWarning,
+            stacklevel=4,
+        )
+        return False
+    return True
 
 
 _ABSENT = object()  # a file that is not there
