@@ -355,3 +355,36 @@ def test_saving_into_a_read_only_folder_raises_destination_error(
     with pytest.raises(suture.DestinationError, match=r"Cannot write in '.*read_only'"):
         suture.save(tree, read_only_folder / "run", step=3, progress=False)
     assert list(read_only_folder.iterdir()) == []
+
+
+def _without_root_overrides(arguments: list[str]) -> list[str]:
+    """`arguments` run with file modes applying (root's override capabilities dropped), or a
+    skip where that cannot be done here."""
+    if os.geteuid() != 0:
+        return arguments
+    if subprocess.run(["setpriv", "--version"], capture_output=True).returncode != 0:
+        pytest.skip("setpriv is not installed: root would ignore the modes")
+    dropped = "-dac_override,-dac_read_search,-fowner"
+    return ["setpriv", "--bounding-set", dropped, "--inh-caps", dropped, *arguments]
+
+
+@pytest.mark.parametrize("format_", ["orbax", "safetensors"])
+def test_overwriting_a_read_only_result_deletes_it_all(tmp_path: Path, format_: str) -> None:
+    """The replaced result's folders had no write permission: it was left behind, silently,
+    under a temporary name."""
+    tree = {"w": np.arange(8, dtype=np.float32)}
+    suture.save(tree, tmp_path / "src", progress=False)
+    suture.save(tree, tmp_path / "out", format=format_, progress=False)
+    for path in [tmp_path / "out", *(tmp_path / "out").rglob("*")]:
+        path.chmod(path.stat().st_mode & ~0o222)
+    command = [sys.executable, "-m", "suture", "convert", "src", "out", "--format", format_]
+    result = subprocess.run(
+        _without_root_overrides([*command, "--overwrite"]),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]
+    np.testing.assert_array_equal(suture.open(tmp_path / "out")["w"].read(), tree["w"])

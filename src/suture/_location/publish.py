@@ -52,6 +52,7 @@ from .._errors import (
     DestinationExistsError,
     StaleLockWarning,
     SurgeryError,
+    SutureWarning,
 )
 from .base import MAX_METADATA_BYTES, LocalLocation, Location
 
@@ -192,9 +193,28 @@ def rename_into_place(temporary: Path, destination: Path, overwrite: bool) -> No
             )
         old = replace(temporary, destination)
         if old is not None:
-            LocalLocation(old).remove()
+            _remove_replaced(old, destination)
         return
     os.rename(temporary, destination)
+
+
+def _remove_replaced(old: Path, destination: Path) -> None:
+    """Deletes the result an overwrite replaced; folders without write permission (a result
+    made read-only, say) are made writable for it. What still cannot go is named."""
+    LocalLocation(old).remove()
+    if not old.exists():
+        return
+    for folder, _, _ in os.walk(old):
+        with contextlib.suppress(OSError):
+            os.chmod(folder, os.stat(folder).st_mode | stat.S_IWUSR | stat.S_IXUSR)
+    LocalLocation(old).remove()
+    if old.exists():
+        warnings.warn(
+            f"{str(destination)!r} was replaced, but the old result it held could not be "
+            f"deleted: it is left at {str(old)!r}. Delete that folder by hand.",
+            SutureWarning,
+            stacklevel=2,
+        )
 
 
 def _upload(staged: Path, destination: Location) -> None:
