@@ -28,7 +28,7 @@ from .test_families_moe import _deepseek_moe, _mla
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-# V3.2's shape, narrowed: 1 dense layer then MoE layers, query LoRA, an indexer of 2 heads of 16
+# V3.2's shape, narrowed: 1 dense layer then MoE layers, query LoRA, an indexer of 8 heads of 16
 # (8 rotary) choosing 4 of the 8 tokens of TOKENS
 CONFIG = dict(
     vocab_size=64,
@@ -49,7 +49,7 @@ CONFIG = dict(
     qk_nope_head_dim=16,
     qk_rope_head_dim=8,
     v_head_dim=16,
-    index_n_heads=2,
+    index_n_heads=8,
     index_head_dim=16,
     index_topk=4,
     max_position_embeddings=64,
@@ -108,7 +108,7 @@ def _expected_shapes(scanned: bool) -> dict[str, tuple[int, ...]]:
     """MaxText's tree for CONFIG: the converter's names (its v3 and v3.2 keys), the model's
     shapes (scan axis 1; routed experts and the router bias (experts, layers, ...))."""
     e, h, lora, kv, rope, v, m, moe, x = 64, 4, 24, 32, 8, 16, 96, 16, 4
-    ih, idim = 2, 16
+    ih, idim = 8, 16
     attention = {
         "pre_self_attention_layer_norm/scale": (e,),
         "post_self_attention_layer_norm/scale": (e,),
@@ -180,7 +180,7 @@ def test_deepseek32_tree_has_maxtexts_paths_and_shapes(tmp_path, layout):
     indexer = "model.layers.2.self_attn.indexer"
     # plain transposes, as MaxText's hook reshapes them: heads of [rotary halves, rest] kept
     np.testing.assert_array_equal(
-        leaf("wq_b/kernel"), hf[f"{indexer}.wq_b.weight"].T.reshape(24, 2, 16)
+        leaf("wq_b/kernel"), hf[f"{indexer}.wq_b.weight"].T.reshape(24, 8, 16)
     )
     np.testing.assert_array_equal(leaf("wk/kernel"), hf[f"{indexer}.wk.weight"].T)
     np.testing.assert_array_equal(
@@ -245,7 +245,11 @@ def _indexer(h, low_rank_q, p, config, causal):
     logits = jax.nn.relu(jnp.einsum("bthd,bsd->btsh", q, k))
     weights = (h @ p["weights_proj"]["kernel"]) * heads**-0.5 * dim**-0.5
     score = jnp.where(causal, jnp.einsum("btsh,bth->bts", logits, weights), -jnp.inf)
-    _, chosen = jax.lax.top_k(score, config["index_topk"])
+    top, chosen = jax.lax.top_k(score, config["index_topk"] + 1)
+    # no tie at the cut (scores of exactly 0, every head's ReLU at 0, would tie; MaxText keeps
+    # the first by position, torch.topk any): the chosen tokens are the same for both
+    assert bool(jnp.all((top[..., -2] > top[..., -1]) | jnp.isinf(top[..., -2])))
+    chosen = chosen[..., :-1]
     selected = jax.nn.one_hot(chosen, h.shape[1], dtype=bool).any(axis=-2)
     return causal & selected
 
@@ -371,7 +375,7 @@ def test_cli_lists_deepseek32_and_converts_both_ways(tmp_path):
     assert shown.exit_code == 0, shown.output
     assert "DEEPSEEK_MAXTEXT_TO_HF_PARAM_MAPPING" in shown.output
     assert "decoder/moe_layers/self_attention/indexer/wq_b/kernel" in shown.output
-    assert "split axis 1 into (2, 16)" in shown.output
+    assert "split axis 1 into (8, 16)" in shown.output
     common = ["--recipe", "deepseek3.2:maxtext-unscanned", "--no-progress"]
     forward = runner.invoke(app, ["convert", str(tmp_path / "hf"), str(tmp_path / "mt"), *common])
     assert forward.exit_code == 0, forward.output
