@@ -1,4 +1,4 @@
-"""MaxText's own converter beside suture's recipes for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss, Gemma 3, OLMo 3 and DeepSeek-V2 (bench/families.py).
+"""MaxText's own converter beside suture's recipes for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss, Gemma 3, OLMo 3, DeepSeek-V2 and V3.2 (bench/families.py).
 
 For each family, one random HF folder made with transformers (float32, narrow, but with the
 layer and expert counts of MaxText's built-in HF config for the model name, which its converter
@@ -188,6 +188,56 @@ FAMILIES = [
         ],
     ),
     (
+        # V3's settings on deepseek2-16b's counts, as for deepseek3, with the sparse-attention
+        # indexer (16 heads of 16, 8 of the 16 tokens of the logits run chosen by top-k; with
+        # few heads, scores of exactly 0, where every head's ReLU is, tie at the cut and
+        # MaxText (first by position) and transformers (torch.topk) break ties differently);
+        # MaxText runs its indexer only with attention=dot_product
+        "deepseek3.2",
+        "deepseek2-16b",
+        "DeepseekV32",
+        dict(
+            NARROW,
+            num_key_value_heads=4,
+            intermediate_size=32,
+            moe_intermediate_size=16,
+            num_hidden_layers=27,
+            first_k_dense_replace=1,
+            n_routed_experts=64,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            index_n_heads=16,
+            index_head_dim=16,
+            index_topk=8,
+        ),
+        [
+            "base_num_kv_heads=4",
+            "num_experts=64",
+            "num_experts_per_tok=2",
+            "shared_experts=1",
+            "routed_score_func=sigmoid",
+            "routed_bias=true",
+            "routed_scaling_factor=2.5",
+            "q_lora_rank=32",
+            "kv_lora_rank=16",
+            "qk_nope_head_dim=16",
+            "qk_rope_head_dim=8",
+            "v_head_dim=16",
+            "use_indexer=true",
+            "indexer_n_heads=16",
+            "indexer_head_dim=16",
+            "indexer_topk=8",
+            "attention=dot_product",
+        ],
+    ),
+    (
         # two cycles of 3 Gated DeltaNet layers and 1 full-attention layer; the launcher sets
         # MaxText's HF config (48 layers, 512 experts) to 8 layers and 16 experts
         "qwen3-next",
@@ -233,6 +283,11 @@ LOGITS = {
     "olmo3": ["rope_type=default", "sliding_window_size=4"],
     "qwen3-next": ["rope_max_timescale=10000"],  # the HF model's rope_theta
     "deepseek2": [
+        "rope_factor=1",
+        "max_position_embeddings=4096",
+        "original_max_position_embeddings=4096",
+    ],
+    "deepseek3.2": [
         "rope_factor=1",
         "max_position_embeddings=4096",
         "original_max_position_embeddings=4096",
@@ -393,10 +448,15 @@ SETUP = {
     "deepseek2": "DeepSeek-V2: V2-Lite's counts, those of `deepseek2-16b` (27 layers, the first "
     "dense; 64 routed experts, 6 per token; 2 shared; no query LoRA); latent rank 16, 4 heads "
     "of 16 + 8 (rotary).",
+    "deepseek3.2": "DeepSeek-V3.2: V3's settings on `deepseek2-16b`'s counts (MaxText's "
+    "`deepseek3.2-671b` does not convert, for DeepSeek-V3's reason), with the sparse-attention "
+    "indexer (`use_indexer=true`, 16 heads of 16, 8 rotary; top 8 of the 16 tokens of the "
+    "forward pass, so that its mask is in play) and `attention=dot_product`, the one attention "
+    "MaxText runs its indexer with on the CPU, for the converter too.",
 }
 NOTES = [
     (
-        ("mixtral", "deepseek3", "deepseek2"),
+        ("mixtral", "deepseek3", "deepseek2", "deepseek3.2"),
         "MaxText's scanned Mixtral and DeepSeek conversions stack the router (and DeepSeek's "
         "shared experts) on axis 0, `(layers, embed, experts)`, and its own checkpoint writer "
         "refuses that against the model's `(embed, layers, experts)`; suture writes the model's "
@@ -411,6 +471,16 @@ NOTES = [
         "...)` without `embed`, `(26, 64)`, which a router's 64 x 64 or a shared expert's "
         "64 x 32 values cannot fill (which one fails first varies from run to run). DeepSeek-V3's "
         "run stops on its router bias, stacked on axis 0 by the same rule.",
+    ),
+    (
+        ("deepseek3.2",),
+        "DeepSeek-V3.2's scanned run stops on its router bias, as DeepSeek-V3's does (or, from "
+        "run to run, on the router or shared experts, as DeepSeek-V2's). Its indexer runs with "
+        "16 heads here: with few heads, scores of exactly 0 (every head's ReLU at 0) tie at the "
+        "top-k cut, where MaxText keeps the first by position and transformers' `torch.topk` "
+        "any, and the logits would differ by design of the test, not of the weights. The rotary "
+        "embedding is plain, as for DeepSeek-V2 (YaRN with a factor of 1); the indexer's, in "
+        "halves, comes from the same embedding.",
     ),
     (
         ("gemma3",),
