@@ -222,3 +222,16 @@ def test_overwrite_refuses_what_is_not_a_checkpoint(tmp_path: Path, kind: str) -
     assert "is not one that suture recognizes" in result.stderr.decode()
     kept = destination / "thesis.tex" if kind == "folder" else destination
     assert kept.read_text() == "years of work"
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3", "float6_e3m2fn", "uint4"])
+def test_a_dtype_orbax_cannot_store_is_refused_naming_the_leaf(tmp_path: Path, dtype: str) -> None:
+    """ml_dtypes has more dtypes than TensorStore's zarr3 driver stores: a raw ValueError
+    traceback from TensorStore, before."""
+    suture.save({"w": np.arange(8, dtype=np.float32)}, tmp_path / "src", progress=False)
+    result = _cli("convert", "src", "out", "--dtype", dtype, cwd=tmp_path)
+    _refused(result, f"Leaf 'w' has dtype {dtype}, which TensorStore's zarr3 driver")
+    assert b"--format safetensors" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    written = _cli("convert", "src", "out", "--dtype", "float8_e4m3fn", cwd=tmp_path)
+    assert written.returncode == 0, written.stderr

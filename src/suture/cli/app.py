@@ -600,9 +600,11 @@ def recipes(
 ) -> None:
     """List the built-in model-family recipes (HF <-> MaxText, Tunix), or show one's operations."""
     if name is None:
-        for recipe_name in families.recipe_names():
+        names = families.recipe_names()
+        width = max(map(len, names), default=0) + 1  # the longest name still leaves a space
+        for recipe_name in names:
             recipe = families.get_recipe(recipe_name)
-            typer.echo(f"{recipe_name:28} {recipe.description}")
+            typer.echo(f"{recipe_name:{width}} {recipe.description}")
         return
     recipe = family_recipe(name)  # a built-in name, or a family table file
     table = recipe.operations_table(read_config(config)) if config is not None else []

@@ -25,6 +25,7 @@ Each chunk is zstd-compressed and carries a crc32c checksum.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -490,13 +491,30 @@ def _write_json(path: Location, value: Any) -> None:
 def _zarr_dtype(dtype: np.dtype, keys: tuple[str, ...]) -> str:
     if dtype.kind == "b":
         return "bool"
-    if (
-        dtype.kind in "biufc"
-        or dtype.name in ("bfloat16",)
-        or dtype.name.startswith(("float8", "int4", "uint4", "int2", "uint2", "float4", "float6"))
-    ):
+    if _zarr3_stores(dtype.name):
         return dtype.name
-    raise UnsupportedError(f"Leaf {'/'.join(keys)!r} has dtype {dtype}, which zarr3 cannot store.")
+    raise UnsupportedError(
+        f"Leaf {'/'.join(keys)!r} has dtype {dtype}, which TensorStore's zarr3 driver (Orbax's "
+        f"format) cannot store. Cast it to a dtype Orbax writes (float8_e4m3fn, bfloat16, "
+        f"float32 ...: --dtype), or write safetensors (--format safetensors)."
+    )
+
+
+@functools.cache
+def _zarr3_stores(name: str) -> bool:
+    """Whether TensorStore's zarr3 driver takes the dtype `name` (ml_dtypes has more than it
+    writes: float8_e4m3 and float6 are not among them), asked of an array in memory."""
+    import tensorstore as ts  # heavy: loaded on first use, not at import
+
+    grid = {"name": "regular", "configuration": {"chunk_shape": [1]}}
+    spec = {"shape": [1], "data_type": name, "chunk_grid": grid}
+    try:
+        ts.open(
+            {"driver": "zarr3", "kvstore": "memory://", "metadata": spec, "create": True}
+        ).result()
+    except ValueError:
+        return False
+    return True
 
 
 def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
