@@ -281,3 +281,18 @@ def test_tunix_recipe_takes_the_language_model_of_a_multimodal_folder(tmp_path):
     assert sorted(back) == sorted(tensors)
     for name, value in tensors.items():
         np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
+def test_a_left_out_part_is_said_in_one_warning_line_on_the_command_line():
+    """suture's own warnings print as one `Warning:` line; LeftOutWarning was a plain
+    UserWarning, shown with Python's file and source line."""
+    import warnings
+
+    from suture.cli.app import _show_warning
+
+    assert issubclass(suture.families.LeftOutWarning, suture.SutureWarning)
+    shown = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("typer.echo", lambda text, err=False: shown.append(text))
+        _show_warning(warnings.WarningMessage("keeps 4 of 6 rows", suture.families.LeftOutWarning, "f.py", 1).message, suture.families.LeftOutWarning, "f.py", 1)  # fmt: skip
+    assert shown == ["Warning: keeps 4 of 6 rows"]

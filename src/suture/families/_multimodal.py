@@ -21,13 +21,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import RecipeFormatError
+from .._errors import RecipeFormatError, SutureWarning
 from .._patterns import compile_pattern, fullmatch
 
 TEXT_PREFIX = "model."  # the tables' names: a language-model folder's
 
 
-class LeftOutWarning(UserWarning):
+class LeftOutWarning(SutureWarning):
     """A conversion to MaxText leaves part of the checkpoint out, as MaxText's own does (a
     multimodal folder's vision tower, vocabulary rows past MaxText's); ``--reverse --like
     ORIGINAL`` gives it back."""
