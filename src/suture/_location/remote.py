@@ -153,6 +153,8 @@ class RemoteLocation(Location):
             return None
         start, stop = _bounds(byte_range)
         whole = answers.get(("read", self.scheme, self.host, key, None))
+        if isinstance(whole, SurgeryError):  # the file read whole failed: so does a range
+            raise whole.with_traceback(None)
         if whole is not None and whole.state == "value":
             value = whole.value
             if stop > len(value):  # as the store answers a range past the end
