@@ -278,6 +278,30 @@ def test_gzip_bomb_index_stops_inflating_at_the_cap(http) -> None:
     assert peak - before < 256 << 10, f"grew by {peak - before} KiB"
 
 
+def test_gzip_bomb_config_under_a_recipe_is_one_error(http, tmp_path: Path) -> None:
+    """A config.json served gzip-compressed that inflates past the metadata cap: the
+    conversion's reads of it (whole, then its head) are refused naming the file and the
+    cap, the remembered refusal raised as it is (it was taken for a read's answer: an
+    AttributeError traceback, exit 1); nothing is written."""
+    folder = f"bomb-config-{tmp_path.name}"
+    http.publish(two_tensors(tmp_path / "model.safetensors", 1, 2), f"{folder}/model.safetensors")
+    path = f"/{folder}/config.json"
+    mebibytes = (MAX_METADATA_BYTES >> 20) + 8
+    http.hostile[path] = Hostile(body=gzip_bomb(b'{"pad": "', mebibytes, b'"}'), encoding="gzip")
+    url, out = f"{http.url}/{folder}/", tmp_path / "out"
+    try:
+        with pytest.raises(suture.SurgeryError, match=r"config\.json.* more than 268,435,456"):
+            suture.convert(url, out, recipe="llama3.1:maxtext")
+        result = cli("convert", url, str(out), "--recipe", "llama3.1:maxtext")
+    finally:
+        del http.hostile[path]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, result.stderr
+    assert f"{folder}/config.json" in errors[0] and "268,435,456 bytes" in errors[0]
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "deflate-raw", "gzip, gzip"])
 def test_compressed_metadata_in_each_encoding_reads(http, tmp_path: Path, encoding: str) -> None:
     """Each encoding suture asks for decodes to the same index (deflate with or without its

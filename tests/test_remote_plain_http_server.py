@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -62,6 +63,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         save_file({name: value}, root / "my model" / shard)
         index["weight_map"][name] = shard
     (root / "my model" / "model.safetensors.index.json").write_text(json.dumps(index))
+    (root / "with space").mkdir()  # both kinds under a folder named with a space
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(root / "with space" / "ckpt", TREE)
+    shutil.copytree(root / "hf", root / "with space" / "hf")
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "RangeHTTPServer", str(port), "--bind", "127.0.0.1"],
@@ -148,6 +153,69 @@ def test_a_missing_folder_on_a_plain_file_server_is_an_error(served: str) -> Non
         suture.open(f"{served}/nothere")
     shown = runner.invoke(app, ["inspect", f"{served}/nothere/"])
     assert shown.exit_code == 2 and "nothere" in shown.output and "Traceback" not in shown.output
+
+
+# --- names that a URL percent-encodes ---------------------------------------------------
+
+
+@pytest.mark.parametrize("slash", ["", "/"])
+@pytest.mark.parametrize("folder", ["with%20space", "with space"])
+@pytest.mark.parametrize("kind", ["ckpt", "hf"])
+def test_a_folder_named_with_a_space_opens_as_pasted_or_typed(
+    served: str, folder: str, kind: str, slash: str
+) -> None:
+    """A URL's path is percent-decoded once into the file's name, and every request (the
+    driver's, the capped read, the redirect probe) encodes it once: ``with%20space`` (as a
+    browser or a copied link gives it) and ``with space`` name the same folder."""
+    url = f"{served}/{folder}/{kind}{slash}"
+    checkpoint = suture.open(url)
+    if kind == "ckpt":
+        assert checkpoint.format == "orbax"
+        np.testing.assert_array_equal(checkpoint["params/w"].read(), TREE["params"]["w"])
+    else:
+        assert checkpoint.format == "safetensors"
+        np.testing.assert_array_equal(
+            checkpoint["model/norm/weight"].read(), HF["model.norm.weight"]
+        )
+    shown = runner.invoke(app, ["inspect", url])
+    assert shown.exit_code == 0, shown.output
+    assert ("(3, 4)" if kind == "ckpt" else "(6, 4)") in shown.output
+
+
+def test_a_missing_name_with_a_space_is_shown_encoded_once(served: str) -> None:
+    """Messages show the URL as typed, or encoded once: never ``%2520``."""
+    for url in (f"{served}/with%20space/nothere", f"{served}/with space/nothere/"):
+        with pytest.raises(suture.SurgeryError, match=r"with%20space/nothere'") as error:
+            suture.open(url)
+        assert "%25" not in str(error.value)
+        shown = runner.invoke(app, ["inspect", url])
+        assert shown.exit_code == 2 and "with%20space/nothere" in shown.output
+        assert "%25" not in shown.output and "Traceback" not in shown.output
+
+
+def test_a_literal_percent_and_question_mark_in_a_name_are_written_encoded(
+    http, tmp_path: Path
+) -> None:
+    """A '%' in a file's name is ``%25`` in its URL, a '?' ``%3F``, as in any URL; a name
+    given raw (a '?' not encoded) is still taken as the name. Redirects to such names, and
+    from them, are followed with the name encoded once (the probe sent it raw: 'Cannot
+    reach')."""
+    folder = f"odd-{tmp_path.name}"
+    save_file(HF, tmp_path / "m.safetensors")
+    http.publish(tmp_path / "m.safetensors", f"{folder}/100% sure?.safetensors")
+    encoded = f"{http.url}/{folder}/100%25%20sure%3F.safetensors"
+    moved = f"/{folder}/old%20name%3F.safetensors"
+    http.hostile[moved] = Hostile(redirect=f"/{folder}/100%25%20sure%3F.safetensors")
+    try:
+        for url in (encoded, f"{http.url}/{folder}/100%25 sure?.safetensors", http.url + moved):
+            checkpoint = suture.open(url)
+            np.testing.assert_array_equal(
+                checkpoint["model/norm/weight"].read(), HF["model.norm.weight"]
+            )
+        shown = runner.invoke(app, ["inspect", http.url + moved.replace("%20", " ")])
+        assert shown.exit_code == 0, shown.output
+    finally:
+        del http.hostile[moved]
 
 
 # --- a folder's own URL answering otherwise: a listing page, a refusal ------------------

@@ -100,7 +100,7 @@ def location_of(path: Any) -> Location:
         raise ArgumentError(
             f"{text!r} names no bucket or host. Write it as {scheme}://BUCKET/PATH."
         )
-    return RemoteLocation(scheme, host, key.strip("/"))
+    return RemoteLocation.from_url(scheme, host, key)
 
 
 def is_remote(path: Any) -> bool:

@@ -33,6 +33,27 @@ RETRIED = (429, 500, 502, 503, 504)
 RETRY_DELAYS = (0.25, 0.5, 1.0, 2.0)
 
 
+# what a URL path keeps as it is: TensorStore's http driver percent-encodes the rest of a key
+PATH_SAFE = "/:@!$&'()*+,;="
+
+
+def url_path(key: str, shown: bool = False) -> str:
+    """`key` (a file's name on the server, as it is: a space, '%', '?' are part of it) as a
+    URL path, percent-encoded once, as TensorStore sends a key; `shown`: a '?' left as it is,
+    for messages, so that a query's values are still hidden (`suture._redact`).
+
+    Example:
+        >>> url_path("with space/100%?.json"), url_path("a?b=c", shown=True)
+        ('with%20space/100%25%3F.json', 'a?b=c')
+    """
+    return urllib.parse.quote(key, safe=PATH_SAFE + ("?" if shown else ""))
+
+
+def key_of(path: str) -> str:
+    """The key a URL path names: percent-decoded once (``%25`` is a '%' in the name)."""
+    return urllib.parse.unquote(path)
+
+
 class BodyTooLarge(Exception):
     """The body (as sent, or decoded) holds more than the cap."""
 
@@ -73,9 +94,7 @@ def fetch_capped(
         TimeoutError, OSError: no answer in time, or the server could not be reached.
     """
     user, _, netloc = host.rpartition("@")
-    # the key percent-encoded as TensorStore sends it: a space, '%', '?' are part of a name
-    path = urllib.parse.quote(key, safe="/:@!$&'()*+,;=")
-    request = urllib.request.Request(f"{scheme}://{netloc}/{path}", method="GET")
+    request = urllib.request.Request(f"{scheme}://{netloc}/{url_path(key)}", method="GET")
     request.add_header("Accept-Encoding", ACCEPTED)
     request.add_header("User-Agent", "suture")
     if user:

@@ -20,14 +20,16 @@ from http import HTTPStatus
 
 from .._errors import SurgeryError
 from .._redact import redact_url
+from .http_body import key_of, url_path
 
 REDIRECT_CODES = (301, 302, 303, 307, 308)
 MAX_HOPS = 5
 
 
 def redirect_target(scheme: str, host: str, key: str, timeout: float, method: str = "GET") -> str:
-    """The key (path without its leading ``/``) that ``scheme://host/key`` redirects to,
-    asked with `method` (``HEAD``, or a ``GET`` of its first byte).
+    """The key (path without its leading ``/``, decoded) that ``scheme://host/key``
+    redirects to, asked with `method` (``HEAD``, or a ``GET`` of its first byte). Keys are
+    names as they are, percent-encoded once in the request, as TensorStore's are.
 
     Raises:
         SurgeryError: a redirect to another scheme, host or port, a loop, or no answer.
@@ -41,11 +43,11 @@ def redirect_target(scheme: str, host: str, key: str, timeout: float, method: st
     if user:  # credentials in the URL, sent as TensorStore's client would send them
         plain = urllib.parse.unquote(user).encode()
         headers["Authorization"] = "Basic " + base64.b64encode(plain).decode()
-    path, shown = "/" + key, f"{scheme}://{host}/{key}"
+    path, shown = "/" + url_path(key), f"{scheme}://{host}/{url_path(key, shown=True)}"
     for _ in range(MAX_HOPS):
         status, location = _ask(scheme, netloc, path, headers, timeout, shown, method)
         if status not in REDIRECT_CODES:
-            return path[1:]
+            return key_of(path[1:])
         if not location:
             raise SurgeryError(
                 f"{redact_url(shown)!r}: the server answered {_status(status)} without saying "

@@ -43,7 +43,15 @@ from .._errors import (
 )
 from .._redact import redact_text, redact_url
 from .base import Location, RangeReader, short_read, too_large
-from .http_body import ACCEPTED, BodyTooLarge, Fetched, UnknownEncoding, fetch_capped
+from .http_body import (
+    ACCEPTED,
+    BodyTooLarge,
+    Fetched,
+    UnknownEncoding,
+    fetch_capped,
+    key_of,
+    url_path,
+)
 from .http_redirect import REDIRECT_CODES, describe_status, redirect_target
 
 WRITABLE_SCHEMES = ("gs", "s3")
@@ -72,14 +80,24 @@ class RemoteLocation(Location):
         self._size: int | None = None
         self._generation: bytes | None = None  # pinned by the first ranged read
 
+    @classmethod
+    def from_url(cls, scheme: str, host: str, path: str) -> RemoteLocation:
+        """The location of ``scheme://host/path``. An http(s) URL's path is percent-decoded
+        once into the key (the file's name as it is), which every request encodes once: a
+        URL pasted from a browser (``with%20space``) and one typed raw (``with space``) name
+        the same file; a '%' in a name is written ``%25``. Bucket keys are taken as they are.
+        """
+        key = key_of(path) if scheme in ("http", "https") else path
+        return cls(scheme, host, key.strip("/"))
+
     @property
     def url(self) -> str:
-        """The URL as given, credentials included: for the driver only, never for display."""
-        return (
-            f"{self.scheme}://{self.host}/{self.key}"
-            if self.key
-            else f"{self.scheme}://{self.host}"
-        )
+        """The URL, credentials included (`str` hides them: for display); over HTTP its path
+        percent-encoded once (a '?' left as it is, so that a query is still redacted)."""
+        if not self.key:
+            return f"{self.scheme}://{self.host}"
+        http = self.scheme in ("http", "https")
+        return f"{self.scheme}://{self.host}/{url_path(self.key, shown=True) if http else self.key}"
 
     def __str__(self) -> str:
         return redact_url(self.url)
@@ -109,8 +127,8 @@ class RemoteLocation(Location):
     def kvstore_spec(self) -> dict[str, Any]:
         spec = _base_spec(self.scheme, self.host)
         prefix = f"{self.key}/" if self.key else ""
-        if self.scheme in ("http", "https"):
-            spec["base_url"] = f"{spec['base_url']}/{prefix}"
+        if self.scheme in ("http", "https"):  # a URL: encoded once (keys under it are by it)
+            spec["base_url"] = f"{spec['base_url']}/{url_path(prefix)}"
         else:
             spec["path"] = prefix
         return spec
@@ -153,6 +171,8 @@ class RemoteLocation(Location):
             return None
         start, stop = _bounds(byte_range)
         whole = answers.get(("read", self.scheme, self.host, key, None))
+        if isinstance(whole, SurgeryError):  # the file read whole failed: so does a range
+            raise whole.with_traceback(None)
         if whole is not None and whole.state == "value":
             value = whole.value
             if stop > len(value):  # as the store answers a range past the end
@@ -271,10 +291,11 @@ class RemoteLocation(Location):
         if target is None:
             target = redirect_target(self.scheme, self.host, key, remote_timeout(), method)
             if target.endswith("/") and target != f"{key}/":
+                moved = redact_url(RemoteLocation(self.scheme, self.host, target).url)
                 raise UnsupportedError(
-                    f"{str(self)!r} redirects to the folder {target!r} on the same server; "
-                    f"suture reads a folder under the name it was given. Pass "
-                    f"{redact_url(f'{self.scheme}://{self.host}/{target}')!r} instead."
+                    f"{str(self)!r} redirects to the folder {moved!r} on the same server; "
+                    f"suture reads a folder under the name it was given. Pass that URL "
+                    f"instead."
                 )
             with _stores_lock:
                 _redirects[cache_key] = target
