@@ -244,8 +244,9 @@ def read_config(config: Any) -> dict[str, Any]:
     except RecursionError:
         raise ConfigMismatchError(f"{label} nests too deeply to be a config.json.") from None
     except (OSError, ValueError, SurgeryError) as error:
+        said = str(error).rstrip()
         raise ConfigMismatchError(
-            f"Cannot read the model config {str(config)!r}: {error}."
+            f"Cannot read the model config {str(config)!r}: {said}{'' if said.endswith('.') else '.'}"
         ) from None
     if not isinstance(loaded, dict):
         raise ConfigMismatchError(f"{str(config)!r} is not a config.json: it holds no JSON object.")
