@@ -253,5 +253,8 @@ def compile_per_leaf(pattern: Any) -> Any:
     try:
         return compile_pattern(pattern, "per_leaf")
     except PatternError as error:
-        reason = str(error.__cause__ or error)
-        raise MergeError(f"per_leaf: {pattern!r} is not a valid regex ({reason}).") from None
+        if error.__cause__ is None:  # a valid regex refused for its size: says it all
+            raise MergeError(str(error)) from None
+        raise MergeError(
+            f"per_leaf: {pattern!r} is not a valid regex ({error.__cause__})."
+        ) from None
