@@ -109,16 +109,19 @@ def test_inspect_refuses_a_filter_that_expands(tiny, pattern):
 def test_inspect_in_a_process_of_its_own_exits_2(tiny):
     """The command as users run it: one line and exit 2, not a MemoryError traceback."""
     pattern = HOSTILE[1]
-
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, resource.RLIM_INFINITY))
-
+    # the cap is set by the child itself: a preexec_fn would make subprocess fork this
+    # process, which JAX (loaded here by other tests) warns against
+    capped = (
+        "import resource, runpy, sys; "
+        "resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, resource.RLIM_INFINITY)); "
+        "sys.argv = ['suture', *sys.argv[1:]]; "
+        "runpy.run_module('suture', run_name='__main__', alter_sys=True)"
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "suture", "inspect", str(tiny), "--filter", pattern],
+        [sys.executable, "-c", capped, "inspect", str(tiny), "--filter", pattern],
         capture_output=True,
         text=True,
         timeout=120,
-        preexec_fn=cap,
     )
     assert result.returncode == 2, result
     assert result.stderr.startswith("Error: --filter:") and "Traceback" not in result.stderr
