@@ -15,6 +15,7 @@ import json
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import ml_dtypes
@@ -154,6 +155,90 @@ def test_cli_fp8_export_says_once_which_block_it_could_not_hold(tmp_path: Path) 
     assert "RuntimeWarning" not in result.stderr
     scales = suture.open(tmp_path / "fp8")[UP.replace(".", "/") + "_scale_inv"].read()
     assert np.isfinite(scales).all()
+
+
+# --- MXFP4 scale byte 255 (E8M0's NaN) -----------------------------------------------------
+
+EXPERTS = "model.layers.0.mlp.experts.gate_up_proj"
+
+
+def _mxfp4_folder(folder: Path, damaged: int) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A gpt-oss-like MXFP4 folder whose scale [1, 5, 1] is `damaged`; that block's first
+    bytes hold the codes 0, 0.5, -0.5 and 6 (low nibble first)."""
+    rng = np.random.default_rng(8)
+    blocks = rng.integers(0, 256, (2, 8, 2, 16), dtype=np.uint8)
+    blocks[1, 5, 1, :2] = [0x10, 0x79]  # 0, 0.5, then -0.5, 6
+    scales = rng.integers(118, 136, (2, 8, 2), dtype=np.uint8)
+    scales[1, 5, 1] = damaged
+    folder.mkdir()
+    save_file(
+        {f"{EXPERTS}_blocks": blocks, f"{EXPERTS}_scales": scales}, folder / "model.safetensors"
+    )
+    quantization = {"quant_method": "mxfp4"}
+    (folder / "config.json").write_text(
+        json.dumps(
+            {"model_type": "gpt_oss", "dtype": "bfloat16", "quantization_config": quantization}
+        )
+    )
+    return folder, blocks, scales
+
+
+def _transformers_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    torch = pytest.importorskip("torch", reason="the reference is transformers' torch code")
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    expected = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales))
+    return expected.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+
+
+def test_mxfp4_scale_byte_255_says_so_naming_tensor_block_and_byte(tmp_path: Path) -> None:
+    """Byte 255 is read as transformers reads it (ldexp by 128: 0 stays 0, ±0.5 is ±2**127,
+    the rest ±inf), said once naming the tensor, the block and the byte; a normal scale in
+    its place is read exactly, without a word."""
+    folder, blocks, scales = _mxfp4_folder(tmp_path / "mx", 255)
+    opened = suture.open(folder, dequantize=True)
+    with pytest.warns(
+        suture.SutureWarning,
+        match=rf"Tensor '{EXPERTS}': the scale of block \[1, 5, 1\] \({EXPERTS}_scales\[1, 5, 1\], "
+        r"32 values\) is byte 255, E8M0's NaN .* first at element \(1, 32, 5\) .* damaged",
+    ) as said:
+        read = opened[EXPERTS.replace(".", "/")].read()
+        opened[EXPERTS.replace(".", "/")][1, 32:64].read()
+    assert len(said) == 1
+    damaged = read[1, 32:64, 5].astype(np.float32)
+    assert damaged[:4].tolist() == [0.0, 2.0**127, -(2.0**127), np.inf]
+    assert (
+        read.view(np.int16).tobytes()
+        == _transformers_mxfp4(blocks, scales).view(np.int16).tobytes()
+    )
+
+    folder, blocks, scales = _mxfp4_folder(tmp_path / "valid", 130)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        valid = suture.open(folder, dequantize=True)[EXPERTS.replace(".", "/")].read()
+    assert valid[1, 32:36, 5].astype(np.float32).tolist() == [0.0, 4.0, -4.0, 48.0]
+    assert (
+        valid.view(np.int16).tobytes()
+        == _transformers_mxfp4(blocks, scales).view(np.int16).tobytes()
+    )
+
+
+def test_cli_dequantize_of_mxfp4_scale_byte_255_says_so_once(tmp_path: Path) -> None:
+    folder, blocks, scales = _mxfp4_folder(tmp_path / "mx", 255)
+    before = _digest(folder)
+    out = tmp_path / "out"
+    result = _suture("convert", str(folder), str(out), "--dequantize", "--format", "safetensors")
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if line.startswith("Warning: ")]
+    assert len(said) == 1, result.stderr
+    assert f"Tensor '{EXPERTS}': the scale of block [1, 5, 1]" in said[0]
+    assert "is byte 255, E8M0's NaN" in said[0] and "RuntimeWarning" not in result.stderr
+    written = suture.open(out)[EXPERTS.replace(".", "/")].read()
+    assert (
+        written.view(np.int16).tobytes()
+        == _transformers_mxfp4(blocks, scales).view(np.int16).tobytes()
+    )
+    assert _digest(folder) == before
 
 
 # --- item 4: merges that would write inf or NaN ----------------------------------------------

@@ -192,8 +192,10 @@ def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray, dtype: Any = np.flo
     ``(..., rows, groups * 32)``, before transformers' final transpose.
 
     An E8M0 scale has 256 values and a byte two E2M1 ones: one table holds, for every
-    (scale, byte), the byte's two values times ``2 ** (scale - 127)`` (as torch.ldexp: in
-    float32), cast to `dtype`; each byte is then one lookup of both its values.
+    (scale, byte), ``ldexp(value, scale - 127)`` of the byte's two values (as torch.ldexp: in
+    float32), cast to `dtype`; each byte is then one lookup of both its values. Byte 255
+    (E8M0's NaN) is read as transformers reads it: ``ldexp(value, 128)``, so 0 stays 0,
+    ±0.5 is ±2**127 and the rest ±inf (the node says so).
     """
     dtype = np.dtype(dtype)
     if dtype.itemsize > 4:  # no integer holds two: the float32 values, then cast
@@ -211,9 +213,10 @@ def _mxfp4_table(dtype: np.dtype) -> np.ndarray:
     """For index ``scale * 256 + byte``: the byte's two values, scaled, as one wide integer."""
     codes = np.arange(256)
     pairs = np.stack([FP4_VALUES[codes & 0x0F], FP4_VALUES[codes >> 4]], axis=-1)
-    with np.errstate(over="ignore", invalid="ignore"):  # 2**128 (byte 255) is inf, as in torch
-        factors = np.ldexp(np.float32(1.0), codes.astype(np.int32) - 127).astype(np.float32)
-        table = (pairs[None, :, :] * factors[:, None, None]).astype(dtype)
+    exponents = (codes.astype(np.int32) - 127)[:, None, None]
+    with np.errstate(over="ignore"):  # past float32 (bytes 253 up): inf, as in torch
+        # ldexp, not times 2**(s-127): 2**128 (byte 255) is inf, and 0 * inf would be NaN
+        table = np.ldexp(pairs[None, :, :], exponents).astype(np.float32).astype(dtype)
     return np.ascontiguousarray(table).view(np.dtype(f"u{2 * dtype.itemsize}")).reshape(-1)
 
 
