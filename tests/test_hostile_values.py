@@ -1,6 +1,7 @@
 """Values that once came out wrong without a word: FP8 export of blocks holding inf, NaN, a
-float64 beyond float32 or only tiny values, merges that wrote inf or NaN, `suture.map`
-casting to its declared dtype, a Karcher mean that never stopped, numpy's overflow warnings.
+float64 beyond float32 or only tiny values, an MXFP4 scale byte 255 (E8M0's NaN), merges that
+wrote inf or NaN, `suture.map` casting to its declared dtype, a Karcher mean that never
+stopped, numpy's overflow warnings.
 
 Each builds the input with the stock writers (safetensors, numpy), runs the Python API and
 the command line, and checks the error or warning names the tensor or leaf and the fix,
@@ -155,6 +156,101 @@ def test_cli_fp8_export_says_once_which_block_it_could_not_hold(tmp_path: Path) 
     assert "RuntimeWarning" not in result.stderr
     scales = suture.open(tmp_path / "fp8")[UP.replace(".", "/") + "_scale_inv"].read()
     assert np.isfinite(scales).all()
+
+
+def _tiny_weight() -> np.ndarray:
+    """float64 with block (1, 0) of 128x128 below float32's smallest subnormal (a zero among
+    them), block (0, 2) mixing such values with normal ones, block (1, 2) float32 subnormals."""
+    weight = np.random.default_rng(7).standard_normal((256, 384))
+    weight[128:, :128] = 1e-300
+    weight[130, 4] = 0.0
+    weight[:128, 256:][::2] = -1e-300
+    weight[128:, 256:] = 1e-40
+    return weight
+
+
+def test_fp8_export_of_a_float64_block_below_float32_says_so(tmp_path: Path) -> None:
+    """A block whose every nonzero value flushes to zero in float32 is written as 0 with a
+    warning naming the tensor and the block, once; its neighbours keep their values."""
+    weight = _tiny_weight()
+    source = _hf_folder(tmp_path / "hf", {UP: weight})
+    before = _digest(source)
+    with pytest.warns(
+        suture.SutureWarning,
+        match=rf"Tensor '{UP}': block \(row 1, column 0\) of 128x128 holds 1e-300 at element "
+        r"\(128, 0\) \(16383 such value\(s\) .* written as 0, as is every other value of that "
+        r"block: .* round to 0 in float32 \(below its smallest subnormal, 1.401e-45\), .*"
+        r"--strict-casts",
+    ) as said:
+        suture.convert(source, tmp_path / "fp8", quantize="fp8-block", progress=False)
+    assert len([w for w in said if issubclass(w.category, suture.SutureWarning)]) == 1
+    back = suture.open(tmp_path / "fp8", dequantize=True, dequantize_dtype="float32")
+    read = back[UP.replace(".", "/")].read()
+    assert not read[128:, :128].any()
+    np.testing.assert_allclose(read[128:, 256:], weight[128:, 256:], rtol=0.1)
+    np.testing.assert_allclose(read[:128], weight[:128], atol=0.3)
+    scales = suture.open(tmp_path / "fp8")[UP.replace(".", "/") + "_scale_inv"].read()
+    assert scales[1, 0] == 1.0 and np.isfinite(scales).all() and (scales > 0).all()
+    assert _digest(source) == before
+
+
+def test_fp8_export_with_strict_casts_refuses_a_block_below_float32(tmp_path: Path) -> None:
+    source = _hf_folder(tmp_path / "hf", {UP: _tiny_weight()})
+    before = _digest(source)
+    with pytest.raises(
+        suture.LossyCastError,
+        match=rf"Tensor '{UP}': block \(row 1, column 0\) of 128x128 holds 1e-300 at element "
+        r"\(128, 0\) .* every nonzero value of that block rounds to 0 in float32 \(below its "
+        r"smallest subnormal, 1.401e-45\), .* write the whole block as 0\. Scale the values "
+        r"up .*--keep-unquantized",
+    ):
+        suture.convert(
+            source, tmp_path / "fp8", quantize="fp8-block", strict_casts=True, progress=False
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    result = _suture(
+        "convert", str(source), str(tmp_path / "fp8"), "--quantize", "fp8-block", "--strict-casts"
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("Error: ") and "Traceback" not in result.stderr
+    assert f"Tensor '{UP}': block (row 1, column 0) of 128x128 holds 1e-300" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    assert _digest(source) == before
+
+
+def test_cli_fp8_export_says_once_which_block_fell_below_float32(tmp_path: Path) -> None:
+    source = _hf_folder(tmp_path / "hf", {UP: _tiny_weight()})
+    result = _suture("convert", str(source), str(tmp_path / "fp8"), "--quantize", "fp8-block")
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if line.startswith("Warning: ")]
+    assert len(said) == 1, result.stderr
+    assert f"Tensor '{UP}': block (row 1, column 0) of 128x128 holds 1e-300" in said[0]
+    assert "written as 0" in said[0] and "RuntimeWarning" not in result.stderr
+
+
+def test_fp8_export_of_float64_that_float32_holds_is_transformers_bytes(tmp_path: Path) -> None:
+    """Neighbours: tiny float64 values beside normal ones in a block (FP8 rounds them to 0
+    as it rounds any value that small beside the block's largest), an all-zero block: no
+    warning, even with strict casts, and the bytes of transformers' quantizer run on the
+    float32 values."""
+    weight = _tiny_weight()
+    weight[128:, :128] = 0.0
+    weight[128:, 256:] = np.random.default_rng(9).standard_normal((128, 128))
+    source = _hf_folder(tmp_path / "hf", {UP: weight})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", suture.SutureWarning)
+        suture.convert(
+            source, tmp_path / "fp8", quantize="fp8-block", strict_casts=True, progress=False
+        )
+    stored = suture.open(tmp_path / "fp8")
+    torch = pytest.importorskip("torch", reason="the reference is transformers' torch code")
+    from tests.test_quantized import as_numpy, reference_quantize  # needs torch
+
+    values, scales = reference_quantize(torch.from_numpy(weight.astype(np.float32)))
+    assert stored[UP.replace(".", "/")].read().tobytes() == as_numpy(values).tobytes()
+    assert stored[UP.replace(".", "/") + "_scale_inv"].read().tobytes() == (
+        scales.numpy().tobytes()
+    )
 
 
 # --- MXFP4 scale byte 255 (E8M0's NaN) -----------------------------------------------------

@@ -35,6 +35,7 @@ from .._lazy.views import checking_casts
 from .formats import (
     FLOAT32_MAX,
     MXFP4_BLOCK,
+    SMALLEST_INVERSE,
     STRIP_ELEMENTS,
     TABLE_BYTES,
     dequantize_fp8_into,
@@ -310,7 +311,7 @@ class _Quantizer:
         try:
             source = self.source.read(span)
             values, scales = quantize_fp8(
-                source, self.block, lambda unheld: self._unheld(span, source, unheld)
+                source, self.block, lambda unheld, why: self._unheld(span, source, unheld, why)
             )
             if whole_rows:
                 with self._lock:
@@ -323,9 +324,10 @@ class _Quantizer:
             done.set()
         return values, scales
 
-    def _unheld(self, span: Selection, source: np.ndarray, unheld: np.ndarray) -> None:
-        """Values of `span` that FP8 cannot hold: refused under strict casts, else said
-        once for the tensor (they are written as NaN, or saturated)."""
+    def _unheld(self, span: Selection, source: np.ndarray, unheld: np.ndarray, why: str) -> None:
+        """Values of `span` that FP8 cannot hold, `why` ``"range"`` (inf, NaN, beyond float32)
+        or ``"tiny"`` (a block below float32's smallest subnormal): refused under strict
+        casts, else said once for the tensor (they are written as NaN, saturated, or 0)."""
         if not self.strict and self._warned:
             return
         at = tuple(int(i) for i in np.argwhere(unheld)[0])
@@ -336,25 +338,46 @@ class _Quantizer:
             f"element ({row}, {col}) ({int(unheld.sum())} such value(s) in block rows "
             f"{span[0].start // self.block[0]} to {(span[0].stop - 1) // self.block[0]})"
         )
+        keep = (
+            f"keep the tensor unquantized (keep_unquantized / --keep-unquantized "
+            f"'^{re.escape(self.name)}$')"
+        )
+        if self.strict and why == "tiny":
+            raise LossyCastError(
+                f"{found}: every nonzero value of that block rounds to 0 in float32 (below its "
+                f"smallest subnormal, {float(SMALLEST_INVERSE):.4g}), beyond the reach of FP8's "
+                f"float32 scales, so quantize='fp8-block' would write the whole block as 0. "
+                f"Scale the values up (and the layer's output back), or {keep}; without strict "
+                f"casts such blocks are written as 0, with a warning."
+            )
         if self.strict:
             raise LossyCastError(
                 f"{found}: FP8 E4M3 has no infinity, and its float32 scales reach only "
                 f"±{float(FLOAT32_MAX):.4g}, so quantize='fp8-block' would write NaN there or "
                 f"saturate. Fix the source's values (clip them, or "
-                f"take the checkpoint from before they went wrong), or keep the tensor "
-                f"unquantized (keep_unquantized / --keep-unquantized "
-                f"'^{re.escape(self.name)}$'); without strict casts they are written as NaN "
-                f"(inf, NaN) or ±{float(FLOAT32_MAX):.4g} (larger float64), with a warning."
+                f"take the checkpoint from before they went wrong), or {keep}; without strict "
+                f"casts they are written as NaN (inf, NaN) or ±{float(FLOAT32_MAX):.4g} (larger "
+                f"float64), with a warning."
             )
         with self._lock:
             if self._warned:
                 return
             self._warned = True
+        if why == "tiny":
+            written = (
+                f"written as 0, as is every other value of that block: all its nonzero values "
+                f"round to 0 in float32 (below its smallest subnormal, "
+                f"{float(SMALLEST_INVERSE):.4g}), beyond the reach of FP8's float32 scales"
+            )
+        else:
+            written = (
+                f"written as NaN (inf and NaN: FP8 E4M3 has no infinity) or "
+                f"±{float(FLOAT32_MAX):.4g} (larger float64 values: its scales are float32); "
+                f"the other values of those blocks are quantized as usual"
+            )
         warnings.warn(
-            f"{found}: written as NaN (inf and NaN: FP8 E4M3 has no infinity) or "
-            f"±{float(FLOAT32_MAX):.4g} (larger float64 values: its scales are float32); the "
-            f"other values of those blocks are quantized as usual. Later blocks of this tensor "
-            f"are not reported. Pass strict_casts=True (--strict-casts) to refuse them instead.",
+            f"{found}: {written}. Later blocks of this tensor are not reported. Pass "
+            f"strict_casts=True (--strict-casts) to refuse them instead, or {keep}.",
             SutureWarning,
             stacklevel=2,
         )
