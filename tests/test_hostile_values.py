@@ -1,6 +1,7 @@
 """Values that once came out wrong without a word: FP8 export of blocks holding inf, NaN, a
-float64 beyond float32 or only tiny values, merges that wrote inf or NaN, `suture.map`
-casting to its declared dtype, a Karcher mean that never stopped, numpy's overflow warnings.
+float64 beyond float32 or only tiny values, an MXFP4 scale byte 255 (E8M0's NaN), merges that
+wrote inf or NaN, `suture.map` casting to its declared dtype, a Karcher mean that never
+stopped, numpy's overflow warnings.
 
 Each builds the input with the stock writers (safetensors, numpy), runs the Python API and
 the command line, and checks the error or warning names the tensor or leaf and the fix,
@@ -15,6 +16,7 @@ import json
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import ml_dtypes
@@ -154,6 +156,185 @@ def test_cli_fp8_export_says_once_which_block_it_could_not_hold(tmp_path: Path) 
     assert "RuntimeWarning" not in result.stderr
     scales = suture.open(tmp_path / "fp8")[UP.replace(".", "/") + "_scale_inv"].read()
     assert np.isfinite(scales).all()
+
+
+def _tiny_weight() -> np.ndarray:
+    """float64 with block (1, 0) of 128x128 below float32's smallest subnormal (a zero among
+    them), block (0, 2) mixing such values with normal ones, block (1, 2) float32 subnormals."""
+    weight = np.random.default_rng(7).standard_normal((256, 384))
+    weight[128:, :128] = 1e-300
+    weight[130, 4] = 0.0
+    weight[:128, 256:][::2] = -1e-300
+    weight[128:, 256:] = 1e-40
+    return weight
+
+
+def test_fp8_export_of_a_float64_block_below_float32_says_so(tmp_path: Path) -> None:
+    """A block whose every nonzero value flushes to zero in float32 is written as 0 with a
+    warning naming the tensor and the block, once; its neighbours keep their values."""
+    weight = _tiny_weight()
+    source = _hf_folder(tmp_path / "hf", {UP: weight})
+    before = _digest(source)
+    with pytest.warns(
+        suture.SutureWarning,
+        match=rf"Tensor '{UP}': block \(row 1, column 0\) of 128x128 holds 1e-300 at element "
+        r"\(128, 0\) \(16383 such value\(s\) .* written as 0, as is every other value of that "
+        r"block: .* round to 0 in float32 \(below its smallest subnormal, 1.401e-45\), .*"
+        r"--strict-casts",
+    ) as said:
+        suture.convert(source, tmp_path / "fp8", quantize="fp8-block", progress=False)
+    assert len([w for w in said if issubclass(w.category, suture.SutureWarning)]) == 1
+    back = suture.open(tmp_path / "fp8", dequantize=True, dequantize_dtype="float32")
+    read = back[UP.replace(".", "/")].read()
+    assert not read[128:, :128].any()
+    np.testing.assert_allclose(read[128:, 256:], weight[128:, 256:], rtol=0.1)
+    np.testing.assert_allclose(read[:128], weight[:128], atol=0.3)
+    scales = suture.open(tmp_path / "fp8")[UP.replace(".", "/") + "_scale_inv"].read()
+    assert scales[1, 0] == 1.0 and np.isfinite(scales).all() and (scales > 0).all()
+    assert _digest(source) == before
+
+
+def test_fp8_export_with_strict_casts_refuses_a_block_below_float32(tmp_path: Path) -> None:
+    source = _hf_folder(tmp_path / "hf", {UP: _tiny_weight()})
+    before = _digest(source)
+    with pytest.raises(
+        suture.LossyCastError,
+        match=rf"Tensor '{UP}': block \(row 1, column 0\) of 128x128 holds 1e-300 at element "
+        r"\(128, 0\) .* every nonzero value of that block rounds to 0 in float32 \(below its "
+        r"smallest subnormal, 1.401e-45\), .* write the whole block as 0\. Scale the values "
+        r"up .*--keep-unquantized",
+    ):
+        suture.convert(
+            source, tmp_path / "fp8", quantize="fp8-block", strict_casts=True, progress=False
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    result = _suture(
+        "convert", str(source), str(tmp_path / "fp8"), "--quantize", "fp8-block", "--strict-casts"
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("Error: ") and "Traceback" not in result.stderr
+    assert f"Tensor '{UP}': block (row 1, column 0) of 128x128 holds 1e-300" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    assert _digest(source) == before
+
+
+def test_cli_fp8_export_says_once_which_block_fell_below_float32(tmp_path: Path) -> None:
+    source = _hf_folder(tmp_path / "hf", {UP: _tiny_weight()})
+    result = _suture("convert", str(source), str(tmp_path / "fp8"), "--quantize", "fp8-block")
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if line.startswith("Warning: ")]
+    assert len(said) == 1, result.stderr
+    assert f"Tensor '{UP}': block (row 1, column 0) of 128x128 holds 1e-300" in said[0]
+    assert "written as 0" in said[0] and "RuntimeWarning" not in result.stderr
+
+
+def test_fp8_export_of_float64_that_float32_holds_is_transformers_bytes(tmp_path: Path) -> None:
+    """Neighbours: tiny float64 values beside normal ones in a block (FP8 rounds them to 0
+    as it rounds any value that small beside the block's largest), an all-zero block: no
+    warning, even with strict casts, and the bytes of transformers' quantizer run on the
+    float32 values."""
+    weight = _tiny_weight()
+    weight[128:, :128] = 0.0
+    weight[128:, 256:] = np.random.default_rng(9).standard_normal((128, 128))
+    source = _hf_folder(tmp_path / "hf", {UP: weight})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", suture.SutureWarning)
+        suture.convert(
+            source, tmp_path / "fp8", quantize="fp8-block", strict_casts=True, progress=False
+        )
+    stored = suture.open(tmp_path / "fp8")
+    torch = pytest.importorskip("torch", reason="the reference is transformers' torch code")
+    from tests.test_quantized import as_numpy, reference_quantize  # needs torch
+
+    values, scales = reference_quantize(torch.from_numpy(weight.astype(np.float32)))
+    assert stored[UP.replace(".", "/")].read().tobytes() == as_numpy(values).tobytes()
+    assert stored[UP.replace(".", "/") + "_scale_inv"].read().tobytes() == (
+        scales.numpy().tobytes()
+    )
+
+
+# --- MXFP4 scale byte 255 (E8M0's NaN) -----------------------------------------------------
+
+EXPERTS = "model.layers.0.mlp.experts.gate_up_proj"
+
+
+def _mxfp4_folder(folder: Path, damaged: int) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A gpt-oss-like MXFP4 folder whose scale [1, 5, 1] is `damaged`; that block's first
+    bytes hold the codes 0, 0.5, -0.5 and 6 (low nibble first)."""
+    rng = np.random.default_rng(8)
+    blocks = rng.integers(0, 256, (2, 8, 2, 16), dtype=np.uint8)
+    blocks[1, 5, 1, :2] = [0x10, 0x79]  # 0, 0.5, then -0.5, 6
+    scales = rng.integers(118, 136, (2, 8, 2), dtype=np.uint8)
+    scales[1, 5, 1] = damaged
+    folder.mkdir()
+    save_file(
+        {f"{EXPERTS}_blocks": blocks, f"{EXPERTS}_scales": scales}, folder / "model.safetensors"
+    )
+    quantization = {"quant_method": "mxfp4"}
+    (folder / "config.json").write_text(
+        json.dumps(
+            {"model_type": "gpt_oss", "dtype": "bfloat16", "quantization_config": quantization}
+        )
+    )
+    return folder, blocks, scales
+
+
+def _transformers_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    torch = pytest.importorskip("torch", reason="the reference is transformers' torch code")
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    expected = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales))
+    return expected.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+
+
+def test_mxfp4_scale_byte_255_says_so_naming_tensor_block_and_byte(tmp_path: Path) -> None:
+    """Byte 255 is read as transformers reads it (ldexp by 128: 0 stays 0, ±0.5 is ±2**127,
+    the rest ±inf), said once naming the tensor, the block and the byte; a normal scale in
+    its place is read exactly, without a word."""
+    folder, blocks, scales = _mxfp4_folder(tmp_path / "mx", 255)
+    opened = suture.open(folder, dequantize=True)
+    with pytest.warns(
+        suture.SutureWarning,
+        match=rf"Tensor '{EXPERTS}': the scale of block \[1, 5, 1\] \({EXPERTS}_scales\[1, 5, 1\], "
+        r"32 values\) is byte 255, E8M0's NaN .* first at element \(1, 32, 5\) .* damaged",
+    ) as said:
+        read = opened[EXPERTS.replace(".", "/")].read()
+        opened[EXPERTS.replace(".", "/")][1, 32:64].read()
+    assert len(said) == 1
+    damaged = read[1, 32:64, 5].astype(np.float32)
+    assert damaged[:4].tolist() == [0.0, 2.0**127, -(2.0**127), np.inf]
+    assert (
+        read.view(np.int16).tobytes()
+        == _transformers_mxfp4(blocks, scales).view(np.int16).tobytes()
+    )
+
+    folder, blocks, scales = _mxfp4_folder(tmp_path / "valid", 130)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        valid = suture.open(folder, dequantize=True)[EXPERTS.replace(".", "/")].read()
+    assert valid[1, 32:36, 5].astype(np.float32).tolist() == [0.0, 4.0, -4.0, 48.0]
+    assert (
+        valid.view(np.int16).tobytes()
+        == _transformers_mxfp4(blocks, scales).view(np.int16).tobytes()
+    )
+
+
+def test_cli_dequantize_of_mxfp4_scale_byte_255_says_so_once(tmp_path: Path) -> None:
+    folder, blocks, scales = _mxfp4_folder(tmp_path / "mx", 255)
+    before = _digest(folder)
+    out = tmp_path / "out"
+    result = _suture("convert", str(folder), str(out), "--dequantize", "--format", "safetensors")
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if line.startswith("Warning: ")]
+    assert len(said) == 1, result.stderr
+    assert f"Tensor '{EXPERTS}': the scale of block [1, 5, 1]" in said[0]
+    assert "is byte 255, E8M0's NaN" in said[0] and "RuntimeWarning" not in result.stderr
+    written = suture.open(out)[EXPERTS.replace(".", "/")].read()
+    assert (
+        written.view(np.int16).tobytes()
+        == _transformers_mxfp4(blocks, scales).view(np.int16).tobytes()
+    )
+    assert _digest(folder) == before
 
 
 # --- item 4: merges that would write inf or NaN ----------------------------------------------

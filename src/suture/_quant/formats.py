@@ -192,8 +192,10 @@ def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray, dtype: Any = np.flo
     ``(..., rows, groups * 32)``, before transformers' final transpose.
 
     An E8M0 scale has 256 values and a byte two E2M1 ones: one table holds, for every
-    (scale, byte), the byte's two values times ``2 ** (scale - 127)`` (as torch.ldexp: in
-    float32), cast to `dtype`; each byte is then one lookup of both its values.
+    (scale, byte), ``ldexp(value, scale - 127)`` of the byte's two values (as torch.ldexp: in
+    float32), cast to `dtype`; each byte is then one lookup of both its values. Byte 255
+    (E8M0's NaN) is read as transformers reads it: ``ldexp(value, 128)``, so 0 stays 0,
+    ±0.5 is ±2**127 and the rest ±inf (the node says so).
     """
     dtype = np.dtype(dtype)
     if dtype.itemsize > 4:  # no integer holds two: the float32 values, then cast
@@ -211,9 +213,10 @@ def _mxfp4_table(dtype: np.dtype) -> np.ndarray:
     """For index ``scale * 256 + byte``: the byte's two values, scaled, as one wide integer."""
     codes = np.arange(256)
     pairs = np.stack([FP4_VALUES[codes & 0x0F], FP4_VALUES[codes >> 4]], axis=-1)
-    with np.errstate(over="ignore", invalid="ignore"):  # 2**128 (byte 255) is inf, as in torch
-        factors = np.ldexp(np.float32(1.0), codes.astype(np.int32) - 127).astype(np.float32)
-        table = (pairs[None, :, :] * factors[:, None, None]).astype(dtype)
+    exponents = (codes.astype(np.int32) - 127)[:, None, None]
+    with np.errstate(over="ignore"):  # past float32 (bytes 253 up): inf, as in torch
+        # ldexp, not times 2**(s-127): 2**128 (byte 255) is inf, and 0 * inf would be NaN
+        table = np.ldexp(pairs[None, :, :], exponents).astype(np.float32).astype(dtype)
     return np.ascontiguousarray(table).view(np.dtype(f"u{2 * dtype.itemsize}")).reshape(-1)
 
 
@@ -237,7 +240,9 @@ _MXFP4_LIMITS: dict[np.dtype, int] = {}
 
 
 def quantize_fp8(
-    values: np.ndarray, block: tuple[int, int], unheld: Callable[[np.ndarray], None] | None = None
+    values: np.ndarray,
+    block: tuple[int, int],
+    unheld: Callable[[np.ndarray, str], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """FP8 E4M3 values and float32 ``scale_inv`` per block of the last two axes.
 
@@ -251,8 +256,11 @@ def quantize_fp8(
     (its dequantized value must fit the float32 the scales are), and a block so small that
     ``448 / max`` overflows float32 (or so large that ``448 * scale_inv`` does) gets
     ``scale_inv = max / 448``, kept within float32 (at least its smallest subnormal),
-    instead of an infinite or zero scale. `unheld`, when given, is called first with the
-    mask of the values that FP8 cannot hold (it may raise).
+    instead of an infinite or zero scale. A block whose nonzero float64 values all flush to
+    zero in float32 (below its smallest subnormal) is written as zeros with scale 1.
+    `unheld`, when given, is called first with the mask of the values that FP8 cannot hold
+    and why: ``"range"`` (inf, NaN, beyond float32) or ``"tiny"`` (a block flushed to zero);
+    it may raise.
     """
     with np.errstate(over="ignore"):  # float64 beyond float32's range: inf here, seen below
         x = values.astype(np.float32)
@@ -261,10 +269,14 @@ def quantize_fp8(
     if not np.isfinite(max_abs).all():  # NaN propagates through max, as inf does
         finite = np.isfinite(values)
         if unheld is not None:
-            unheld(~(finite & np.isfinite(x)))
+            unheld(~(finite & np.isfinite(x)), "range")
         x = np.where(finite, np.clip(x, -FLOAT32_MAX, FLOAT32_MAX), np.float32(0))
         not_a_number = ~finite
         tiles, max_abs = _tiles(x, block)
+    if unheld is not None and values.dtype.itemsize > 4 and not max_abs.all():
+        flushed = _flushed(values, x, max_abs == 0, block)
+        if flushed.any():
+            unheld(flushed, "tiny")
     safe = np.where(max_abs > 0, max_abs, np.float32(1.0))
     with np.errstate(over="ignore", divide="ignore"):  # blocks the formula fails: `off`
         # torch computes `448.0 / t` as `t.reciprocal() * 448.0`, one rounding more than a
@@ -289,6 +301,17 @@ def quantize_fp8(
     if not_a_number is not None:
         quantized[not_a_number] = np.nan
     return quantized, inverse
+
+
+def _flushed(
+    values: np.ndarray, x: np.ndarray, zero_blocks: np.ndarray, block: tuple[int, int]
+) -> np.ndarray:
+    """Where `values` is nonzero but its float32 `x` is zero, in blocks that are all zero in
+    `x` (every value of such a block is lost; elsewhere the scale keeps the block's range).
+    NaN and inf are left out: they were said as out of range."""
+    rows, cols = x.shape[-2:]
+    spread = np.repeat(np.repeat(zero_blocks, block[0], axis=-2), block[1], axis=-1)
+    return spread[..., :rows, :cols] & (x == 0) & (values != 0) & np.isfinite(values)
 
 
 def _tiles(x: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:

@@ -35,6 +35,7 @@ from .._lazy.views import checking_casts
 from .formats import (
     FLOAT32_MAX,
     MXFP4_BLOCK,
+    SMALLEST_INVERSE,
     STRIP_ELEMENTS,
     TABLE_BYTES,
     dequantize_fp8_into,
@@ -183,38 +184,73 @@ class MXFP4DequantNode(Node):
         blocks_part, scales_part, groups = self._parts(selection)
         blocks, scales = self.blocks.read(blocks_part), self.scales.read(scales_part)
         values = dequantize_mxfp4(blocks, scales, self.dtype)  # cast in its table: same bits
-        raw = scales.view(np.uint8)
-        if (raw[raw != 255] >= mxfp4_overflow_scale(self.dtype)).any():  # byte 255 is NaN
-            per_value = np.repeat(raw, MXFP4_BLOCK, axis=-1)
-            bad = ~np.isfinite(values) & (per_value != 255)
-            if bad.any():
-                at = tuple(int(i) for i in np.argwhere(bad)[0])
-                lead = tuple(positions(a)[i] for a, i in zip(selection[:-2], at[:-2], strict=True))
-                index = (
-                    *lead,
-                    groups.start * MXFP4_BLOCK + at[-1],
-                    positions(selection[-1])[at[-2]],
-                )
-                exponent = int(per_value[at]) - 127
-                self.overflow.say(int(bad.sum()), index, f"scale 2**{exponent}", 1.0)
         columns = _numbers(selection[-2]) - groups.start * MXFP4_BLOCK
         lead = tuple(range(n) for n in values.shape[:-2])
         values = outer_index(values, (*lead, range(values.shape[-2]), columns))
+        raw = scales.view(np.uint8)
+        if (raw >= min(mxfp4_overflow_scale(self.dtype), 255)).any():
+            self._say_unheld(values, raw[..., columns // MXFP4_BLOCK], selection)
         return np.ascontiguousarray(np.swapaxes(values, -1, -2))
+
+    def _say_unheld(
+        self, values: np.ndarray, scale_bytes: np.ndarray, selection: Selection
+    ) -> None:
+        """Says (once for the tensor) a block with scale byte 255, E8M0's NaN, or else values
+        that overflowed `dtype`; `values` and `scale_bytes` (each value's scale byte) are
+        ``(..., rows, columns)`` of `selection`, before the transpose."""
+        damaged = scale_bytes == 255
+        bad = damaged if damaged.any() else ~np.isfinite(values)
+        if not bad.any():
+            return
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        lead = tuple(positions(a)[i] for a, i in zip(selection[:-2], at[:-2], strict=True))
+        row, column = positions(selection[-1])[at[-2]], positions(selection[-2])[at[-1]]
+        byte = int(scale_bytes[at])
+        block = (*lead, int(row), int(column) // MXFP4_BLOCK)
+        where = (*lead, int(column), int(row))
+        if damaged.any():
+            self.overflow.say_damaged_scale(int(damaged.sum()), where, block, byte)
+        else:
+            scale = f"block {list(block)}, scale byte {byte}: 2**{byte - 127}"
+            self.overflow.say(int(bad.sum()), where, scale, 1.0)
 
 
 class _OverflowWarning:
-    """Says once per tensor that dequantizing it gave inf or NaN from finite codes."""
+    """Says once per tensor that dequantizing it gave inf or NaN from finite codes, or
+    met an MXFP4 scale byte 255 (E8M0's NaN)."""
 
     def __init__(self, tensor: str, dtype: np.dtype) -> None:
         self.tensor, self.dtype, self.said = tensor, dtype, False
         self._lock = threading.Lock()
 
-    def say(self, count: int, where: tuple[int, ...], scale: str, value: Any) -> None:
+    def _first(self) -> bool:
+        """Whether this is the tensor's first report (later ones are not made)."""
         with self._lock:
-            if self.said:
-                return
-            self.said = True
+            first, self.said = not self.said, True
+        return first
+
+    def say_damaged_scale(
+        self, count: int, where: tuple[int, ...], block: tuple[int, ...], byte: int
+    ) -> None:
+        """An MXFP4 `block` (index of its scale) whose scale is `byte` 255, E8M0's NaN."""
+        if not self._first():
+            return
+        scales = f"{self.tensor}_scales" if self.tensor else "the scales"
+        warnings.warn(
+            f"Tensor {self.tensor or '(unnamed)'!r}: the scale of block {list(block)} "
+            f"({scales}{list(block)}, {MXFP4_BLOCK} values) is byte {byte}, E8M0's NaN (OCP "
+            f"MX spec): its values are read as transformers reads them, ldexp(value, 128) (0 "
+            f"stays 0, ±0.5 is ±2**127 where the dtype holds it, the rest ±inf), the first at "
+            f"element {where} ({count} value(s) under such scales in this read). The "
+            f"checkpoint's scales are damaged: take the tensor from an intact copy. Later ones "
+            f"of this tensor are not reported.",
+            SutureWarning,
+            stacklevel=2,
+        )
+
+    def say(self, count: int, where: tuple[int, ...], scale: str, value: Any) -> None:
+        if not self._first():
+            return
         largest = float(ml_dtypes.finfo(self.dtype).max)
         if np.isfinite(value) and largest < float(np.finfo(np.float32).max):
             cause = (
@@ -275,7 +311,7 @@ class _Quantizer:
         try:
             source = self.source.read(span)
             values, scales = quantize_fp8(
-                source, self.block, lambda unheld: self._unheld(span, source, unheld)
+                source, self.block, lambda unheld, why: self._unheld(span, source, unheld, why)
             )
             if whole_rows:
                 with self._lock:
@@ -288,9 +324,10 @@ class _Quantizer:
             done.set()
         return values, scales
 
-    def _unheld(self, span: Selection, source: np.ndarray, unheld: np.ndarray) -> None:
-        """Values of `span` that FP8 cannot hold: refused under strict casts, else said
-        once for the tensor (they are written as NaN, or saturated)."""
+    def _unheld(self, span: Selection, source: np.ndarray, unheld: np.ndarray, why: str) -> None:
+        """Values of `span` that FP8 cannot hold, `why` ``"range"`` (inf, NaN, beyond float32)
+        or ``"tiny"`` (a block below float32's smallest subnormal): refused under strict
+        casts, else said once for the tensor (they are written as NaN, saturated, or 0)."""
         if not self.strict and self._warned:
             return
         at = tuple(int(i) for i in np.argwhere(unheld)[0])
@@ -301,25 +338,46 @@ class _Quantizer:
             f"element ({row}, {col}) ({int(unheld.sum())} such value(s) in block rows "
             f"{span[0].start // self.block[0]} to {(span[0].stop - 1) // self.block[0]})"
         )
+        keep = (
+            f"keep the tensor unquantized (keep_unquantized / --keep-unquantized "
+            f"'^{re.escape(self.name)}$')"
+        )
+        if self.strict and why == "tiny":
+            raise LossyCastError(
+                f"{found}: every nonzero value of that block rounds to 0 in float32 (below its "
+                f"smallest subnormal, {float(SMALLEST_INVERSE):.4g}), beyond the reach of FP8's "
+                f"float32 scales, so quantize='fp8-block' would write the whole block as 0. "
+                f"Scale the values up (and the layer's output back), or {keep}; without strict "
+                f"casts such blocks are written as 0, with a warning."
+            )
         if self.strict:
             raise LossyCastError(
                 f"{found}: FP8 E4M3 has no infinity, and its float32 scales reach only "
                 f"±{float(FLOAT32_MAX):.4g}, so quantize='fp8-block' would write NaN there or "
                 f"saturate. Fix the source's values (clip them, or "
-                f"take the checkpoint from before they went wrong), or keep the tensor "
-                f"unquantized (keep_unquantized / --keep-unquantized "
-                f"'^{re.escape(self.name)}$'); without strict casts they are written as NaN "
-                f"(inf, NaN) or ±{float(FLOAT32_MAX):.4g} (larger float64), with a warning."
+                f"take the checkpoint from before they went wrong), or {keep}; without strict "
+                f"casts they are written as NaN (inf, NaN) or ±{float(FLOAT32_MAX):.4g} (larger "
+                f"float64), with a warning."
             )
         with self._lock:
             if self._warned:
                 return
             self._warned = True
+        if why == "tiny":
+            written = (
+                f"written as 0, as is every other value of that block: all its nonzero values "
+                f"round to 0 in float32 (below its smallest subnormal, "
+                f"{float(SMALLEST_INVERSE):.4g}), beyond the reach of FP8's float32 scales"
+            )
+        else:
+            written = (
+                f"written as NaN (inf and NaN: FP8 E4M3 has no infinity) or "
+                f"±{float(FLOAT32_MAX):.4g} (larger float64 values: its scales are float32); "
+                f"the other values of those blocks are quantized as usual"
+            )
         warnings.warn(
-            f"{found}: written as NaN (inf and NaN: FP8 E4M3 has no infinity) or "
-            f"±{float(FLOAT32_MAX):.4g} (larger float64 values: its scales are float32); the "
-            f"other values of those blocks are quantized as usual. Later blocks of this tensor "
-            f"are not reported. Pass strict_casts=True (--strict-casts) to refuse them instead.",
+            f"{found}: {written}. Later blocks of this tensor are not reported. Pass "
+            f"strict_casts=True (--strict-casts) to refuse them instead, or {keep}.",
             SutureWarning,
             stacklevel=2,
         )
