@@ -55,13 +55,18 @@ MODELS = {
 }
 
 
-def _save_model(family: str, folder) -> object:
-    torch.manual_seed(0)
-    model = MODELS[family]().eval()
-    with torch.no_grad():  # non-trivial norms, so that a wrong mapping shows
+def _vary_norms(model):
+    """`model`, its norms made non-trivial, so that a wrong mapping shows."""
+    with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" in name:
                 parameter.add_(torch.randn_like(parameter) * 0.1)
+    return model
+
+
+def _save_model(family: str, folder) -> object:
+    torch.manual_seed(0)
+    model = _vary_norms(MODELS[family]().eval())
     model.save_pretrained(folder)
     return model
 
@@ -73,6 +78,71 @@ def _tensors(folder) -> dict[str, np.ndarray]:
     return out
 
 
+def _assert_same_tensors(expected, actual, *, same_config: bool = False) -> dict[str, np.ndarray]:
+    """The folders hold the same tensors, dtypes and bits (and config.json, if `same_config`);
+    returns `expected`'s tensors."""
+    source, back = _tensors(expected), _tensors(actual)
+    assert sorted(source) == sorted(back)
+    for key in source:
+        assert source[key].dtype == back[key].dtype, key
+        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
+    if same_config:
+        assert json.loads((actual / "config.json").read_text()) == json.loads(
+            (expected / "config.json").read_text()
+        )
+    return source
+
+
+def _assert_tree(folder, expected: dict[str, tuple[int, ...]]):
+    """The checkpoint in `folder` has `expected`'s paths (and step), of those shapes; returned."""
+    ckpt = suture.open(folder)
+    assert sorted(p for p in ckpt.paths() if p != "step") == sorted(expected)
+    for path, shape in expected.items():
+        assert tuple(ckpt[path].shape) == shape, path
+    return ckpt
+
+
+def _assert_refused(tmp_path, recipe: str, match: str) -> None:
+    """Converting tmp_path/hf with `recipe` is a ConfigMismatchError matching `match`: nothing
+    written, the source's tensors unchanged."""
+    source = _tensors(tmp_path / "hf")
+    with pytest.raises(families.ConfigMismatchError, match=match):
+        convert_with_recipe(tmp_path / "hf", tmp_path / "mt", recipe, progress=False)
+    assert not (tmp_path / "mt").exists()
+    assert all(np.array_equal(source[k], v) for k, v in _tensors(tmp_path / "hf").items())
+
+
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from suture.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def _cli_shows_family(family: str, config) -> str:
+    """`suture recipes` lists `family`'s two layouts; the table `suture recipes family:maxtext
+    --config config` shows is returned."""
+    listed = _cli("recipes")
+    assert listed.exit_code == 0
+    assert f"{family}:maxtext " in listed.output
+    assert f"{family}:maxtext-unscanned" in listed.output
+    shown = _cli("recipes", f"{family}:maxtext", "--config", str(config))
+    assert shown.exit_code == 0, shown.output
+    return shown.output
+
+
+def _cli_round_trip(tmp_path, recipe: str, *back_options: str) -> None:
+    """`suture convert` tmp_path/hf to mt and back with `recipe`: the tensors come back bit for bit."""
+    common = ["--recipe", recipe, "--no-progress"]
+    for source, target, more in (("hf", "mt", []), ("mt", "back", ["--reverse", *back_options])):
+        done = _cli("convert", str(tmp_path / source), str(tmp_path / target), *common, *more)
+        assert done.exit_code == 0, done.output
+    source, restored = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
+    assert sorted(source) == sorted(restored)
+    assert all(np.array_equal(source[k], restored[k]) for k in source)
+
+
 @pytest.mark.parametrize("family", ["llama2", "llama3.1", "mistral", "qwen3"])
 @pytest.mark.parametrize("layout", ["maxtext", "maxtext-unscanned"])
 def test_round_trip_is_bit_identical(tmp_path, family, layout):
@@ -80,14 +150,7 @@ def test_round_trip_is_bit_identical(tmp_path, family, layout):
     name = f"{family}:{layout}"
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", name, progress=False)
     convert_with_recipe(tmp_path / "mt", tmp_path / "back", name, reverse=True, progress=False)
-    source, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
-    assert sorted(source) == sorted(back)
-    for key in source:
-        assert source[key].dtype == back[key].dtype, key
-        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
-    assert json.loads((tmp_path / "back" / "config.json").read_text()) == json.loads(
-        (tmp_path / "hf" / "config.json").read_text()
-    )
+    _assert_same_tensors(tmp_path / "hf", tmp_path / "back", same_config=True)
     reloaded = type(MODELS[family]()).from_pretrained(tmp_path / "back")
     assert reloaded is not None
 
@@ -310,56 +373,21 @@ def test_operations_table_says_how_close_a_round_trip_comes():
 
 
 def test_cli_lists_recipes_and_converts_both_ways(tmp_path):
-    from typer.testing import CliRunner
-
-    from suture.cli import app
-
-    runner = CliRunner()
-    listed = runner.invoke(app, ["recipes"])
+    listed = _cli("recipes")
     assert listed.exit_code == 0
     assert "llama3.1:maxtext " in listed.output and "gemma2:maxtext-unscanned" in listed.output
     _save_model("llama3.1", tmp_path / "hf")
-    shown = runner.invoke(
-        app, ["recipes", "llama3.1:maxtext", "--config", str(tmp_path / "hf" / "config.json")]
-    )
+    shown = _cli("recipes", "llama3.1:maxtext", "--config", str(tmp_path / "hf" / "config.json"))
     assert (
         shown.exit_code == 0 and "param_mapping.py" in shown.output and "interleave" in shown.output
     )
-    forward = runner.invoke(
-        app,
-        [
-            "convert",
-            str(tmp_path / "hf"),
-            str(tmp_path / "mt"),
-            "--recipe",
-            "llama3.1:maxtext",
-            "--no-progress",
-        ],
-    )
-    assert forward.exit_code == 0, forward.output
-    back = runner.invoke(
-        app,
-        [
-            "convert",
-            str(tmp_path / "mt"),
-            str(tmp_path / "back"),
-            "--recipe",
-            "llama3.1:maxtext",
-            "--reverse",
-            "--no-progress",
-        ],
-    )
-    assert back.exit_code == 0, back.output
+    _cli_round_trip(tmp_path, "llama3.1:maxtext")
     assert sorted(p.name for p in (tmp_path / "back").iterdir()) == [
         "config.json",
         "generation_config.json",
         "model.safetensors",
     ]
-    source, restored = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
-    assert all(np.array_equal(source[k], restored[k]) for k in source)
-    wrong = runner.invoke(
-        app, ["convert", str(tmp_path / "hf"), str(tmp_path / "x"), "--recipe", "qwen3:maxtext"]
-    )
+    wrong = _cli("convert", str(tmp_path / "hf"), str(tmp_path / "x"), "--recipe", "qwen3:maxtext")
     assert wrong.exit_code == 2 and "Error:" in wrong.output and "model_type" in wrong.output
 
 

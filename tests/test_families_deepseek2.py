@@ -21,7 +21,17 @@ import suture
 from suture import families
 from suture.families._convert import convert_with_recipe
 
-from .test_families import TOKENS, _rms_norm, _tensors
+from .test_families import (
+    TOKENS,
+    _assert_refused,
+    _assert_same_tensors,
+    _assert_tree,
+    _cli_round_trip,
+    _cli_shows_family,
+    _tensors,
+    _vary_norms,
+)
+from .test_families_moe import _deepseek_logits, _routed_and_shared
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -57,11 +67,7 @@ LORA = dict(q_lora_rank=24)  # V2 (236B)'s query path: q_a, its norm, q_b
 def _save_model(folder, fused: bool = False, **extra) -> object:
     torch.manual_seed(0)
     config = transformers.DeepseekV2Config(**{**CONFIG, **extra})
-    model = transformers.DeepseekV2ForCausalLM(config).eval()
-    with torch.no_grad():  # non-trivial norms, so that a wrong mapping shows
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.add_(torch.randn_like(parameter) * 0.1)
+    model = _vary_norms(transformers.DeepseekV2ForCausalLM(config).eval())
     model.save_pretrained(folder, save_original_format=not fused)
     return model
 
@@ -82,18 +88,14 @@ def test_deepseek2_round_trip_is_bit_identical(tmp_path, layout, fused, extra):
         like=tmp_path / "hf",  # the expert layout the source has
         progress=False,
     )
-    source, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
-    assert sorted(source) == sorted(back)
-    for key in source:
-        assert source[key].dtype == back[key].dtype, key
-        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
+    _assert_same_tensors(tmp_path / "hf", tmp_path / "back")
     assert transformers.DeepseekV2ForCausalLM.from_pretrained(tmp_path / "back") is not None
 
 
 def _expected_shapes(scanned: bool) -> dict[str, tuple[int, ...]]:
     """MaxText's tree for CONFIG: the converter's names (its v2 keys, no router bias: MaxText's
     deepseek2-16b has routed_bias false), the model's shapes (scan axis 1, experts first)."""
-    e, h, qk, kv, rope, v, m, moe, x = 64, 4, 24, 32, 8, 16, 96, 16, 4
+    e, h, qk, kv, rope, v, moe, x = 64, 4, 24, 32, 8, 16, 16, 4
     attention = {
         "pre_self_attention_layer_norm/scale": (e,),
         "post_self_attention_layer_norm/scale": (e,),
@@ -103,37 +105,40 @@ def _expected_shapes(scanned: bool) -> dict[str, tuple[int, ...]]:
         "self_attention/wkv_b/kernel": (kv, h, 16 + v),
         "self_attention/out/kernel": (h, v, e),
     }
-    dense = {**attention, "mlp/wi_0/kernel": (e, m), "mlp/wi_1/kernel": (e, m)}
-    dense["mlp/wo/kernel"] = (m, e)
     block = "DeepSeekMoeBlock_0"
     moe_layer = {
-        **attention,
         f"{block}/shared_experts/wi_0/kernel": (e, 2 * moe),
         f"{block}/shared_experts/wi_1/kernel": (e, 2 * moe),
         f"{block}/shared_experts/wo/kernel": (2 * moe, e),
         f"{block}/MoeBlock_0/gate/kernel": (e, x),
-    }
-    experts = {
         f"{block}/MoeBlock_0/wi_0": (x, e, moe),
         f"{block}/MoeBlock_0/wi_1": (x, e, moe),
         f"{block}/MoeBlock_0/wo": (x, moe, e),
     }
+    return _deepseek_tree(attention, moe_layer, scanned)
+
+
+def _deepseek_tree(attention, moe, scanned: bool) -> dict[str, tuple[int, ...]]:
+    """MaxText's tree for 1 dense then 2 MoE layers of CONFIG's sizes (hidden 64, MLP 96, 64
+    tokens): `attention` in every layer, `moe` in the MoE layers; scanned, each leaf's layer
+    axis is 1 (after the experts' axis, for the routed experts and the router bias)."""
+    e, m = 64, 96
+    dense = {**attention, "mlp/wi_0/kernel": (e, m), "mlp/wi_1/kernel": (e, m)}
+    dense["mlp/wo/kernel"] = (m, e)
     shapes = {
         "token_embedder/embedding": (64, e),
         "decoder/decoder_norm/scale": (e,),
         "decoder/logits_dense/kernel": (e, 64),
     }
-    for tree, count, leaves in (("dense_layers", 1, dense), ("moe_layers", 2, moe_layer)):
+    for tree, count, leaves in (
+        ("dense_layers", 1, dense),
+        ("moe_layers", 2, {**attention, **moe}),
+    ):
         for leaf, shape in leaves.items():
             if scanned:
                 shapes[f"decoder/{tree}/{leaf}"] = (shape[0], count, *shape[1:])
             else:
                 shapes.update({f"decoder/{tree}_{i}/{leaf}": shape for i in range(count)})
-    for leaf, shape in experts.items():
-        if scanned:  # (experts, layers, ...)
-            shapes[f"decoder/moe_layers/{leaf}"] = (shape[0], 2, *shape[1:])
-        else:
-            shapes.update({f"decoder/moe_layers_{i}/{leaf}": shape for i in range(2)})
     return {f"params/params/{path}": shape for path, shape in shapes.items()}
 
 
@@ -141,11 +146,7 @@ def _expected_shapes(scanned: bool) -> dict[str, tuple[int, ...]]:
 def test_deepseek2_tree_has_maxtexts_paths_and_shapes(tmp_path, layout):
     _save_model(tmp_path / "hf")
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", f"deepseek2:{layout}", progress=False)
-    ckpt = suture.open(tmp_path / "mt")
-    expected = _expected_shapes(layout == "maxtext")
-    assert sorted(p for p in ckpt.paths() if p != "step") == sorted(expected)
-    for path, shape in expected.items():
-        assert tuple(ckpt[path].shape) == shape, path
+    ckpt = _assert_tree(tmp_path / "mt", _expected_shapes(layout == "maxtext"))
     hf = _tensors(tmp_path / "hf")
     scanned = layout == "maxtext"
     query = ckpt[
@@ -171,86 +172,21 @@ def test_deepseek2_with_query_lora_takes_v3s_query_leaves(tmp_path):
 # Logits: MaxText's DeepSeek-V2 layers, written in JAX -----------------------------------------
 
 
-def _mla(h, p, config, mask):
-    """MaxText's multi-head latent attention with V2-Lite's plain query projection."""
-    eps, nope, rope = config["rms_norm_eps"], config["qk_nope_head_dim"], config["qk_rope_head_dim"]
-    q = jnp.einsum("bse,ehd->bshd", h, p["query"]["kernel"])
-    compressed = h @ p["wkv_a"]["kernel"]
-    latent, k_rot = (
-        compressed[..., : config["kv_lora_rank"]],
-        compressed[..., config["kv_lora_rank"] :],
-    )
-    kv = jnp.einsum(
-        "bsr,rhd->bshd", _rms_norm(latent, p["kv_norm"]["scale"], eps), p["wkv_b"]["kernel"]
-    )
-    k_nope, value = kv[..., :nope], kv[..., nope:]
-    positions = jnp.arange(h.shape[1])[:, None]
-    inv_freq = 1.0 / (config["rope_parameters"]["rope_theta"] ** (jnp.arange(0, rope, 2) / rope))
-    cos = jnp.cos(positions * inv_freq)[None, :, None]
-    sin = jnp.sin(positions * inv_freq)[None, :, None]
-
-    def rotate(x):  # MaxText's rope_interleave: pairs (x0, x1), (x2, x3), ...
-        first, second = x[..., 0::2], x[..., 1::2]
-        return jnp.stack([first * cos - second * sin, second * cos + first * sin], -1).reshape(
-            x.shape
-        )
-
-    q = jnp.concatenate([q[..., :nope], rotate(q[..., nope:])], axis=-1)
-    k_rot = jnp.broadcast_to(rotate(k_rot[:, :, None]), k_nope.shape[:-1] + (rope,))
-    k = jnp.concatenate([k_nope, k_rot], axis=-1)
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (nope + rope) ** -0.5
-    weights = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1)
-    attended = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
-    return jnp.einsum("bshd,hde->bse", attended, p["out"]["kernel"])
-
-
 def _moe(h, block, config):
     """Softmax scores, top-k, weights not renormalized (routed_score_func softmax)."""
-    router = block["MoeBlock_0"]
-    scores = jax.nn.softmax(h @ router["gate"]["kernel"], axis=-1)
+    scores = jax.nn.softmax(h @ block["MoeBlock_0"]["gate"]["kernel"], axis=-1)
     weights, chosen = jax.lax.top_k(scores, config["num_experts_per_tok"])
-    weights = weights * config["routed_scaling_factor"]
-    hidden = jax.nn.silu(jnp.einsum("bse,xem->bsxm", h, router["wi_0"])) * jnp.einsum(
-        "bse,xem->bsxm", h, router["wi_1"]
-    )
-    outputs = jnp.einsum("bsxm,xme->bsxe", hidden, router["wo"])
-    routed = (jnp.take_along_axis(outputs, chosen[..., None], axis=2) * weights[..., None]).sum(2)
-    shared = block["shared_experts"]
-    gated = jax.nn.silu(h @ shared["wi_0"]["kernel"]) * (h @ shared["wi_1"]["kernel"])
-    return routed + gated @ shared["wo"]["kernel"]
-
-
-def _layer(decoder, tree, index, scanned):
-    if not scanned:
-        return decoder[f"{tree}_{index}"]
-    # the scan axis is 1; the routed experts are (experts, layers, ...): also axis 1
-    return jax.tree.map(lambda a: a[:, index] if a.ndim > 1 else a, decoder[tree])
+    return _routed_and_shared(h, block, chosen, weights * config["routed_scaling_factor"])
 
 
 @pytest.mark.parametrize("layout", ["maxtext", "maxtext-unscanned"])
 def test_deepseek2_maxtext_layout_gives_transformers_logits(tmp_path, layout):
+    """Multi-head latent attention with V2-Lite's plain query projection, softmax routing."""
     model = _save_model(tmp_path / "hf")
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", f"deepseek2:{layout}", progress=False)
     params = jax.tree.map(jnp.asarray, suture.load(tmp_path / "mt")["params"]["params"])
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    decoder, eps = params["decoder"], config["rms_norm_eps"]
-    tokens = jnp.asarray(TOKENS)
-    mask = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
-    x = params["token_embedder"]["embedding"][tokens]
-    dense = config["first_k_dense_replace"]
-    for i in range(config["num_hidden_layers"]):
-        tree, index = ("dense_layers", i) if i < dense else ("moe_layers", i - dense)
-        p = _layer(decoder, tree, index, layout == "maxtext")
-        h = _rms_norm(x, p["pre_self_attention_layer_norm"]["scale"], eps)
-        x = x + _mla(h, p["self_attention"], config, mask)
-        h = _rms_norm(x, p["post_self_attention_layer_norm"]["scale"], eps)
-        if i < dense:
-            mlp = p["mlp"]
-            gated = jax.nn.silu(h @ mlp["wi_0"]["kernel"]) * (h @ mlp["wi_1"]["kernel"])
-            x = x + gated @ mlp["wo"]["kernel"]
-        else:
-            x = x + _moe(h, p["DeepSeekMoeBlock_0"], config)
-    ours = _rms_norm(x, decoder["decoder_norm"]["scale"], eps) @ decoder["logits_dense"]["kernel"]
+    ours = _deepseek_logits(params, config, jnp.asarray(TOKENS), _moe, scanned=layout == "maxtext")
     with torch.no_grad():
         theirs = model(torch.tensor(TOKENS)).logits.numpy()
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=0)
@@ -271,11 +207,7 @@ def test_deepseek2_maxtext_layout_gives_transformers_logits(tmp_path, layout):
 )
 def test_deepseek2_refuses_a_config_maxtext_cannot_hold(tmp_path, extra, match):
     _save_model(tmp_path / "hf", **extra)
-    source = _tensors(tmp_path / "hf")
-    with pytest.raises(families.ConfigMismatchError, match=match):
-        convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "deepseek2:maxtext", progress=False)
-    assert not (tmp_path / "mt").exists()
-    assert all(np.array_equal(source[k], v) for k, v in _tensors(tmp_path / "hf").items())
+    _assert_refused(tmp_path, "deepseek2:maxtext", match)
 
 
 def test_deepseek2_recipe_refuses_a_deepseek3_folder_naming_the_model_type(tmp_path):
@@ -303,39 +235,10 @@ def test_deepseek3_recipe_on_a_v2_lite_folder_names_the_model_type_first(tmp_pat
 
 
 def test_cli_lists_deepseek2_and_converts_both_ways(tmp_path):
-    from typer.testing import CliRunner
-
-    from suture.cli import app
-
-    runner = CliRunner()
-    listed = runner.invoke(app, ["recipes"])
-    assert listed.exit_code == 0
-    assert "deepseek2:maxtext " in listed.output
-    assert "deepseek2:maxtext-unscanned" in listed.output
     _save_model(tmp_path / "hf", fused=True)
-    shown = runner.invoke(
-        app, ["recipes", "deepseek2:maxtext", "--config", str(tmp_path / "hf" / "config.json")]
-    )
-    assert shown.exit_code == 0, shown.output
-    assert "DEEPSEEK_MAXTEXT_TO_HF_PARAM_MAPPING" in shown.output
-    assert "decoder/moe_layers/self_attention/query/kernel" in shown.output
-    assert "wq_a" not in shown.output  # V2-Lite: no query LoRA
-    common = ["--recipe", "deepseek2:maxtext", "--no-progress"]
-    forward = runner.invoke(app, ["convert", str(tmp_path / "hf"), str(tmp_path / "mt"), *common])
-    assert forward.exit_code == 0, forward.output
-    back = runner.invoke(
-        app,
-        [
-            "convert",
-            str(tmp_path / "mt"),
-            str(tmp_path / "back"),
-            *common,
-            "--reverse",
-            "--like",
-            str(tmp_path / "hf"),
-        ],
-    )
-    assert back.exit_code == 0, back.output
-    source, restored = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
-    assert sorted(source) == sorted(restored)  # fused experts, as the --like folder has them
-    assert all(np.array_equal(source[k], restored[k]) for k in source)
+    shown = _cli_shows_family("deepseek2", tmp_path / "hf" / "config.json")
+    assert "DEEPSEEK_MAXTEXT_TO_HF_PARAM_MAPPING" in shown
+    assert "decoder/moe_layers/self_attention/query/kernel" in shown
+    assert "wq_a" not in shown  # V2-Lite: no query LoRA
+    # fused experts back, as the --like folder has them
+    _cli_round_trip(tmp_path, "deepseek2:maxtext", "--like", str(tmp_path / "hf"))

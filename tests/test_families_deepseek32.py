@@ -22,8 +22,19 @@ import suture
 from suture import families
 from suture.families._convert import convert_with_recipe
 
-from .test_families import TOKENS, _rms_norm, _tensors
-from .test_families_moe import _deepseek_moe, _mla
+from .test_families import (
+    TOKENS,
+    _assert_refused,
+    _assert_same_tensors,
+    _assert_tree,
+    _cli_round_trip,
+    _cli_shows_family,
+    _rms_norm,
+    _tensors,
+    _vary_norms,
+)
+from .test_families_deepseek2 import _deepseek_tree
+from .test_families_moe import _deepseek_logits, _deepseek_moe
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -64,11 +75,8 @@ def _model(dtype=torch.float32, **extra) -> object:
     torch.manual_seed(0)
     config = transformers.DeepseekV32Config(**{**CONFIG, **extra})
     config._attn_implementation = "eager"
-    model = transformers.DeepseekV32ForCausalLM(config).eval()
-    with torch.no_grad():  # non-trivial norms (k_norm's bias too) and a router bias that counts
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.add_(torch.randn_like(parameter) * 0.1)
+    model = _vary_norms(transformers.DeepseekV32ForCausalLM(config).eval())  # k_norm's bias too
+    with torch.no_grad():  # a router bias that counts
         for name, buffer in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 buffer.copy_(torch.randn_like(buffer) * 0.3)
@@ -95,19 +103,15 @@ def test_deepseek32_round_trip_is_bit_identical(tmp_path, layout, fused):
         like=tmp_path / "hf",  # the expert layout the source has
         progress=False,
     )
-    source, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
-    assert sorted(source) == sorted(back)
+    source = _assert_same_tensors(tmp_path / "hf", tmp_path / "back")
     assert any(".indexer.k_norm.bias" in key for key in source)
-    for key in source:
-        assert source[key].dtype == back[key].dtype, key
-        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
     assert transformers.DeepseekV32ForCausalLM.from_pretrained(tmp_path / "back") is not None
 
 
 def _expected_shapes(scanned: bool) -> dict[str, tuple[int, ...]]:
     """MaxText's tree for CONFIG: the converter's names (its v3 and v3.2 keys), the model's
     shapes (scan axis 1; routed experts and the router bias (experts, layers, ...))."""
-    e, h, lora, kv, rope, v, m, moe, x = 64, 4, 24, 32, 8, 16, 96, 16, 4
+    e, h, lora, kv, rope, v, moe, x = 64, 4, 24, 32, 8, 16, 16, 4
     ih, idim = 8, 16
     attention = {
         "pre_self_attention_layer_norm/scale": (e,),
@@ -125,50 +129,25 @@ def _expected_shapes(scanned: bool) -> dict[str, tuple[int, ...]]:
         "self_attention/indexer/k_norm/bias": (idim,),
         "self_attention/indexer/weights_proj/kernel": (e, ih),
     }
-    dense = {**attention, "mlp/wi_0/kernel": (e, m), "mlp/wi_1/kernel": (e, m)}
-    dense["mlp/wo/kernel"] = (m, e)
     block = "DeepSeekMoeBlock_0"
     moe_layer = {
-        **attention,
         f"{block}/shared_experts/wi_0/kernel": (e, moe),
         f"{block}/shared_experts/wi_1/kernel": (e, moe),
         f"{block}/shared_experts/wo/kernel": (moe, e),
         f"{block}/MoeBlock_0/gate/kernel": (e, x),
-    }
-    experts = {  # expert axis first
-        f"{block}/MoeBlock_0/gate/bias": (x,),
+        f"{block}/MoeBlock_0/gate/bias": (x,),  # expert axis first, as the experts'
         f"{block}/MoeBlock_0/wi_0": (x, e, moe),
         f"{block}/MoeBlock_0/wi_1": (x, e, moe),
         f"{block}/MoeBlock_0/wo": (x, moe, e),
     }
-    shapes = {
-        "token_embedder/embedding": (64, e),
-        "decoder/decoder_norm/scale": (e,),
-        "decoder/logits_dense/kernel": (e, 64),
-    }
-    for tree, count, leaves in (("dense_layers", 1, dense), ("moe_layers", 2, moe_layer)):
-        for leaf, shape in leaves.items():
-            if scanned:
-                shapes[f"decoder/{tree}/{leaf}"] = (shape[0], count, *shape[1:])
-            else:
-                shapes.update({f"decoder/{tree}_{i}/{leaf}": shape for i in range(count)})
-    for leaf, shape in experts.items():
-        if scanned:
-            shapes[f"decoder/moe_layers/{leaf}"] = (shape[0], 2, *shape[1:])
-        else:
-            shapes.update({f"decoder/moe_layers_{i}/{leaf}": shape for i in range(2)})
-    return {f"params/params/{path}": shape for path, shape in shapes.items()}
+    return _deepseek_tree(attention, moe_layer, scanned)
 
 
 @pytest.mark.parametrize("layout", ["maxtext", "maxtext-unscanned"])
 def test_deepseek32_tree_has_maxtexts_paths_and_shapes(tmp_path, layout):
     _save_model(tmp_path / "hf")
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", f"deepseek3.2:{layout}", progress=False)
-    ckpt = suture.open(tmp_path / "mt")
-    expected = _expected_shapes(layout == "maxtext")
-    assert sorted(p for p in ckpt.paths() if p != "step") == sorted(expected)
-    for path, shape in expected.items():
-        assert tuple(ckpt[path].shape) == shape, path
+    ckpt = _assert_tree(tmp_path / "mt", _expected_shapes(layout == "maxtext"))
     hf = _tensors(tmp_path / "hf")
     scanned = layout == "maxtext"
 
@@ -224,9 +203,11 @@ def test_deepseek32_fp8_folder_converts_dequantized_in_the_same_pass(tmp_path):
 # Logits: MaxText's DeepSeek-V3.2 layers, indexer included, written in JAX ---------------------
 
 
-def _indexer(h, low_rank_q, p, config, causal):
-    """MaxText's Indexer: which keys each query attends to, (batch, query, key) booleans."""
+def _indexer(h, attention, config, causal):
+    """MaxText's Indexer: which keys each query attends to, (batch, 1, query, key) booleans."""
     heads, dim, rope = config["index_n_heads"], config["index_head_dim"], config["qk_rope_head_dim"]
+    eps, p = config["rms_norm_eps"], attention["indexer"]
+    low_rank_q = _rms_norm(h @ attention["wq_a"]["kernel"], attention["q_norm"]["scale"], eps)
     q = jnp.einsum("bsr,rhd->bshd", low_rank_q, p["wq_b"]["kernel"])
     k = h @ p["wk"]["kernel"]
     mean = k.mean(-1, keepdims=True)
@@ -251,39 +232,7 @@ def _indexer(h, low_rank_q, p, config, causal):
     assert bool(jnp.all((top[..., -2] > top[..., -1]) | jnp.isinf(top[..., -2])))
     chosen = chosen[..., :-1]
     selected = jax.nn.one_hot(chosen, h.shape[1], dtype=bool).any(axis=-2)
-    return causal & selected
-
-
-def _layer(decoder, tree, index, scanned):
-    if not scanned:
-        return decoder[f"{tree}_{index}"]
-    # every leaf has its layers on axis 1, the experts' and the router bias's included
-    return jax.tree.map(lambda a: a[:, index], decoder[tree])
-
-
-def _maxtext_logits(params, config, tokens, scanned, sparse=True):
-    decoder, eps = params["decoder"], config["rms_norm_eps"]
-    causal = jnp.broadcast_to(
-        jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool)), tokens.shape + (tokens.shape[1],)
-    )
-    x = params["token_embedder"]["embedding"][tokens]
-    dense = config["first_k_dense_replace"]
-    for i in range(config["num_hidden_layers"]):
-        tree, index = ("dense_layers", i) if i < dense else ("moe_layers", i - dense)
-        p = _layer(decoder, tree, index, scanned)
-        h = _rms_norm(x, p["pre_self_attention_layer_norm"]["scale"], eps)
-        attention = p["self_attention"]
-        low_rank_q = _rms_norm(h @ attention["wq_a"]["kernel"], attention["q_norm"]["scale"], eps)
-        mask = _indexer(h, low_rank_q, attention["indexer"], config, causal) if sparse else causal
-        x = x + _mla(h, attention, config, mask[:, None])
-        h = _rms_norm(x, p["post_self_attention_layer_norm"]["scale"], eps)
-        if i < dense:
-            mlp = p["mlp"]
-            gated = jax.nn.silu(h @ mlp["wi_0"]["kernel"]) * (h @ mlp["wi_1"]["kernel"])
-            x = x + gated @ mlp["wo"]["kernel"]
-        else:
-            x = x + _deepseek_moe(h, p["DeepSeekMoeBlock_0"], config)
-    return _rms_norm(x, decoder["decoder_norm"]["scale"], eps) @ decoder["logits_dense"]["kernel"]
+    return (causal & selected)[:, None]
 
 
 @pytest.mark.parametrize("layout", ["maxtext", "maxtext-unscanned"])
@@ -292,13 +241,15 @@ def test_deepseek32_maxtext_layout_gives_transformers_logits(tmp_path, layout):
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", f"deepseek3.2:{layout}", progress=False)
     params = jax.tree.map(jnp.asarray, suture.load(tmp_path / "mt")["params"]["params"])
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    tokens = jnp.asarray(TOKENS)
-    ours = _maxtext_logits(params, config, tokens, layout == "maxtext")
+    tokens, scanned = jnp.asarray(TOKENS), layout == "maxtext"
+    ours = _deepseek_logits(
+        params, config, tokens, _deepseek_moe, scanned=scanned, mask_of=_indexer
+    )
     with torch.no_grad():
         theirs = model(torch.tensor(TOKENS)).logits.numpy()
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=0)
     # the indexer's choice matters here: attending to every earlier token gives other logits
-    dense = _maxtext_logits(params, config, tokens, layout == "maxtext", sparse=False)
+    dense = _deepseek_logits(params, config, tokens, _deepseek_moe, scanned=scanned)
     assert np.max(np.abs(np.asarray(dense) - theirs)) > 1e-2
 
 
@@ -318,12 +269,9 @@ def test_deepseek32_refuses_a_config_maxtext_cannot_hold(tmp_path, field, value,
     _save_model(tmp_path / "hf")
     config_file = tmp_path / "hf" / "config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), field: value}))
-    source, config_text = _tensors(tmp_path / "hf"), config_file.read_text()
-    with pytest.raises(families.ConfigMismatchError, match=match):
-        convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "deepseek3.2:maxtext", progress=False)
-    assert not (tmp_path / "mt").exists()
+    config_text = config_file.read_text()
+    _assert_refused(tmp_path, "deepseek3.2:maxtext", match)
     assert config_file.read_text() == config_text
-    assert all(np.array_equal(source[k], v) for k, v in _tensors(tmp_path / "hf").items())
 
 
 def test_deepseek32_refuses_a_folder_with_its_multi_token_prediction_layer(tmp_path):
@@ -359,39 +307,10 @@ def test_deepseek32_and_deepseek3_recipes_refuse_each_others_folders(tmp_path):
 
 
 def test_cli_lists_deepseek32_and_converts_both_ways(tmp_path):
-    from typer.testing import CliRunner
-
-    from suture.cli import app
-
-    runner = CliRunner()
-    listed = runner.invoke(app, ["recipes"])
-    assert listed.exit_code == 0
-    assert "deepseek3.2:maxtext " in listed.output
-    assert "deepseek3.2:maxtext-unscanned" in listed.output
     _save_model(tmp_path / "hf", fused=True)
-    shown = runner.invoke(
-        app, ["recipes", "deepseek3.2:maxtext", "--config", str(tmp_path / "hf" / "config.json")]
-    )
-    assert shown.exit_code == 0, shown.output
-    assert "DEEPSEEK_MAXTEXT_TO_HF_PARAM_MAPPING" in shown.output
-    assert "decoder/moe_layers/self_attention/indexer/wq_b/kernel" in shown.output
-    assert "split axis 1 into (8, 16)" in shown.output
-    common = ["--recipe", "deepseek3.2:maxtext-unscanned", "--no-progress"]
-    forward = runner.invoke(app, ["convert", str(tmp_path / "hf"), str(tmp_path / "mt"), *common])
-    assert forward.exit_code == 0, forward.output
-    back = runner.invoke(
-        app,
-        [
-            "convert",
-            str(tmp_path / "mt"),
-            str(tmp_path / "back"),
-            *common,
-            "--reverse",
-            "--like",
-            str(tmp_path / "hf"),
-        ],
-    )
-    assert back.exit_code == 0, back.output
-    source, restored = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
-    assert sorted(source) == sorted(restored)  # fused experts, as the --like folder has them
-    assert all(np.array_equal(source[k], restored[k]) for k in source)
+    shown = _cli_shows_family("deepseek3.2", tmp_path / "hf" / "config.json")
+    assert "DEEPSEEK_MAXTEXT_TO_HF_PARAM_MAPPING" in shown
+    assert "decoder/moe_layers/self_attention/indexer/wq_b/kernel" in shown
+    assert "split axis 1 into (8, 16)" in shown
+    # fused experts back, as the --like folder has them
+    _cli_round_trip(tmp_path, "deepseek3.2:maxtext-unscanned", "--like", str(tmp_path / "hf"))

@@ -15,14 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 import suture
 from suture import LazyArray, families
 from suture.families._convert import convert_with_recipe
 from suture.families._experts import FusedSource
 
-from .test_families import TOKENS, _rms_norm, _rope
+from .test_families import TOKENS, _assert_same_tensors, _rms_norm, _rope, _tensors
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -89,13 +88,6 @@ def _save_model(family: str, folder, fused: bool = False) -> object:
     return model
 
 
-def _tensors(folder) -> dict[str, np.ndarray]:
-    out = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        out.update(load_file(file))
-    return out
-
-
 # Both directions, bit for bit -----------------------------------------------------------------
 
 
@@ -107,11 +99,7 @@ def test_moe_round_trip_is_bit_identical_in_the_source_layout(tmp_path, family, 
     name = f"{family}:{layout}"
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", name, progress=False)
     convert_with_recipe(tmp_path / "mt", tmp_path / "back", name, reverse=True, progress=False)
-    source, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
-    assert sorted(source) == sorted(back)  # the expert layout the source had
-    for key in source:
-        assert source[key].dtype == back[key].dtype, key
-        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
+    _assert_same_tensors(tmp_path / "hf", tmp_path / "back")  # in the expert layout the source had
     reloaded = type(model).from_pretrained(tmp_path / "back")
     for (key, theirs), ours in zip(
         model.state_dict().items(), reloaded.state_dict().values(), strict=True
@@ -677,13 +665,17 @@ def test_llama4_places_dense_and_moe_blocks_by_position_in_the_cycle(tmp_path, l
 
 
 def _mla(h, p, config, mask):
-    """Multi-head latent attention from MaxText's layout (rotary pairs, as DeepSeek stores them)."""
+    """Multi-head latent attention from MaxText's layout (rotary pairs, as DeepSeek stores them),
+    with a query LoRA (wq_a, q_norm, wq_b) or V2-Lite's plain query projection."""
     eps, nope, rope = config["rms_norm_eps"], config["qk_nope_head_dim"], config["qk_rope_head_dim"]
-    q = jnp.einsum(
-        "bsr,rhd->bshd",
-        _rms_norm(h @ p["wq_a"]["kernel"], p["q_norm"]["scale"], eps),
-        p["wq_b"]["kernel"],
-    )
+    if "query" in p:
+        q = jnp.einsum("bse,ehd->bshd", h, p["query"]["kernel"])
+    else:
+        q = jnp.einsum(
+            "bsr,rhd->bshd",
+            _rms_norm(h @ p["wq_a"]["kernel"], p["q_norm"]["scale"], eps),
+            p["wq_b"]["kernel"],
+        )
     compressed = h @ p["wkv_a"]["kernel"]
     latent, k_rot = (
         compressed[..., : config["kv_lora_rank"]],
@@ -720,6 +712,12 @@ def _deepseek_moe(h, block, config):
     _, chosen = jax.lax.top_k(scores + router["gate"]["bias"], config["num_experts_per_tok"])
     weights = jnp.take_along_axis(scores, chosen, axis=-1)
     weights = weights / (weights.sum(-1, keepdims=True) + 1e-20) * config["routed_scaling_factor"]
+    return _routed_and_shared(h, block, chosen, weights)
+
+
+def _routed_and_shared(h, block, chosen, weights):
+    """DeepSeekMoeBlock's output: the `chosen` routed experts by `weights`, plus the shared ones."""
+    router = block["MoeBlock_0"]
     hidden = jax.nn.silu(jnp.einsum("bse,xem->bsxm", h, router["wi_0"])) * jnp.einsum(
         "bse,xem->bsxm", h, router["wi_1"]
     )
@@ -728,6 +726,33 @@ def _deepseek_moe(h, block, config):
     shared = block["shared_experts"]
     gated = jax.nn.silu(h @ shared["wi_0"]["kernel"]) * (h @ shared["wi_1"]["kernel"])
     return routed + gated @ shared["wo"]["kernel"]
+
+
+def _deepseek_logits(params, config, tokens, moe, *, scanned=False, mask_of=None):
+    """MaxText's DeepSeek decoder: dense layers, then MoE layers whose block `moe(h, block,
+    config)` computes; `mask_of(h, attention, config, causal)`, if given, a layer's mask."""
+    decoder, eps = params["decoder"], config["rms_norm_eps"]
+    causal = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
+    x = params["token_embedder"]["embedding"][tokens]
+    dense = config["first_k_dense_replace"]
+    for i in range(config["num_hidden_layers"]):
+        tree, index = ("dense_layers", i) if i < dense else ("moe_layers", i - dense)
+        if scanned:  # every leaf has its layers on axis 1, the experts' and the router bias's too
+            p = jax.tree.map(lambda a, index=index: a[:, index], decoder[tree])
+        else:
+            p = decoder[f"{tree}_{index}"]
+        h = _rms_norm(x, p["pre_self_attention_layer_norm"]["scale"], eps)
+        attention = p["self_attention"]
+        mask = causal if mask_of is None else mask_of(h, attention, config, causal)
+        x = x + _mla(h, attention, config, mask)
+        h = _rms_norm(x, p["post_self_attention_layer_norm"]["scale"], eps)
+        if i < dense:
+            mlp = p["mlp"]
+            gated = jax.nn.silu(h @ mlp["wi_0"]["kernel"]) * (h @ mlp["wi_1"]["kernel"])
+            x = x + gated @ mlp["wo"]["kernel"]
+        else:
+            x = x + moe(h, p["DeepSeekMoeBlock_0"], config)
+    return _rms_norm(x, decoder["decoder_norm"]["scale"], eps) @ decoder["logits_dense"]["kernel"]
 
 
 def test_deepseek3_maxtext_layout_gives_transformers_logits(tmp_path):
@@ -742,26 +767,7 @@ def test_deepseek3_maxtext_layout_gives_transformers_logits(tmp_path):
     )
     params = jax.tree.map(jnp.asarray, suture.load(tmp_path / "mt")["params"]["params"])
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    decoder, eps = params["decoder"], config["rms_norm_eps"]
-    tokens = jnp.asarray(TOKENS)
-    mask = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))
-    x = params["token_embedder"]["embedding"][tokens]
-    dense = config["first_k_dense_replace"]
-    for i in range(config["num_hidden_layers"]):
-        p = decoder[f"dense_layers_{i}" if i < dense else f"moe_layers_{i - dense}"]
-        h = _rms_norm(x, p["pre_self_attention_layer_norm"]["scale"], eps)
-        x = x + _mla(h, p["self_attention"], config, mask)
-        h = _rms_norm(x, p["post_self_attention_layer_norm"]["scale"], eps)
-        if i < dense:
-            mlp = p["mlp"]
-            x = (
-                x
-                + (jax.nn.silu(h @ mlp["wi_0"]["kernel"]) * (h @ mlp["wi_1"]["kernel"]))
-                @ mlp["wo"]["kernel"]
-            )
-        else:
-            x = x + _deepseek_moe(h, p["DeepSeekMoeBlock_0"], config)
-    ours = _rms_norm(x, decoder["decoder_norm"]["scale"], eps) @ decoder["logits_dense"]["kernel"]
+    ours = _deepseek_logits(params, config, jnp.asarray(TOKENS), _deepseek_moe)
     with torch.no_grad():
         theirs = model(torch.tensor(TOKENS)).logits.numpy()
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=0)

@@ -18,10 +18,20 @@ import numpy as np
 import pytest
 
 import suture
-from suture import families
 from suture.families._convert import convert_with_recipe
 
-from .test_families import TOKENS, _rms_norm, _rope, _tensors
+from .test_families import (
+    TOKENS,
+    _assert_refused,
+    _assert_same_tensors,
+    _assert_tree,
+    _cli_round_trip,
+    _cli_shows_family,
+    _rms_norm,
+    _rope,
+    _tensors,
+    _vary_norms,
+)
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -62,11 +72,8 @@ NORMS = [
 
 def _save_model(folder, **extra) -> object:
     torch.manual_seed(0)
-    model = transformers.Olmo3ForCausalLM(transformers.Olmo3Config(**{**CONFIG, **extra})).eval()
-    with torch.no_grad():  # non-trivial norms, so that a wrong mapping shows
-        for name, parameter in model.named_parameters():
-            if "norm" in name:
-                parameter.add_(torch.randn_like(parameter) * 0.1)
+    model = transformers.Olmo3ForCausalLM(transformers.Olmo3Config(**{**CONFIG, **extra}))
+    _vary_norms(model.eval())
     model.save_pretrained(folder)
     return model
 
@@ -82,14 +89,7 @@ def test_olmo3_round_trip_is_bit_identical(tmp_path, layout):
     _convert(tmp_path, layout)
     name = f"olmo3:{layout}"
     convert_with_recipe(tmp_path / "mt", tmp_path / "back", name, reverse=True, progress=False)
-    source, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
-    assert sorted(source) == sorted(back)
-    for key in source:
-        assert source[key].dtype == back[key].dtype, key
-        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
-    assert json.loads((tmp_path / "back" / "config.json").read_text()) == json.loads(
-        (tmp_path / "hf" / "config.json").read_text()
-    )
+    _assert_same_tensors(tmp_path / "hf", tmp_path / "back", same_config=True)
     assert transformers.Olmo3ForCausalLM.from_pretrained(tmp_path / "back") is not None
 
 
@@ -127,11 +127,7 @@ def _expected_shapes(scanned: bool) -> dict[str, tuple[int, ...]]:
 @pytest.mark.parametrize("layout", ["maxtext", "maxtext-unscanned"])
 def test_olmo3_tree_has_maxtexts_paths_and_shapes(tmp_path, layout):
     _convert(tmp_path, layout)
-    ckpt = suture.open(tmp_path / "mt")
-    expected = _expected_shapes(layout == "maxtext")
-    assert sorted(p for p in ckpt.paths() if p != "step") == sorted(expected)
-    for path, shape in expected.items():
-        assert tuple(ckpt[path].shape) == shape, path
+    _assert_tree(tmp_path / "mt", _expected_shapes(layout == "maxtext"))
 
 
 def test_scanned_olmo3_stacks_hf_layers_k_k_plus_4_in_layers_k(tmp_path):
@@ -230,36 +226,12 @@ def test_olmo3_maxtext_layout_gives_transformers_logits(tmp_path, layout):
 )
 def test_olmo3_refuses_a_config_maxtext_cannot_hold(tmp_path, extra, match):
     _save_model(tmp_path / "hf", **extra)
-    source = _tensors(tmp_path / "hf")
-    with pytest.raises(families.ConfigMismatchError, match=match):
-        convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "olmo3:maxtext", progress=False)
-    assert not (tmp_path / "mt").exists()
-    assert all(np.array_equal(source[k], v) for k, v in _tensors(tmp_path / "hf").items())
+    _assert_refused(tmp_path, "olmo3:maxtext", match)
 
 
 def test_cli_lists_olmo3_and_converts_both_ways(tmp_path):
-    from typer.testing import CliRunner
-
-    from suture.cli import app
-
-    runner = CliRunner()
-    listed = runner.invoke(app, ["recipes"])
-    assert listed.exit_code == 0
-    assert "olmo3:maxtext " in listed.output and "olmo3:maxtext-unscanned" in listed.output
     _save_model(tmp_path / "hf")
-    shown = runner.invoke(
-        app, ["recipes", "olmo3:maxtext", "--config", str(tmp_path / "hf" / "config.json")]
-    )
-    assert shown.exit_code == 0, shown.output
-    assert "OLMO3_MAXTEXT_TO_HF_PARAM_MAPPING" in shown.output
-    assert "decoder/layers/attention/query_norm/scale" in shown.output
-    common = ["--recipe", "olmo3:maxtext-unscanned", "--no-progress"]
-    forward = runner.invoke(app, ["convert", str(tmp_path / "hf"), str(tmp_path / "mt"), *common])
-    assert forward.exit_code == 0, forward.output
-    back = runner.invoke(
-        app, ["convert", str(tmp_path / "mt"), str(tmp_path / "back"), *common, "--reverse"]
-    )
-    assert back.exit_code == 0, back.output
-    source, restored = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
-    assert sorted(source) == sorted(restored)
-    assert all(np.array_equal(source[k], restored[k]) for k in source)
+    shown = _cli_shows_family("olmo3", tmp_path / "hf" / "config.json")
+    assert "OLMO3_MAXTEXT_TO_HF_PARAM_MAPPING" in shown
+    assert "decoder/layers/attention/query_norm/scale" in shown
+    _cli_round_trip(tmp_path, "olmo3:maxtext-unscanned")

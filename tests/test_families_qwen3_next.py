@@ -20,7 +20,14 @@ import suture
 from suture import families
 from suture.families._convert import convert_with_recipe
 
-from .test_families import _tensors
+from .test_families import (
+    _assert_refused,
+    _assert_same_tensors,
+    _assert_tree,
+    _cli_round_trip,
+    _cli_shows_family,
+    _tensors,
+)
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -68,14 +75,7 @@ def _round_trip(tmp_path, layout, fused=False, **extra):
     name = f"qwen3-next:{layout}"
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", name, progress=False)
     convert_with_recipe(tmp_path / "mt", tmp_path / "back", name, reverse=True, progress=False)
-    source, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
-    assert sorted(source) == sorted(back)
-    for key in source:
-        assert source[key].dtype == back[key].dtype, key
-        np.testing.assert_array_equal(source[key], back[key], err_msg=key)
-    assert json.loads((tmp_path / "back" / "config.json").read_text()) == json.loads(
-        (tmp_path / "hf" / "config.json").read_text()
-    )
+    _assert_same_tensors(tmp_path / "hf", tmp_path / "back", same_config=True)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["per-expert", "fused"])
@@ -149,11 +149,7 @@ def _expected_shapes(scanned: bool, layers: int = LAYERS) -> dict[str, tuple[int
 def test_qwen3_next_tree_has_maxtexts_paths_and_shapes(tmp_path, layout):
     _save_model(tmp_path / "hf")
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", f"qwen3-next:{layout}", progress=False)
-    ckpt = suture.open(tmp_path / "mt")
-    expected = _expected_shapes(layout == "maxtext")
-    assert sorted(p for p in ckpt.paths() if p != "step") == sorted(expected)
-    for path, shape in expected.items():
-        assert tuple(ckpt[path].shape) == shape, path
+    _assert_tree(tmp_path / "mt", _expected_shapes(layout == "maxtext"))
 
 
 def test_scanned_qwen3_next_puts_hf_layer_4b_plus_p_at_block_b_position_p(tmp_path):
@@ -246,11 +242,7 @@ def test_qwen3_next_reverse_refuses_a_tree_of_other_blocks(tmp_path):
 )
 def test_qwen3_next_refuses_a_config_maxtext_cannot_hold(tmp_path, extra, match):
     _save_model(tmp_path / "hf", **extra)
-    source = _tensors(tmp_path / "hf")
-    with pytest.raises(families.ConfigMismatchError, match=match):
-        convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "qwen3-next:maxtext", progress=False)
-    assert not (tmp_path / "mt").exists()
-    assert all(np.array_equal(source[k], v) for k, v in _tensors(tmp_path / "hf").items())
+    _assert_refused(tmp_path, "qwen3-next:maxtext", match)
 
 
 def test_qwen3_next_refuses_a_published_config_of_another_cycle(tmp_path):
@@ -268,30 +260,11 @@ def test_qwen3_next_refuses_a_published_config_of_another_cycle(tmp_path):
 
 
 def test_cli_lists_qwen3_next_and_converts_both_ways(tmp_path):
-    from typer.testing import CliRunner
-
-    from suture.cli import app
-
-    runner = CliRunner()
-    listed = runner.invoke(app, ["recipes"])
-    assert listed.exit_code == 0
-    assert "qwen3-next:maxtext " in listed.output
-    assert "qwen3-next:maxtext-unscanned" in listed.output
     _save_model(tmp_path / "hf")
-    config = str(tmp_path / "hf" / "config.json")
-    shown = runner.invoke(app, ["recipes", "qwen3-next:maxtext", "--config", config])
-    assert shown.exit_code == 0, shown.output
-    assert "QWEN3_NEXT_MAXTEXT_TO_HF_PARAM_MAPPING" in shown.output
-    assert "permute axes to [2, 1, 0]" in shown.output
-    common = ["--recipe", "qwen3-next:maxtext", "--no-progress"]
-    for source, target, more in (("hf", "mt", []), ("mt", "back", ["--reverse"])):
-        done = runner.invoke(
-            app, ["convert", str(tmp_path / source), str(tmp_path / target), *common, *more]
-        )
-        assert done.exit_code == 0, done.output
-    source, restored = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
-    assert sorted(source) == sorted(restored)
-    assert all(np.array_equal(source[k], restored[k]) for k in source)
+    shown = _cli_shows_family("qwen3-next", tmp_path / "hf" / "config.json")
+    assert "QWEN3_NEXT_MAXTEXT_TO_HF_PARAM_MAPPING" in shown
+    assert "permute axes to [2, 1, 0]" in shown
+    _cli_round_trip(tmp_path, "qwen3-next:maxtext")
 
 
 # layer_blocks in a user's table -----------------------------------------------------------
