@@ -23,7 +23,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ._starting import STOPPED
+from ._starting import stopped_line as stopped_line
+from ._starting import stopped_status as stopped_status
 
 _held: dict[str, Any] = {"depth": 0, "pending": None}
 
@@ -37,11 +38,6 @@ def install() -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _handler)
         signal.signal(signal.SIGTERM, _handler)
-
-
-def stopped_line(signum: int) -> str:
-    """The one line the command line prints when `signum` stops it."""
-    return STOPPED.format("SIGTERM" if signum == signal.SIGTERM else "Ctrl-C (SIGINT)")
 
 
 _done: dict[str, int | None] = {"code": None}

@@ -38,8 +38,16 @@ def install_while_starting() -> None:
             return
 
 
+def stopped_line(signum: int) -> str:
+    """The one line the command line prints when `signum` stops it."""
+    return STOPPED.format("SIGTERM" if signum == _signal.SIGTERM else "Ctrl-C (SIGINT)")
+
+
+def stopped_status(signum: int) -> int:
+    """The exit status of a command `signum` stopped: 143 for SIGTERM, 130 for Ctrl-C."""
+    return 143 if signum == _signal.SIGTERM else 130
+
+
 def _stop_at_once(signum: int, frame: object) -> None:
-    terminated = signum == _signal.SIGTERM
-    line = STOPPED.format("SIGTERM" if terminated else "Ctrl-C (SIGINT)")
-    os.write(2, (line + "\n").encode())
-    os._exit(143 if terminated else 130)
+    os.write(2, (stopped_line(signum) + "\n").encode())
+    os._exit(stopped_status(signum))

@@ -25,7 +25,13 @@ from .._convert import converted
 from .._errors import ArgumentError, SutureWarning
 from .._exec.memory import tune_malloc
 from .._format import human_bytes
-from .._interrupts import Terminated, exit_promptly_when_done, install_when_done, stopped_line
+from .._interrupts import (
+    Terminated,
+    exit_promptly_when_done,
+    install_when_done,
+    stopped_line,
+    stopped_status,
+)
 from .._interrupts import install as install_interrupt_handlers
 from .._redact import redact_text
 from .._save.api import save
@@ -141,7 +147,7 @@ def _say_stopped(interruption: KeyboardInterrupt) -> int:
     """Prints the one line of an interrupted command; its exit status (130, SIGTERM 143)."""
     signum = signal.SIGTERM if isinstance(interruption, Terminated) else signal.SIGINT
     typer.echo(stopped_line(signum), err=True)
-    return 143 if signum == signal.SIGTERM else 130
+    return stopped_status(signum)
 
 
 def _is_model_folder(source: str) -> bool:
