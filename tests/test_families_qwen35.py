@@ -348,3 +348,95 @@ def test_cli_lists_qwen35_and_converts_both_ways(tmp_path, text_folders):
     assert "QWEN3_5_MAXTEXT_TO_HF_PARAM_MAPPING" in shown
     assert "interleaved by linear_num_key_heads groups on axis 0" in shown
     _cli_round_trip(tmp_path, "qwen3.5:maxtext")
+
+
+# interleave in a user's table: docs/recipe-tables.md's example, run as it is written --------
+
+
+def _docs_table(folder, **change):
+    """docs/recipe-tables.md's my_llama_qkv.yaml, written to `folder` (its top-level keys
+    changed by `change`, its qkv leaf's interleave by `interleave=`)."""
+    import re
+    import textwrap
+    from pathlib import Path
+
+    import yaml
+
+    page = (Path(__file__).parents[1] / "docs" / "recipe-tables.md").read_text()
+    (block,) = re.findall(r"```yaml\n(  # file: my_llama_qkv\.yaml\n.*?)  ```", page, re.S)
+    data = yaml.safe_load(textwrap.dedent(block))
+    if "interleave" in change:
+        data["leaves"][3]["interleave"] = change.pop("interleave")
+    data.update(change)
+    path = folder / "my_llama_qkv.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    folder = tmp_path_factory.mktemp("llama") / "hf"
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("layout", ["maxtext", "maxtext-unscanned"])
+def test_the_docs_interleave_table_converts_both_ways(tmp_path, llama_folder, layout):
+    """Each KV head's queries, key and value side by side in one kernel; back bit for bit."""
+    table = f"{_docs_table(tmp_path)}:{layout}"
+    suture.convert(llama_folder, tmp_path / "mt", recipe=table, progress=False)
+    hf = _tensors(llama_folder)
+    tree = suture.open(tmp_path / "mt")
+    path = "self_attention/qkv/kernel"
+    if layout == "maxtext":
+        qkv = tree[f"params/params/decoder/layers/{path}"].read()[:, 1]
+    else:
+        qkv = tree[f"params/params/decoder/layers_1/{path}"].read()
+    attn = "model.layers.1.self_attn"
+    q, k, v = (hf[f"{attn}.{name}_proj.weight"] for name in "qkv")
+    groups = [
+        np.concatenate([q[16 * g : 16 * g + 16], k[8 * g : 8 * g + 8], v[8 * g : 8 * g + 8]])
+        for g in range(2)
+    ]
+    np.testing.assert_array_equal(qkv, np.concatenate(groups).T)
+    suture.convert(tmp_path / "mt", tmp_path / "back", recipe=table, reverse=True, progress=False)
+    _assert_same_tensors(llama_folder, tmp_path / "back")
+
+
+@pytest.mark.parametrize(
+    ("interleave", "phrase"),
+    [
+        ({"parts": [[8], None, None]}, "interleave.groups: .*|needs groups"),
+        ({"groups": 2, "parts": [[8], None]}, r"interleave.parts: needs one entry per hf tensor"),
+        ({"groups": 2, "axis": -1}, r"interleave.axis: must be an axis"),
+        ({"groups": 2, "stride": 1}, r"interleave: unknown key 'stride'"),
+    ],
+)
+def test_a_table_with_a_wrong_interleave_is_refused_naming_the_entry(
+    tmp_path, interleave, phrase
+):
+    from suture.families._file import family_recipe
+
+    with pytest.raises(families.RecipeFormatError, match=phrase):
+        family_recipe(str(_docs_table(tmp_path, interleave=interleave)))
+
+
+def test_an_interleave_whose_parts_do_not_fit_is_refused_before_writing(tmp_path, llama_folder):
+    """Parts the tensors do not hold (the key as long as the query): the tensors and the
+    parts are named, nothing is written."""
+    wrong = {"groups": "num_key_value_heads", "parts": [["num_attention_heads * head_dim"]] * 2}
+    wrong["parts"].append(None)
+    table = str(_docs_table(tmp_path, interleave=wrong))
+    with pytest.raises(families.ConfigMismatchError, match=r"k_proj.weight.*parts"):
+        suture.convert(llama_folder, tmp_path / "mt", recipe=table, progress=False)
+    assert not (tmp_path / "mt").exists()
