@@ -304,6 +304,9 @@ FAMILIES = [
             "gdn_value_head_dim=16",
             "gdn_num_key_heads=2",
             "gdn_num_value_heads=4",
+            # text only, every position stream alike: MaxText's plain rotary embedding (its
+            # mrope_section is sized for head_dim 256 and refuses this one's)
+            "use_mrope=false",
         ],
     ),
 ]
@@ -317,8 +320,7 @@ LOGITS = {
     "mixtral": [],
     "olmo3": ["rope_type=default", "sliding_window_size=4"],
     "qwen3-next": ["rope_max_timescale=10000"],  # the HF model's rope_theta
-    # text only: every position stream alike, so MaxText's plain rotary embedding
-    "qwen3.5": ["rope_max_timescale=10000", "use_mrope=false"],
+    "qwen3.5": ["rope_max_timescale=10000"],
     "deepseek2": [
         "rope_factor=1",
         "max_position_embeddings=4096",

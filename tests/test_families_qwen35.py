@@ -420,11 +420,10 @@ def test_the_docs_interleave_table_converts_both_ways(tmp_path, llama_folder, la
         ({"groups": 2, "parts": [[8], None]}, r"interleave.parts: needs one entry per hf tensor"),
         ({"groups": 2, "axis": -1}, r"interleave.axis: must be an axis"),
         ({"groups": 2, "stride": 1}, r"interleave: unknown key 'stride'"),
+        ({"groups": 2, "parts": "q"}, r"interleave.parts: must be a non-empty list"),
     ],
 )
-def test_a_table_with_a_wrong_interleave_is_refused_naming_the_entry(
-    tmp_path, interleave, phrase
-):
+def test_a_table_with_a_wrong_interleave_is_refused_naming_the_entry(tmp_path, interleave, phrase):
     from suture.families._file import family_recipe
 
     with pytest.raises(families.RecipeFormatError, match=phrase):
@@ -440,3 +439,19 @@ def test_an_interleave_whose_parts_do_not_fit_is_refused_before_writing(tmp_path
     with pytest.raises(families.ConfigMismatchError, match=r"k_proj.weight.*parts"):
         suture.convert(llama_folder, tmp_path / "mt", recipe=table, progress=False)
     assert not (tmp_path / "mt").exists()
+
+
+@pytest.mark.parametrize(
+    ("hf", "phrase"),
+    [
+        ("a.{layer}", r"interleave: goes with hf: \[NAME, NAME, \.\.\.\]"),
+        (["a.{layer}.{expert}", "b.{layer}.{expert}"], "joins whole tensors: not with 'fused'"),
+    ],
+)
+def test_an_interleave_needs_whole_tensors_to_join(hf, phrase):
+    from suture.families._schema import checked_table
+
+    leaf = {"maxtext": "decoder/layers/x", "hf": hf, "interleave": {"groups": 2}}
+    table = {"names": ["x"], "description": "d", "follows": "f", "experts": "n", "leaves": [leaf]}
+    with pytest.raises(families.RecipeFormatError, match=phrase):
+        checked_table(table, "t.yaml")

@@ -183,13 +183,16 @@ def parse_interleave(spec: dict[str, Any], sources: int, where: str) -> Interlea
     )
 
 
-def check_interleave(table: Any, spec: Any, entry: str, hf: Any) -> dict[str, Any]:
-    """`spec` checked against the table format (`_schema`'s `table` collects the problems);
-    its expressions as the table's `Expression`."""
+def check_interleave(table: Any, spec: Any, entry: str, leaf: dict) -> dict[str, Any]:
+    """`spec`, the interleave of table entry `leaf`, checked against the table format
+    (`_schema`'s `table` collects the problems); its expressions as the table's `Expression`."""
     spec = table.mapping(spec, entry, KEYS)
     out = dict(spec)
+    hf = leaf.get("hf")
     if not isinstance(hf, list) or len(hf) < 2:
         table.problem(entry, "goes with hf: [NAME, NAME, ...], the tensors it interleaves")
+    elif "fused" in leaf or any("{expert}" in str(name) for name in hf):
+        table.problem(entry, "joins whole tensors: not with 'fused' or {expert}")
     if "groups" not in spec:
         table.problem(entry, "needs groups: EXPRESSION (how many heads each part is cut into)")
     out["groups"] = table.expression(spec.get("groups", 1), f"{entry}.groups")

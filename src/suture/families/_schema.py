@@ -351,7 +351,7 @@ class _Table:
             self.fused(item["fused"], f"{entry}.fused", groups)
         if "interleave" in item:
             out["interleave"] = check_interleave(
-                self, item["interleave"], f"{entry}.interleave", item.get("hf")
+                self, item["interleave"], f"{entry}.interleave", item
             )
         axes = self.mapping(item.get("axes") or {}, f"{entry}.axes", ("expert", "layer"))
         for key, axis in axes.items():
