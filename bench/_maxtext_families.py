@@ -298,6 +298,11 @@ FAMILIES = [
         [
             "base_num_decoder_layers=8",
             "hf_config.text_config.num_hidden_layers=8",
+            # its hooks regroup in_proj_qkvz / in_proj_ba by its HF config's head counts
+            "hf_config.text_config.linear_num_key_heads=2",
+            "hf_config.text_config.linear_num_value_heads=4",
+            "hf_config.text_config.linear_key_head_dim=16",
+            "hf_config.text_config.linear_value_head_dim=16",
             "num_experts=16",
             "num_experts_per_tok=2",
             "gdn_key_head_dim=16",
@@ -507,7 +512,8 @@ SETUP = {
     "8 layers, two cycles of 3 Gated DeltaNet layers (2 key and 4 value heads of 16) and 1 "
     "full-attention layer; 16 routed experts (2 per token) and a shared expert, where "
     "`qwen3.5-35b-a3b` has 40 layers and 256 experts (the launcher sets its converter's HF "
-    "text config to 8 layers: `hf_config.text_config.num_hidden_layers=8`).",
+    "text config, which its hooks take the layer count and linear-attention head counts from, "
+    "to the folder's: `hf_config.text_config.num_hidden_layers=8`, ...).",
     "qwen3-next": "Qwen3-Next: 8 layers, two cycles of 3 Gated DeltaNet layers (2 key and 4 "
     "value heads of 16, conv kernel 4) and 1 full-attention layer; 16 routed experts (2 per "
     "token) and a shared expert, where `qwen3-next-80b-a3b` has 48 layers and 512 experts (the "
