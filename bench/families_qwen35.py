@@ -225,7 +225,7 @@ value heads of 128, 256 experts of 512 and a shared expert, vocab 248320, bfloat
 per shard, no vision tower), converted cold with `suture convert HF OUT --recipe
 qwen3.5:maxtext`; floor and copy as in `bench.families_moe`.
 
-{chr(10).join(sections)}
+{(chr(10) * 2).join(sections)}
 """
     write_section("families-qwen35", body)
     print(body)
