@@ -242,6 +242,36 @@ def test_multimodal_qwen35_leaves_out_the_vision_tower_and_like_restores_it(tmp_
     assert back is not None
 
 
+def test_published_qwen35_leaves_out_its_mtp_layer_and_like_restores_it(tmp_path):
+    """A published folder also holds the multi-token-prediction layer (mtp.*, outside the
+    language model's prefix, mtp_num_hidden_layers 1): MaxText's tree has no place for it and
+    transformers' model does not load it, so it is left out with the vision tower, said so, and
+    --reverse --like puts it back bit for bit."""
+    from safetensors.numpy import save_file
+
+    _save_model(tmp_path / "hf", fused=True, multimodal=True)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["text_config"]["mtp_num_hidden_layers"] = 1
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    mtp = {
+        "mtp.fc.weight": np.arange(2 * E * E, dtype=np.float32).reshape(E, 2 * E),
+        "mtp.norm.weight": np.ones(E, np.float32),
+    }
+    save_file(mtp, tmp_path / "hf" / "mtp.safetensors")
+    with pytest.warns(families.LeftOutWarning, match=r"leaves out 23 tensor.*mtp\.fc\.weight"):
+        convert_with_recipe(tmp_path / "hf", tmp_path / "mt", "qwen3.5:maxtext", progress=False)
+    _assert_tree(tmp_path / "mt", _expected_shapes(True))
+    convert_with_recipe(
+        tmp_path / "mt",
+        tmp_path / "back",
+        "qwen3.5:maxtext",
+        reverse=True,
+        like=tmp_path / "hf",
+        progress=False,
+    )
+    _assert_same_tensors(tmp_path / "hf", tmp_path / "back", same_config=True)
+
+
 def test_qwen35_fp8_folder_converts_dequantized_in_the_same_pass(tmp_path):
     """An FP8 folder with block scales, experts one per tensor as Qwen's FP8 releases are
     (transformers' FP8 quantizer on the linear weights): one pass equals transformers'
@@ -300,10 +330,6 @@ def _set(**fields):
             "'model_type' is 'qwen3_5_text'; recipe 'qwen3.5:maxtext' fits 'qwen3_5_moe_text'",
         ),
         (
-            _set(mtp_num_hidden_layers=1),
-            "'mtp_num_hidden_layers' is 1: MaxText's Qwen3.5 has no multi-token-prediction",
-        ),
-        (
             _set(layer_types=["linear_attention", "full_attention"] * 4),
             "'layer_types' makes layer 1 'full_attention'.*expects 'linear_attention'",
         ),
@@ -313,7 +339,7 @@ def _set(**fields):
         ),
         (_set(tie_word_embeddings=True), "'tie_word_embeddings' is True: MaxText's Qwen3.5"),
     ],
-    ids=["dense", "mtp", "layer-types", "interval", "tied"],
+    ids=["dense", "layer-types", "interval", "tied"],
 )
 def test_qwen35_refuses_a_config_maxtext_cannot_hold(tmp_path, text_folders, edit, match):
     _edited_folder(tmp_path, text_folders, edit)
@@ -326,8 +352,8 @@ def test_qwen35_refuses_a_layer_count_off_the_cycle(tmp_path):
 
 
 def test_qwen35_refuses_tensors_no_leaf_uses(tmp_path, text_folders):
-    """An MTP layer in the folder (mtp.*, as published) has no place in MaxText's tree: an error
-    naming the tensors, not dropped without a word."""
+    """A tensor of a text-only folder that no leaf uses (nothing marks it to leave out): an
+    error naming the tensors, not dropped without a word."""
     extra = {"mtp.fc.weight": np.zeros((E, 2 * E), np.float32)}
     _edited_folder(tmp_path, text_folders, tensors=extra)
     _assert_refused(tmp_path, "qwen3.5:maxtext", r"no place for 1 tensor.*mtp\.fc\.weight")
