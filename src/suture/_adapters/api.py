@@ -222,6 +222,7 @@ def merged_weight(
     blocks of rows: a block reads its rows of the weight and of ``B``, and all of ``A``."""
     from .._lazy.compute import ComputeNode
     from .._lazy.graph import MemorySource
+    from .._lazy.products import chunked_matmul
 
     adapter_dtype = lora_b.dtype
     low = _low(adapter_dtype)  # peft computes a bfloat16/float16 delta in float32 on the CPU
@@ -232,7 +233,7 @@ def merged_weight(
     b_node, a_node = MemorySource(lora_b.astype(work)), MemorySource(lora_a.astype(work))
 
     def merged(w: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
-        delta = _product(b, a)
+        delta = chunked_matmul(b, a)  # in this thread: see chunked_matmul
         delta *= factor
         if low:
             delta = delta.astype(adapter_dtype)
@@ -249,22 +250,6 @@ def merged_weight(
         "merge LoRA",
     )
     return LazyArray(node, weight.path)
-
-
-# OpenBLAS runs a product of m * n * k under about 2**20 in the calling thread, and a larger
-# one on its own threads: from every writer thread at once, on a loaded machine, that was
-# 10-30x slower than row chunks under the limit (a rank-16 block of 512 x 1024: 25 ms
-# against 1 ms). The chunks keep the merge in the writer threads, which run in parallel.
-SMALL_PRODUCT = 1 << 18
-
-
-def _product(b: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """``b @ a`` by chunks of rows small enough for the BLAS to stay in this thread."""
-    out = np.empty((b.shape[0], a.shape[1]), np.result_type(b, a))
-    step = max(1, SMALL_PRODUCT // max(1, a.shape[0] * a.shape[1]))
-    for start in range(0, b.shape[0], step):
-        np.matmul(b[start : start + step], a, out=out[start : start + step])
-    return out
 
 
 def _low(dtype: np.dtype) -> bool:
