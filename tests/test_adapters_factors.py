@@ -203,3 +203,19 @@ def test_export_alpha_follows_the_layout(base, tmp_path):
     same = [suture.open(tmp_path / f / "adapter_model.safetensors") for f in ("p", "q")]
     for path in same[0].paths():
         np.testing.assert_array_equal(same[0][path].read(), same[1][path].read())
+
+
+def test_an_adapter_folder_is_replaced_only_with_overwrite(base, tmp_path):
+    adapter = _adapter(tmp_path / "adapter", _pair())
+    common = dict(recipe="llama3:tunix", adapter_only=True, config=base / "config.json")
+    suture.convert(adapter, tmp_path / "jax", progress=False, **common)
+    back = dict(common, reverse=True, lora_alpha=4)
+    suture.convert(tmp_path / "jax", tmp_path / "peft", **back)
+    with pytest.raises(suture.SurgeryError, match="exists"):
+        suture.convert(tmp_path / "jax", tmp_path / "peft", **back)
+    suture.convert(tmp_path / "jax", tmp_path / "peft", overwrite=True, **back)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(suture.SurgeryError, match="notes.txt"):
+        suture.convert(tmp_path / "jax", tmp_path / "other", overwrite=True, **back)
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"

@@ -124,10 +124,8 @@ def write(adapter: Adapter, destination: str | os.PathLike, overwrite: bool = Fa
         tensors[tensor_name(module, "B")] = np.ascontiguousarray(b)
     config = adapter_config(adapter)
     with exclusive(place) as held:
-        if place.exists() and not overwrite:
-            from .._location.publish import destination_exists
-
-            raise destination_exists(place)
+        if place.exists():
+            _check_replaceable(place.path, overwrite)
         publication = begin(place, overwrite, False, reclaimed=held.reclaimed)
         try:
             folder = publication.temporary.path  # type: ignore[attr-defined]
@@ -139,6 +137,25 @@ def write(adapter: Adapter, destination: str | os.PathLike, overwrite: bool = Fa
             publication.abort()
             raise
     return place.path
+
+
+PEFT_FILES = {CONFIG_NAME, WEIGHTS_NAME, "README.md"}  # what save_pretrained writes
+
+
+def _check_replaceable(destination: Path, overwrite: bool) -> None:
+    """Only an adapter folder is replaced, and only with `overwrite`."""
+    from .._errors import DestinationError
+    from .._location.publish import destination_exists
+
+    if not overwrite:
+        raise destination_exists(location_of(destination))
+    entries = {entry.name for entry in destination.iterdir()} if destination.is_dir() else None
+    if entries is None or not entries <= PEFT_FILES:
+        found = "is not a folder" if entries is None else f"holds {sorted(entries - PEFT_FILES)}"
+        raise DestinationError(
+            f"--overwrite replaces an adapter folder ({', '.join(sorted(PEFT_FILES))}), and "
+            f"{str(destination)!r} {found}. Nothing was changed. Write elsewhere."
+        )
 
 
 def read(source: str | os.PathLike) -> Adapter:
