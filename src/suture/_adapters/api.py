@@ -45,8 +45,8 @@ def leaf_table(recipe: Any, names: dict[str, Any]) -> dict[str, tuple[str, tuple
     for leaf in recipe._active(names):
         if leaf.experts or leaf.stacked or leaf.fused is not None or leaf.routed:
             continue
-        if not leaf.hf.endswith(".weight"):
-            continue
+        if not leaf.hf.endswith(".weight") or "embed_tokens" in leaf.hf:
+            continue  # a bias, a norm's scale; PEFT's embedding LoRA is another format
         if leaf.group is None:
             table[leaf.maxtext] = (leaf.hf.removesuffix(".weight"), leaf.operations)
             continue
