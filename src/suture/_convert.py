@@ -117,7 +117,7 @@ def convert(
         if adapter_only or merge_adapter is not None:
             from ._adapters import hooks
 
-            hooks.check_adapter_arguments(adapter_only, merge_adapter, reverse, format, quantize)
+            hooks.check_adapter_arguments(adapter_only, merge_adapter, format, quantize)
             if adapter_only:
                 return hooks.convert_adapter(
                     source, destination, recipe, reverse=reverse, config=config, like=like,
