@@ -15,7 +15,6 @@ from .peft_folder import read as read_adapter
 def check_adapter_arguments(
     adapter_only: bool,
     merge_adapter: Any,
-    reverse: bool,
     format: Any,
     quantize: Any,  # noqa: A002
 ) -> None:
