@@ -551,3 +551,42 @@ def test_tunix_moe_checkpoint_exports_to_transformers_in_the_like_layout(tmp_pat
     got = _logits(tmp_path / "out")
     np.testing.assert_allclose(got, np.load(tmp_path / "run" / "logits.npy"), atol=1e-5, rtol=0)
     assert np.abs(got - _logits(tmp_path / like)).max() > 1e-2  # the weights did change
+
+
+@needs_tunix
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+@pytest.mark.parametrize("family", ["qwen3", "qwen3-moe"])
+def test_tunix_peft_trainer_adapters_export_to_a_peft_folder_peft_serves(tmp_path, family):
+    """Three LoRA SFT steps of Tunix's PeftTrainer (qwix, alpha 8, adapters saved alone):
+    the adapter-only export, loaded by peft on the transformers base, gives the Tunix
+    model's logits."""
+    peft = pytest.importorskip("peft")
+    _save_model(family, tmp_path / "hf")
+    tunix_env.run_worker("sft", family, tmp_path / "hf", tmp_path / "run", "4", "8.0")
+    _cli(
+        [
+            "convert",
+            str(tmp_path / "run"),
+            str(tmp_path / "adapter"),
+            "--recipe",
+            f"{family}:tunix",
+            "--reverse",
+            "--adapter-only",
+            "--like",
+            str(tmp_path / "hf"),
+            "--lora-alpha",
+            "8",
+            "--no-progress",
+        ]
+    )
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"]) == (4, 8)
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    served = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    lora_b = served.base_model.model.model.layers[1].self_attn.o_proj.lora_B["default"].weight
+    assert float(lora_b.abs().max()) > 0  # peft loaded the factors (not left at zero)
+    with torch.no_grad():
+        got = served(torch.from_numpy(TOKENS)).logits.numpy()
+    expected = np.load(tmp_path / "run" / "logits.npy")
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+    assert np.abs(got - _logits(tmp_path / "hf")).max() > 1e-3  # the adapters do change it

@@ -56,6 +56,8 @@ def convert(
     quantize: str | None = None,
     keep_unquantized: list[str] | tuple[str, ...] | None = None,
     lora_alpha: float | None = None,
+    adapter_only: bool = False,
+    merge_adapter: str | os.PathLike | None = None,
 ) -> SaveResult:
     """Converts `source` to `destination` (Orbax or safetensors), optionally applying a recipe.
 
@@ -92,7 +94,15 @@ def convert(
             folder's vision tower); a Tunix checkpoint of LoRA adapters alone is merged into
             its base model.
         lora_alpha: with a ``FAMILY:tunix`` recipe backwards, the LoRA alpha of a checkpoint
-            that holds LoRA factors, merged as ``w + (a @ b) * (alpha / rank)``.
+            that holds LoRA factors, merged as ``w + (a @ b) * (alpha / rank)``; with
+            `adapter_only`, the alpha of qwix factors exported.
+        adapter_only: convert a LoRA adapter alone, through the family `recipe`: with
+            `reverse`, the LoRA pairs of a JAX checkpoint (Flax NNX, qwix/Tunix) to the folder
+            PEFT writes; without, a PEFT folder (`config`: the base's config.json) to qwix
+            factors in the recipe's layout. See ``docs/guide/lora-adapters.md``.
+        merge_adapter: a PEFT LoRA folder merged into the Hugging Face `source` as it
+            streams, as peft's ``merge_and_unload`` computes it; written as an HF folder, or
+            with a family `recipe` in its layout.
         Other arguments as in `suture.open` and `suture.save`.
 
     Example:
@@ -104,6 +114,16 @@ def convert(
         'safetensors'
     """
     with strict_casts_on(strict_casts):  # casts built meanwhile check their values
+        if adapter_only or merge_adapter is not None:
+            from ._adapters import hooks
+
+            hooks.check_adapter_arguments(adapter_only, merge_adapter, format, quantize)
+            if adapter_only:
+                return hooks.convert_adapter(
+                    source, destination, recipe, reverse=reverse, config=config, like=like,
+                    lora_alpha=lora_alpha, overwrite=overwrite, progress=progress,
+                )  # fmt: skip
+        edit = None if merge_adapter is None else hooks.adapter_merge(merge_adapter)
         if recipe is not None and is_family_recipe(str(recipe)):
             return convert_with_recipe(
                 source,
@@ -120,6 +140,7 @@ def convert(
                 verify=verify,
                 like=like,
                 lora_alpha=lora_alpha,
+                edit_hf=edit,
             )
         if like is not None or lora_alpha is not None:
             raise ArgumentError(
@@ -141,6 +162,7 @@ def convert(
             strict_casts=strict_casts,
             dequantize=dequantize,
             quantize=quantize,
+            edit=edit,
         )
         return save(
             tree,
@@ -171,6 +193,7 @@ def converted(
     strict_casts: bool = False,
     dequantize: bool = False,
     quantize: str | None = None,
+    edit: Any = None,
 ) -> tuple[Any, dict[str, Any]]:
     """What `convert` writes, without writing it: the lazy tree, and the options of its save
     (format, separator, metadata, side files, shard size). Not for built-in family recipes."""
@@ -179,7 +202,7 @@ def converted(
             "reverse= and config= go with a built-in family recipe (recipe='llama3.1:maxtext'; "
             "`suture recipes` lists them), as do like= and lora_alpha=."
         )
-    serving = quantize is not None  # FP8 for serving is a Hugging Face folder's layout
+    serving = quantize is not None or edit is not None  # a Hugging Face folder's layout
     target_format = format or (
         "safetensors" if serving or str(destination).endswith(".safetensors") else "orbax"
     )
@@ -200,7 +223,7 @@ def converted(
             f"FP8 or packed FP4 values without their scales as weights. Add --dequantize "
             f"(dequantize=True) to read the real values first."
         )
-    tree: Any = ckpt.tree
+    tree: Any = ckpt.tree if edit is None else edit(ckpt.tree)
     if recipe is not None:
         _check_not_a_misspelt_name(str(recipe))
         loaded = load_recipe(recipe)

@@ -524,7 +524,25 @@ def convert(
         typer.Option(
             "--lora-alpha",
             help="With a FAMILY:tunix recipe and --reverse: the LoRA alpha the checkpoint's "
-            "adapters were trained with (merged as w + (a @ b) * alpha / rank).",
+            "adapters were trained with (merged as w + (a @ b) * alpha / rank; with "
+            "--adapter-only, written as the PEFT folder's lora_alpha).",
+        ),
+    ] = None,
+    adapter_only: Annotated[
+        bool,
+        typer.Option(
+            "--adapter-only",
+            help="With a built-in --recipe: the LoRA adapter alone. With --reverse, a JAX "
+            "checkpoint's LoRA pairs (Flax NNX, qwix/Tunix) -> a PEFT folder; without, a "
+            "PEFT folder (--config: the base's config.json) -> qwix factors.",
+        ),
+    ] = False,
+    merge_adapter: Annotated[
+        str | None,
+        typer.Option(
+            "--merge-adapter",
+            help="A PEFT LoRA folder merged into the HF SOURCE as it streams (as peft's "
+            "merge_and_unload): an HF folder, or with --recipe that layout.",
         ),
     ] = None,
 ) -> None:
@@ -536,6 +554,8 @@ def convert(
     folder again.
     """
     if dry_run:
+        if adapter_only or merge_adapter is not None:
+            raise ArgumentError("--dry-run does not plan --adapter-only or --merge-adapter.")
         if recipe is not None and is_family_recipe(recipe):
             raise ArgumentError(
                 f"--dry-run shows the plan of a recipe file; for the built-in {recipe!r}, "
@@ -584,6 +604,8 @@ def convert(
         keep_value_keys=keep_value_keys,
         like=like,
         lora_alpha=lora_alpha,
+        adapter_only=adapter_only,
+        merge_adapter=merge_adapter,
     )
     _report_written(result, verify)
     if result.format == "orbax" and _is_model_folder(source):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,11 @@ def convert_with_recipe(
     dequantize: bool = False,
     verify: bool = False,
     lora_alpha: float | None = None,
+    edit_hf: Callable[[Any], Any] | None = None,
 ) -> SaveResult:
     """Converts `source` with the built-in recipe `name`; see `suture.convert`.
+
+    `edit_hf`: applied to the Hugging Face tree read, before the recipe (an adapter merged).
 
     A quantized Hugging Face source (FP8 block scales, MXFP4) is dequantized as it is read,
     in the same pass (to `dtype`, default bfloat16): recipes see real values, never
@@ -83,6 +87,12 @@ def convert_with_recipe(
             f"goes with a FAMILY:tunix recipe and reverse=True, not {name!r}"
             f"{'' if reverse else ' forward'}."
         )
+    if reverse and edit_hf is not None:
+        raise ArgumentError(
+            "merge_adapter= (--merge-adapter) merges a PEFT adapter into a Hugging Face base "
+            "as it is converted forward; run it without reverse (--reverse), or merge into "
+            "the HF folder the reverse conversion writes."
+        )
     if reverse and recipe.target == "tunix":
         source = tunix.model_params(source)
     # opening, the config and the side files ask a bucket the same questions: once each
@@ -99,7 +109,7 @@ def convert_with_recipe(
     if not reverse:
         if ckpt.layout.get("dequantized"):
             settings = dequantized_config(dtype or "bfloat16")(settings)
-        tree = recipe.to_maxtext(ckpt.tree, settings)
+        tree = recipe.to_maxtext(edit_hf(ckpt.tree) if edit_hf else ckpt.tree, settings)
         if ckpt.layout.get("dequantized"):  # the stored names and shards are not the tree's
             options["metadata"][LAYOUT_KEY]["weight_map"] = None
             options["extra_files"] = with_config_edited(
