@@ -213,15 +213,16 @@ class GroupedDequantNode(Node):
         arrays = [node.read(part) for node, part in parts]
         values, scales = self.codec.decode(arrays, selection[-2], columns)
         if not np.isfinite(scales).all():
-            self._refuse(scales, arrays[1], selection, columns)
+            self._refuse(scales, arrays, selection, columns)
         wanted = np.asarray(positions(selection[-1]), dtype=np.intp) - columns.start
         if len(wanted) != values.shape[-1] or (len(wanted) and wanted[0] != 0):
             values = np.take(values, wanted, axis=-1)
         return np.ascontiguousarray(values.astype(self.dtype, copy=False))
 
     def _refuse(
-        self, scales: np.ndarray, stored: np.ndarray, selection: Selection, columns: range
+        self, scales: np.ndarray, arrays: list[np.ndarray], selection: Selection, columns: range
     ) -> None:
+        stored = arrays[1]
         at = tuple(int(i) for i in np.argwhere(~np.isfinite(scales))[0])
         lead = tuple(positions(a)[i] for a, i in zip(selection[:-2], at[:-2], strict=True))
         row = positions(selection[-2])[at[-2]] if scales.shape[-2] > 1 else 0
@@ -229,6 +230,8 @@ class GroupedDequantNode(Node):
         raw = np.asarray(stored.reshape(-1)[0] if stored.size == 1 else stored[at])
         exponent = raw.dtype.name in ("uint8", "float8_e8m0fnu")  # UE8M0: say the byte
         shown = f"byte {int(raw.view(np.uint8))}" if exponent else repr(float(raw))
+        if getattr(self.codec, "global_scale", None) is not None:
+            shown += f", global scale {float(arrays[2].reshape(-1)[0])!r}"
         raise CorruptCheckpointError(
             f"Tensor {self.codec.tensor!r} ({self.codec.label}): the scale of group "
             f"{[*lead, int(row), int(group)]} ({self.codec.scale_name!r}, stored {shown}) "
