@@ -23,14 +23,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .._errors import CorruptCheckpointError
 from .._lazy.graph import Node
 from .._lazy.selection import Selection, positions, selection_shape
 from .e2m1 import E2M1, dequantize_e2m1
-from .formats import scale_values
-from .intpack import dequantize_groups, packed_words, unpack_signed
+from .formats import MXFP4_BLOCK, dequantize_mxfp4, scale_values
+from .intpack import dequantize_groups, packed_words, unpack_codes, unpack_signed
+from .nodes import _OverflowWarning
 
 
 def _aligned(axis: Any, align: int, length: int) -> range:
@@ -40,6 +42,11 @@ def _aligned(axis: Any, align: int, length: int) -> range:
         return range(0)
     low = int(np.min(picked)) // align * align
     return range(low, min(length, -(-(int(np.max(picked)) + 1) // align) * align))
+
+
+def _exponents(raw: np.ndarray) -> bool:
+    """Whether stored scales are UE8M0 exponent bytes."""
+    return raw.dtype.name in ("uint8", "float8_e8m0fnu")
 
 
 def _float_scales(raw: np.ndarray) -> np.ndarray:
@@ -56,6 +63,8 @@ class Codec:
     label: str
     tensor: str
     scale_name: str
+    out_dtype: np.dtype = np.dtype(np.float32)
+    largest: float = 6.0  # the largest magnitude a code (less its zero point) decodes to
 
     def nodes(self) -> tuple[Node, ...]:
         raise NotImplementedError
@@ -66,8 +75,9 @@ class Codec:
     def decode(
         self, arrays: list[np.ndarray], rows: Any, columns: range
     ) -> tuple[np.ndarray, np.ndarray]:
-        """float32 values ``(..., rows, len(columns))`` and their scales ``(..., rows,
-        groups)`` (checked by the node)."""
+        """The values ``(..., rows, len(columns))`` (float32, or `out_dtype` where the
+        codec casts in a table) and their float32 scales ``(..., rows, groups)`` (checked
+        by the node)."""
         raise NotImplementedError
 
 
@@ -113,6 +123,12 @@ class E2M1Codec(Codec):
         self, arrays: list[np.ndarray], rows: Any, columns: range
     ) -> tuple[np.ndarray, np.ndarray]:
         scales = _float_scales(arrays[1])
+        if self.global_scale is None and self.group == MXFP4_BLOCK and _exponents(arrays[1]):
+            # UE8M0 scales per 32: one lookup per byte of (scale, byte) -> both values, as
+            # MXFP4's; the same float32 products (exact powers of two), cast once
+            packed = arrays[0].view(np.uint8)
+            blocks = packed.reshape(*packed.shape[:-1], -1, MXFP4_BLOCK // 2)
+            return dequantize_mxfp4(blocks, arrays[1], self.out_dtype), scales
         if self.global_scale is not None:
             value = np.float32(arrays[2].reshape(-1)[0])
             with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
@@ -145,6 +161,7 @@ class IntCodec(Codec):
         self.shape, self.bits, self.group = shape, bits, group
         self.tensor, self.scale_name, self.label = tensor, scale_name, label
         self.align = math.lcm(group, 32)  # 32 values fill `bits` whole words
+        self.largest = float((1 << bits) - 1)  # |q - z| at most
         self.per_tensor = math.prod(scales.shape) == 1 and len(scales.shape) < len(shape)
 
     def nodes(self) -> tuple[Node, ...]:
@@ -169,10 +186,10 @@ class IntCodec(Codec):
     def decode(
         self, arrays: list[np.ndarray], rows: Any, columns: range
     ) -> tuple[np.ndarray, np.ndarray]:
-        values = unpack_signed(arrays[0], self.bits, len(columns))
+        codes = unpack_codes(arrays[0], self.bits, len(columns))
         scales = _float_scales(arrays[1])
         if self.per_tensor:
-            scales = np.broadcast_to(scales.reshape(-1)[0], (*values.shape[:-1], 1))
+            scales = np.broadcast_to(scales.reshape(-1)[0], (*codes.shape[:-1], 1))
         zero_points = None
         if self.zero_points is not None:
             along_rows = np.swapaxes(arrays[2], -1, -2)  # (..., groups, words)
@@ -180,7 +197,7 @@ class IntCodec(Codec):
             picked = np.asarray(positions(rows), dtype=np.intp)
             zero_points = np.swapaxes(unpacked, -1, -2)[..., picked, :]
         group = min(self.group, len(columns))
-        return dequantize_groups(values, scales, zero_points, group), scales
+        return dequantize_groups(codes, self.bits, scales, zero_points, group), scales
 
 
 class GroupedDequantNode(Node):
@@ -188,6 +205,8 @@ class GroupedDequantNode(Node):
 
     def __init__(self, codec: Codec, dtype: Any) -> None:
         self.codec, self.dtype, self.shape = codec, np.dtype(dtype), codec.shape
+        codec.out_dtype = self.dtype  # a codec may produce it directly (cast in its table)
+        self.overflow = _OverflowWarning(codec.tensor, self.dtype)
 
     def inputs(self) -> tuple[Node, ...]:
         return self.codec.nodes()
@@ -214,10 +233,26 @@ class GroupedDequantNode(Node):
         values, scales = self.codec.decode(arrays, selection[-2], columns)
         if not np.isfinite(scales).all():
             self._refuse(scales, arrays, selection, columns)
+        limit = float(ml_dtypes.finfo(self.dtype).max)
+        if scales.size and float(np.abs(scales).max()) * self.codec.largest > limit:
+            self._say_overflow(values, selection, columns)
         wanted = np.asarray(positions(selection[-1]), dtype=np.intp) - columns.start
         if len(wanted) != values.shape[-1] or (len(wanted) and wanted[0] != 0):
             values = np.take(values, wanted, axis=-1)
         return np.ascontiguousarray(values.astype(self.dtype, copy=False))
+
+    def _say_overflow(self, values: np.ndarray, selection: Selection, columns: range) -> None:
+        """Says once (a `SutureWarning`) that values overflowed the output dtype."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            bad = ~np.isfinite(values.astype(self.dtype, copy=False))
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            where = (*at[:-1], columns.start + at[-1])
+            index = tuple(
+                positions(a)[i] if n < len(at) - 1 else i
+                for n, (a, i) in enumerate(zip(selection, where, strict=True))
+            )
+            self.overflow.say(int(bad.sum()), index, f"group of {self.codec.group}", 1.0)
 
     def _refuse(
         self, scales: np.ndarray, arrays: list[np.ndarray], selection: Selection, columns: range

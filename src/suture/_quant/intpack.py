@@ -46,15 +46,20 @@ def unpack_signed(words: np.ndarray, bits: int, count: int) -> np.ndarray:
 
 
 def dequantize_groups(
-    values: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, group: int
+    codes: np.ndarray,
+    bits: int,
+    scales: np.ndarray,
+    zero_points: np.ndarray | None,
+    group: int,
 ) -> np.ndarray:
     """``float32(q - z) * scale`` of each group of `group` values of the last axis, as
     compressed-tensors computes it (``x_q.to(s.dtype) - z``, times ``s``) with float32
-    scales; `values` ``(..., rows, cols)``, `scales` and `zero_points` ``(..., rows,
-    cols / group)``."""
-    *lead, cols = values.shape
-    grouped = values.reshape(*lead, cols // group, group).astype(np.float32)
+    scales; `codes` (stored, ``q + 2 ** (bits - 1)``) ``(..., rows, cols)``, `scales` and
+    `zero_points` ``(..., rows, cols / group)``."""
+    *lead, cols = codes.shape
+    values = np.arange(1 << bits, dtype=np.float32) - np.float32(1 << (bits - 1))
+    grouped = np.take(values, codes.reshape(*lead, cols // group, group), mode="clip")
     if zero_points is not None:
         grouped -= zero_points.astype(np.float32)[..., None]
     grouped *= scales[..., None]
-    return grouped.reshape(values.shape)
+    return grouped.reshape(codes.shape)
