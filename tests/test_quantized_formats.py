@@ -654,3 +654,57 @@ def test_plan_shows_the_dequantization_per_leaf(tmp_path: Path) -> None:
     assert leaf["operations"] == ["dequantize int3 pack-quantized, group 32 -> bfloat16"]
     assert leaf["shape"] == [8, 64] and leaf["dtype"] == "bfloat16"
     assert not any("weight_scale" in path or "weight_shape" in path for path in outputs)
+
+
+def test_a_family_recipe_dequantizes_int4_experts_in_the_same_pass(tmp_path: Path) -> None:
+    """A Llama whose linear weights compressed-tensors packed to INT4 converts to MaxText in
+    one pass; the result equals converting the folder compressed-tensors' decompressor
+    gives (bfloat16), both directions."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    weights = load_file(tmp_path / "bf16" / "model.safetensors")
+    _, scheme, args = packed_module((2, 32), 4, "group", True)  # the scheme only
+    packed, reference = {}, {}
+    for name, weight in weights.items():
+        if weight.ndim != 2 or "embed" in name or "lm_head" in name:
+            packed[name] = reference[name] = weight
+            continue
+        module = name[: -len(".weight")]
+        scale = (weight.float().reshape(weight.shape[0], -1, 32).abs().amax(-1) / 7).clamp(min=1e-4)
+        compressed = PackedQuantizationCompressor.compress(
+            {"weight": weight.float(), "weight_scale": scale}, scheme
+        )
+        packed.update({f"{module}.{key}": value for key, value in compressed.items()})
+        reference[name] = reference_pack(compressed, scheme).to(torch.bfloat16)
+    saved = json.loads((tmp_path / "bf16" / "config.json").read_text())
+    ct = write_folder(tmp_path / "int4", packed, ct_config(args))
+    (ct / "config.json").write_text(json.dumps({**saved, "quantization_config": ct_config(args)}))
+    plain = write_folder(tmp_path / "dequantized", reference)
+    (plain / "config.json").write_text(json.dumps(saved))
+    for source, out in ((ct, "one"), (plain, "two")):
+        result = cli("convert", str(source), str(tmp_path / out), "--recipe", "llama3.1:maxtext")
+        assert result.exit_code == 0, result.output
+    assert cli("diff", str(tmp_path / "one"), str(tmp_path / "two"), "--values").exit_code == 0
+    back = cli(
+        "convert",
+        str(tmp_path / "one"),
+        str(tmp_path / "back"),
+        "--recipe",
+        "llama3.1:maxtext",
+        "--reverse",
+    )
+    assert back.exit_code == 0, back.output
+    assert "quantization_config" not in json.loads((tmp_path / "back" / "config.json").read_text())
+    assert cli("diff", str(tmp_path / "back"), str(plain), "--values").exit_code == 0
