@@ -523,6 +523,17 @@ BAD = {
         lambda p: ct_folder(p / "m", {"w": torch.zeros(1)}, ct_config({}, "marlin-24")),
         ["format 'marlin-24'", "pack-quantized"],
     ),
+    "sparse compression": (
+        lambda p: ct_folder(
+            p / "m",
+            {"w": torch.zeros(1)},
+            {
+                **ct_config(NVFP4_ARGS, "nvfp4-pack-quantized"),
+                "sparsity_config": {"format": "sparse-24-bitmask"},
+            },
+        ),
+        ["sparsity_config format 'sparse-24-bitmask'"],
+    ),
     "unsupported bit width": (
         lambda p: ct_folder(
             p / "m",

@@ -101,6 +101,12 @@ def parse_config(config: dict[str, Any], where: str) -> Config:
             f"{where}: a compressed-tensors quantization_config needs config_groups; found "
             f"{groups!r:.80}."
         )
+    sparsity = config.get("sparsity_config")
+    if isinstance(sparsity, dict) and sparsity.get("format", "dense") != "dense":
+        raise UnsupportedError(
+            f"{where}: sparsity_config format {sparsity.get('format')!r}; suture reads "
+            f"compressed-tensors checkpoints without sparse compression."
+        )
     default_format = config.get("format")
     parsed = [_group(name, entry, default_format, where) for name, entry in groups.items()]
     ignore = config.get("ignore") or []
