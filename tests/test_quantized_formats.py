@@ -292,6 +292,8 @@ def test_pack_quantized_experts_and_any_slice(tmp_path: Path) -> None:
     np.testing.assert_array_equal(bits(weight.read()), bits(expected))
     np.testing.assert_array_equal(weight[1:3, 7:29, 33:70].read(), expected[1:3, 7:29, 33:70])
     np.testing.assert_array_equal(weight[:, ::5, ::7].read(), expected[:, ::5, ::7])
+    np.testing.assert_array_equal(weight[2, ::-3, ::-5].read(), expected[2, ::-3, ::-5])
+    assert weight[:, 3:3].read().shape == (3, 0, 96)
     # 16-bit scales are computed in their own dtype by compressed-tensors (two roundings);
     # its float16 output differs from one rounding of the float32 value, suture's contract
     fp16 = PackedQuantizationCompressor.decompress(state, scheme)["weight"]
@@ -629,6 +631,11 @@ def test_non_finite_scales_are_refused_before_anything_is_written(tmp_path, kind
         }
         folder = ct_folder(tmp_path / "m", state, ct_config(NVFP4_ARGS, "nvfp4-pack-quantized"))
         words = ["'model.layers.0.mlp.down_proj.weight'", "group [0, 0]", "global scale 0.0"]
+    lazy = suture.open(folder, dequantize=True)["model/layers/0/mlp/down_proj/weight"]
+    row = 1 if kind.startswith("nvfp4") else 5
+    with pytest.raises(suture.CorruptCheckpointError) as error:
+        lazy[row].read()  # one row read: the error names that row's group
+    assert f"group [{row}, 0]" in str(error.value), str(error.value)
     with pytest.raises(suture.CorruptCheckpointError) as error:
         read(folder, "model/layers/0/mlp/down_proj/weight")
     for word in words:

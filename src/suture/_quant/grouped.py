@@ -227,6 +227,8 @@ class GroupedDequantNode(Node):
         return f"dequantize {self.codec.label} -> {self.dtype.name}"
 
     def read(self, selection: Selection) -> np.ndarray:
+        if 0 in selection_shape(selection):
+            return np.empty(selection_shape(selection), self.dtype)
         columns = self._columns(selection)
         parts = self.codec.parts(selection[:-2], selection[-2], columns)
         arrays = [node.read(part) for node, part in parts]
@@ -260,7 +262,7 @@ class GroupedDequantNode(Node):
         stored = arrays[1]
         at = tuple(int(i) for i in np.argwhere(~np.isfinite(scales))[0])
         lead = tuple(positions(a)[i] for a, i in zip(selection[:-2], at[:-2], strict=True))
-        row = positions(selection[-2])[at[-2]] if scales.shape[-2] > 1 else 0
+        row = 0 if getattr(self.codec, "per_tensor", False) else positions(selection[-2])[at[-2]]
         group = columns.start // self.codec.group + at[-1]
         raw = np.asarray(stored.reshape(-1)[0] if stored.size == 1 else stored[at])
         exponent = raw.dtype.name in ("uint8", "float8_e8m0fnu")  # UE8M0: say the byte
