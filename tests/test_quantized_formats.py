@@ -277,6 +277,10 @@ def test_pack_quantized_equals_compressed_tensors(tmp_path: Path, width, strateg
     np.testing.assert_array_equal(bits(ours), bits(expected))
     ours_bf16 = read(folder, "model/layers/0/mlp/down_proj/weight", "bfloat16")
     np.testing.assert_array_equal(bits(ours_bf16), bits(expected.to(torch.bfloat16)))
+    lazy = suture.open(folder, dequantize=True, dequantize_dtype="float32")
+    weight = lazy["model/layers/0/mlp/down_proj/weight"]
+    for rows in (slice(5, 12), slice(12, 13), slice(None, None, -4)):  # zero points mid-word
+        np.testing.assert_array_equal(weight[rows, 17:70].read(), ours[rows, 17:70])
 
 
 def test_pack_quantized_experts_and_any_slice(tmp_path: Path) -> None:
@@ -306,7 +310,7 @@ def test_a_row_block_reads_its_rows_and_groups_only(tmp_path: Path) -> None:
     node = suture.open(folder, dequantize=True)["model/layers/0/mlp/down_proj/weight"].node
     parts = node.input_selections((range(16, 24), range(64, 96)))
     shapes = [tuple(len(axis) for axis in part) for _, part in parts]
-    assert shapes == [(8, 4), (8, 1), (8, 1)]  # 4 words of 8 values, one group, its zero points
+    assert shapes == [(8, 4), (8, 1), (1, 1)]  # 4 words of 8 values, a group, a word of zeros
     assert node.describe() == "dequantize int4 pack-quantized, group 32 -> bfloat16"
 
 

@@ -179,9 +179,16 @@ class IntCodec(Codec):
         )
         found = [(self.packed, (*lead, rows, words)), (self.scales, scales)]
         if self.zero_points is not None:
-            every_row = range(self.zero_points.shape[-2])
-            found.append((self.zero_points, (*lead, every_row, groups)))
+            found.append((self.zero_points, (*lead, self._zero_words(rows), groups)))
         return found
+
+    def _zero_words(self, rows: Any) -> range:
+        """The words of the zero points (packed down the rows) that hold `rows`' values."""
+        picked = positions(rows)
+        if len(picked) == 0:
+            return range(0)
+        low, high = int(np.min(picked)), int(np.max(picked)) + 1
+        return range(low * self.bits // 32, packed_words(high, self.bits))
 
     def decode(
         self, arrays: list[np.ndarray], rows: Any, columns: range
@@ -193,9 +200,12 @@ class IntCodec(Codec):
         zero_points = None
         if self.zero_points is not None:
             along_rows = np.swapaxes(arrays[2], -1, -2)  # (..., groups, words)
-            unpacked = unpack_signed(along_rows, self.bits, self.shape[-2])
+            first = self._zero_words(rows).start * 32  # the bit the words read start at
             picked = np.asarray(positions(rows), dtype=np.intp)
-            zero_points = np.swapaxes(unpacked, -1, -2)[..., picked, :]
+            low = int(picked.min())
+            count = int(picked.max()) + 1 - low
+            unpacked = unpack_signed(along_rows, self.bits, count, low * self.bits - first)
+            zero_points = np.swapaxes(unpacked, -1, -2)[..., picked - low, :]
         group = min(self.group, len(columns))
         return dequantize_groups(codes, self.bits, scales, zero_points, group), scales
 

@@ -24,25 +24,26 @@ def packed_words(count: int, bits: int) -> int:
     return -(-count * bits // 32)
 
 
-def unpack_codes(words: np.ndarray, bits: int, count: int) -> np.ndarray:
-    """The first `count` stored (unsigned) codes of each row of `words` ``(..., W)``, as
-    uint8 ``(..., count)``."""
+def unpack_codes(words: np.ndarray, bits: int, count: int, skip: int = 0) -> np.ndarray:
+    """`count` stored (unsigned) codes of each row of `words` ``(..., W)``, the first at
+    bit `skip`, as uint8 ``(..., count)``."""
     raw = np.ascontiguousarray(words).astype("<i4", copy=False).view(np.uint8)
-    if bits == 8:
-        return raw[..., :count]
-    if bits == 4:
+    if bits == 8 and skip % 8 == 0:
+        return raw[..., skip // 8 : skip // 8 + count]
+    if bits == 4 and skip % 4 == 0:
         pairs = np.stack([raw & 0x0F, raw >> 4], axis=-1)
-        return pairs.reshape(*raw.shape[:-1], raw.shape[-1] * 2)[..., :count]
-    stream = np.unpackbits(raw, axis=-1, bitorder="little")[..., : count * bits]
+        pairs = pairs.reshape(*raw.shape[:-1], raw.shape[-1] * 2)
+        return pairs[..., skip // 4 : skip // 4 + count]
+    stream = np.unpackbits(raw, axis=-1, bitorder="little")[..., skip : skip + count * bits]
     stream = stream.reshape(*raw.shape[:-1], count, bits)
     widened = np.zeros((*stream.shape[:-1], 8), np.uint8)
     widened[..., :bits] = stream
     return np.packbits(widened, axis=-1, bitorder="little")[..., 0]
 
 
-def unpack_signed(words: np.ndarray, bits: int, count: int) -> np.ndarray:
+def unpack_signed(words: np.ndarray, bits: int, count: int, skip: int = 0) -> np.ndarray:
     """The values ``code - 2 ** (bits - 1)``, as int16 ``(..., count)``."""
-    return unpack_codes(words, bits, count).astype(np.int16) - (1 << (bits - 1))
+    return unpack_codes(words, bits, count, skip).astype(np.int16) - (1 << (bits - 1))
 
 
 def dequantize_groups(
