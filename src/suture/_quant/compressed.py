@@ -298,7 +298,8 @@ def _packed_int(
         size,
         module + ".weight",
         scale_name,
-        f"int{bits} pack-quantized, group {size}",
+        f"int{bits} pack-quantized, "
+        + {"group": f"group {size}", "channel": "a scale per row"}.get(group.strategy, "one scale"),
     )
     return LazyArray(GroupedDequantNode(codec, dtype), path=module + ".weight"), used
 
