@@ -675,6 +675,8 @@ def test_plan_shows_the_dequantization_per_leaf(tmp_path: Path) -> None:
     leaf = outputs["params/layers/0/mlp/down_proj/weight"]
     assert leaf["operations"] == ["dequantize int3 pack-quantized, group 32 -> bfloat16"]
     assert leaf["shape"] == [8, 64] and leaf["dtype"] == "bfloat16"
+    # the packed words (8 rows of 6), bfloat16 scales (8 x 2), zero points (1 word x 2)
+    assert leaf["bytes_to_read"] == 8 * 6 * 4 + 8 * 2 * 2 + 1 * 2 * 4
     assert not any("weight_scale" in path or "weight_shape" in path for path in outputs)
 
 
