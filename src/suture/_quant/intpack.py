@@ -58,8 +58,8 @@ def dequantize_groups(
     scales; `codes` (stored, ``q + 2 ** (bits - 1)``) ``(..., rows, cols)``, `scales` and
     `zero_points` ``(..., rows, cols / group)``."""
     *lead, cols = codes.shape
-    values = np.arange(1 << bits, dtype=np.float32) - np.float32(1 << (bits - 1))
-    grouped = np.take(values, codes.reshape(*lead, cols // group, group), mode="clip")
+    grouped = codes.reshape(*lead, cols // group, group).astype(np.float32)
+    grouped -= np.float32(1 << (bits - 1))  # small integers: exact
     if zero_points is not None:
         grouped -= zero_points.astype(np.float32)[..., None]
     grouped *= scales[..., None]
