@@ -34,9 +34,10 @@ E2M1_POSITIVE_ZERO[8] = 0.0  # ModelOpt's table: ``e2m1_values[8] = 0``
 
 
 def _pair_table(table: np.ndarray) -> np.ndarray:
-    """For each byte, its two values: the low nibble's first."""
+    """For each byte, its two float32 values (the low nibble's first) as one uint64."""
     codes = np.arange(256)
-    return np.stack([table[codes & 0x0F], table[codes >> 4]], axis=-1).astype(np.float32)
+    pairs = np.stack([table[codes & 0x0F], table[codes >> 4]], axis=-1).astype(np.float32)
+    return np.ascontiguousarray(pairs).view(np.uint64).reshape(-1)
 
 
 _PAIRS = {id(E2M1): _pair_table(E2M1), id(E2M1_POSITIVE_ZERO): _pair_table(E2M1_POSITIVE_ZERO)}
@@ -47,8 +48,9 @@ def unpack_e2m1(packed: np.ndarray, table: np.ndarray = E2M1) -> np.ndarray:
     pairs = _PAIRS.get(id(table))
     if pairs is None:
         pairs = _pair_table(table)
-    values = np.take(pairs, packed.view(np.uint8), axis=0, mode="clip")  # (..., n, 2)
-    return values.reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    # one 8-byte gather a byte; the index widened first (faster than numpy widening it)
+    values = np.take(pairs, packed.view(np.uint8).astype(np.intp), mode="clip")
+    return values.view(np.float32).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
 def dequantize_e2m1(
