@@ -528,7 +528,7 @@ def test_bad_scales_and_configs_name_the_tensor(
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq", "bitsandbytes", "compressed-tensors"])
+@pytest.mark.parametrize("method", ["gptq", "awq", "bitsandbytes", "hqq"])
 def test_unknown_quantization_methods_are_not_supported_yet(tmp_path: Path, method) -> None:
     folder = write_folder(
         tmp_path / "m",

@@ -24,7 +24,7 @@ from ._hf import (
 from ._lazy.views import strict_casts as strict_casts_on
 from ._location import location_of
 from ._paths import VALUE_KEYS, flatten, strip_variable_keys
-from ._quant.tensors import dequantized_config
+from ._quant.tensors import dequantized_config, dequantized_files
 from ._save.api import SaveResult, save
 from ._surgery.build import transform
 from ._surgery.recipes import forward_record, load_recipe
@@ -254,8 +254,8 @@ def converted(
     if folder_output and "extra_files" not in options:
         options["extra_files"] = model_folder_side_files(source)
     if dequantize and "extra_files" in options:
-        options["extra_files"] = with_config_edited(
-            options["extra_files"], dequantized_config(dtype or "bfloat16")
+        options["extra_files"] = dequantized_files(
+            with_config_edited(options["extra_files"], dequantized_config(dtype or "bfloat16"))
         )
     options["separator"] = options.get("separator", separator)
     options["format"] = target_format

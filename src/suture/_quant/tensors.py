@@ -35,10 +35,17 @@ from .._errors import ArgumentError, CorruptCheckpointError
 from .._lazy.array import LazyArray, as_lazy
 from .._paths import flatten, unflatten
 from .._patterns import compile_pattern, search
+from .compressed import dequantize_compressed
+from .grouped import E2M1Codec, GroupedDequantNode
+from .modelopt import dequantize_modelopt
 from .nodes import FP8DequantNode, MXFP4DequantNode, quantized_pair
 from .scheme import FP8_BLOCK, Scheme, fp8_block_config
 
 FP8_SCALE_SUFFIX = "_scale_inv"
+V4_SCALE_SUFFIX = ".scale"  # DeepSeek-V4: ``X.weight`` + ``X.scale``
+FP4_GROUP = 32  # DeepSeek-V4's FP4 experts: one UE8M0 scale per 32 values of a row
+FP4_DTYPES = ("int8", "uint8")  # packed E2M1 bytes (the F4 dtype is read as uint8)
+FP4_SCALE_DTYPES = ("float8_e8m0fnu", "uint8", "float32", "bfloat16")
 MXFP4_SUFFIXES = ("_blocks", "_scales")
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 FP8_SCALE_DTYPES = ("float32", "bfloat16", "float16", "float8_e8m0fnu", "uint8")
@@ -58,6 +65,10 @@ def dequantize_tensors(
     tensors: dict[str, LazyArray], scheme: Scheme, dtype: np.dtype, where: str
 ) -> dict[str, LazyArray]:
     """`tensors` with each quantized pair replaced by its lazy dequantized tensor."""
+    if scheme.method == "compressed-tensors":
+        return dequantize_compressed(tensors, scheme.details, dtype, where)
+    if scheme.method == "modelopt":
+        return dequantize_modelopt(tensors, scheme.details, dtype, where)
     if scheme.method == "mxfp4":
         return _dequantize_mxfp4(tensors, dtype, where)
     return _dequantize_fp8(tensors, scheme, dtype, where)
@@ -74,10 +85,14 @@ def _dequantize_fp8(
                 f"{where}: scale tensor {name!r} has no weight {name[: -len(FP8_SCALE_SUFFIX)]!r} "
                 f"beside it. The checkpoint is incomplete (a missing shard?)."
             )
+    scales |= {_v4_scale_name(name) for name in tensors if _v4_scale_of(name, tensors)}
     for name, array in tensors.items():
         if name in scales:
             continue
-        scale = tensors.get(name + FP8_SCALE_SUFFIX)
+        scale_name = name + FP8_SCALE_SUFFIX
+        if scale_name not in tensors and _v4_scale_of(name, tensors):
+            scale_name = _v4_scale_name(name)
+        scale = tensors.get(scale_name)
         if scale is None:
             if array.dtype.name in FP8_DTYPES:
                 raise CorruptCheckpointError(
@@ -87,18 +102,68 @@ def _dequantize_fp8(
                 )
             result[name] = array
             continue
-        block = _fp8_block(name, array, scale, scheme, where)
+        if array.dtype.name in FP4_DTYPES:
+            result[name] = _fp4_experts(name, array, scale, scale_name, dtype, where)
+            continue
+        block = _fp8_block(name, array, scale, scheme, where, scale_name)
         label = f"fp8 {block[0]}x{block[1]} blocks"
         node = FP8DequantNode(array.node, scale.node, block, dtype, label, name)
         result[name] = LazyArray(node, path=array.path)
     return result
 
 
+def _v4_scale_name(name: str) -> str:
+    return name[: -len(".weight")] + V4_SCALE_SUFFIX
+
+
+def _v4_scale_of(name: str, tensors: dict[str, LazyArray]) -> bool:
+    """Whether `name` is a quantized ``X.weight`` (FP8, or FP4 bytes) with a DeepSeek-V4
+    ``X.scale`` beside it (a ``.scale`` beside a float weight is an ordinary tensor)."""
+    if not name.endswith(".weight") or _v4_scale_name(name) not in tensors:
+        return False
+    return tensors[name].dtype.name in (*FP8_DTYPES, *FP4_DTYPES)
+
+
+def _fp4_experts(
+    name: str, weight: LazyArray, scale: LazyArray, scale_name: str, dtype: np.dtype, where: str
+) -> LazyArray:
+    """DeepSeek-V4's FP4 weight: E2M1 bytes ``(..., rows, cols / 2)``, low nibble first, and
+    a scale per 32 values of each row ``(..., rows, cols / 32)``."""
+    if weight.ndim < 2:
+        raise CorruptCheckpointError(
+            f"{where}: FP4 tensor {name!r} has shape {weight.shape}; expected (..., rows, "
+            f"cols / 2) bytes of two E2M1 values."
+        )
+    cols = weight.shape[-1] * 2
+    if cols % FP4_GROUP:
+        raise CorruptCheckpointError(
+            f"{where}: FP4 tensor {name!r} holds {cols} values a row, which the group of "
+            f"{FP4_GROUP} values per scale does not divide: expected a multiple of {FP4_GROUP}."
+        )
+    expected = (*weight.shape[:-1], cols // FP4_GROUP)
+    if scale.dtype.name not in FP4_SCALE_DTYPES or scale.shape != expected:
+        raise CorruptCheckpointError(
+            f"{where}: scale tensor {scale_name!r} is {scale.dtype.name} of shape {scale.shape}; "
+            f"FP4 weight {name!r} ({weight.shape[-2]} rows of {cols} values) needs "
+            f"float8_e8m0fnu (UE8M0) of shape {expected}: one scale per {FP4_GROUP} values "
+            f"of each row."
+        )
+    codec = E2M1Codec(
+        weight.node, scale.node, FP4_GROUP, name, scale_name, label="fp4 e2m1 group 32"
+    )
+    return LazyArray(GroupedDequantNode(codec, dtype), path=weight.path)
+
+
 def _fp8_block(
-    name: str, weight: LazyArray, scale: LazyArray, scheme: Scheme, where: str
+    name: str,
+    weight: LazyArray,
+    scale: LazyArray,
+    scheme: Scheme,
+    where: str,
+    scale_name: str | None = None,
 ) -> tuple[int, int]:
     """The block of `weight`'s scales, once their dtypes and shapes are checked."""
-    scale_name = name + FP8_SCALE_SUFFIX
+    scale_name = scale_name or name + FP8_SCALE_SUFFIX
     if weight.dtype.name not in FP8_DTYPES:
         raise CorruptCheckpointError(
             f"{where}: tensor {name!r} has scales ({scale_name!r}) but is {weight.dtype.name}; "
@@ -256,6 +321,14 @@ def quantize_tree(
         if scale is not None and name + FP8_SCALE_SUFFIX not in by_name:
             result[path + FP8_SCALE_SUFFIX] = scale
     return unflatten(result), fp8_block_config(FP8_BLOCK, kept)
+
+
+QUANTIZATION_FILES = ("hf_quant_config.json",)  # ModelOpt's config, beside config.json
+
+
+def dequantized_files(side: dict[str, Any]) -> dict[str, Any]:
+    """The side files of a dequantized output: those of the source but a quantization config."""
+    return {name: file for name, file in side.items() if name not in QUANTIZATION_FILES}
 
 
 def dequantized_config(dtype: str) -> Any:

@@ -211,7 +211,7 @@ def inspect(
 ) -> None:
     """Show a checkpoint's leaves with shape, dtype and size. Reads no array data (but --stats)."""
     ckpt = open_checkpoint(path, step=step, item=item, allow_pickle=allow_pickle)
-    description = describe(ckpt, filter)
+    description = describe(ckpt, filter, logical=not stats)
     if stats:
         results = collect_stats(ckpt, description)
         typer.echo(

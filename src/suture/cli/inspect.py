@@ -26,6 +26,7 @@ from .._lazy.array import LazyArray
 from .._patterns import compile_pattern
 from .._patterns import search as bounded_search
 from .._quant.scheme import scheme_of
+from .._quant.views import logical_views
 from ..sources.checkpoint import Checkpoint
 from .stats import combined, leaf_stats
 
@@ -133,23 +134,43 @@ def quantization_note(config: Any, path: str) -> str:
     )
 
 
-def describe(ckpt: Checkpoint, pattern: str | None = None) -> Description:
+def describe(ckpt: Checkpoint, pattern: str | None = None, logical: bool = False) -> Description:
     """The leaves of `ckpt` whose path matches `pattern` (``re.search``), without reading data.
+
+    With `logical`, a packed quantized weight (FP4, INT4 in int32, NVFP4, MXFP4) shows its
+    logical shape and its format in place of its stored bytes' shape and dtype.
 
     Raises:
         SurgeryError: when `pattern` is not a valid regular expression.
     """
     matcher = _compile(pattern)
     description = Description(ckpt.location, ckpt.format, ckpt.step)
-    for path, leaf in ckpt.flat().items():
+    flat = ckpt.flat()
+    views = _packed_views(ckpt, flat) if logical else {}
+    for path, leaf in flat.items():
         if matcher and not bounded_search(matcher, path):
             continue
-        if isinstance(leaf, LazyArray):
+        if isinstance(leaf, LazyArray) and id(leaf) in views:
+            shape, label = views[id(leaf)]
+            info = LeafInfo(path, shape, label, leaf.nbytes)
+        elif isinstance(leaf, LazyArray):
             info = LeafInfo(path, leaf.shape, _dtype_name(leaf.dtype), leaf.nbytes)
         else:
             info = LeafInfo(path, value=leaf)
         description.leaves.append(info)
     return description
+
+
+def _packed_views(ckpt: Checkpoint, flat: dict[str, Any]) -> dict[int, tuple[tuple, str]]:
+    """``{id(leaf): (logical shape, format)}`` of the packed weights of a quantized folder."""
+    config = ckpt.layout.get("quantization_config")
+    if config is None or ckpt.layout.get("dequantized"):
+        return {}
+    by_name = {
+        path.replace("/", "."): leaf for path, leaf in flat.items() if isinstance(leaf, LazyArray)
+    }
+    views = logical_views(by_name, config, repr(ckpt.location))
+    return {id(by_name[name]): view for name, view in views.items()}
 
 
 @functools.lru_cache(maxsize=64)

@@ -32,7 +32,7 @@ from .._hf import (
 )
 from .._location import LocalLocation, location_of, metadata_read_once
 from .._paths import unflatten
-from .._quant.tensors import dequantized_config
+from .._quant.tensors import dequantized_config, dequantized_files
 from .._save.api import SaveResult, save
 from .._surgery.recipes import read_limited
 from ..sources.open import open as open_checkpoint
@@ -112,8 +112,8 @@ def convert_with_recipe(
         tree = recipe.to_maxtext(edit_hf(ckpt.tree) if edit_hf else ckpt.tree, settings)
         if ckpt.layout.get("dequantized"):  # the stored names and shards are not the tree's
             options["metadata"][LAYOUT_KEY]["weight_map"] = None
-            options["extra_files"] = with_config_edited(
-                options["extra_files"], dequantized_config(dtype or "bfloat16")
+            options["extra_files"] = dequantized_files(
+                with_config_edited(options["extra_files"], dequantized_config(dtype or "bfloat16"))
             )
         record: dict[str, Any] = {"recipe": recipe.name, "config": settings}
         experts = recipe.expert_layout(ckpt.tree, settings)

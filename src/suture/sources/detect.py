@@ -92,7 +92,8 @@ def _open_source(
     if dequantize is True and kind != "safetensors":
         raise UnsupportedError(
             f"{str(path)!r} is {kind}; dequantize=True reads Hugging Face safetensors folders "
-            f"whose config.json has a quantization_config (FP8 block scales, MXFP4)."
+            f"whose config.json has a quantization_config (FP8 block scales, MXFP4, FP4, "
+            f"compressed-tensors INT and NVFP4) or a ModelOpt hf_quant_config.json."
         )
     checkpoint = _open_path(
         path, kind, step, item, separator, allow_pickle, dequantize, dequantize_dtype

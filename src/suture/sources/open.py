@@ -39,10 +39,11 @@ def open(  # noqa: A001
         separator: safetensors and PyTorch: splits tensor names into tree paths.
         allow_pickle: open PyTorch files, which are pickles (unpickling can run code).
         dequantize: a Hugging Face folder whose ``config.json`` has a
-            ``quantization_config`` (FP8 with block scales, MXFP4) is read dequantized: each
-            quantized tensor under its plain name (``...weight``; an MXFP4 ``X_blocks`` as
-            ``X``), lazily, a block at a time; the scale tensors are hidden; other tensors
-            pass through. Without it the stored tensors show as they are.
+            ``quantization_config`` (FP8 with block scales, MXFP4, DeepSeek-V4's FP4,
+            compressed-tensors ``pack-quantized`` and ``nvfp4-pack-quantized``; ModelOpt's
+            ``hf_quant_config.json``) is read dequantized: each quantized tensor under its
+            plain name (``...weight``; an MXFP4 ``X_blocks`` as ``X``), lazily, a block at a
+            time; the scale tensors are hidden; other tensors pass through. Without it the stored tensors show as they are.
         dequantize_dtype: the dequantized tensors' dtype (``"bfloat16"``, ``"float32"``).
 
     Returns:

@@ -61,7 +61,9 @@ DTYPES = {
     "F8_E5M2": "float8_e5m2",
     "F8_E8M0": "float8_e8m0fnu",
     "C64": "complex64",
+    "F4": "uint8",  # E2M1 pairs: the header counts values, the bytes hold two each
 }
+PACKED_FP4 = "F4"
 INDEX_SUFFIX = ".index.json"
 MAX_HEADER_BYTES = 100 << 20  # the safetensors library's own limit
 SINGLE_NAMES = (f"model.safetensors{INDEX_SUFFIX}", "model.safetensors")  # Hugging Face's
@@ -114,7 +116,28 @@ def quantization_config(path: Location) -> Any:
         config = json.loads(config_file.read_bytes(MAX_METADATA_BYTES, "the model's config"))
     except (OSError, ValueError, SurgeryError):
         return None  # an unreadable config is the family recipes' to report
-    return config.get("quantization_config") if isinstance(config, dict) else None
+    found = config.get("quantization_config") if isinstance(config, dict) else None
+    return found if found is not None else _modelopt_config(folder)
+
+
+def _modelopt_config(folder: Location) -> Any:
+    """ModelOpt's ``hf_quant_config.json`` as a ``quant_method: modelopt`` config, or None."""
+    try:
+        if isinstance(folder, LocalLocation):
+            found = local_side_file(folder.path, "hf_quant_config.json")
+            if isinstance(found, str):
+                return None
+            side = LocalLocation(found)
+        else:
+            side = folder / "hf_quant_config.json"
+            if not side.is_file():
+                return None
+        config = json.loads(side.read_bytes(MAX_METADATA_BYTES, "hf_quant_config.json"))
+    except (OSError, ValueError, SurgeryError):
+        return None
+    if not isinstance(config, dict) or not isinstance(config.get("quantization"), dict):
+        return None
+    return {"quant_method": "modelopt", **config}
 
 
 def _dequantized(
@@ -332,9 +355,22 @@ def _shape_and_dtype(name: str, entry: Any, file: Location) -> tuple[tuple[int, 
         raise CorruptCheckpointError(
             f"Tensor {name!r} in {str(file)!r} has shape {shape!r}; expected a list of sizes."
         )
+    if dtype_name == PACKED_FP4:
+        shape = _packed_fp4_shape(name, shape, file)
     dtype = to_dtype(DTYPES[dtype_name])
     check_shape(tuple(shape), dtype, f"Tensor {name[:200]!r} in {str(file)!r}")
     return tuple(shape), dtype
+
+
+def _packed_fp4_shape(name: str, shape: list[int], file: Location) -> list[int]:
+    """The bytes of an ``F4`` tensor: its header counts E2M1 values, two to a byte, so
+    ``(rows, K)`` values are ``(rows, K / 2)`` bytes (read as uint8, low nibble first)."""
+    if not shape or shape[-1] % 2:
+        raise CorruptCheckpointError(
+            f"Tensor {name!r} in {str(file)!r} is F4 of shape {shape}; expected a last axis "
+            f"of even length (two E2M1 values a byte)."
+        )
+    return [*shape[:-1], shape[-1] // 2]
 
 
 def _check_layout(header: dict, data_size: int, file: Location) -> None:
