@@ -32,6 +32,7 @@ from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
 from .._patterns import compile_pattern, fullmatch
 from .._yaml import parse as parse_yaml
+from ._config_lists import derived
 from ._experts import (
     EXPERT_LAYOUTS,
     FUSED,
@@ -45,6 +46,7 @@ from ._experts import (
 from ._expr import evaluate, names_in
 from ._layer_kinds import check_pattern, check_set
 from ._layout import LayerLayout, Slot, grid_fits, grid_members, parse_blocks, stack_grid
+from ._made import Made, parse_made
 from ._multimodal import LanguageModel, LeftOutWarning, parse_language_model, renamed
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 from ._schema import checked_table
@@ -69,6 +71,7 @@ COUNT_FIELDS = frozenset(
 )
 FLAG_FIELDS = frozenset(
     {"tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window", "norm_topk_prob"}
+    | {"attention_k_eq_v", "enable_moe_block", "use_double_wide_mlp"}  # Gemma 4's
 )
 # layer lists: Qwen3-MoE's mlp_only_layers is a list of layer numbers ([] for none) or false
 LIST_FIELDS = frozenset({"mlp_only_layers"})
@@ -99,6 +102,7 @@ class Leaf:
     layer_axis: int = SCAN_AXIS  # where the layers go when scanned
     fused: FusedSource | None = None  # where the tensor sits in transformers' fused layout
     always_fused: bool = False  # no per-tensor form: published fused (gpt-oss, Llama 4)
+    made: Made | None = None  # no HF source: a constant made to the target, dropped back
 
     def sources(self, index: int | None = None) -> tuple[str, ...]:
         """The HF tensor name(s) of this leaf, for layer `index` of its group."""
@@ -198,6 +202,7 @@ class FamilyRecipe:
                 f"{type(config).__name__}."
             )
         names = self.language_model.text_config(config) if self.language_model else dict(config)
+        names.update(derived(names, self.fields, self.name))  # from per-layer lists
         for field in self.require:  # first: another family's model is named as such
             if field not in self.defaults:
                 self._check_required(field, names)
@@ -306,6 +311,11 @@ class FamilyRecipe:
         out: dict[str, Any] = {}
         for leaf in self._active(names):
             for path, value in self._forward(leaf, hf, names, used, layout).items():
+                if f"{self._root}{path}" in out:
+                    raise RecipeFormatError(
+                        f"Recipe {self.name!r} writes {self._label} leaf {path!r} twice with "
+                        f"this config (two leaves' layer groups share a layer)."
+                    )
                 out[f"{self._root}{path}"] = value
         self._check_all_used(hf, used, names)
         self._warn_cut_rows(names)
@@ -321,6 +331,17 @@ class FamilyRecipe:
     def _forward(
         self, leaf: Leaf, hf: dict, names: dict, used: set[str], layout: str | None
     ) -> dict[str, Any]:
+        if leaf.made is not None:
+            return (
+                {
+                    slot.path: stack_grid(
+                        [leaf.made.array(names)] * len(slot.indices), slot.grid, leaf.layer_axis
+                    )
+                    for slot in self._slots(leaf, names)
+                }
+                if leaf.group is not None
+                else {leaf.maxtext: leaf.made.array(names)}
+            )
         if leaf.group is None:
             return {leaf.maxtext: self._gathered(leaf, layout, None, hf, names, used)}
         out = {}
@@ -507,7 +528,7 @@ class FamilyRecipe:
         counts = self.layer_counts(names)
         templates: dict[str, set[str]] = {}  # tensor name with {} for the layer -> its groups
         for leaf in self._active(names):
-            if leaf.group is None:
+            if leaf.group is None or leaf.made is not None:
                 continue
             if leaf.stacked:
                 sources = [name.replace(f"{{{leaf.group}}}", "{}") for name in leaf.stacked]
@@ -649,6 +670,10 @@ class FamilyRecipe:
         parts: dict[str, dict[int, LazyArray]] = {}  # fused tensor -> its parts, joined below
         fused_of: dict[str, FusedSource] = {}
         for leaf in self._active(names):
+            if leaf.made is not None:  # nothing to write it to: checked, then dropped
+                for path in self._paths(leaf, names):
+                    leaf.made.check(_take(flat, prefix + path, self._label), path, names, self.name)
+                continue
             if leaf.group is None:
                 taken = _take(flat, prefix + leaf.maxtext, self._label)
                 if leaf.routed:
@@ -734,25 +759,30 @@ class FamilyRecipe:
         As for the HF side, a count past the layers present fails before any is listed.
         """
         counts = self.layer_counts(names)
+        if not self.scanned:  # groups that share a path (layers_{HF index}) are counted together
+            templates: dict[str, set[str]] = {}
+            for leaf in self._active(names):
+                if leaf.group is not None:
+                    template = prefix + _unscanned(leaf.maxtext, "{}")
+                    templates.setdefault(template, set()).add(leaf.group)
+            for template, groups in templates.items():
+                self._compare_layers(
+                    groups,
+                    names,
+                    sum(counts[group] for group in groups),
+                    template,
+                    _indices(template, flat),
+                    lambda groups=groups: {
+                        index if self.groups[group].unscanned_by_hf else i
+                        for group in groups
+                        for i, index in enumerate(self._layer_indices(group, names))
+                    },
+                )
+            return
         for leaf in self._active(names):
             if leaf.group is None:
                 continue
             group, wanted = leaf.group, counts[leaf.group]
-            if not self.scanned:
-                by_hf = self.groups[group].unscanned_by_hf
-                template = prefix + _unscanned(leaf.maxtext, "{}")
-                self._compare_layers(
-                    {group},
-                    names,
-                    wanted,
-                    template,
-                    _indices(template, flat),
-                    lambda group=group, by_hf=by_hf: {
-                        index if by_hf else i
-                        for i, index in enumerate(self._layer_indices(group, names))
-                    },
-                )
-                continue
             if self.layout is None:
                 self._check_stack(leaf, flat, prefix + leaf.maxtext, (wanted,), wanted, names)
                 continue
@@ -833,9 +863,10 @@ class FamilyRecipe:
         return [
             (
                 leaf.maxtext,
-                " + ".join(leaf.sources()),
+                " + ".join(leaf.sources()) if leaf.made is None else "-",
                 ", ".join(
                     [
+                        *([leaf.made.describe()] if leaf.made is not None else []),
                         *_stacking(leaf, self.scanned),
                         *(op.describe(names) for op in leaf.operations),
                         *(["stacked on axis 0"] if leaf.stacked else []),
@@ -969,8 +1000,9 @@ def recipe_names() -> list[str]:
     return [
         f"{family}:{layout}"
         for target, layouts in TARGETS.items()
-        for family in _families(target)
+        for family, data in _families(target).items()
         for layout in layouts
+        if layout in data.get("layouts", layouts)
     ]
 
 
@@ -991,6 +1023,12 @@ def get_recipe(name: str) -> FamilyRecipe:
             f"No built-in recipe {name!r}.{did_you_mean(name, recipe_names())} "
             f"Built in: {', '.join(recipe_names())}."
         )
+    offered = _families(target)[family].get("layouts", list(TARGETS[target]))
+    if layout not in offered:
+        raise RecipeError(
+            f"No built-in recipe {name!r}: {family} has the layout(s) "
+            f"{', '.join(f'{family}:{o}' for o in offered)} only (as its target's model has it)."
+        )
     return _parse(family, _families(target)[family], TARGETS[target][layout])
 
 
@@ -1009,6 +1047,10 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     target = data.get("target", "maxtext")
     leaves = []
     for number, item in enumerate(data["leaves"]):
+        if isinstance(item, dict) and "make" in item and target in item:
+            made = parse_made(item["make"], f"{where}: leaf {item[target]!r}")
+            leaves.append(Leaf(item[target], "", made.layers, (), item.get("when"), made=made))
+            continue
         if isinstance(item, dict) and "hf" not in item and isinstance(item.get("fused"), dict):
             item = {**item, "hf": item["fused"].get("hf"), "always_fused": True}  # fused only
         if not isinstance(item, dict) or not {target, "hf"} <= set(item):
@@ -1063,6 +1105,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     expressions += [expression for _, expression in layer_sets]
     for leaf in leaves:
         expressions += [leaf.when or 0, *(e for op in leaf.operations for e in op.expressions())]
+        expressions += list(leaf.made.expressions() if leaf.made is not None else ())
     read = set()
     for expression in expressions:
         read |= names_in(expression)

@@ -24,6 +24,7 @@ from typing import Any
 from .._errors import ExpressionError, PatternError, RecipeFormatError, did_you_mean
 from .._patterns import compile_pattern
 from ._expr import Expression, check
+from ._made import schema_problems as made_problems
 
 TARGETS = ("maxtext", "tunix")
 TOP_KEYS = (
@@ -41,9 +42,11 @@ TOP_KEYS = (
     "layer_patterns",
     "layer_sets",
     "language_model",
+    "layouts",  # the layouts the target offers (gemma4-small: maxtext-unscanned only)
     "source_file",  # set by the loader: where the table came from
 )
-LEAF_KEYS = ("hf", "ops", "when", "fused", "axes", "always_fused")
+LEAF_KEYS = ("hf", "ops", "when", "fused", "axes", "always_fused", "make")
+LAYOUTS = {"maxtext": ("maxtext", "maxtext-unscanned"), "tunix": ("tunix",)}
 WORDS = ("transpose", "interleave_rope")
 OPTIONS = {
     "split_axis": ("axis", "sizes"),
@@ -113,6 +116,9 @@ class _Table:
         self.problems: list[str] = []
         self.paths: dict[str, int] = {}  # target path -> its leaf
         self.period = False  # whether the table has a layer_period
+        # groups kept unscanned as layers_{HF index} in a table without a scanned layout:
+        # their leaves may share a path (Gemma 4 E2B's local and global layers)
+        self.by_hf: set[str] = set()
 
     def problem(self, entry: str, rule: str) -> None:
         self.problems.append(f"{entry}: {rule}")
@@ -190,6 +196,18 @@ class _Table:
         groups = ["layer"]  # without layer_groups (or with {}), one group: every layer
         if data.get("layer_groups") not in (None, {}):
             out["layer_groups"], groups = self.layer_groups(data["layer_groups"])
+        if "layouts" in data:
+            known = LAYOUTS[target]
+            layouts = self.listing(data["layouts"], "layouts", empty=False)
+            for layout in layouts:
+                if layout not in known:
+                    self.problem("layouts", f"{_shown(layout)} is not one of {', '.join(known)}")
+            if "maxtext" not in layouts:
+                self.by_hf = {
+                    name
+                    for name, spec in (out.get("layer_groups") or {}).items()
+                    if isinstance(spec, dict) and spec.get("unscanned") == "hf_index"
+                }
         if "experts" in data:
             out["experts"] = self.expression(data["experts"], "experts")
         if "layer_period" in data and not _whole(data["layer_period"], 1, 1 << 16):
@@ -332,7 +350,17 @@ class _Table:
             self.problem(entry, f"needs {target!r} (the {target} path) and 'hf' (or 'fused')")
         elif self.text(path, f"{entry}.{target}"):
             self.target_path(path, item, number, target, groups)
-        if "hf" in item:
+        if "make" in item:
+            for rule in made_problems(item["make"]):
+                self.problem(f"{entry}.make", rule)
+            layers = item["make"].get("layers") if isinstance(item["make"], dict) else None
+            if isinstance(layers, str) and layers not in groups:
+                self.problem(
+                    f"{entry}.make.layers", f"{layers!r} is no layer group ({', '.join(groups)})"
+                )
+            if "hf" in item or "fused" in item:
+                self.problem(entry, "a leaf made with no source ('make') has no 'hf' or 'fused'")
+        elif "hf" in item:
             hf = item["hf"]
             names = self.listing(hf, f"{entry}.hf", empty=False) if isinstance(hf, list) else [hf]
             for name in names:
@@ -364,15 +392,20 @@ class _Table:
         """A target path once per table; a per-layer leaf's says where its layer goes: MaxText's
         under ``decoder/...layers/`` (``layers_3`` unscanned), Tunix's naming it (``{layer}``)."""
         entry = f"leaf {number} ({path!r}).{target}"
-        if path in self.paths:
-            self.problem(
-                entry, f"is also leaf {self.paths[path]}'s path: one would overwrite the other"
-            )
-        self.paths.setdefault(path, number)
-        fused = item.get("fused")
+        fused, made = item.get("fused"), item.get("make")
         hf = item.get("hf", fused.get("hf") if isinstance(fused, dict) else None)
         first = hf[0] if isinstance(hf, list) and hf else hf
-        per_layer = isinstance(first, str) and any(f"{{{group}}}" in first for group in groups)
+        group = next((g for g in groups if isinstance(first, str) and f"{{{g}}}" in first), None)
+        if isinstance(made, dict) and isinstance(made.get("layers"), str):
+            group = made["layers"]
+        per_layer = group is not None
+        # layers_{HF index} of groups with disjoint layers: one path per group, no overlap
+        key = f"{path} (layers of {group})" if group in self.by_hf else path
+        if key in self.paths:
+            self.problem(
+                entry, f"is also leaf {self.paths[key]}'s path: one would overwrite the other"
+            )
+        self.paths.setdefault(key, number)
         named = _PLACEHOLDER.search(path) is not None
         if target == "maxtext" and (named or (per_layer and not _LAYERS.match(path))):
             self.problem(
