@@ -671,8 +671,12 @@ class FamilyRecipe:
         fused_of: dict[str, FusedSource] = {}
         for leaf in self._active(names):
             if leaf.made is not None:  # nothing to write it to: checked, then dropped
-                for path in self._paths(leaf, names):
-                    leaf.made.check(_take(flat, prefix + path, self._label), path, names, self.name)
+                if leaf.group is None:
+                    taken = _take(flat, prefix + leaf.maxtext, self._label)
+                    leaf.made.check(taken, leaf.maxtext, names, self.name)
+                    continue
+                for path, _, layer in self._layers_back(leaf, flat, prefix, names):
+                    leaf.made.check(layer, path, names, self.name)
                 continue
             if leaf.group is None:
                 taken = _take(flat, prefix + leaf.maxtext, self._label)
