@@ -589,6 +589,15 @@ def report(selected: list, chosen: bool, rows: list, findings: list[str], logits
         f"- `{family}`: max abs logit difference {difference:.3g} (largest logit {scale:.3g})"
         for family, difference, scale in logits
     )
+    if forward:
+        forward = f"""
+MaxText's own model (float32, highest matmul precision, dense MoE path, on the CPU;
+`bench/_maxtext_logits.py`) restores suture's scanned float32 output through
+`load_parameters_path` and runs 2 x 16 random tokens; transformers runs the HF folder on the
+same tokens:
+
+{forward}
+"""
     command = "python -m bench.families --maxtext-venv DIR --maxtext-families"
     command += f" --families {','.join(names)}" if chosen else ""
     models = " / ".join(dict.fromkeys(family[1] for family in selected))
@@ -618,14 +627,7 @@ aside):
 {found}
 
 {notes}
-
-MaxText's own model (float32, highest matmul precision, dense MoE path, on the CPU;
-`bench/_maxtext_logits.py`) restores suture's scanned float32 output through
-`load_parameters_path` and runs 2 x 16 random tokens; transformers runs the HF folder on the
-same tokens:
-
-{forward}
-"""
+{forward}"""
     section = "families-maxtext-" + "-".join(names) if chosen else "families-maxtext-moe"
     write_section(section, body)
     print(body)
