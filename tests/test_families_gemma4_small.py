@@ -137,6 +137,16 @@ def test_only_the_unscanned_layout_is_offered():
         families.get_recipe("gemma4-small:maxtext")
 
 
+def test_a_users_copy_of_the_table_keeps_its_layouts(tmp_path):
+    from importlib.resources import files
+
+    table = tmp_path / "mine.yaml"
+    table.write_text(files("suture.families").joinpath("gemma4-small.yaml").read_text())
+    assert family_recipe(f"{table}:maxtext-unscanned").name == RECIPE
+    with pytest.raises(suture.SurgeryError, match=r"offers the layout\(s\) maxtext-unscanned only"):
+        family_recipe(str(table))
+
+
 def _refused_with(tmp_path, e2b, match: str, **change) -> None:
     folder = tmp_path / "hf"
     folder.mkdir()
