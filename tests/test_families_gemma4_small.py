@@ -243,3 +243,50 @@ def test_a_made_leaf_of_another_shape_is_refused_on_the_way_back(tmp_path):
     flat["params/params/decoder/extra_norm/scale"] = np.ones(63, np.float32)
     with pytest.raises(families.ConfigMismatchError, match=r"extra_norm/scale' has shape \(63,\)"):
         recipe.to_hf(suture.unflatten(flat), names)
+
+
+@pytest.mark.parametrize(
+    ("make", "phrase"),
+    [
+        ({"fill": "one", "shape": ["hidden_size"]}, "fill must be a finite number"),
+        ({"fill": 1, "shape": "hidden_size"}, "shape must be a list"),
+        ({"fill": 1, "shape": [4], "dtype": "int8"}, "dtype must be one of"),
+        ({"fill": 1, "shape": [4], "layers": "blocks"}, "'blocks' is no layer group"),
+        ({"fill": 1, "shape": [4], "colour": 2}, "unknown key 'colour'"),
+    ],
+)
+def test_a_bad_make_entry_is_refused_when_the_table_loads(tmp_path, make, phrase):
+    import yaml
+
+    table = tmp_path / "bad.yaml"
+    leaves = [{"maxtext": "decoder/x/scale", "make": make}]
+    table.write_text(yaml.safe_dump({"names": ["bad"], "leaves": leaves}))
+    with pytest.raises(suture.SurgeryError, match=f"leaf 0 .*make.*{phrase}"):
+        family_recipe(str(table))
+
+
+def test_groups_sharing_a_path_must_be_unscanned_only_and_disjoint(tmp_path):
+    """Two groups may write one path only in a table without a scanned layout, and a config
+    that gives them a layer in common is an error (counted twice), not one leaf overwriting
+    another."""
+    from importlib.resources import files
+
+    import yaml
+
+    data = yaml.safe_load(files("suture.families").joinpath("gemma4-small.yaml").read_text())
+    scanned = dict(data, layouts=["maxtext", "maxtext-unscanned"])
+    (tmp_path / "scanned.yaml").write_text(yaml.safe_dump(scanned, sort_keys=False))
+    with pytest.raises(suture.SurgeryError, match="is also leaf 5's path"):
+        family_recipe(str(tmp_path / "scanned.yaml"))
+    groups = dict(
+        data["layer_groups"], local={"count": 2, "hf_index": "i + 3", "unscanned": "hf_index"}
+    )
+    (tmp_path / "overlap.yaml").write_text(yaml.safe_dump(dict(data, layer_groups=groups)))
+    recipe = family_recipe(f"{tmp_path / 'overlap.yaml'}:maxtext-unscanned")
+    config = transformers.Gemma4TextConfig(**E2B).to_dict()
+    q = np.zeros((16, 32), np.float32)
+    hf = {
+        f"model/layers/{i}/self_attn/q_proj/weight": q for i in (3, 4, 9)
+    }  # local 3-4, global 4, 9
+    with pytest.raises(suture.SurgeryError, match=r"4 layers, and the checkpoint holds 3"):
+        recipe.to_maxtext(hf, config)
