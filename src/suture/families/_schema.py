@@ -24,6 +24,7 @@ from typing import Any
 from .._errors import ExpressionError, PatternError, RecipeFormatError, did_you_mean
 from .._patterns import compile_pattern
 from ._expr import Expression, check
+from ._shared_targets import shared_path_problem
 
 TARGETS = ("maxtext", "tunix")
 TOP_KEYS = (
@@ -38,6 +39,7 @@ TOP_KEYS = (
     "experts",
     "layer_period",
     "layer_blocks",
+    "layer_blocks_under",
     "layer_patterns",
     "layer_sets",
     "language_model",
@@ -112,6 +114,7 @@ class _Table:
         self.label = f"Family table {where!r}"
         self.problems: list[str] = []
         self.paths: dict[str, int] = {}  # target path -> its leaf
+        self.path_groups: dict[str, set[str | None]] = {}  # target path -> its leaves' groups
         self.period = False  # whether the table has a layer_period
 
     def problem(self, entry: str, rule: str) -> None:
@@ -200,6 +203,16 @@ class _Table:
             )
         if data.get("layer_blocks") is not None:
             self.layer_blocks(data["layer_blocks"], data.get("layer_period"))
+        if "layer_blocks_under" in data:
+            under = data["layer_blocks_under"]
+            if not isinstance(under, str) or not re.fullmatch(r"decoder(/[A-Za-z_]\w*)+", under):
+                self.problem(
+                    "layer_blocks_under",
+                    f"must be the path of the decoder's subtree that holds the blocks "
+                    f"(decoder/scanned_blocks); got {_shown(under)}",
+                )
+            elif data.get("layer_blocks") is None:
+                self.problem("layer_blocks_under", "needs layer_blocks (the places it holds)")
         patterns = self.mapping(data.get("layer_patterns") or {}, "layer_patterns", None)
         for field, pattern in patterns.items():
             self.text(field, f"layer_patterns key {field!r}")
@@ -218,8 +231,12 @@ class _Table:
         return out
 
     def config(self, value: Any) -> dict[str, Any]:
-        config = self.mapping(value, "config", ("require", "defaults", "checks"))
+        config = self.mapping(value, "config", ("require", "defaults", "checks", "per_layer"))
         out = dict(config)
+        per_layer = self.mapping(config.get("per_layer") or {}, "config.per_layer", None)
+        for field, kinds in per_layer.items():
+            self.text(field, f"config.per_layer key {field!r}")
+            self.text(kinds, f"config.per_layer.{field} (the per-layer list of kinds)")
         require = self.mapping(config.get("require") or {}, "config.require", None)
         for field, allowed in require.items():
             self.text(field, f"config.require key {field!r}")
@@ -364,15 +381,17 @@ class _Table:
         """A target path once per table; a per-layer leaf's says where its layer goes: MaxText's
         under ``decoder/...layers/`` (``layers_3`` unscanned), Tunix's naming it (``{layer}``)."""
         entry = f"leaf {number} ({path!r}).{target}"
-        if path in self.paths:
-            self.problem(
-                entry, f"is also leaf {self.paths[path]}'s path: one would overwrite the other"
-            )
-        self.paths.setdefault(path, number)
         fused = item.get("fused")
         hf = item.get("hf", fused.get("hf") if isinstance(fused, dict) else None)
         first = hf[0] if isinstance(hf, list) and hf else hf
-        per_layer = isinstance(first, str) and any(f"{{{group}}}" in first for group in groups)
+        group = next((g for g in groups if isinstance(first, str) and f"{{{g}}}" in first), None)
+        if path in self.paths:
+            why = shared_path_problem(self.path_groups[path], group)
+            if why is not None:
+                self.problem(entry, f"is also leaf {self.paths[path]}'s path: {why}")
+        self.paths.setdefault(path, number)
+        self.path_groups.setdefault(path, set()).add(group)
+        per_layer = group is not None
         named = _PLACEHOLDER.search(path) is not None
         if target == "maxtext" and (named or (per_layer and not _LAYERS.match(path))):
             self.problem(
