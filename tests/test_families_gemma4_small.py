@@ -265,19 +265,14 @@ def test_a_bad_make_entry_is_refused_when_the_table_loads(tmp_path, make, phrase
         family_recipe(str(table))
 
 
-def test_groups_sharing_a_path_must_be_unscanned_only_and_disjoint(tmp_path):
-    """Two groups may write one path only in a table without a scanned layout, and a config
-    that gives them a layer in common is an error (counted twice), not one leaf overwriting
-    another."""
+def test_layer_groups_sharing_a_path_must_be_disjoint(tmp_path):
+    """A config that gives two groups writing one path a layer in common is an error (the
+    layer counted twice), not one leaf overwriting another."""
     from importlib.resources import files
 
     import yaml
 
     data = yaml.safe_load(files("suture.families").joinpath("gemma4-small.yaml").read_text())
-    scanned = dict(data, layouts=["maxtext", "maxtext-unscanned"])
-    (tmp_path / "scanned.yaml").write_text(yaml.safe_dump(scanned, sort_keys=False))
-    with pytest.raises(suture.SurgeryError, match="is also leaf 5's path"):
-        family_recipe(str(tmp_path / "scanned.yaml"))
     groups = dict(
         data["layer_groups"], local={"count": 2, "hf_index": "i + 3", "unscanned": "hf_index"}
     )

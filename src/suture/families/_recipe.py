@@ -44,12 +44,22 @@ from ._experts import (
     stacked_axes,
 )
 from ._expr import evaluate, names_in
+from ._layer_config import per_kind_fields
 from ._layer_kinds import check_pattern, check_set
-from ._layout import LayerLayout, Slot, grid_fits, grid_members, parse_blocks, stack_grid
+from ._layout import (
+    SCANNED,
+    LayerLayout,
+    Slot,
+    grid_fits,
+    grid_members,
+    parse_blocks,
+    stack_grid,
+)
 from ._made import Made, parse_made
 from ._multimodal import LanguageModel, LeftOutWarning, parse_language_model, renamed
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 from ._schema import checked_table
+from ._shared_targets import shared_groups
 
 MAXTEXT_ROOT = "params/params"
 # The config.json fields recipes read, by kind: Hugging Face's names, the same in every family.
@@ -70,8 +80,16 @@ COUNT_FIELDS = frozenset(
     }
 )
 FLAG_FIELDS = frozenset(
-    {"tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window", "norm_topk_prob"}
-    | {"attention_k_eq_v", "enable_moe_block", "use_double_wide_mlp"}  # Gemma 4's
+    {
+        "tie_word_embeddings",
+        "attention_bias",
+        "mlp_bias",
+        "use_sliding_window",
+        "norm_topk_prob",
+        "attention_k_eq_v",
+        "enable_moe_block",
+        "use_double_wide_mlp",
+    }
 )
 # layer lists: Qwen3-MoE's mlp_only_layers is a list of layer numbers ([] for none) or false
 LIST_FIELDS = frozenset({"mlp_only_layers"})
@@ -159,6 +177,8 @@ class FamilyRecipe:
     # per field (Gemma 3's layer_types), or an expression of i per list of layers
     layer_patterns: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     layer_sets: tuple[tuple[str, str], ...] = ()
+    # config fields of per-layer overrides, each with its list of kinds (`_layer_config`)
+    per_layer: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
@@ -202,6 +222,7 @@ class FamilyRecipe:
                 f"{type(config).__name__}."
             )
         names = self.language_model.text_config(config) if self.language_model else dict(config)
+        names.update(per_kind_fields(self.name, names, self.per_layer))
         names.update(derived(names, self.fields, self.name))  # from per-layer lists
         for field in self.require:  # first: another family's model is named as such
             if field not in self.defaults:
@@ -763,30 +784,35 @@ class FamilyRecipe:
         As for the HF side, a count past the layers present fails before any is listed.
         """
         counts = self.layer_counts(names)
-        if not self.scanned:  # groups that share a path (layers_{HF index}) are counted together
-            templates: dict[str, set[str]] = {}
-            for leaf in self._active(names):
-                if leaf.group is not None:
-                    template = prefix + _unscanned(leaf.maxtext, "{}")
-                    templates.setdefault(template, set()).add(leaf.group)
-            for template, groups in templates.items():
-                self._compare_layers(
-                    groups,
-                    names,
-                    sum(counts[group] for group in groups),
-                    template,
-                    _indices(template, flat),
-                    lambda groups=groups: {
-                        index if self.groups[group].unscanned_by_hf else i
-                        for group in groups
-                        for i, index in enumerate(self._layer_indices(group, names))
-                    },
-                )
-            return
+        sharing = shared_groups(self._active(names))  # one path, a leaf per layer kind
+        for leaf in self._active(names):  # Tunix's paths name their group: layers/{global}/...
+            if leaf.group is not None and not self.scanned:
+                template = prefix + _unscanned(leaf.maxtext, "{}")
+                sharing.setdefault(template, set()).add(leaf.group)
+        compared: set[str] = set()
         for leaf in self._active(names):
             if leaf.group is None:
                 continue
             group, wanted = leaf.group, counts[leaf.group]
+            if not self.scanned:
+                template = prefix + _unscanned(leaf.maxtext, "{}")
+                if template in compared:
+                    continue
+                compared.add(template)
+                groups = sharing[leaf.maxtext] | sharing[template]
+                self._compare_layers(
+                    groups,
+                    names,
+                    sum(counts[g] for g in groups),
+                    template,
+                    _indices(template, flat),
+                    lambda groups=groups: {
+                        index if self.groups[g].unscanned_by_hf else i
+                        for g in groups
+                        for i, index in enumerate(self._layer_indices(g, names))
+                    },
+                )
+                continue
             if self.layout is None:
                 self._check_stack(leaf, flat, prefix + leaf.maxtext, (wanted,), wanted, names)
                 continue
@@ -1101,7 +1127,10 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     period = str(data["layer_period"]) if "layer_period" in data else None
     layout = None
     if period is not None:
-        layout = LayerLayout(period, parse_blocks(data.get("layer_blocks")))
+        under = data.get("layer_blocks_under")
+        layout = LayerLayout(
+            period, parse_blocks(data.get("layer_blocks")), f"{under}/" if under else SCANNED
+        )
     expressions: list[Any] = [check["test"] for check in checks]
     expressions += [text for group in groups.values() for text in (group.count, group.hf_index)]
     expressions += [e for e in (experts_count, period) if e is not None]
@@ -1138,6 +1167,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
             (field, tuple(pattern)) for field, pattern in (data.get("layer_patterns") or {}).items()
         ),
         layer_sets=layer_sets,
+        per_layer=tuple((config.get("per_layer") or {}).items()),
         default_inputs={
             name: frozenset(users)
             for name, users in default_inputs.items()

@@ -25,6 +25,7 @@ from .._errors import ExpressionError, PatternError, RecipeFormatError, did_you_
 from .._patterns import compile_pattern
 from ._expr import Expression, check
 from ._made import schema_problems as made_problems
+from ._shared_targets import shared_path_problem
 
 TARGETS = ("maxtext", "tunix")
 TOP_KEYS = (
@@ -39,6 +40,7 @@ TOP_KEYS = (
     "experts",
     "layer_period",
     "layer_blocks",
+    "layer_blocks_under",
     "layer_patterns",
     "layer_sets",
     "language_model",
@@ -115,10 +117,8 @@ class _Table:
         self.label = f"Family table {where!r}"
         self.problems: list[str] = []
         self.paths: dict[str, int] = {}  # target path -> its leaf
+        self.path_groups: dict[str, set[str | None]] = {}  # target path -> its leaves' groups
         self.period = False  # whether the table has a layer_period
-        # groups kept unscanned as layers_{HF index} in a table without a scanned layout:
-        # their leaves may share a path (Gemma 4 E2B's local and global layers)
-        self.by_hf: set[str] = set()
 
     def problem(self, entry: str, rule: str) -> None:
         self.problems.append(f"{entry}: {rule}")
@@ -202,12 +202,6 @@ class _Table:
             for layout in layouts:
                 if layout not in known:
                     self.problem("layouts", f"{_shown(layout)} is not one of {', '.join(known)}")
-            if "maxtext" not in layouts:
-                self.by_hf = {
-                    name
-                    for name, spec in (out.get("layer_groups") or {}).items()
-                    if isinstance(spec, dict) and spec.get("unscanned") == "hf_index"
-                }
         if "experts" in data:
             out["experts"] = self.expression(data["experts"], "experts")
         if "layer_period" in data and not _whole(data["layer_period"], 1, 1 << 16):
@@ -218,6 +212,16 @@ class _Table:
             )
         if data.get("layer_blocks") is not None:
             self.layer_blocks(data["layer_blocks"], data.get("layer_period"))
+        if "layer_blocks_under" in data:
+            under = data["layer_blocks_under"]
+            if not isinstance(under, str) or not re.fullmatch(r"decoder(/[A-Za-z_]\w*)+", under):
+                self.problem(
+                    "layer_blocks_under",
+                    f"must be the path of the decoder's subtree that holds the blocks "
+                    f"(decoder/scanned_blocks); got {_shown(under)}",
+                )
+            elif data.get("layer_blocks") is None:
+                self.problem("layer_blocks_under", "needs layer_blocks (the places it holds)")
         patterns = self.mapping(data.get("layer_patterns") or {}, "layer_patterns", None)
         for field, pattern in patterns.items():
             self.text(field, f"layer_patterns key {field!r}")
@@ -236,8 +240,12 @@ class _Table:
         return out
 
     def config(self, value: Any) -> dict[str, Any]:
-        config = self.mapping(value, "config", ("require", "defaults", "checks"))
+        config = self.mapping(value, "config", ("require", "defaults", "checks", "per_layer"))
         out = dict(config)
+        per_layer = self.mapping(config.get("per_layer") or {}, "config.per_layer", None)
+        for field, kinds in per_layer.items():
+            self.text(field, f"config.per_layer key {field!r}")
+            self.text(kinds, f"config.per_layer.{field} (the per-layer list of kinds)")
         require = self.mapping(config.get("require") or {}, "config.require", None)
         for field, allowed in require.items():
             self.text(field, f"config.require key {field!r}")
@@ -398,14 +406,13 @@ class _Table:
         group = next((g for g in groups if isinstance(first, str) and f"{{{g}}}" in first), None)
         if isinstance(made, dict) and isinstance(made.get("layers"), str):
             group = made["layers"]
+        if path in self.paths:
+            why = shared_path_problem(self.path_groups[path], group)
+            if why is not None:
+                self.problem(entry, f"is also leaf {self.paths[path]}'s path: {why}")
+        self.paths.setdefault(path, number)
+        self.path_groups.setdefault(path, set()).add(group)
         per_layer = group is not None
-        # layers_{HF index} of groups with disjoint layers: one path per group, no overlap
-        key = f"{path} (layers of {group})" if group in self.by_hf else path
-        if key in self.paths:
-            self.problem(
-                entry, f"is also leaf {self.paths[key]}'s path: one would overwrite the other"
-            )
-        self.paths.setdefault(key, number)
         named = _PLACEHOLDER.search(path) is not None
         if target == "maxtext" and (named or (per_layer and not _LAYERS.match(path))):
             self.problem(
