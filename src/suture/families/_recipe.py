@@ -352,17 +352,14 @@ class FamilyRecipe:
     def _forward(
         self, leaf: Leaf, hf: dict, names: dict, used: set[str], layout: str | None
     ) -> dict[str, Any]:
-        if leaf.made is not None:
-            return (
-                {
-                    slot.path: stack_grid(
-                        [leaf.made.array(names)] * len(slot.indices), slot.grid, leaf.layer_axis
-                    )
-                    for slot in self._slots(leaf, names)
-                }
-                if leaf.group is not None
-                else {leaf.maxtext: leaf.made.array(names)}
-            )
+        if leaf.made is not None:  # a constant: once, or once per layer and stacked
+            made = leaf.made.array(names)
+            if leaf.group is None:
+                return {leaf.maxtext: made}
+            return {
+                slot.path: stack_grid([made] * len(slot.indices), slot.grid, leaf.layer_axis)
+                for slot in self._slots(leaf, names)
+            }
         if leaf.group is None:
             return {leaf.maxtext: self._gathered(leaf, layout, None, hf, names, used)}
         out = {}
