@@ -1,4 +1,4 @@
-"""MaxText's own converter beside suture's recipes for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss, Gemma 3, OLMo 3, DeepSeek-V2 and V3.2 (bench/families.py).
+"""MaxText's own converter beside suture's recipes for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss, Gemma 3, OLMo 3, DeepSeek-V2 and V3.2, Gemma 4 E2B/E4B (bench/families.py).
 
 For each family, one random HF folder made with transformers (float32, narrow, but with the
 layer and expert counts of MaxText's built-in HF config for the model name, which its converter
@@ -315,6 +315,56 @@ FAMILIES = [
         ],
     ),
 ]
+# Gemma 4 E2B and E4B: MaxText's counts (35 and 42 layers, the last 20 and 18 reusing earlier
+# layers' keys and values; E2B's cycle 4 sliding + 1 full with double-width MLPs in the shared
+# layers, E4B's 5 + 1), multimodal folders with a one-layer vision tower as published (MaxText's
+# mapping reads model.language_model.*); the launcher narrows its converter's HF config's hidden
+# size (which its embedding scale reads) to the folder's. MaxText has them unscanned only.
+_GEMMA4_SMALL = dict(
+    NARROW,
+    head_dim=16,
+    global_head_dim=32,
+    intermediate_size=32,
+    hidden_size_per_layer_input=8,
+    vocab_size_per_layer_input=256,
+    sliding_window=16,
+    final_logit_softcapping=30.0,
+)
+_GEMMA4_SMALL_MAXTEXT = [
+    "global_head_dim=32",
+    "hidden_size_per_layer_input=8",
+    "vocab_size_per_layer_input=256",
+    "hf_config.text_config.hidden_size=64",
+]
+FAMILIES += [
+    (
+        "gemma4-small",
+        "gemma4-e2b",
+        "Gemma4",
+        dict(
+            _GEMMA4_SMALL,
+            num_hidden_layers=35,
+            num_kv_shared_layers=20,
+            use_double_wide_mlp=True,
+            layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 7,
+        ),
+        _GEMMA4_SMALL_MAXTEXT,
+    ),
+    (
+        "gemma4-small",
+        "gemma4-e4b",
+        "Gemma4",
+        dict(
+            _GEMMA4_SMALL,
+            num_hidden_layers=42,
+            num_kv_shared_layers=18,
+            use_double_wide_mlp=False,
+            layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 7,
+        ),
+        _GEMMA4_SMALL_MAXTEXT,
+    ),
+]
+UNSCANNED_ONLY = {"gemma4-small"}  # MaxText's gemma4_small refuses scan_layers
 # Families whose scanned suture output MaxText's model runs, with the settings its forward pass
 # adds: the HF models here have plain rotary embeddings where MaxText's configs have YaRN
 # (DeepSeek keeps YaRN with a factor of 1: only MaxText's YaRN embedding rotates the interleaved
@@ -362,7 +412,22 @@ def generate(folder: Path, kind: str, config: dict) -> int:
         _perturbed(torch, model)
         model.save_pretrained(folder, save_original_format=False)
         return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-    if kind == "Gemma3":  # the multimodal model, with a one-layer vision tower
+    if kind == "Gemma4":  # the multimodal model, with a one-layer vision tower, as published
+        vision = dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            global_head_dim=16,
+            patch_size=4,
+            position_embedding_size=64,
+        )
+        model = transformers.Gemma4ForConditionalGeneration(
+            transformers.Gemma4Config(text_config=config, vision_config=vision, audio_config=None)
+        )
+    elif kind == "Gemma3":  # the multimodal model, with a one-layer vision tower
         vision = transformers.SiglipVisionConfig(
             hidden_size=32,
             intermediate_size=48,
@@ -425,7 +490,7 @@ def compare(
         for family, model_name, kind, config, extra in selected:
             hf = WORK / family / "hf"
             size = generate(hf, kind, config)
-            for scanned in (True, False):
+            for scanned in (False,) if family in UNSCANNED_ONLY else (True, False):
                 layout = "maxtext" if scanned else "maxtext-unscanned"
                 ours, theirs = WORK / family / f"suture-{layout}", WORK / family / f"mt-{layout}"
                 suture_run = timed(
@@ -451,7 +516,7 @@ def compare(
                 if maxtext_run is not None:
                     lines, _ = compare_trees(theirs / "0" / "items", ours)
                     findings.append(f"`{family}:{layout}` ({model_name}): " + "; ".join(lines))
-                rows.append((family, layout, size, suture_run, maxtext_run))
+                rows.append((family, layout, size, suture_run, maxtext_run, model_name))
                 shutil.rmtree(theirs, ignore_errors=True)
             if family in LOGITS:
                 settings = [*overrides(model_name, config, extra), *LOGITS[family]]
@@ -500,6 +565,12 @@ def logits_difference(
 
 # What the section says of a family that ran: how its model was set up, and what its rows show.
 SETUP = {
+    "gemma4-small": "Gemma 4 E2B/E4B: multimodal folders with a one-layer vision tower (left "
+    "out), MaxText's layer counts (35 and 42, the last 20 and 18 sharing keys and values; E2B's "
+    "cycle of 4 sliding + 1 full layer with double-width MLPs in the shared layers, E4B's 5 + 1), "
+    "global layers with head_dim 32, per-layer inputs of 8; unscanned only, as MaxText has them "
+    "(its converter's HF config narrowed to the folder's hidden size: "
+    "`hf_config.text_config.hidden_size=64`).",
     "deepseek3": "DeepSeek-V3: V3's settings on `deepseek2-16b` (MaxText's `deepseek3-671b` "
     "does not convert, its router bias living in a collection the mapping never names).",
     "gemma3": "Gemma 3: multimodal, with a one-layer vision tower and its real vocabulary of "
@@ -581,16 +652,25 @@ def report(selected: list, chosen: bool, rows: list, findings: list[str], logits
             return "fails | |"
         return f"{r['wall_s']:.1f} s | {r['peak_rss_bytes'] / MIB:.0f} MiB |"
 
-    names = [family[0] for family in selected]
+    names = list(dict.fromkeys(family[0] for family in selected))
     table = "\n".join(
-        f"| `{family}:{layout}` | {size / MIB:.0f} MiB | {run(ours)} {run(theirs)}"
-        for family, layout, size, ours, theirs in rows
+        f"| `{family}:{layout}` ({model}) | {size / MIB:.0f} MiB | {run(ours)} {run(theirs)}"
+        for family, layout, size, ours, theirs, model in rows
     )
     found = "\n".join(f"- {line}" for line in findings)
     forward = "\n".join(
         f"- `{family}`: max abs logit difference {difference:.3g} (largest logit {scale:.3g})"
         for family, difference, scale in logits
     )
+    if forward:
+        forward = f"""
+MaxText's own model (float32, highest matmul precision, dense MoE path, on the CPU;
+`bench/_maxtext_logits.py`) restores suture's scanned float32 output through
+`load_parameters_path` and runs 2 x 16 random tokens; transformers runs the HF folder on the
+same tokens:
+
+{forward}
+"""
     command = "python -m bench.families --maxtext-venv DIR --maxtext-families"
     command += f" --families {','.join(names)}" if chosen else ""
     models = " / ".join(dict.fromkeys(family[1] for family in selected))
@@ -620,14 +700,7 @@ aside):
 {found}
 
 {notes}
-
-MaxText's own model (float32, highest matmul precision, dense MoE path, on the CPU;
-`bench/_maxtext_logits.py`) restores suture's scanned float32 output through
-`load_parameters_path` and runs 2 x 16 random tokens; transformers runs the HF folder on the
-same tokens:
-
-{forward}
-"""
+{forward}"""
     section = "families-maxtext-" + "-".join(names) if chosen else "families-maxtext-moe"
     write_section(section, body)
     print(body)

@@ -36,6 +36,8 @@ def tunix_model(family: str, config: dict):
     """(module of params, model class, ModelConfig) of Tunix's model for an HF config.json."""
     import jax.numpy as jnp
 
+    if family == "gemma4":  # a multimodal folder's language model, as Tunix's loader reads it
+        return _gemma4(config.get("text_config", config))
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     common = dict(
         num_layers=config["num_hidden_layers"],
@@ -116,6 +118,50 @@ def tunix_model(family: str, config: dict):
         )
         return params_safetensors, model.Gemma3, cfg
     raise SystemExit(f"no Tunix model for {family!r}")
+
+
+def _gemma4(config: dict):
+    """Tunix's Gemma4 for a Gemma 4 text config (31B- or 26B-A4B-like): its cycle from
+    layer_types, the global layers' head size from per_layer_config, experts when it has them."""
+    import jax.numpy as jnp
+    from tunix.models.gemma4 import model, params_safetensors
+
+    kinds = config["layer_types"]
+    period = kinds.index("full_attention") + 1
+    full = next(
+        (
+            entry
+            for layer, entry in (config.get("per_layer_config") or {}).items()
+            if int(layer) == period - 1
+        ),
+        {},
+    )
+    k_eq_v = bool(config.get("attention_k_eq_v"))
+    moe = bool(config.get("enable_moe_block"))
+    cfg = model.ModelConfig(
+        num_layers=config["num_hidden_layers"],
+        num_embed=config["vocab_size"],
+        embed_dim=config["hidden_size"],
+        hidden_dim=config["intermediate_size"],
+        num_heads=config["num_attention_heads"],
+        head_dim=config["head_dim"],
+        num_kv_heads=config["num_key_value_heads"],
+        num_global_kv_heads=full.get("num_key_value_heads") if k_eq_v else None,
+        global_key_size=full.get("head_dim", config.get("global_head_dim", 512)),
+        final_logit_softcap=config.get("final_logit_softcapping") or 30.0,
+        sliding_window_size=config["sliding_window"],
+        attention_pattern=(model.AttentionType.LOCAL_SLIDING,) * (period - 1)
+        + (model.AttentionType.GLOBAL,),
+        k_eq_v_global=k_eq_v,
+        enable_moe=moe,
+        num_experts=config.get("num_experts") if moe else None,
+        num_experts_per_tok=config.get("top_k_experts") if moe else None,
+        expert_dim=config.get("moe_intermediate_size") if moe else None,
+        moe_dense_hidden_dim=config["intermediate_size"] if moe else None,
+        param_dtype=jnp.float32,
+        use_sliding_window_kv_cache=False,
+    )
+    return params_safetensors, model.Gemma4, cfg
 
 
 def logits_of(model) -> np.ndarray:

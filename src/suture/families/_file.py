@@ -84,6 +84,14 @@ def family_recipe(name: str) -> FamilyRecipe:
     )
     for needed in ("description", "follows"):
         data.setdefault(needed, f"(no {needed} in {file.name})")
+    layout = "maxtext" if scanned else "maxtext-unscanned"
+    offered = data.get("layouts")
+    maxtext = data.get("target", "maxtext") == "maxtext"
+    if maxtext and isinstance(offered, list) and layout not in offered:
+        raise RecipeError(
+            f"Family table {str(file)!r} offers the layout(s) {', '.join(map(str, offered))} "
+            f"only (its 'layouts'); name one: '{file}:{offered[0]}'."
+        )
     return _parse(str(family), {**data, "source_file": str(file)}, scanned)
 
 

@@ -7,7 +7,8 @@ MaxText scans layers in one of three ways, and a table says which:
   ``layers/layers_k``, stacking HF layers k, k+P, ... (a stride); the layers after the last
   whole period stay unscanned in ``layers_remainder/layers_r``;
 - blocks of one period each (``layer_blocks``, Qwen3-Next's ``Qwen3NextScannableBlock``): the
-  positions of a period go to named places of the block. A place of several positions
+  positions of a period go to named places of the block, under ``decoder/layers/`` or where
+  ``layer_blocks_under`` says (Gemma 4's ``decoder/scanned_blocks``). A place of several positions
   (``local_layers: [0, 1, 2]``) is a nested stack, (blocks, positions) on two axes from the
   layer axis on; a place of one position (``global_layer: 3``) has the block axis only. The
   layers after the last whole period form a shorter block, ``layers_remainder/<place>``, whose
@@ -57,6 +58,7 @@ class LayerLayout:
 
     period: Any  # expression
     blocks: tuple[tuple[str, tuple[int, ...] | int], ...] | None = None
+    under: str = SCANNED  # where the blocks' places are (Gemma 4: decoder/scanned_blocks/)
 
     def length(self, names: dict[str, Any]) -> int:
         return int(evaluate(self.period, names))
@@ -98,7 +100,7 @@ class LayerLayout:
                         f"{place!r} (positions {list(wanted)} of every block of {period}). The "
                         f"table's layer groups do not fit its layer_blocks."
                     )
-                slots.append(Slot(_moved(path, f"{SCANNED}{place}/"), tuple(order), grid))
+                slots.append(Slot(_moved(path, f"{self.under}{place}/"), tuple(order), grid))
             rest = tuple(i for i in indices if i >= full and i % period in wanted)
             if rest:
                 grid = (len(rest),) if nested else ()
@@ -125,7 +127,7 @@ class LayerLayout:
         held = 0
         for place, positions in self.blocks:
             depth = 2 if isinstance(positions, tuple) else 1
-            for root, depth_there in ((SCANNED, depth), (REMAINDER, depth - 1)):
+            for root, depth_there in ((self.under, depth), (REMAINDER, depth - 1)):
                 held += _length(
                     flat.get(prefix + _moved(path, f"{root}{place}/")), axis, depth_there
                 )

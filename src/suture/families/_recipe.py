@@ -32,6 +32,7 @@ from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
 from .._patterns import compile_pattern, fullmatch
 from .._yaml import parse as parse_yaml
+from ._config_lists import derived
 from ._experts import (
     EXPERT_LAYOUTS,
     FUSED,
@@ -44,8 +45,18 @@ from ._experts import (
 )
 from ._expr import evaluate, names_in
 from ._interleave import Interleave, parse_interleave
+from ._layer_config import per_kind_fields
 from ._layer_kinds import check_pattern, check_set
-from ._layout import LayerLayout, Slot, grid_fits, grid_members, parse_blocks, stack_grid
+from ._layout import (
+    SCANNED,
+    LayerLayout,
+    Slot,
+    grid_fits,
+    grid_members,
+    parse_blocks,
+    stack_grid,
+)
+from ._made import Made, parse_made
 from ._multimodal import (
     TEXT_PREFIX,
     LanguageModel,
@@ -55,6 +66,7 @@ from ._multimodal import (
 )
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 from ._schema import checked_table
+from ._shared_targets import shared_groups
 
 MAXTEXT_ROOT = "params/params"
 # The config.json fields recipes read, by kind: Hugging Face's names, the same in every family.
@@ -75,7 +87,16 @@ COUNT_FIELDS = frozenset(
     }
 )
 FLAG_FIELDS = frozenset(
-    {"tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window", "norm_topk_prob"}
+    {
+        "tie_word_embeddings",
+        "attention_bias",
+        "mlp_bias",
+        "use_sliding_window",
+        "norm_topk_prob",
+        "attention_k_eq_v",
+        "enable_moe_block",
+        "use_double_wide_mlp",
+    }
 )
 # layer lists: Qwen3-MoE's mlp_only_layers is a list of layer numbers ([] for none) or false
 LIST_FIELDS = frozenset({"mlp_only_layers"})
@@ -106,6 +127,7 @@ class Leaf:
     layer_axis: int = SCAN_AXIS  # where the layers go when scanned
     fused: FusedSource | None = None  # where the tensor sits in transformers' fused layout
     always_fused: bool = False  # no per-tensor form: published fused (gpt-oss, Llama 4)
+    made: Made | None = None  # no HF source: a constant made to the target, dropped back
     interleave: Interleave | None = None  # hf: [a, b] joined head by head, not stacked
 
     def sources(self, index: int | None = None) -> tuple[str, ...]:
@@ -163,6 +185,8 @@ class FamilyRecipe:
     # per field (Gemma 3's layer_types), or an expression of i per list of layers
     layer_patterns: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     layer_sets: tuple[tuple[str, str], ...] = ()
+    # config fields of per-layer overrides, each with its list of kinds (`_layer_config`)
+    per_layer: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
@@ -206,6 +230,8 @@ class FamilyRecipe:
                 f"{type(config).__name__}."
             )
         names = self.language_model.text_config(config) if self.language_model else dict(config)
+        names.update(per_kind_fields(self.name, names, self.per_layer))
+        names.update(derived(names, self.fields, self.name))  # from per-layer lists
         for field in self.require:  # first: another family's model is named as such
             if field not in self.defaults:
                 self._check_required(field, names)
@@ -314,6 +340,11 @@ class FamilyRecipe:
         out: dict[str, Any] = {}
         for leaf in self._active(names):
             for path, value in self._forward(leaf, hf, names, used, layout).items():
+                if f"{self._root}{path}" in out:
+                    raise RecipeFormatError(
+                        f"Recipe {self.name!r} writes {self._label} leaf {path!r} twice with "
+                        f"this config (two leaves' layer groups share a layer)."
+                    )
                 out[f"{self._root}{path}"] = value
         self._check_all_used(hf, used, names)
         self._warn_cut_rows(names)
@@ -329,6 +360,14 @@ class FamilyRecipe:
     def _forward(
         self, leaf: Leaf, hf: dict, names: dict, used: set[str], layout: str | None
     ) -> dict[str, Any]:
+        if leaf.made is not None:  # a constant: once, or once per layer and stacked
+            made = leaf.made.array(names)
+            if leaf.group is None:
+                return {leaf.maxtext: made}
+            return {
+                slot.path: stack_grid([made] * len(slot.indices), slot.grid, leaf.layer_axis)
+                for slot in self._slots(leaf, names)
+            }
         if leaf.group is None:
             return {leaf.maxtext: self._gathered(leaf, layout, None, hf, names, used)}
         out = {}
@@ -529,7 +568,7 @@ class FamilyRecipe:
         counts = self.layer_counts(names)
         templates: dict[str, set[str]] = {}  # tensor name with {} for the layer -> its groups
         for leaf in self._active(names):
-            if leaf.group is None:
+            if leaf.group is None or leaf.made is not None:
                 continue
             if leaf.stacked:
                 sources = [name.replace(f"{{{leaf.group}}}", "{}") for name in leaf.stacked]
@@ -671,6 +710,14 @@ class FamilyRecipe:
         parts: dict[str, dict[int, LazyArray]] = {}  # fused tensor -> its parts, joined below
         fused_of: dict[str, FusedSource] = {}
         for leaf in self._active(names):
+            if leaf.made is not None:  # nothing to write it to: checked, then dropped
+                if leaf.group is None:
+                    taken = _take(flat, prefix + leaf.maxtext, self._label)
+                    leaf.made.check(taken, leaf.maxtext, names, self.name)
+                    continue
+                for path, _, layer in self._layers_back(leaf, flat, prefix, names):
+                    leaf.made.check(layer, path, names, self.name)
+                continue
             if leaf.group is None:
                 taken = _take(flat, prefix + leaf.maxtext, self._label)
                 if leaf.routed:
@@ -759,22 +806,32 @@ class FamilyRecipe:
         As for the HF side, a count past the layers present fails before any is listed.
         """
         counts = self.layer_counts(names)
+        sharing = shared_groups(self._active(names))  # one path, a leaf per layer kind
+        for leaf in self._active(names):  # Tunix's paths name their group: layers/{global}/...
+            if leaf.group is not None and not self.scanned:
+                template = prefix + _unscanned(leaf.maxtext, "{}")
+                sharing.setdefault(template, set()).add(leaf.group)
+        compared: set[str] = set()
         for leaf in self._active(names):
             if leaf.group is None:
                 continue
             group, wanted = leaf.group, counts[leaf.group]
             if not self.scanned:
-                by_hf = self.groups[group].unscanned_by_hf
                 template = prefix + _unscanned(leaf.maxtext, "{}")
+                if template in compared:
+                    continue
+                compared.add(template)
+                groups = sharing[leaf.maxtext] | sharing[template]
                 self._compare_layers(
-                    {group},
+                    groups,
                     names,
-                    wanted,
+                    sum(counts[g] for g in groups),
                     template,
                     _indices(template, flat),
-                    lambda group=group, by_hf=by_hf: {
-                        index if by_hf else i
-                        for i, index in enumerate(self._layer_indices(group, names))
+                    lambda groups=groups: {
+                        index if self.groups[g].unscanned_by_hf else i
+                        for g in groups
+                        for i, index in enumerate(self._layer_indices(g, names))
                     },
                 )
                 continue
@@ -858,9 +915,10 @@ class FamilyRecipe:
         return [
             (
                 leaf.maxtext,
-                " + ".join(leaf.sources()),
+                " + ".join(leaf.sources()) if leaf.made is None else "-",
                 ", ".join(
                     [
+                        *([leaf.made.describe()] if leaf.made is not None else []),
                         *_stacking(leaf, self.scanned),
                         *([leaf.interleave.describe()] if leaf.interleave else []),
                         *(op.describe(names) for op in leaf.operations),
@@ -995,8 +1053,9 @@ def recipe_names() -> list[str]:
     return [
         f"{family}:{layout}"
         for target, layouts in TARGETS.items()
-        for family in _families(target)
+        for family, data in _families(target).items()
         for layout in layouts
+        if layout in data.get("layouts", layouts)
     ]
 
 
@@ -1017,6 +1076,12 @@ def get_recipe(name: str) -> FamilyRecipe:
             f"No built-in recipe {name!r}.{did_you_mean(name, recipe_names())} "
             f"Built in: {', '.join(recipe_names())}."
         )
+    offered = _families(target)[family].get("layouts", list(TARGETS[target]))
+    if layout not in offered:
+        raise RecipeError(
+            f"No built-in recipe {name!r}: {family} has the layout(s) "
+            f"{', '.join(f'{family}:{o}' for o in offered)} only (as its target's model has it)."
+        )
     return _parse(family, _families(target)[family], TARGETS[target][layout])
 
 
@@ -1035,6 +1100,10 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     target = data.get("target", "maxtext")
     leaves = []
     for number, item in enumerate(data["leaves"]):
+        if isinstance(item, dict) and "make" in item and target in item:
+            made = parse_made(item["make"], f"{where}: leaf {item[target]!r}")
+            leaves.append(Leaf(item[target], "", made.layers, (), item.get("when"), made=made))
+            continue
         if isinstance(item, dict) and "hf" not in item and isinstance(item.get("fused"), dict):
             item = {**item, "hf": item["fused"].get("hf"), "always_fused": True}  # fused only
         if not isinstance(item, dict) or not {target, "hf"} <= set(item):
@@ -1084,7 +1153,10 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     period = str(data["layer_period"]) if "layer_period" in data else None
     layout = None
     if period is not None:
-        layout = LayerLayout(period, parse_blocks(data.get("layer_blocks")))
+        under = data.get("layer_blocks_under")
+        layout = LayerLayout(
+            period, parse_blocks(data.get("layer_blocks")), f"{under}/" if under else SCANNED
+        )
     expressions: list[Any] = [check["test"] for check in checks]
     expressions += [text for group in groups.values() for text in (group.count, group.hf_index)]
     expressions += [e for e in (experts_count, period) if e is not None]
@@ -1092,6 +1164,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     expressions += [expression for _, expression in layer_sets]
     for leaf in leaves:
         expressions += [leaf.when or 0, *(e for op in leaf.operations for e in op.expressions())]
+        expressions += list(leaf.made.expressions() if leaf.made is not None else ())
         expressions += leaf.interleave.expressions() if leaf.interleave else []
     read = set()
     for expression in expressions:
@@ -1121,6 +1194,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
             (field, tuple(pattern)) for field, pattern in (data.get("layer_patterns") or {}).items()
         ),
         layer_sets=layer_sets,
+        per_layer=tuple((config.get("per_layer") or {}).items()),
         default_inputs={
             name: frozenset(users)
             for name, users in default_inputs.items()

@@ -25,6 +25,8 @@ from .._errors import ExpressionError, PatternError, RecipeFormatError, did_you_
 from .._patterns import compile_pattern
 from ._expr import Expression, check
 from ._interleave import check_interleave
+from ._made import schema_problems as made_problems
+from ._shared_targets import shared_path_problem
 
 TARGETS = ("maxtext", "tunix")
 TOP_KEYS = (
@@ -39,12 +41,15 @@ TOP_KEYS = (
     "experts",
     "layer_period",
     "layer_blocks",
+    "layer_blocks_under",
     "layer_patterns",
     "layer_sets",
     "language_model",
+    "layouts",  # the layouts the target offers (gemma4-small: maxtext-unscanned only)
     "source_file",  # set by the loader: where the table came from
 )
-LEAF_KEYS = ("hf", "ops", "when", "fused", "axes", "always_fused", "interleave")
+LEAF_KEYS = ("hf", "ops", "when", "fused", "axes", "always_fused", "make", "interleave")
+LAYOUTS = {"maxtext": ("maxtext", "maxtext-unscanned"), "tunix": ("tunix",)}
 WORDS = ("transpose", "interleave_rope")
 OPTIONS = {
     "split_axis": ("axis", "sizes"),
@@ -113,6 +118,7 @@ class _Table:
         self.label = f"Family table {where!r}"
         self.problems: list[str] = []
         self.paths: dict[str, int] = {}  # target path -> its leaf
+        self.path_groups: dict[str, set[str | None]] = {}  # target path -> its leaves' groups
         self.period = False  # whether the table has a layer_period
 
     def problem(self, entry: str, rule: str) -> None:
@@ -191,6 +197,12 @@ class _Table:
         groups = ["layer"]  # without layer_groups (or with {}), one group: every layer
         if data.get("layer_groups") not in (None, {}):
             out["layer_groups"], groups = self.layer_groups(data["layer_groups"])
+        if "layouts" in data:
+            known = LAYOUTS[target]
+            layouts = self.listing(data["layouts"], "layouts", empty=False)
+            for layout in layouts:
+                if layout not in known:
+                    self.problem("layouts", f"{_shown(layout)} is not one of {', '.join(known)}")
         if "experts" in data:
             out["experts"] = self.expression(data["experts"], "experts")
         if "layer_period" in data and not _whole(data["layer_period"], 1, 1 << 16):
@@ -201,6 +213,16 @@ class _Table:
             )
         if data.get("layer_blocks") is not None:
             self.layer_blocks(data["layer_blocks"], data.get("layer_period"))
+        if "layer_blocks_under" in data:
+            under = data["layer_blocks_under"]
+            if not isinstance(under, str) or not re.fullmatch(r"decoder(/[A-Za-z_]\w*)+", under):
+                self.problem(
+                    "layer_blocks_under",
+                    f"must be the path of the decoder's subtree that holds the blocks "
+                    f"(decoder/scanned_blocks); got {_shown(under)}",
+                )
+            elif data.get("layer_blocks") is None:
+                self.problem("layer_blocks_under", "needs layer_blocks (the places it holds)")
         patterns = self.mapping(data.get("layer_patterns") or {}, "layer_patterns", None)
         for field, pattern in patterns.items():
             self.text(field, f"layer_patterns key {field!r}")
@@ -219,8 +241,12 @@ class _Table:
         return out
 
     def config(self, value: Any) -> dict[str, Any]:
-        config = self.mapping(value, "config", ("require", "defaults", "checks"))
+        config = self.mapping(value, "config", ("require", "defaults", "checks", "per_layer"))
         out = dict(config)
+        per_layer = self.mapping(config.get("per_layer") or {}, "config.per_layer", None)
+        for field, kinds in per_layer.items():
+            self.text(field, f"config.per_layer key {field!r}")
+            self.text(kinds, f"config.per_layer.{field} (the per-layer list of kinds)")
         require = self.mapping(config.get("require") or {}, "config.require", None)
         for field, allowed in require.items():
             self.text(field, f"config.require key {field!r}")
@@ -333,7 +359,17 @@ class _Table:
             self.problem(entry, f"needs {target!r} (the {target} path) and 'hf' (or 'fused')")
         elif self.text(path, f"{entry}.{target}"):
             self.target_path(path, item, number, target, groups)
-        if "hf" in item:
+        if "make" in item:
+            for rule in made_problems(item["make"]):
+                self.problem(f"{entry}.make", rule)
+            layers = item["make"].get("layers") if isinstance(item["make"], dict) else None
+            if isinstance(layers, str) and layers not in groups:
+                self.problem(
+                    f"{entry}.make.layers", f"{layers!r} is no layer group ({', '.join(groups)})"
+                )
+            if "hf" in item or "fused" in item:
+                self.problem(entry, "a leaf made with no source ('make') has no 'hf' or 'fused'")
+        elif "hf" in item:
             hf = item["hf"]
             names = self.listing(hf, f"{entry}.hf", empty=False) if isinstance(hf, list) else [hf]
             for name in names:
@@ -369,15 +405,19 @@ class _Table:
         """A target path once per table; a per-layer leaf's says where its layer goes: MaxText's
         under ``decoder/...layers/`` (``layers_3`` unscanned), Tunix's naming it (``{layer}``)."""
         entry = f"leaf {number} ({path!r}).{target}"
-        if path in self.paths:
-            self.problem(
-                entry, f"is also leaf {self.paths[path]}'s path: one would overwrite the other"
-            )
-        self.paths.setdefault(path, number)
-        fused = item.get("fused")
+        fused, made = item.get("fused"), item.get("make")
         hf = item.get("hf", fused.get("hf") if isinstance(fused, dict) else None)
         first = hf[0] if isinstance(hf, list) and hf else hf
-        per_layer = isinstance(first, str) and any(f"{{{group}}}" in first for group in groups)
+        group = next((g for g in groups if isinstance(first, str) and f"{{{g}}}" in first), None)
+        if isinstance(made, dict) and isinstance(made.get("layers"), str):
+            group = made["layers"]
+        if path in self.paths:
+            why = shared_path_problem(self.path_groups[path], group)
+            if why is not None:
+                self.problem(entry, f"is also leaf {self.paths[path]}'s path: {why}")
+        self.paths.setdefault(path, number)
+        self.path_groups.setdefault(path, set()).add(group)
+        per_layer = group is not None
         named = _PLACEHOLDER.search(path) is not None
         if target == "maxtext" and (named or (per_layer and not _LAYERS.match(path))):
             self.problem(

@@ -1,0 +1,58 @@
+"""One target leaf written by several layer groups: per-layer-kind shapes.
+
+A hybrid model's layers of two kinds can hold the same weight at different shapes: Gemma 4's
+full-attention layers have their own head size and key-value head count, and no value
+projection where keys and values share one. The target model keeps one path for it
+(``decoder/layers/self_attention/query/kernel``), which its layout puts in a different
+place for each kind (``scanned_blocks/local_layers/...``, ``scanned_blocks/global_layer/...``,
+or ``layers_5/...`` unscanned). A table says so with one leaf per kind on that path, each in
+the layer group of its kind and with that kind's sizes in its operations:
+
+.. code-block:: yaml
+
+    layer_groups:
+      local: {count: num_hidden_layers - num_hidden_layers // 6, hf_index: i + i // 5, unscanned: hf_index}
+      global: {count: num_hidden_layers // 6, hf_index: 6 * i + 5, unscanned: hf_index}
+    leaves:
+      - maxtext: decoder/layers/self_attention/query/kernel
+        hf: model.layers.{local}.self_attn.q_proj.weight
+        ops: [transpose, {split_axis: {axis: 1, sizes: [num_attention_heads, head_dim]}}]
+      - maxtext: decoder/layers/self_attention/query/kernel
+        hf: model.layers.{global}.self_attn.q_proj.weight
+        ops: [transpose, {split_axis: {axis: 1, sizes: [num_attention_heads, global_head_dim]}}]
+
+Two leaves may share a path only when both are per-layer and in different groups; the layers
+they hold are checked together (`shared_groups`), so neither group's layers count as the
+other's extra ones.
+
+Example:
+    >>> shared_path_problem({"local"}, "global"), shared_path_problem({"local"}, "local") is None
+    (None, False)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+def shared_path_problem(groups: set[str | None], group: str | None) -> str | None:
+    """Why a leaf of `group` (None: not per-layer) may not take a path that leaves of
+    `groups` already write, or None when it may."""
+    if group is None or None in groups:
+        return "one would overwrite the other (only per-layer leaves of different layer groups share a path)"
+    if group in groups:
+        return (
+            f"both are in layer group {group!r}: one would overwrite the other (leaves "
+            f"of different layer groups may share a path, one per layer kind)"
+        )
+    return None
+
+
+def shared_groups(leaves: Iterable[Any]) -> dict[str, set[str]]:
+    """Target path -> the layer groups of the per-layer leaves that write it."""
+    out: dict[str, set[str]] = {}
+    for leaf in leaves:
+        if leaf.group is not None:
+            out.setdefault(leaf.maxtext, set()).add(leaf.group)
+    return out
