@@ -498,8 +498,16 @@ def convert(
         str | None,
         typer.Option(
             "--quantize",
-            help="fp8-block: linear weights as FP8 E4M3 + a float32 scale per 128x128 block "
-            "(DeepSeek-V3's layout), for serving: a Hugging Face folder unless --format orbax.",
+            help="Linear weights in a serving format, a Hugging Face folder unless --format "
+            "orbax: fp8-block (FP8 + a scale per 128x128 block, DeepSeek-V3's), or "
+            "compressed-tensors' W4A16, W8A16, NVFP4A16, FP8_DYNAMIC (any case).",
+        ),
+    ] = None,
+    group_size: Annotated[
+        int | None,
+        typer.Option(
+            "--group-size",
+            help="With --quantize W4A16 or W8A16: input columns per scale (default 128).",
         ),
     ] = None,
     keep_unquantized: Annotated[
@@ -580,6 +588,7 @@ def convert(
         dequantize=dequantize,
         quantize=quantize,
         keep_unquantized=keep_unquantized,
+        group_size=group_size,
         verify=verify,
         keep_value_keys=keep_value_keys,
         like=like,
