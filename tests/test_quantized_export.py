@@ -34,7 +34,7 @@ from safetensors.torch import load_file
 
 import suture
 from suture._lazy.graph import MemorySource
-from suture._quant.ct_math import quantize_int
+from suture._quant.ct_math import pack_int32, quantize_int
 from suture._quant.ct_nodes import ct_parts
 from suture._quant.ct_scheme import ct_scheme
 
@@ -62,7 +62,7 @@ def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         q = model.model.layers[0].self_attn.q_proj.weight
         q[0, :128] = 0
         q[1, 3] = -0.0
-        q[2, :16] = -1e-6
+        q[2, :8] = -1e-6  # next to larger values: NVFP4 rounds them to -0
         model.model.layers[1].mlp.up_proj.weight.mul_(8)  # gate/up scales differ
     folder = tmp_path_factory.mktemp("ct") / "bf16"
     model.save_pretrained(folder)
@@ -156,6 +156,8 @@ def test_nvfp4_global_scale_is_shared_by_fused_projections(
     assert scale["q_proj"] == scale["k_proj"] == scale["v_proj"]
     assert scale["gate_proj"] == scale["up_proj"] != scale["q_proj"]
     assert written[f"{layer}.self_attn.o_proj.weight_global_scale"].dtype == torch.float32
+    codes = written["model.layers.0.self_attn.q_proj.weight_packed"][2, :4].numpy()
+    assert ((codes & 0xF) == 8).all() and ((codes >> 4) == 8).all()  # -0: sign bit, zero
 
 
 # The logits' relative RMS error from the unquantized model's. A weight's rounding error is
@@ -203,8 +205,8 @@ def test_streamed_blocks_equal_the_whole_tensor() -> None:
     values, scales = quantize_int(weight, 4, 32)
     packed = parts["weight_packed"]
     rows = [packed.read((range(a, min(10, a + 3)), range(8))) for a in range(0, 10, 3)]
-    whole = np.concatenate(rows)
-    assert whole.shape == (10, 8) and whole.dtype == np.int32
+    assert np.concatenate(rows).tobytes() == pack_int32(values, 4).tobytes()
+    assert packed.input_selections((range(3, 6), range(8)))[0][1] == (range(3, 6), range(64))
     assert parts["weight_scale"].read((range(10), range(2))).tobytes() == scales.tobytes()
     assert parts["weight_shape"].read((range(2),)).tolist() == [10, 64]
 
@@ -226,3 +228,17 @@ def test_bad_quantize_arguments_say_what_to_do(tmp_path: Path, kwargs, message) 
         suture.save(tree, tmp_path / "out", format="safetensors", progress=False, **kwargs)
     assert message in str(error.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_quantize_with_group_size(model_folder: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from suture.cli import app
+
+    out = tmp_path / "out"
+    args = ["convert", str(model_folder), str(out), "--quantize", "w8a16", "--group-size", "32"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert config["config_groups"]["group_0"]["weights"]["group_size"] == 32
+    assert stored(out)["model.layers.0.mlp.down_proj.weight_scale"].shape == (256, 16)
