@@ -109,17 +109,19 @@ def _check_columns(name: str, array: LazyArray, scheme: CTScheme) -> None:
     columns = array.shape[1]
     group = scheme.group
     if group is not None and columns % group:
-        fix = (
-            "pass a --group-size (group_size=) that divides it, such as 32, or "
-            if scheme.kind == "int"
-            else ""
+        divisors = [size for size in (128, 64, 32, 16, 8) if columns % size == 0]
+        keep = (
+            f"keep it unquantized with keep_unquantized / --keep-unquantized "
+            f"'^{re.escape(name)}$' (with the default patterns, if you pass any)"
         )
+        if scheme.kind == "int" and divisors:
+            fix = f"Pass a group_size (--group-size) that divides it, such as {divisors[0]}, or {keep}."
+        else:
+            fix = f"{keep[0].upper()}{keep[1:]}."
         raise ShapeMismatchError(
             f"Tensor {name!r} of shape {array.shape}: {scheme.name} quantizes groups of "
             f"{group} input columns, which do not divide its {columns} columns "
-            f"(compressed-tensors refuses such a weight too). {fix.capitalize()}keep it "
-            f"unquantized with keep_unquantized / --keep-unquantized '^{re.escape(name)}$' "
-            f"(with the default patterns, if you pass any)."
+            f"(compressed-tensors refuses such a weight too). {fix}"
         )
 
 
