@@ -242,3 +242,13 @@ def test_cli_quantize_with_group_size(model_folder: Path, tmp_path: Path) -> Non
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     assert config["config_groups"]["group_0"]["weights"]["group_size"] == 32
     assert stored(out)["model.layers.0.mlp.down_proj.weight_scale"].shape == (256, 16)
+
+
+@pytest.mark.parametrize("name", ["W4A16", "NVFP4A16", "FP8_DYNAMIC"])
+def test_inf_and_nan_are_refused_naming_the_element(tmp_path: Path, name: str) -> None:
+    weight = np.ones((8, 128), np.float32)
+    weight[5, 7] = np.nan
+    tree = {"model": {"w": {"weight": weight}}}
+    with pytest.raises(suture.SurgeryError, match=r"'model.w.weight': element \(5, 7\) is nan"):
+        suture.save(tree, tmp_path / "out", format="safetensors", quantize=name, progress=False)
+    assert not (tmp_path / "out").exists()

@@ -22,10 +22,12 @@ Example:
 from __future__ import annotations
 
 import math
+import re
 import threading
 
 import numpy as np
 
+from .._errors import LossyCastError
 from .._lazy.graph import MemorySource, Node
 from .._lazy.selection import Selection, full, outer_index, positions, selection_shape
 from .ct_math import (
@@ -108,6 +110,7 @@ class _RowQuantizer:
     def quantize(self, rows: range | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The stored values (packed) and the scales of source `rows`."""
         weight = self.source.read((rows, range(self.source.shape[1])))
+        self._check_finite(weight, rows)
         scheme = self.scheme
         if scheme.kind == "int":
             values, scales = quantize_int(weight, scheme.bits, scheme.group)
@@ -122,6 +125,23 @@ class _RowQuantizer:
         self.scales[picked] = scales
         self.done[picked] = True
         return stored, scales
+
+    def _check_finite(self, weight: np.ndarray, rows: range | np.ndarray) -> None:
+        """Refuses inf and NaN: every format here would write garbage for them (an int
+        cast of NaN, a NaN scale for the whole group), as compressed-tensors does."""
+        finite = np.isfinite(weight)
+        if finite.all():
+            return
+        at = tuple(int(i) for i in np.argwhere(~finite)[0])
+        row = positions(rows)[at[0]]
+        raise LossyCastError(
+            f"Tensor {self.name!r}: element ({row}, {at[1]}) is {weight[at]} "
+            f"({int((~finite).sum())} inf or NaN value(s) in rows {positions(rows)[0]} to "
+            f"{positions(rows)[-1]}): {self.scheme.name} has no code for it, and its group's "
+            f"scale would be NaN or inf. Fix the source's values (take the checkpoint from "
+            f"before they went wrong), or keep the tensor unquantized (keep_unquantized / "
+            f"--keep-unquantized '^{re.escape(self.name)}$')."
+        )
 
     def stored_shape(self) -> tuple[tuple[int, int], np.dtype]:
         rows, cols = self.source.shape
