@@ -80,7 +80,8 @@ def quantize_int(weight: np.ndarray, bits: int, group: int | None) -> tuple[np.n
     scale = np.where(scale == 0, _epsilon(dtype), scale)
     scaled = _in(dtype, groups / scale[..., None])
     low, high = -(2.0 ** (bits - 1)), 2.0 ** (bits - 1) - 1
-    values = np.round(np.clip(scaled, low, high)).astype(np.int8)
+    np.clip(scaled, low, high, out=scaled)
+    values = np.rint(scaled, out=scaled).astype(np.int8)  # rint: half to even, as torch.round
     return values.reshape(weight.shape), scale.astype(dtype)
 
 
@@ -157,7 +158,7 @@ def pack_int32(values: np.ndarray, bits: int) -> np.ndarray:
     """int8 values (rows, cols) of `bits` (4 or 8) as int32 (rows, ceil(cols * bits / 32)):
     each ``value + 2**(bits - 1)``, element 0 in the lowest bits, little-endian words."""
     rows, cols = values.shape
-    unsigned = (values.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8)
+    unsigned = values.view(np.uint8) + np.uint8(1 << (bits - 1))  # wraps to value + offset
     padded = -(-cols // 32) * 32
     if padded > cols:
         unsigned = np.pad(unsigned, ((0, 0), (0, padded - cols)))
