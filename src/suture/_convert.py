@@ -55,6 +55,7 @@ def convert(
     dequantize: bool = False,
     quantize: str | None = None,
     keep_unquantized: list[str] | tuple[str, ...] | None = None,
+    group_size: int | None = None,
     lora_alpha: float | None = None,
     adapter_only: bool = False,
     merge_adapter: str | os.PathLike | None = None,
@@ -84,8 +85,9 @@ def convert(
             ``config.json``: FP8 with block scales, MXFP4) dequantized, in the same streamed
             pass, to `dtype` (default bfloat16); the output's ``config.json`` loses its
             ``quantization_config`` and its dtype fields say the new dtype.
-        quantize: ``"fp8-block"``: write FP8 for serving (see `suture.save`);
-            `keep_unquantized` as there.
+        quantize: ``"fp8-block"``, or one of compressed-tensors' presets (``"W4A16"``,
+            ``"W8A16"``, ``"NVFP4A16"``, ``"FP8_DYNAMIC"``): write a serving format (see
+            `suture.save`); `keep_unquantized` and `group_size` as there.
         like: with `reverse`, the model's original Hugging Face folder: its ``config.json``
             (unless `config`), tokenizer and generation files go beside the weights; the
             output takes its expert layout (one tensor per expert, or transformers' fused
@@ -173,6 +175,7 @@ def convert(
             verify=verify,
             quantize=quantize,
             keep_unquantized=keep_unquantized,
+            group_size=group_size,
             **{"max_shard_size": max_shard_size, **options},
         )
 

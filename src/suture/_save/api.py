@@ -31,7 +31,8 @@ from .._location.publish import (
     unfinished_elsewhere,
 )
 from .._paths import flatten
-from .._quant.tensors import quantize_tree, quantized_config
+from .._quant.export import quantize_for_serving
+from .._quant.tensors import quantized_config
 from ..sources.checkpoint import Checkpoint
 from ..sources.open import open as open_checkpoint
 from .collective import write_collective
@@ -90,6 +91,7 @@ def save(
     tune_allocator: bool | None = None,
     quantize: str | None = None,
     keep_unquantized: list[str] | tuple[str, ...] | None = None,
+    group_size: int | None = None,
     step: int | None = None,
     item: str | None = None,
 ) -> SaveResult | SaveHandle:
@@ -151,9 +153,16 @@ def save(
             published, computed as transformers' FP8 quantizer computes it; embeddings,
             norms, the LM head and MoE routers stay as they are. A ``config.json`` among the
             side files gets the matching ``quantization_config``. Streamed like any save.
+            compressed-tensors' preset schemes (any case) write its formats, the same bytes
+            as its compressors: ``"W4A16"``/``"W8A16"`` (symmetric INT4/INT8 per group of
+            128 input columns, ``pack-quantized``), ``"NVFP4A16"`` (``nvfp4-pack-quantized``),
+            ``"FP8_DYNAMIC"`` (FP8 per output channel, ``float-quantized``); the kept linear
+            modules are the config's ``ignore`` list.
         keep_unquantized: with `quantize`, regular expressions (searched in each tensor's
             name) of the weights kept in high precision, instead of the defaults
             (``embed``, ``norm``, ``lm_head``, the MoE router ``.gate.weight``, ``router``).
+        group_size: with ``quantize="W4A16"`` or ``"W8A16"``, input columns per scale
+            (default 128).
 
         step: write step `step` of the CheckpointManager run at `path` (``path/step/item``),
             which ``ocp.CheckpointManager(path, item_names=...)`` restores; the run folder is
@@ -216,11 +225,13 @@ def save(
         options = replace(options, extra_files=with_output_dtype(options.extra_files, tree))
     if quantize is not None:
         keep = None if keep_unquantized is None else tuple(keep_unquantized)
-        tree, quantization = quantize_tree(tree, quantize, keep, separator)
+        tree, quantization = quantize_for_serving(tree, quantize, keep, separator, group_size)
         edited = with_config_edited(dict(options.extra_files), quantized_config(quantization))
         options = replace(options, extra_files=edited)
-    elif keep_unquantized is not None:
-        raise ArgumentError("keep_unquantized= goes with quantize='fp8-block'.")
+    elif keep_unquantized is not None or group_size is not None:
+        raise ArgumentError(
+            "keep_unquantized= and group_size= go with quantize= ('fp8-block', 'W4A16' ...)."
+        )
     _check_writable_path(destination, format)
     _check_destination(destination, overwrite, tree)
     group = collective()  # under jax.distributed every process writes its share

@@ -57,6 +57,7 @@ from .inspect import (
 )
 from .merge import run_merge
 from .outcome import interruption_in, surgery_error_in
+from .panels import ADAPTERS, FAMILIES, MEMORY_AND_SAFETY, OUTPUT, QUANTIZATION, in_panel
 from .quiet import quiet_native_logs
 
 app = typer.Typer(
@@ -444,10 +445,14 @@ def convert(
             "--format",
             help="orbax or safetensors (default: from DESTINATION). safetensors to a path "
             "ending in .safetensors is one file; any other path is a Hugging Face folder.",
+            rich_help_panel=OUTPUT,
         ),
     ] = None,
     dtype: Annotated[
-        str | None, typer.Option("--dtype", help="Cast floating-point leaves, e.g. bfloat16.")
+        str | None,
+        typer.Option(
+            "--dtype", help="Cast floating-point leaves, e.g. bfloat16.", rich_help_panel=OUTPUT
+        ),
     ] = None,
     recipe: Annotated[
         str | None,
@@ -456,50 +461,70 @@ def convert(
             "--recipe",
             help="A recipe file (.py, .yaml, .toml), or a built-in one such as "
             "llama3.1:maxtext (`suture recipes` lists them).",
+            rich_help_panel=FAMILIES,
         ),
     ] = None,
     reverse: Annotated[
         bool,
         typer.Option(
-            "--reverse", help="Run a built-in recipe backwards (MaxText or Tunix -> HF folder)."
+            "--reverse",
+            help="Run a built-in recipe backwards (MaxText or Tunix -> HF folder).",
+            rich_help_panel=FAMILIES,
         ),
     ] = False,
     config: Annotated[
         str | None,
-        typer.Option("--config", help="The model's config.json, for a built-in recipe."),
+        typer.Option(
+            "--config",
+            help="The model's config.json, for a built-in recipe.",
+            rich_help_panel=FAMILIES,
+        ),
     ] = None,
-    max_memory: MaxMemory = None,
-    max_shard_size: MaxShardSize = None,
+    max_memory: in_panel(MaxMemory, MEMORY_AND_SAFETY) = None,
+    max_shard_size: in_panel(MaxShardSize, OUTPUT) = None,
     separator: Annotated[
-        str, typer.Option("--separator", help="Joins keys into tensor names.")
+        str,
+        typer.Option("--separator", help="Joins keys into tensor names.", rich_help_panel=OUTPUT),
     ] = ".",
-    overwrite: Overwrite = False,
-    dry_run: DryRun = False,
-    verify: Verify = False,
+    overwrite: in_panel(Overwrite, OUTPUT) = False,
+    dry_run: in_panel(DryRun, MEMORY_AND_SAFETY) = False,
+    verify: in_panel(Verify, MEMORY_AND_SAFETY) = False,
     keep_value_keys: Annotated[
         bool,
         typer.Option(
             "--keep-value-keys",
             help="safetensors of a Flax NNX state: keep its tensor names' .value.",
+            rich_help_panel=OUTPUT,
         ),
     ] = False,
-    allow_pickle: AllowPickle = False,
-    progress: Progress = None,
-    strict_casts: StrictCasts = False,
+    allow_pickle: in_panel(AllowPickle, MEMORY_AND_SAFETY) = False,
+    progress: in_panel(Progress, OUTPUT) = None,
+    strict_casts: in_panel(StrictCasts, MEMORY_AND_SAFETY) = False,
     dequantize: Annotated[
         bool,
         typer.Option(
             "--dequantize",
             help="Dequantize an FP8 (block scales) or MXFP4 HF folder in the same pass, to "
             "--dtype (default bfloat16); config.json loses its quantization_config.",
+            rich_help_panel=QUANTIZATION,
         ),
     ] = False,
     quantize: Annotated[
         str | None,
         typer.Option(
             "--quantize",
-            help="fp8-block: linear weights as FP8 E4M3 + a float32 scale per 128x128 block "
-            "(DeepSeek-V3's layout), for serving: a Hugging Face folder unless --format orbax.",
+            help="Linear weights in a serving format, a Hugging Face folder unless --format "
+            "orbax: fp8-block (FP8 + a scale per 128x128 block, DeepSeek-V3's), or "
+            "compressed-tensors' W4A16, W8A16, NVFP4A16, FP8_DYNAMIC (any case).",
+            rich_help_panel=QUANTIZATION,
+        ),
+    ] = None,
+    group_size: Annotated[
+        int | None,
+        typer.Option(
+            "--group-size",
+            help="With --quantize W4A16 or W8A16: input columns per scale (default 128).",
+            rich_help_panel=QUANTIZATION,
         ),
     ] = None,
     keep_unquantized: Annotated[
@@ -508,6 +533,7 @@ def convert(
             "--keep-unquantized",
             help="With --quantize: a regex of tensor names kept in high precision (repeatable; "
             "replaces the defaults embed, norm, lm_head, routers).",
+            rich_help_panel=QUANTIZATION,
         ),
     ] = None,
     like: Annotated[
@@ -517,6 +543,7 @@ def convert(
             help="With --reverse: the original HF folder, whose config.json, tokenizer and "
             "generation files the output gets, and whose expert layout (per-expert or fused), "
             "cut vocabulary rows and vision tower it takes back.",
+            rich_help_panel=FAMILIES,
         ),
     ] = None,
     lora_alpha: Annotated[
@@ -526,6 +553,7 @@ def convert(
             help="With a FAMILY:tunix recipe and --reverse: the LoRA alpha the checkpoint's "
             "adapters were trained with (merged as w + (a @ b) * alpha / rank; with "
             "--adapter-only, written as the PEFT folder's lora_alpha).",
+            rich_help_panel=ADAPTERS,
         ),
     ] = None,
     adapter_only: Annotated[
@@ -535,6 +563,7 @@ def convert(
             help="With a built-in --recipe: the LoRA adapter alone. With --reverse, a JAX "
             "checkpoint's LoRA pairs (Flax NNX, qwix/Tunix) -> a PEFT folder; without, a "
             "PEFT folder (--config: the base's config.json) -> qwix factors.",
+            rich_help_panel=ADAPTERS,
         ),
     ] = False,
     merge_adapter: Annotated[
@@ -543,6 +572,7 @@ def convert(
             "--merge-adapter",
             help="A PEFT LoRA folder merged into the HF SOURCE as it streams (as peft's "
             "merge_and_unload): an HF folder, or with --recipe that layout.",
+            rich_help_panel=ADAPTERS,
         ),
     ] = None,
 ) -> None:
@@ -600,6 +630,7 @@ def convert(
         dequantize=dequantize,
         quantize=quantize,
         keep_unquantized=keep_unquantized,
+        group_size=group_size,
         verify=verify,
         keep_value_keys=keep_value_keys,
         like=like,
