@@ -115,7 +115,8 @@ Dequantize = Annotated[
     bool,
     typer.Option(
         "--dequantize",
-        help="Read quantized HF folders (FP8 block scales, MXFP4) dequantized, in the same pass.",
+        help="Read quantized HF folders dequantized, in the same pass (FP8 block scales, "
+        "MXFP4, DeepSeek-V4 FP4, compressed-tensors INT and NVFP4, ModelOpt NVFP4).",
     ),
 ]
 
@@ -504,8 +505,9 @@ def convert(
         bool,
         typer.Option(
             "--dequantize",
-            help="Dequantize an FP8 (block scales) or MXFP4 HF folder in the same pass, to "
-            "--dtype (default bfloat16); config.json loses its quantization_config.",
+            help="Dequantize a quantized HF folder in the same pass (FP8 block scales, MXFP4, "
+            "DeepSeek-V4 FP4, compressed-tensors INT and NVFP4, ModelOpt NVFP4), to --dtype "
+            "(default bfloat16); config.json loses its quantization_config.",
             rich_help_panel=QUANTIZATION,
         ),
     ] = False,
