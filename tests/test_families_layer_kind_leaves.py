@@ -161,7 +161,9 @@ def test_two_leaves_of_one_group_on_one_path_are_refused(tmp_path):
     path = _kinds_table(tmp_path)
     text = path.read_text().replace("{odd}.self_attn.q_proj", "{even}.self_attn.k_proj")
     path.write_text(text)
-    with pytest.raises(families.RecipeFormatError, match="both are in layer group 'even'"):
+    with pytest.raises(
+        families.RecipeFormatError, match="overwrite the other \\(both in layer group 'even'"
+    ):
         family_recipe(str(path))
 
 

@@ -40,11 +40,11 @@ def shared_path_problem(groups: set[str | None], group: str | None) -> str | Non
     """Why a leaf of `group` (None: not per-layer) may not take a path that leaves of
     `groups` already write, or None when it may."""
     if group is None or None in groups:
-        return "one would overwrite the other (only per-layer leaves of different layer groups share a path)"
+        return "one would overwrite the other"
     if group in groups:
         return (
-            f"both are in layer group {group!r}: one would overwrite the other (leaves "
-            f"of different layer groups may share a path, one per layer kind)"
+            f"one would overwrite the other (both in layer group {group!r}; leaves of "
+            f"different layer groups may share a path, one per layer kind)"
         )
     return None
 
