@@ -48,7 +48,11 @@ def _set_hf_config(argv: list[str]) -> list[str]:
     for item in argv:
         if item.startswith("hf_config."):
             key, value = item[len("hf_config.") :].split("=", 1)
-            setattr(HF_MODEL_CONFIGS[model], key, int(value) if value.isdigit() else value)
+            owner = HF_MODEL_CONFIGS[model]
+            *parents, key = key.split(".")  # text_config.hidden_size: a sub-config's
+            for parent in parents:
+                owner = getattr(owner, parent)
+            setattr(owner, key, int(value) if value.isdigit() else value)
         else:
             kept.append(item)
     return kept
