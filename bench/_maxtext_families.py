@@ -1,4 +1,4 @@
-"""MaxText's own converter beside suture's recipes for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss, Gemma 3, OLMo 3, DeepSeek-V2 and V3.2, Gemma 4 E2B/E4B (bench/families.py).
+"""MaxText's own converter beside suture's recipes for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss, Gemma 3, OLMo 3, DeepSeek-V2 and V3.2, Qwen3-Next, Qwen3.5, Gemma 4 and Gemma 4 E2B/E4B (bench/families.py).
 
 For each family, one random HF folder made with transformers (float32, narrow, but with the
 layer and expert counts of MaxText's built-in HF config for the model name, which its converter
@@ -314,6 +314,57 @@ FAMILIES = [
             "use_mrope=false",
         ],
     ),
+    (
+        # Gemma 4 26B-A4B's counts (30 layers: five blocks of 5 local + 1 global; 128 experts,
+        # 8 per token) in a multimodal folder with a one-layer vision tower; global layers with
+        # head size 32 and one KV head, keys = values. MaxText's converter scales the
+        # embedding by its HF config's sqrt(hidden_size): the launcher sets that to 64.
+        "gemma4",
+        "gemma4-26b",
+        "Gemma4",
+        dict(
+            NARROW,
+            intermediate_size=32,
+            num_hidden_layers=30,
+            head_dim=16,
+            global_head_dim=32,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            hidden_size_per_layer_input=0,
+            enable_moe_block=True,
+            num_experts=128,
+            top_k_experts=8,
+            moe_intermediate_size=16,
+            final_logit_softcapping=30.0,
+            sliding_window=1024,
+        ),
+        [
+            "global_head_dim=32",
+            "global_num_kv_heads=1",
+            "num_experts=128",
+            "num_experts_per_tok=8",
+            "hf_config.text_config.hidden_size=64",
+        ],
+    ),
+    (
+        # Gemma 4 31B's counts (60 layers, dense), as gemma4-26b's otherwise
+        "gemma4",
+        "gemma4-31b",
+        "Gemma4",
+        dict(
+            NARROW,
+            intermediate_size=32,
+            num_hidden_layers=60,
+            head_dim=16,
+            global_head_dim=32,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            hidden_size_per_layer_input=0,
+            final_logit_softcapping=30.0,
+            sliding_window=1024,
+        ),
+        ["global_head_dim=32", "global_num_kv_heads=1", "hf_config.text_config.hidden_size=64"],
+    ),
 ]
 # Gemma 4 E2B and E4B: MaxText's counts (35 and 42 layers, the last 20 and 18 reusing earlier
 # layers' keys and values; E2B's cycle 4 sliding + 1 full with double-width MLPs in the shared
@@ -376,6 +427,7 @@ LOGITS = {
     "olmo3": ["rope_type=default", "sliding_window_size=4"],
     "qwen3-next": ["rope_max_timescale=10000"],  # the HF model's rope_theta
     "qwen3.5": ["rope_max_timescale=10000"],
+    "gemma4": [],
     "deepseek2": [
         "rope_factor=1",
         "max_position_embeddings=4096",
@@ -441,11 +493,24 @@ def generate(folder: Path, kind: str, config: dict) -> int:
                 text_config=config, vision_config=vision.to_dict(), mm_tokens_per_image=4
             )
         )
+    elif kind == "Gemma4":  # the multimodal model, with a one-layer vision tower
+        vision = transformers.Gemma4VisionConfig(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            position_embedding_size=64,
+        )
+        model = transformers.Gemma4ForConditionalGeneration(
+            transformers.Gemma4Config(text_config=config, vision_config=vision.to_dict())
+        )
     else:
         model_class = getattr(transformers, f"{kind}ForCausalLM")
         model = model_class(getattr(transformers, f"{kind}Config")(**config))
     _perturbed(torch, model)
-    model.save_pretrained(folder, save_original_format=kind != "Gemma3")
+    model.save_pretrained(folder, save_original_format=kind not in ("Gemma3", "Gemma4"))
     return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
@@ -453,8 +518,14 @@ def _perturbed(torch, model) -> None:
     """Norms and biases away from their initial ones and zeros, so that a mix-up shows."""
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if "norm" in name or "bias" in name:
+            if "norm" in name or "bias" in name or "scale" in name:
                 parameter.add_(torch.randn_like(parameter) * 0.1)
+        for name, buffer in model.named_buffers():
+            if name.endswith("layer_scalar"):  # Gemma 4's, saved with the weights
+                buffer.add_(torch.randn_like(buffer) * 0.1)
+        if type(model).__name__.startswith("Gemma4"):  # on bfloat16's grid: MaxText's tied
+            table = model.get_input_embeddings().weight  # logits round the table to it
+            table.copy_(table.to(torch.bfloat16).to(table.dtype))
 
 
 def overrides(model_name: str, config: dict, extra: list[str]) -> list[str]:
@@ -520,8 +591,10 @@ def compare(
                 shutil.rmtree(theirs, ignore_errors=True)
             if family in LOGITS:
                 settings = [*overrides(model_name, config, extra), *LOGITS[family]]
+                twice = sum(entry[0] == family for entry in selected) > 1
+                label = f"{family}` (`{model_name}`)" if twice else f"{family}`"
                 logits.append(
-                    (family, *logits_difference(python, settings, config, hf, WORK / family))
+                    (label, *logits_difference(python, settings, config, hf, WORK / family))
                 )
             shutil.rmtree(WORK / family, ignore_errors=True)
         report(selected, only is not None, rows, findings, logits)
@@ -589,6 +662,12 @@ SETUP = {
     "value heads of 16, conv kernel 4) and 1 full-attention layer; 16 routed experts (2 per "
     "token) and a shared expert, where `qwen3-next-80b-a3b` has 48 layers and 512 experts (the "
     "launcher sets its converter's HF config to 8 and 16).",
+    "gemma4": "Gemma 4: multimodal folders with a one-layer vision tower (left out by both), "
+    "the counts of `gemma4-26b` (30 layers, 128 experts, 8 per token, a shared expert) and "
+    "`gemma4-31b` (60 layers, dense); global layers of head size 32 with 1 KV head, keys = "
+    "values (no `v_proj`, no value kernel); the logits soft-capped at 30, as MaxText's configs; "
+    "the launcher sets its converter's HF config's hidden size to 64, which its embedding hook "
+    "scales by.",
     "deepseek2": "DeepSeek-V2: V2-Lite's counts, those of `deepseek2-16b` (27 layers, the first "
     "dense; 64 routed experts, 6 per token; 2 shared; no query LoRA); latent rank 16, 4 heads "
     "of 16 + 8 (rotary).",
@@ -635,6 +714,22 @@ NOTES = [
         "by both.",
     ),
     (
+        ("gemma4",),
+        "Gemma 4's scanned and unscanned trees are MaxText's converter's bit for bit. MaxText "
+        "0.2.5's model computes tied logits with the embedding table cast to bfloat16 whatever "
+        "the dtype (`layers/embeddings.py`, `attend_on_embedding`), so the folder's embedding is "
+        "drawn on bfloat16's grid (stored in float32). With a float32 table MaxText's logits "
+        "differ from transformers' by about 1e-3 here; that cast accounts for it (checked "
+        "separately on a model whose attention and MLP outputs are zero: transformers' "
+        "logits with the table rounded to bfloat16 in the last projection agree with "
+        "MaxText's within 6e-7). "
+        "Not run with a remainder block: a Gemma 4 runs alike in both models only with a "
+        "multiple of 6 layers, since transformers makes the last layer full attention and "
+        "MaxText's remainder "
+        "block (`layers_remainder/local_layers`, which MaxText's mapping names "
+        "`layers_remainder/layers_r`) holds local layers only; suture refuses another count.",
+    ),
+    (
         ("olmo3", "deepseek2"),
         "MaxText's model runs OLMo 3 and DeepSeek-V2 with plain rotary embeddings, as the HF "
         "models here have them, where its configs have YaRN (`rope_type=default` for OLMo 3; "
@@ -659,7 +754,7 @@ def report(selected: list, chosen: bool, rows: list, findings: list[str], logits
     )
     found = "\n".join(f"- {line}" for line in findings)
     forward = "\n".join(
-        f"- `{family}`: max abs logit difference {difference:.3g} (largest logit {scale:.3g})"
+        f"- `{family}: max abs logit difference {difference:.3g} (largest logit {scale:.3g})"
         for family, difference, scale in logits
     )
     if forward:

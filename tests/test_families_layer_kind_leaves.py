@@ -161,7 +161,9 @@ def test_two_leaves_of_one_group_on_one_path_are_refused(tmp_path):
     path = _kinds_table(tmp_path)
     text = path.read_text().replace("{odd}.self_attn.q_proj", "{even}.self_attn.k_proj")
     path.write_text(text)
-    with pytest.raises(families.RecipeFormatError, match="both are in layer group 'even'"):
+    with pytest.raises(
+        families.RecipeFormatError, match="overwrite the other \\(both in layer group 'even'"
+    ):
         family_recipe(str(path))
 
 
@@ -206,3 +208,15 @@ def test_per_layer_overrides_that_do_not_fit_are_refused(overrides, kinds, phras
     names = {"layer_types": kinds, "per_layer_config": overrides}
     with pytest.raises(families.ConfigMismatchError, match=phrase):
         per_kind_fields("r", names, (("per_layer_config", "layer_types"),))
+
+
+def test_groups_sharing_a_path_in_one_place_are_refused(tmp_path, llama):
+    """Scanned without blocks, both kinds would stack into decoder/layers/...: refused, not
+    one group's layers silently overwriting the other's."""
+    table = _kinds_table(tmp_path, layer_period=None, layer_blocks=None, layer_blocks_under=None)
+    with pytest.raises(
+        families.RecipeFormatError,
+        match="writes 'decoder/layers/self_attention/query/kernel' from two leaves",
+    ):
+        suture.convert(llama, tmp_path / "mt", recipe=str(table), progress=False)
+    assert not (tmp_path / "mt").exists()

@@ -66,7 +66,7 @@ from ._multimodal import (
 )
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 from ._schema import checked_table
-from ._shared_targets import shared_groups
+from ._shared_targets import check_one_writer, shared_groups
 
 MAXTEXT_ROOT = "params/params"
 # The config.json fields recipes read, by kind: Hugging Face's names, the same in every family.
@@ -340,11 +340,7 @@ class FamilyRecipe:
         out: dict[str, Any] = {}
         for leaf in self._active(names):
             for path, value in self._forward(leaf, hf, names, used, layout).items():
-                if f"{self._root}{path}" in out:
-                    raise RecipeFormatError(
-                        f"Recipe {self.name!r} writes {self._label} leaf {path!r} twice with "
-                        f"this config (two leaves' layer groups share a layer)."
-                    )
+                check_one_writer(self.name, path, f"{self._root}{path}" in out)
                 out[f"{self._root}{path}"] = value
         self._check_all_used(hf, used, names)
         self._warn_cut_rows(names)

@@ -35,16 +35,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .._errors import RecipeError
+
 
 def shared_path_problem(groups: set[str | None], group: str | None) -> str | None:
     """Why a leaf of `group` (None: not per-layer) may not take a path that leaves of
     `groups` already write, or None when it may."""
     if group is None or None in groups:
-        return "one would overwrite the other (only per-layer leaves of different layer groups share a path)"
+        return "one would overwrite the other"
     if group in groups:
         return (
-            f"both are in layer group {group!r}: one would overwrite the other (leaves "
-            f"of different layer groups may share a path, one per layer kind)"
+            f"one would overwrite the other (both in layer group {group!r}; leaves of "
+            f"different layer groups may share a path, one per layer kind)"
         )
     return None
 
@@ -56,3 +58,15 @@ def shared_groups(leaves: Iterable[Any]) -> dict[str, set[str]]:
         if leaf.group is not None:
             out.setdefault(leaf.maxtext, set()).add(leaf.group)
     return out
+
+
+def check_one_writer(recipe: str, path: str, taken: bool) -> None:
+    """Refuses a second leaf writing target `path` (`taken`): layer groups sharing a path must
+    land in different places, which a layout without blocks or periods (or an unscanned one
+    numbering layers by group) does not give them."""
+    if taken:
+        raise RecipeError(
+            f"Recipe {recipe!r} writes {path!r} from two leaves: their layer groups share the "
+            f"path and this layout puts both in the same place. Give the groups their own places "
+            f"(layer_blocks or a layer_period; unscanned: hf_index), or their own paths."
+        )
