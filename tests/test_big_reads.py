@@ -14,6 +14,7 @@ from safetensors.numpy import save_file
 import suture
 from suture._buffers import assign
 from suture._iostats import count_bytes_read
+from suture._lazy.selection import full
 from suture._location.base import read_fully
 from suture.sources import filesource as _filesource
 
@@ -111,6 +112,24 @@ def test_partial_reads_in_strips_match_numpy(
     np.testing.assert_array_equal(lazy.T[index[::-1]].read(), values.T[index[::-1]])
 
 
+@pytest.mark.parametrize("index", SELECTIONS, ids=str)
+def test_partial_reads_into_a_callers_array_match_numpy(
+    index: tuple, small_strips: None, tmp_path: Path
+) -> None:
+    """A column read into the caller's array (as the blocks of a save are read) goes a strip
+    at a time straight into it: into a transposed view, cast, the values are numpy's."""
+    values = np.arange(31 * 40, dtype=np.float32).reshape(31, 40)
+    save_file({"w": values}, str(tmp_path / "m.safetensors"))
+    lazy = suture.open(tmp_path / "m.safetensors")["w"]
+    for view, expected in (
+        (lazy[index], values[index]),
+        (lazy.T[index[::-1]], values.T[index[::-1]]),
+    ):
+        out = np.full(expected.shape[::-1], -1, np.float16).T  # a transposed view
+        view.node.read_into(full(view.shape), out)
+        assert out.tobytes() == expected.astype(np.float16).tobytes()
+
+
 def test_fused_cast_transpose_and_stack_equal_numpy(small_strips: None, tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     layers = {f"l{i}": rng.standard_normal((300, 40), dtype=np.float32) for i in range(3)}
@@ -130,6 +149,31 @@ def test_a_column_read_costs_whole_rows_and_holds_one_strip(tmp_path: Path) -> N
     cost = source.read_cost((range(1000), range(0, 2)))
     assert cost.disk == 1000 * 256 * 4
     assert cost.memory == 1000 * 2 * 4 + 1000 * 256 * 4  # the result and one strip (< 32 MiB)
+
+
+def test_a_column_read_into_the_callers_array_holds_one_strip(tmp_path: Path) -> None:
+    """Read into a block's own array (a save's blocks), a column read holds one strip of
+    rows, not a temporary of the whole result besides it; picking single columns also holds
+    their copy out of the strip."""
+    save_file({"w": np.ones((1000, 256), np.float32)}, str(tmp_path / "m.safetensors"))
+    source = suture.open(tmp_path / "m.safetensors")["w"].node
+    strip = 1000 * 256 * 4
+    assert source.read_cost((range(1000), range(0, 2)), into=True) == (strip, strip)
+    assert source.read_cost((range(1000), [0, 5]), into=True) == (strip, strip + 1000 * 2 * 4)
+
+
+def test_a_transposed_leaf_is_read_once_with_room_for_one_strip(tmp_path: Path) -> None:
+    """lm_head's transpose: the whole leaf is one block when the leaf, one strip and the
+    writer's chunks fit, without a second copy of the leaf; so it is read once."""
+    path = tmp_path / "model.safetensors"
+    stored = np.random.default_rng(0).standard_normal((2048, 512), np.float32)  # 4 MiB
+    save_file({"lm_head": stored}, str(path))
+    head = suture.open(path)["lm_head"]
+    with count_bytes_read() as counter:
+        result = suture.save({"t": head.T}, tmp_path / "out", max_memory="10MiB", progress=False)
+    assert stored.nbytes <= counter.bytes < stored.nbytes + 4096  # the rest is the header
+    assert 0 < result.peak_in_flight <= 10 << 20
+    assert np.asarray(suture.load(tmp_path / "out")["t"]).tobytes() == stored.T.tobytes()
 
 
 def test_assign_casts_into_transposed_views_as_astype_does() -> None:

@@ -3,7 +3,8 @@
 `FileRangeSource` reads only the rows of the first axis that a selection spans (ranged
 reads of its `Location`: positional reads locally, ranged GETs remotely). A read of whole rows lands straight in the result (no copy);
 a read of some columns goes through a bounded strip of rows at a time, so its memory is
-the result plus one strip, never the whole span. `read_into` reads into a caller's array
+the result plus one strip, never the whole span (`read_into`, into a caller's array: one
+strip). `read_into` of whole rows reads into a caller's array
 (a cast or transposed view of it) through a small per-thread tile, which fuses the read,
 the cast and the transpose without a full-size temporary; from a remote store it reads the
 rows whole (one ranged read, in parts at once) and casts them into place, as a round trip
@@ -80,7 +81,12 @@ class FileRangeSource(SourceNode):
 
     def read_into(self, selection: Selection, out: np.ndarray) -> None:
         rows = _whole_rows(selection, self.shape) if self.shape else None
-        if rows is None:
+        if rows is None and self._strips_into(selection):
+            # some columns: a strip of rows at a time straight into `out`, whose memory is
+            # one strip instead of a whole-size temporary (a transposed block of lm_head)
+            for target, block, local in self._strips(selection):
+                assign(out[target], outer_index(block, local))
+        elif rows is None:
             super().read_into(selection, out)
         elif out.dtype == self.dtype and out.flags.c_contiguous:
             self._read_rows(*rows, out)
@@ -103,7 +109,18 @@ class FileRangeSource(SourceNode):
             return ReadCost(result, tile if into else result)
         spans = [stop - start for start, stop, _ in _row_groups(selection[0], self._strip_rows)]
         strip = max(spans, default=0) * self._row_bytes
+        if into and self._strips_into(selection):  # a strip (and a copy of the part selected
+            # where an axis picks single elements: `outer_index` is a view of ranges)
+            views = all(isinstance(axis, range) for axis in selection)
+            return ReadCost(
+                sum(spans) * self._row_bytes, strip + (0 if views else min(result, strip))
+            )
         return ReadCost(sum(spans) * self._row_bytes, result + strip)
+
+    def _strips_into(self, selection: Selection) -> bool:
+        """Whether `read_into` reads `selection` (not whole rows) a strip at a time into the
+        caller's array: locally, for a run of rows (their places in the result are views)."""
+        return bool(self.shape) and not self.remote and isinstance(selection[0], range)
 
     @property
     def _strip_rows(self) -> int:
