@@ -1,15 +1,16 @@
 """A Hugging Face folder loaded onto an 8-device mesh: Orbax 0.12.8's safetensors layout
 beside `suture.load`, with and without a cast (issue 42, item 3).
 
-    python -m bench.load_mesh [--layers 8] [--repeats 3]
+    python -m bench.load_mesh [--layers 12] [--repeats 3]
 
 Generates a Llama-shaped float16 folder (hidden 2048, intermediate 5632, vocab 32000) and
 loads every tensor onto 8 CPU devices (``XLA_FLAGS=--xla_force_host_platform_device_count=8``,
 ``PartitionSpec("fsdp", None)`` where the first axis divides by 8, replicated otherwise),
 as bfloat16 (the cast) and as stored: Orbax with ``ctx.checkpoint_layout = "safetensors"``
 and an abstract tree of ``jax.ShapeDtypeStruct``, suture with ``suture.load(folder,
-target)``. Each load is a fresh process with the page cache dropped, the routes alternating:
-wall (from before the load to every array ready, imports excluded), CPU seconds and peak RSS
+target)``, both targets built from the files' headers. Each load is a fresh process with the
+page cache dropped, the routes alternating: wall (from before the load, which opens the
+folder, to every array ready; imports excluded), CPU seconds and peak RSS
 of the process; both routes must load the same values (a digest of every array, by name).
 """
 
@@ -74,21 +75,26 @@ if route == "orbax":
         loaded = ocp.load(folder, target)
 else:
     import suture
-    ckpt = suture.open(folder)
-    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.bfloat16 if cast == "cast" else s.dtype, sharding=sharding(s.shape)), ckpt.abstract())
+    target = {}  # the same headers, nested as suture names an HF folder's tensors
+    for n, v in names.items():
+        *outer, last = n.split(".")
+        node = target
+        for key in outer:
+            node = node.setdefault(key, {})
+        node[last] = jax.ShapeDtypeStruct(tuple(v["shape"]), dtype(v["dtype"]), sharding=sharding(tuple(v["shape"])))
     started, cpu = time.perf_counter(), time.process_time()
-    loaded = suture.load(ckpt, target, progress=False)
+    loaded = suture.load(folder, target, progress=False)  # opening it counts, as in Orbax
 jax.block_until_ready(loaded)
 wall, cpu = time.perf_counter() - started, time.process_time() - cpu
 leaves = jax.tree.leaves(loaded)
+with open("/proc/self/status") as status:  # before the digest gathers each array on the host
+    peak = int(next(l for l in status if l.startswith("VmHWM:")).split()[1]) * 1024
 import hashlib
 digest = hashlib.sha256()  # the values, by dotted name: the routes must agree
 flat = jax.tree_util.tree_flatten_with_path(loaded)[0]
 named = {".".join(str(getattr(k, "key", k)) for k in path): leaf for path, leaf in flat}
 for name in sorted(named):
     digest.update(name.encode() + np.asarray(named[name]).tobytes())
-with open("/proc/self/status") as status:
-    peak = int(next(l for l in status if l.startswith("VmHWM:")).split()[1]) * 1024
 print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": peak, "leaves": len(leaves),
                   "bytes": sum(x.nbytes for x in leaves), "digest": digest.hexdigest()}))
 """
@@ -112,7 +118,7 @@ def main() -> None:
     from bench.families import generate
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     shutil.rmtree(WORK, ignore_errors=True)
