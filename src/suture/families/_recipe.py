@@ -66,6 +66,7 @@ from ._multimodal import (
 )
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 from ._schema import checked_table
+from ._shared_sources import GivenBack, shared_note, shared_sources
 from ._shared_targets import check_one_writer, shared_groups
 
 MAXTEXT_ROOT = "params/params"
@@ -702,8 +703,8 @@ class FamilyRecipe:
         prefix = root if root and any(p.startswith(root) for p in flat) else ""
         self._check_maxtext_layers(flat, prefix, names)
         self._check_none_left_out(flat, prefix, names)
-        out: dict[str, LazyArray] = {}
-        parts: dict[str, dict[int, LazyArray]] = {}  # fused tensor -> its parts, joined below
+        out = GivenBack(self.name, self._label)  # a source shared by leaves is given back once
+        parts: dict[str, GivenBack] = {}  # fused tensor -> its parts, joined below
         fused_of: dict[str, FusedSource] = {}
         for leaf in self._active(names):
             if leaf.made is not None:  # nothing to write it to: checked, then dropped
@@ -718,11 +719,11 @@ class FamilyRecipe:
                 taken = _take(flat, prefix + leaf.maxtext, self._label)
                 if leaf.routed:
                     self._check_experts(leaf, taken, names, f"{self._label} leaf {leaf.maxtext!r}")
-                out.update(self._unstacked(leaf, None, taken, names))
+                out.give_all(self._unstacked(leaf, None, taken, names), leaf.maxtext)
                 continue
             for path, index, layer in self._layers_back(leaf, flat, prefix, names):
                 if leaf.stacked:
-                    out.update(self._unstacked(leaf, index, layer, names))
+                    out.give_all(self._unstacked(leaf, index, layer, names), path)
                     continue
                 if leaf.routed:
                     self._check_experts(leaf, layer, names, f"{self._label} leaf {path!r}")
@@ -731,10 +732,10 @@ class FamilyRecipe:
                     fused = leaf.fused_in(layout)
                     if fused is not None:
                         name = leaf.hf_name(FUSED, index)
-                        parts.setdefault(name, {})[fused.part] = tensor
+                        self._part_of(parts, name).give(fused.part, tensor, path)
                         fused_of[name] = fused
                     else:
-                        out[leaf.hf_name(PER_EXPERT, index)] = tensor
+                        out.give(leaf.hf_name(PER_EXPERT, index), tensor, path)
                     continue
                 axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
                 count = self.expert_count(names)
@@ -744,11 +745,12 @@ class FamilyRecipe:
                 ]
                 if layout == FUSED and leaf.fused is not None:
                     name = leaf.hf_name(FUSED, index)
-                    parts.setdefault(name, {})[leaf.fused.part] = stack_arrays(experts, axis=0)
+                    stacked = stack_arrays(experts, axis=0)
+                    self._part_of(parts, name).give(leaf.fused.part, stacked, path)
                     fused_of[name] = leaf.fused
                 else:
                     for e, tensor in enumerate(experts):
-                        out[leaf.hf_name(PER_EXPERT, index, e)] = tensor
+                        out.give(leaf.hf_name(PER_EXPERT, index, e), tensor, path)
         for name, pieces in parts.items():
             fused = fused_of[name]
             if sorted(pieces) != list(range(fused.parts)):
@@ -756,8 +758,13 @@ class FamilyRecipe:
                     f"Recipe {self.name!r} fills parts {sorted(pieces)} of fused tensor "
                     f"{name!r}, which has {fused.parts}."
                 )
-            out[name] = fused.join([pieces[k] for k in range(fused.parts)])
-        return out
+            joined = fused.join([pieces[k] for k in range(fused.parts)])
+            out.give(name, joined, " + ".join(pieces.sharers(k)[0] for k in range(fused.parts)))
+        return dict(out)
+
+    def _part_of(self, parts: dict[str, GivenBack], name: str) -> GivenBack:
+        what = f"part {{}} of fused Hugging Face tensor {name!r}"
+        return parts.setdefault(name, GivenBack(self.name, self._label, what))
 
     def _layers_back(
         self, leaf: Leaf, flat: dict, prefix: str, names: dict
@@ -781,20 +788,20 @@ class FamilyRecipe:
             ]
         return out
 
-    def _unstacked(self, leaf: Leaf, index: int | None, array: Any, names: dict) -> dict:
-        """{HF name: tensor} of one target leaf (of layer `index`), its stack taken apart."""
+    def _unstacked(self, leaf: Leaf, index: int | None, array: Any, names: dict) -> list:
+        """(HF name, tensor) of one target leaf (of layer `index`), its stack taken apart."""
         sources = leaf.sources(index)
         if leaf.interleave is not None:
             restored = self._restored(leaf, array, names)
-            return dict(zip(sources, leaf.interleave.split(restored, names, sources), strict=True))
+            return list(zip(sources, leaf.interleave.split(restored, names, sources), strict=True))
         if not leaf.stacked:
-            return {sources[0]: self._restored(leaf, array, names)}
+            return [(sources[0], self._restored(leaf, array, names))]
         if array.ndim < 1 or array.shape[0] != len(sources):
             raise ConfigMismatchError(
                 f"{self._label} leaf {leaf.maxtext!r} stacks {len(sources)} tensors "
                 f"({', '.join(sources)}) on its first axis; found shape {array.shape}."
             )
-        return {name: self._restored(leaf, array[j], names) for j, name in enumerate(sources)}
+        return [(name, self._restored(leaf, array[j], names)) for j, name in enumerate(sources)]
 
     def _check_maxtext_layers(self, flat: dict[str, Any], prefix: str, names: dict) -> None:
         """The layers the config names against those the target tree holds, before planning.
@@ -908,6 +915,7 @@ class FamilyRecipe:
     def operations_table(self, config: dict[str, Any]) -> list[tuple[str, str, str]]:
         """(target leaf, HF tensor, operations) rows, for plans and `suture recipes`."""
         names = self.config_names(config)
+        shared = shared_sources(self._active(names))
         return [
             (
                 leaf.maxtext,
@@ -919,6 +927,7 @@ class FamilyRecipe:
                         *([leaf.interleave.describe()] if leaf.interleave else []),
                         *(op.describe(names) for op in leaf.operations),
                         *(["stacked on axis 0"] if leaf.stacked and not leaf.interleave else []),
+                        *shared_note(leaf, shared),
                     ]
                 )
                 or "-",
