@@ -33,6 +33,7 @@ from .._paths import flatten, unflatten
 from .._patterns import compile_pattern, fullmatch
 from .._yaml import parse as parse_yaml
 from ._config_lists import derived
+from ._describe import layer_kinds, operations_table
 from ._experts import (
     EXPERT_LAYOUTS,
     FUSED,
@@ -54,7 +55,7 @@ from ._layout import (
     parse_blocks,
     stack_grid,
 )
-from ._leaf import SCAN_AXIS, LayerGroup, Leaf, parse_leaf
+from ._leaf import LayerGroup, Leaf, parse_leaf
 from ._multimodal import (
     TEXT_PREFIX,
     LanguageModel,
@@ -64,7 +65,7 @@ from ._multimodal import (
 )
 from ._ops import FitRows, RecipeFormatError
 from ._schema import checked_table
-from ._shared_sources import GivenBack, shared_note, shared_sources
+from ._shared_sources import GivenBack
 from ._shared_targets import check_one_writer, shared_groups
 
 MAXTEXT_ROOT = "params/params"
@@ -143,17 +144,12 @@ class FamilyRecipe:
         return f"{self.family}:{'maxtext' if self.scanned else 'maxtext-unscanned'}"
 
     def layer_kinds(self) -> list[str]:
-        """The per-layer kinds the target fixes in code, as `suture recipes NAME` shows them.
+        """The per-layer kinds the target fixes in code, as `suture recipes NAME` shows them."""
+        return layer_kinds(self)
 
-        Example:
-            >>> get_recipe("gpt-oss:maxtext").layer_kinds()
-            ["layer_types is ['sliding_attention', 'full_attention'] repeated"]
-        """
-        patterns = [
-            f"{field} is {list(pattern)} repeated" for field, pattern in self.layer_patterns
-        ]
-        sets = [f"{field} lists the layers where {rule}" for field, rule in self.layer_sets]
-        return patterns + sets
+    def operations_table(self, config: dict[str, Any]) -> list[tuple[str, str, str]]:
+        """(target leaf, HF tensor, operations) rows, for plans and `suture recipes`."""
+        return operations_table(self, config)
 
     @property
     def _root(self) -> str:
@@ -858,47 +854,6 @@ class FamilyRecipe:
 
     def _active(self, names: dict[str, Any]) -> list[Leaf]:
         return [leaf for leaf in self.leaves if leaf.when is None or evaluate(leaf.when, names)]
-
-    def operations_table(self, config: dict[str, Any]) -> list[tuple[str, str, str]]:
-        """(target leaf, HF tensor, operations) rows, for plans and `suture recipes`."""
-        names = self.config_names(config)
-        shared = shared_sources(self._active(names))
-        return [
-            (
-                leaf.maxtext,
-                " + ".join(leaf.sources()) if leaf.made is None else "-",
-                ", ".join(
-                    [
-                        *([leaf.made.describe()] if leaf.made is not None else []),
-                        *_stacking(leaf, self.scanned),
-                        *([leaf.interleave.describe()] if leaf.interleave else []),
-                        *(op.describe(names) for op in leaf.operations),
-                        *(["stacked on axis 0"] if leaf.stacked and not leaf.interleave else []),
-                        *shared_note(leaf, shared),
-                    ]
-                )
-                or "-",
-            )
-            for leaf in self._active(names)
-        ]
-
-
-def _stacking(leaf: Leaf, scanned: bool) -> list[str]:
-    steps = []
-    if leaf.experts:
-        axis = leaf.expert_axis if scanned else stacked_axes(leaf.expert_axis, leaf.layer_axis)[0]
-        steps.append(f"experts on axis {axis}")
-    if leaf.fused is not None:
-        fused = leaf.fused
-        where = (
-            ""
-            if fused.axis is None
-            else f" part {fused.part} of {fused.parts} on axis {fused.axis}, {fused.mode}"
-        )
-        steps.append(f"{'from' if leaf.always_fused else 'or'} fused {fused.hf}{where}")
-    if scanned and leaf.group is not None and leaf.layer_axis != SCAN_AXIS:
-        steps.append(f"layers on axis {leaf.layer_axis}")
-    return steps
 
 
 def _unscanned(maxtext_path: str, index: int | str) -> str:
