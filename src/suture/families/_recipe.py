@@ -32,7 +32,9 @@ from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
 from .._patterns import compile_pattern, fullmatch
 from .._yaml import parse as parse_yaml
-from ._config_lists import derived
+from ._config_check import config_names, layer_counts
+from ._config_check import fields_shown as _fields_shown
+from ._config_check import shown as _shown
 from ._describe import layer_kinds, operations_table
 from ._experts import (
     EXPERT_LAYOUTS,
@@ -44,8 +46,6 @@ from ._experts import (
     stacked_axes,
 )
 from ._expr import evaluate, names_in
-from ._layer_config import per_kind_fields
-from ._layer_kinds import check_pattern, check_set
 from ._layout import (
     SCANNED,
     LayerLayout,
@@ -69,38 +69,6 @@ from ._shared_sources import GivenBack
 from ._shared_targets import check_one_writer, shared_groups
 
 MAXTEXT_ROOT = "params/params"
-# The config.json fields recipes read, by kind: Hugging Face's names, the same in every family.
-# Any other field a recipe's expressions read must be a finite number.
-COUNT_FIELDS = frozenset(
-    {
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "hidden_size",
-        "vocab_size",
-        "padded_vocab_size",
-        "num_local_experts",
-        "num_experts",
-        "n_routed_experts",
-        "interleave_moe_layer_step",
-    }
-)
-FLAG_FIELDS = frozenset(
-    {
-        "tie_word_embeddings",
-        "attention_bias",
-        "mlp_bias",
-        "use_sliding_window",
-        "norm_topk_prob",
-        "attention_k_eq_v",
-        "enable_moe_block",
-        "use_double_wide_mlp",
-    }
-)
-# layer lists: Qwen3-MoE's mlp_only_layers is a list of layer numbers ([] for none) or false
-LIST_FIELDS = frozenset({"mlp_only_layers"})
-MAX_COUNT = 1 << 62  # past any tensor's length (TensorStore's index limit)
 LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
 # The model code a table targets (its YAML's `target:`), and that target's layouts. A Tunix
 # table writes its per-layer paths with the layer in them (``layers/{layer}/attn/q_proj/w``),
@@ -160,110 +128,13 @@ class FamilyRecipe:
         return "MaxText" if self.target == "maxtext" else "Tunix"
 
     def config_names(self, config: dict[str, Any]) -> dict[str, Any]:
-        """The config's fields with the recipe's defaults filled in, checked against it.
-
-        Every field the recipe reads is checked for its kind first (a count is a whole
-        number of at least 1, a flag true or false, anything else a finite number), so a
-        wrong value is an error naming the field, not a failure deep in the arithmetic.
-        A multimodal model's config holds the language model's in a sub-config
-        (``text_config``), which is the one a recipe with a ``language_model`` entry reads.
-        """
-        if not isinstance(config, dict):
-            raise ConfigMismatchError(
-                f"Recipe {self.name!r} needs the model's config.json, a JSON object; got "
-                f"{type(config).__name__}."
-            )
-        names = self.language_model.text_config(config) if self.language_model else dict(config)
-        names.update(per_kind_fields(self.name, names, self.per_layer))
-        names.update(derived(names, self.fields, self.name))  # from per-layer lists
-        for field in self.require:  # first: another family's model is named as such
-            if field not in self.defaults:
-                self._check_required(field, names)
-        for field in sorted(self.fields):
-            if names.get(field) is None and field not in self.defaults:
-                if field in self.require:
-                    continue  # said below, with the values the recipe fits
-                if self._only_for_defaults_not_needed(field, names):
-                    continue
-                raise ConfigMismatchError(
-                    f"config.json has no {field!r}{' (it is null)' if field in names else ''}; "
-                    f"recipe {self.name!r} needs it. Pass the model's own config.json "
-                    f"(--config)."
-                )
-            if names.get(field) is not None and field not in self.require:
-                self._check_kind(field, names[field], "")
-        for field, default in self.defaults.items():
-            if names.get(field) is None:
-                names[field] = evaluate(default, names)
-                self._check_kind(field, names[field], f" (its default, {default})")
-        for field in self.require:
-            self._check_required(field, names)
-        for check in self.checks:
-            if not evaluate(check["test"], names):
-                field = check["field"]
-                raise ConfigMismatchError(
-                    f"config.json field {field!r} is {names.get(field)!r}: {check['message']} "
-                    f"(recipe {self.name!r}, which follows {self.follows})."
-                )
-        layers = names.get("num_hidden_layers")
-        for field, pattern in self.layer_patterns:
-            check_pattern(self.name, field, names.get(field), pattern, layers)
-        for field, expression in self.layer_sets:
-            check_set(self.name, field, names.get(field), expression, names)
-        return names
-
-    def _check_required(self, field: str, names: dict[str, Any]) -> None:
-        allowed = self.require[field]
-        if names.get(field) not in allowed:
-            raise ConfigMismatchError(
-                f"config.json field {field!r} is {names.get(field)!r:.80}; recipe "
-                f"{self.name!r} fits {', '.join(map(repr, allowed))}. Pick the recipe of this "
-                f"model's family (`suture recipes` lists them)."
-            )
-
-    def _only_for_defaults_not_needed(self, field: str, names: dict[str, Any]) -> bool:
-        """Whether `field` is read only by defaults whose own fields the config has."""
-        users = (self.default_inputs or {}).get(field)
-        return bool(users) and all(names.get(user) is not None for user in users)
-
-    def _check_kind(self, field: str, value: Any, how: str) -> None:
-        if field in FLAG_FIELDS:
-            wanted = "true or false"
-            fits = isinstance(value, bool)
-        elif field in LIST_FIELDS:
-            wanted = "a list of layer numbers, or false"
-            fits = value is False or (
-                isinstance(value, list)
-                and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-            )
-        elif field in COUNT_FIELDS:
-            wanted = "a whole number of at least 1"
-            fits = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-            if fits and value > MAX_COUNT:
-                wanted, fits = f"a whole number up to 2**{MAX_COUNT.bit_length() - 1}", False
-        else:
-            wanted = "a finite number"
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            # abs() first: math.isfinite() of a 400-digit int raises OverflowError
-            fits = number and abs(value) <= MAX_COUNT and math.isfinite(value)
-        if not fits:
-            raise ConfigMismatchError(
-                f"config.json field {field!r} is {_shown(value)}{how}; recipe {self.name!r} "
-                f"needs {wanted}. Fix the config.json (or pass the model's own with --config)."
-            )
+        """The config's fields with the recipe's defaults filled in, checked against it
+        (`_config_check`)."""
+        return config_names(self, config)
 
     def layer_counts(self, names: dict[str, Any]) -> dict[str, int]:
         """How many MaxText layers each layer group has, from the checked config."""
-        counts = {}
-        for group, spec in self.groups.items():
-            count = evaluate(spec.count, names)
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                raise ConfigMismatchError(
-                    f"Recipe {self.name!r}: the layer count {spec.count} is {count!r} with this "
-                    f"config ({_fields_shown(spec.count, names)}); it must be a whole number."
-                )
-            counts[group] = count
-        return counts
+        return layer_counts(self, names)
 
     # Hugging Face -> MaxText ---------------------------------------------------------------
 
@@ -914,17 +785,6 @@ def _ranges(numbers: set[int]) -> str:
 
 def _layers(count: int) -> str:
     return f"{count} layer{'' if count == 1 else 's'}"
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _fields_shown(expression: Any, names: dict[str, Any]) -> str:
-    return ", ".join(
-        f"{field}={_shown(names.get(field))}" for field in sorted(names_in(expression))
-    )
 
 
 def _hf_leaves(tree: Any) -> dict[str, Any]:
