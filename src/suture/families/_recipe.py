@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-import math
-import re
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +31,6 @@ from .._patterns import compile_pattern, fullmatch
 from .._yaml import parse as parse_yaml
 from ._config_check import config_names, layer_counts
 from ._config_check import fields_shown as _fields_shown
-from ._config_check import shown as _shown
 from ._describe import layer_kinds, operations_table
 from ._experts import (
     EXPERT_LAYOUTS,
@@ -46,11 +42,18 @@ from ._experts import (
     stacked_axes,
 )
 from ._expr import evaluate, names_in
+from ._layer_checks import (
+    check_hf_layers,
+    check_maxtext_layers,
+    check_none_left_out,
+    check_stack,
+    take,
+    unscanned,
+)
 from ._layout import (
     SCANNED,
     LayerLayout,
     Slot,
-    grid_fits,
     grid_members,
     parse_blocks,
     stack_grid,
@@ -66,7 +69,7 @@ from ._multimodal import (
 from ._ops import FitRows, RecipeFormatError
 from ._schema import checked_table
 from ._shared_sources import GivenBack
-from ._shared_targets import check_one_writer, shared_groups
+from ._shared_targets import check_one_writer
 
 MAXTEXT_ROOT = "params/params"
 LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
@@ -150,7 +153,7 @@ class FamilyRecipe:
         if self.language_model is not None and prefix is not None:
             hf = self.language_model.to_text(hf, prefix, self.name, self._label)
         layout = self._expert_layout(hf, names)
-        self._check_hf_layers(hf, names, layout)
+        check_hf_layers(self, hf, names, layout)
         used: set[str] = set()
         out: dict[str, Any] = {}
         for leaf in self._active(names):
@@ -246,7 +249,7 @@ class FamilyRecipe:
         if not self.scanned:
             by_hf = self.groups[leaf.group].unscanned_by_hf  # type: ignore[index]
             return [
-                Slot(_unscanned(leaf.maxtext, index if by_hf else i), (index,), ())
+                Slot(unscanned(leaf.maxtext, index if by_hf else i), (index,), ())
                 for i, index in enumerate(indices)
             ]
         if self.layout is None:
@@ -367,78 +370,6 @@ class FamilyRecipe:
             for i in range(self.layer_counts(names)[group])
         ]
 
-    def _check_hf_layers(
-        self, hf: dict[str, Any], names: dict[str, Any], layout: str | None = None
-    ) -> None:
-        """The layers the config names against those the HF checkpoint holds, before planning.
-
-        A count past the layers present fails before any index is listed, so a config naming
-        10**9 layers is an error at once, not a loop over them. An expert leaf is looked for
-        by its first expert, in the expert layout the checkpoint has (`layout`).
-        """
-        counts = self.layer_counts(names)
-        templates: dict[str, set[str]] = {}  # tensor name with {} for the layer -> its groups
-        for leaf in self._active(names):
-            if leaf.group is None or leaf.made is not None:
-                continue
-            if leaf.stacked:
-                sources = [name.replace(f"{{{leaf.group}}}", "{}") for name in leaf.stacked]
-            else:
-                expert = 0 if leaf.experts and leaf.fused_in(layout) is None else None
-                sources = [leaf.hf_name(layout, "{}", expert)]
-            for name in sources:
-                templates.setdefault(name, set()).add(leaf.group)
-        for template, groups in templates.items():
-            self._compare_layers(
-                groups,
-                names,
-                sum(counts[group] for group in groups),
-                template,
-                _indices(template, hf),
-                lambda groups=groups: {
-                    index for group in groups for index in self._layer_indices(group, names)
-                },
-            )
-
-    def _compare_layers(
-        self,
-        groups: set[str],
-        names: dict[str, Any],
-        wanted: int,
-        template: str,
-        found: set[int],
-        expected: Callable[[], set[int]],
-    ) -> None:
-        """Refuses a config whose layers are not those found; `expected` runs only once
-        `wanted` is known to be no more than the layers found, so it lists few."""
-        held = _layers_held(template, found)
-        if wanted > len(found):
-            problem = f"{_layers(wanted)}, and the checkpoint holds {held}"
-        else:
-            numbers = expected()
-            missing, extra = sorted(numbers - found), sorted(found - numbers)
-            if not missing and not extra:
-                return
-            problem = (
-                f"{_layers(wanted)} ({_ranges(numbers) or 'none'}), and the checkpoint holds "
-                f"{held}: "
-                + (
-                    f"layer {missing[0]} is missing"
-                    if missing
-                    else f"layer {extra[0]} would be lost"
-                )
-            )
-        raise ConfigMismatchError(
-            f"{self._count_fields(groups, names)}: {problem}. Pass the config.json of these "
-            f"weights (--config)."
-        )
-
-    def _count_fields(self, groups: set[str], names: dict[str, Any]) -> str:
-        """``config.json field 'num_hidden_layers' is 1000000000``: what sets a layer count."""
-        fields = sorted(set().union(*(names_in(self.groups[g].count) for g in groups)))
-        shown = ", ".join(f"{field!r} is {_shown(names.get(field))}" for field in fields)
-        return f"Recipe {self.name!r}: config.json field {shown}"
-
     def _check_all_used(self, hf: dict, used: set[str], names: dict) -> None:
         # the table's patterns, matched under a time bound: a user's may backtrack
         ignore = [compile_pattern(p, f"Recipe {self.name!r}: ignore pattern") for p in self.ignore]
@@ -515,22 +446,22 @@ class FamilyRecipe:
             flat = {_unwrapped(path): leaf for path, leaf in flat.items()}
         root = self._root
         prefix = root if root and any(p.startswith(root) for p in flat) else ""
-        self._check_maxtext_layers(flat, prefix, names)
-        self._check_none_left_out(flat, prefix, names)
+        check_maxtext_layers(self, flat, prefix, names)
+        check_none_left_out(self, flat, prefix, names)
         out = GivenBack(self.name, self._label)  # a source shared by leaves is given back once
         parts: dict[str, GivenBack] = {}  # fused tensor -> its parts, joined below
         fused_of: dict[str, FusedSource] = {}
         for leaf in self._active(names):
             if leaf.made is not None:  # nothing to write it to: checked, then dropped
                 if leaf.group is None:
-                    taken = _take(flat, prefix + leaf.maxtext, self._label)
+                    taken = take(flat, prefix + leaf.maxtext, self._label)
                     leaf.made.check(taken, leaf.maxtext, names, self.name)
                     continue
                 for path, _, layer in self._layers_back(leaf, flat, prefix, names):
                     leaf.made.check(layer, path, names, self.name)
                 continue
             if leaf.group is None:
-                taken = _take(flat, prefix + leaf.maxtext, self._label)
+                taken = take(flat, prefix + leaf.maxtext, self._label)
                 if leaf.routed:
                     self._check_experts(leaf, taken, names, f"{self._label} leaf {leaf.maxtext!r}")
                 out.give_all(self._unstacked(leaf, None, taken, names), leaf.maxtext)
@@ -586,14 +517,14 @@ class FamilyRecipe:
         """(target path, HF layer, that layer's array) of every layer of a per-layer leaf."""
         out = []
         for slot in self._slots(leaf, names):
-            array = _take(flat, prefix + slot.path, self._label)
+            array = take(flat, prefix + slot.path, self._label)
             if len(slot.grid) == 1:
                 said = f"config.json gives {_fields_shown(self.groups[leaf.group].count, names)}"  # type: ignore[index]
                 named = f"{self._label} leaf {slot.path!r}"
                 check_count(array, leaf.layer_axis, slot.grid[0], "layers", named, said)
             elif slot.grid:
-                self._check_stack(
-                    leaf, flat, prefix + slot.path, slot.grid, len(slot.indices), names
+                check_stack(
+                    self, leaf, flat, prefix + slot.path, slot.grid, len(slot.indices), names
                 )
             members = grid_members(array, slot.grid, leaf.layer_axis) if slot.grid else [array]
             out += [
@@ -617,107 +548,6 @@ class FamilyRecipe:
             )
         return [(name, self._restored(leaf, array[j], names)) for j, name in enumerate(sources)]
 
-    def _check_maxtext_layers(self, flat: dict[str, Any], prefix: str, names: dict) -> None:
-        """The layers the config names against those the target tree holds, before planning.
-
-        As for the HF side, a count past the layers present fails before any is listed.
-        """
-        counts = self.layer_counts(names)
-        sharing = shared_groups(self._active(names))  # one path, a leaf per layer kind
-        for leaf in self._active(names):  # Tunix's paths name their group: layers/{global}/...
-            if leaf.group is not None and not self.scanned:
-                template = prefix + _unscanned(leaf.maxtext, "{}")
-                sharing.setdefault(template, set()).add(leaf.group)
-        compared: set[str] = set()
-        for leaf in self._active(names):
-            if leaf.group is None:
-                continue
-            group, wanted = leaf.group, counts[leaf.group]
-            if not self.scanned:
-                template = prefix + _unscanned(leaf.maxtext, "{}")
-                if template in compared:
-                    continue
-                compared.add(template)
-                groups = sharing[leaf.maxtext] | sharing[template]
-                self._compare_layers(
-                    groups,
-                    names,
-                    sum(counts[g] for g in groups),
-                    template,
-                    _indices(template, flat),
-                    lambda groups=groups: {
-                        index if self.groups[g].unscanned_by_hf else i
-                        for g in groups
-                        for i, index in enumerate(self._layer_indices(g, names))
-                    },
-                )
-                continue
-            if self.layout is None:
-                self._check_stack(leaf, flat, prefix + leaf.maxtext, (wanted,), wanted, names)
-                continue
-            held = self.layout.held(leaf.maxtext, flat, prefix, leaf.layer_axis, names)
-            if wanted > held:
-                raise ConfigMismatchError(
-                    f"{self._count_fields({group}, names)}: {_layers(wanted)}, and "
-                    f"{self._label} leaf {leaf.maxtext!r} holds {held} in the places of its "
-                    f"{self.layout.describe()} and its remainder. Pass the config.json of this "
-                    f"model (--config)."
-                )
-            for slot in self._slots(leaf, names):
-                if slot.grid:
-                    self._check_stack(leaf, flat, prefix + slot.path, slot.grid, wanted, names)
-                else:
-                    _take(flat, prefix + slot.path, self._label)
-
-    def _check_none_left_out(self, flat: dict[str, Any], prefix: str, names: dict) -> None:
-        """Refuses a config whose ``when:`` leaves out a leaf the target tree holds (a tied
-        output layer, by tie_word_embeddings true): converting would drop it silently."""
-        active = self._active(names)
-        taken = {path for leaf in active for path in self._paths(leaf, names)}
-        for leaf in self.leaves:
-            if leaf in active:
-                continue
-            held = [p for p in self._paths(leaf, names) if p not in taken and prefix + p in flat]
-            if held:
-                raise ConfigMismatchError(
-                    f"{self._label} leaf {held[0]!r} is in the checkpoint, and recipe "
-                    f"{self.name!r} leaves it out with this config (when: {leaf.when}; "
-                    f"{_fields_shown(leaf.when, names)}): converting would lose it. Pass the "
-                    f"config.json it was converted from (--config)."
-                )
-
-    def _paths(self, leaf: Leaf, names: dict[str, Any]) -> list[str]:
-        if leaf.group is None:
-            return [leaf.maxtext]
-        return [slot.path for slot in self._slots(leaf, names)]
-
-    def _check_stack(
-        self, leaf: Leaf, flat: dict, path: str, grid: tuple[int, ...], wanted: int, names: dict
-    ) -> None:
-        """The layer axes of the stacked leaf at `path` hold `grid` (of the group's `wanted`):
-        (layers,) on the layer axis, or (blocks, positions) from it on."""
-        stacked = _take(flat, path, self._label)
-        axis = leaf.layer_axis
-        if not grid_fits(stacked, grid, axis):
-            layers = math.prod(grid)
-            end = axis + len(grid)
-            held = (
-                "no"
-                if stacked.ndim < end
-                else " x ".join(map(str, stacked.shape[axis:end]))
-                if len(grid) > 1
-                else stacked.shape[axis]
-            )
-            shown = f"{' x '.join(map(str, grid))} = {layers}" if len(grid) > 1 else layers
-            part = f", {shown} of them in {path!r}" if layers != wanted or len(grid) > 1 else ""
-            where = f"axis {axis}" if len(grid) == 1 else f"axes {axis}-{end - 1}"
-            raise ConfigMismatchError(
-                f"{self._count_fields({leaf.group}, names)}: {_layers(wanted)}{part}, and "  # type: ignore[arg-type]
-                f"{self._label} leaf {path.removeprefix(self._root)!r} holds {held} (shape "
-                f"{stacked.shape}, layers on {where}). Pass the config.json of this model "
-                f"(--config)."
-            )
-
     def _restored(self, leaf: Leaf, array: LazyArray, names: dict) -> LazyArray:
         for operation in reversed(leaf.operations):
             array = operation.backward(array, names)
@@ -727,64 +557,9 @@ class FamilyRecipe:
         return [leaf for leaf in self.leaves if leaf.when is None or evaluate(leaf.when, names)]
 
 
-def _unscanned(maxtext_path: str, index: int | str) -> str:
-    """``decoder/layers/x`` -> ``decoder/layers_3/x`` (and ``moe_layers`` -> ``moe_layers_3``);
-    a Tunix path names its layer (``layers/{layer}/x`` -> ``layers/3/x``)."""
-    if "{" in maxtext_path:
-        return re.sub(r"\{\w+\}", str(index), maxtext_path, count=1)
-    return re.sub(r"^decoder/(\w*layers)/", rf"decoder/\g<1>_{index}/", maxtext_path, count=1)
-
-
 def _unwrapped(path: str) -> str:
     """``layers/0/attn/q_proj/w`` of ``.../w/value`` (an ``nnx.Variable`` saved by Orbax)."""
     return path.removesuffix("/value")
-
-
-def _take(flat: dict[str, Any], path: str, label: str = "MaxText") -> LazyArray:
-    if path not in flat:
-        raise ConfigMismatchError(
-            f"The {label} checkpoint has no leaf {path!r}.{did_you_mean(path, flat)} Is it a "
-            f"checkpoint of this family{' and layout (scanned or not)' if label == 'MaxText' else ''}?"
-        )
-    return as_lazy(flat[path], path=path)
-
-
-_INDEX = re.compile(r"0|[1-9][0-9]*")
-
-
-def _indices(template: str, names: Any) -> set[int]:
-    """The layer numbers of the names that fit `template` (a name with ``{}`` for the number)."""
-    before, after = template.split("{}", 1)
-    found = set()
-    for name in names:
-        if name.startswith(before) and name.endswith(after) and len(name) > len(template) - 2:
-            number = name[len(before) : len(name) - len(after)]
-            if _INDEX.fullmatch(number):
-                found.add(int(number))
-    return found
-
-
-def _layers_held(template: str, found: set[int]) -> str:
-    """``2 ('model.layers.N.mlp.down_proj.weight' for N = 0-1)``, for messages."""
-    if not found:
-        return f"none ({template.replace('{}', 'N')!r} for no layer N)"
-    return f"{len(found)} ({template.replace('{}', 'N')!r} for N = {_ranges(found)})"
-
-
-def _ranges(numbers: set[int]) -> str:
-    """``0-3, 5`` for {0, 1, 2, 3, 5}; long lists are cut."""
-    runs: list[list[int]] = []
-    for number in sorted(numbers):
-        if runs and number == runs[-1][1] + 1:
-            runs[-1][1] = number
-        else:
-            runs.append([number, number])
-    shown = [f"{a}-{b}" if b > a else str(a) for a, b in runs[:8]]
-    return ", ".join(shown) + (" ..." if len(runs) > 8 else "")
-
-
-def _layers(count: int) -> str:
-    return f"{count} layer{'' if count == 1 else 's'}"
 
 
 def _hf_leaves(tree: Any) -> dict[str, Any]:
