@@ -24,7 +24,6 @@ from typing import Any
 
 from .._errors import ConfigMismatchError, RecipeError, did_you_mean
 from .._lazy.array import LazyArray, as_lazy
-from .._lazy.combine import concatenate
 from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
 from .._patterns import compile_pattern, fullmatch
@@ -33,28 +32,21 @@ from ._config_check import config_names, layer_counts
 from ._config_check import fields_shown as _fields_shown
 from ._describe import layer_kinds, operations_table
 from ._experts import (
-    EXPERT_LAYOUTS,
     FUSED,
     PER_EXPERT,
     FusedSource,
     check_count,
-    member,
     stacked_axes,
 )
 from ._expr import evaluate, names_in
 from ._layer_checks import (
     check_hf_layers,
-    check_maxtext_layers,
-    check_none_left_out,
-    check_stack,
-    take,
     unscanned,
 )
 from ._layout import (
     SCANNED,
     LayerLayout,
     Slot,
-    grid_members,
     parse_blocks,
     stack_grid,
 )
@@ -67,8 +59,8 @@ from ._multimodal import (
     renamed,
 )
 from ._ops import FitRows, RecipeFormatError
+from ._reverse import hf_tensors, restore_cut_rows
 from ._schema import checked_table
-from ._shared_sources import GivenBack
 from ._shared_targets import check_one_writer
 
 MAXTEXT_ROOT = "params/params"
@@ -407,159 +399,20 @@ class FamilyRecipe:
             prefix = None
         elif prefix is None and language_model.is_multimodal(config):
             prefix = language_model.prefixes[0]
-        out = self._to_hf(tree, config, layout)
+        out = hf_tensors(self, tree, config, layout)
         if language_model is not None and prefix is not None:
             out = language_model.from_text(out, prefix)
         if like is not None:
             original = _hf_leaves(like)
-            self._restore_cut_rows(original, out, self.config_names(config), prefix)
+            restore_cut_rows(self, original, out, self.config_names(config), prefix)
             if language_model is not None and prefix is not None:
                 language_model.restore_left_out(
                     {name: as_lazy(value, path=name) for name, value in original.items()}, out
                 )
         return out
 
-    def _restore_cut_rows(
-        self, original: dict[str, Any], out: dict[str, Any], names: dict, prefix: str | None
-    ) -> None:
-        """Rows a ``fit_rows`` cut, taken back from the `original` HF tensors."""
-        for leaf in self._active(names):
-            cuts = [op.cut(names) for op in leaf.operations if isinstance(op, FitRows)]
-            name = renamed(leaf.hf, "model.", prefix) if prefix else leaf.hf
-            if leaf.group is not None or not cuts or name not in original or name not in out:
-                continue
-            kept, rows = cuts[0]
-            source = as_lazy(original[name], path=name)
-            if kept < rows and source.shape == out[name].shape:
-                restored = concatenate([out[name][:kept], source[kept:].astype(out[name].dtype)])
-                out[name] = restored
-
-    def _to_hf(self, tree: Any, config: dict[str, Any], layout: str | None) -> dict[str, Any]:
-        names = self.config_names(config)
-        if layout is not None and layout not in EXPERT_LAYOUTS:
-            raise ConfigMismatchError(
-                f"Expert layout {layout!r} is not one of {', '.join(EXPERT_LAYOUTS)}."
-            )
-        layout = layout or PER_EXPERT
-        flat = flatten(tree)
-        if self.target != "maxtext":  # nnx.state saved with Orbax spells each leaf .../value
-            flat = {_unwrapped(path): leaf for path, leaf in flat.items()}
-        root = self._root
-        prefix = root if root and any(p.startswith(root) for p in flat) else ""
-        check_maxtext_layers(self, flat, prefix, names)
-        check_none_left_out(self, flat, prefix, names)
-        out = GivenBack(self.name, self._label)  # a source shared by leaves is given back once
-        parts: dict[str, GivenBack] = {}  # fused tensor -> its parts, joined below
-        fused_of: dict[str, FusedSource] = {}
-        for leaf in self._active(names):
-            if leaf.made is not None:  # nothing to write it to: checked, then dropped
-                if leaf.group is None:
-                    taken = take(flat, prefix + leaf.maxtext, self._label)
-                    leaf.made.check(taken, leaf.maxtext, names, self.name)
-                    continue
-                for path, _, layer in self._layers_back(leaf, flat, prefix, names):
-                    leaf.made.check(layer, path, names, self.name)
-                continue
-            if leaf.group is None:
-                taken = take(flat, prefix + leaf.maxtext, self._label)
-                if leaf.routed:
-                    self._check_experts(leaf, taken, names, f"{self._label} leaf {leaf.maxtext!r}")
-                out.give_all(self._unstacked(leaf, None, taken, names), leaf.maxtext)
-                continue
-            for path, index, layer in self._layers_back(leaf, flat, prefix, names):
-                if leaf.stacked:
-                    out.give_all(self._unstacked(leaf, index, layer, names), path)
-                    continue
-                if leaf.routed:
-                    self._check_experts(leaf, layer, names, f"{self._label} leaf {path!r}")
-                if not leaf.experts:
-                    tensor = self._restored(leaf, layer, names)
-                    fused = leaf.fused_in(layout)
-                    if fused is not None:
-                        name = leaf.hf_name(FUSED, index)
-                        self._part_of(parts, name).give(fused.part, tensor, path)
-                        fused_of[name] = fused
-                    else:
-                        out.give(leaf.hf_name(PER_EXPERT, index), tensor, path)
-                    continue
-                axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
-                count = self.expert_count(names)
-                self._check_experts(leaf, layer, names, f"{self._label} leaf {path!r}")
-                experts = [
-                    self._restored(leaf, member(layer, {axis: e}), names) for e in range(count)
-                ]
-                if layout == FUSED and leaf.fused is not None:
-                    name = leaf.hf_name(FUSED, index)
-                    stacked = stack_arrays(experts, axis=0)
-                    self._part_of(parts, name).give(leaf.fused.part, stacked, path)
-                    fused_of[name] = leaf.fused
-                else:
-                    for e, tensor in enumerate(experts):
-                        out.give(leaf.hf_name(PER_EXPERT, index, e), tensor, path)
-        for name, pieces in parts.items():
-            fused = fused_of[name]
-            if sorted(pieces) != list(range(fused.parts)):
-                raise RecipeFormatError(
-                    f"Recipe {self.name!r} fills parts {sorted(pieces)} of fused tensor "
-                    f"{name!r}, which has {fused.parts}."
-                )
-            joined = fused.join([pieces[k] for k in range(fused.parts)])
-            out.give(name, joined, " + ".join(pieces.sharers(k)[0] for k in range(fused.parts)))
-        return dict(out)
-
-    def _part_of(self, parts: dict[str, GivenBack], name: str) -> GivenBack:
-        what = f"part {{}} of fused Hugging Face tensor {name!r}"
-        return parts.setdefault(name, GivenBack(self.name, self._label, what))
-
-    def _layers_back(
-        self, leaf: Leaf, flat: dict, prefix: str, names: dict
-    ) -> list[tuple[str, int, LazyArray]]:
-        """(target path, HF layer, that layer's array) of every layer of a per-layer leaf."""
-        out = []
-        for slot in self._slots(leaf, names):
-            array = take(flat, prefix + slot.path, self._label)
-            if len(slot.grid) == 1:
-                said = f"config.json gives {_fields_shown(self.groups[leaf.group].count, names)}"  # type: ignore[index]
-                named = f"{self._label} leaf {slot.path!r}"
-                check_count(array, leaf.layer_axis, slot.grid[0], "layers", named, said)
-            elif slot.grid:
-                check_stack(
-                    self, leaf, flat, prefix + slot.path, slot.grid, len(slot.indices), names
-                )
-            members = grid_members(array, slot.grid, leaf.layer_axis) if slot.grid else [array]
-            out += [
-                (slot.path, index, layer)
-                for index, layer in zip(slot.indices, members, strict=True)
-            ]
-        return out
-
-    def _unstacked(self, leaf: Leaf, index: int | None, array: Any, names: dict) -> list:
-        """(HF name, tensor) of one target leaf (of layer `index`), its stack taken apart."""
-        sources = leaf.sources(index)
-        if leaf.interleave is not None:
-            restored = self._restored(leaf, array, names)
-            return list(zip(sources, leaf.interleave.split(restored, names, sources), strict=True))
-        if not leaf.stacked:
-            return [(sources[0], self._restored(leaf, array, names))]
-        if array.ndim < 1 or array.shape[0] != len(sources):
-            raise ConfigMismatchError(
-                f"{self._label} leaf {leaf.maxtext!r} stacks {len(sources)} tensors "
-                f"({', '.join(sources)}) on its first axis; found shape {array.shape}."
-            )
-        return [(name, self._restored(leaf, array[j], names)) for j, name in enumerate(sources)]
-
-    def _restored(self, leaf: Leaf, array: LazyArray, names: dict) -> LazyArray:
-        for operation in reversed(leaf.operations):
-            array = operation.backward(array, names)
-        return array
-
     def _active(self, names: dict[str, Any]) -> list[Leaf]:
         return [leaf for leaf in self.leaves if leaf.when is None or evaluate(leaf.when, names)]
-
-
-def _unwrapped(path: str) -> str:
-    """``layers/0/attn/q_proj/w`` of ``.../w/value`` (an ``nnx.Variable`` saved by Orbax)."""
-    return path.removesuffix("/value")
 
 
 def _hf_leaves(tree: Any) -> dict[str, Any]:
