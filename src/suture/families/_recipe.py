@@ -29,11 +29,9 @@ from .._paths import flatten, unflatten
 from .._patterns import compile_pattern, fullmatch
 from .._yaml import parse as parse_yaml
 from ._config_check import config_names, layer_counts
-from ._config_check import fields_shown as _fields_shown
 from ._describe import layer_kinds, operations_table
+from ._expert_layout import check_experts, expert_count, experts_said, find_expert_layout
 from ._experts import (
-    FUSED,
-    PER_EXPERT,
     FusedSource,
     check_count,
     stacked_axes,
@@ -58,7 +56,7 @@ from ._multimodal import (
     parse_language_model,
     renamed,
 )
-from ._ops import FitRows, RecipeFormatError
+from ._ops import FitRows
 from ._reverse import hf_tensors, restore_cut_rows
 from ._schema import checked_table
 from ._shared_targets import check_one_writer
@@ -144,7 +142,7 @@ class FamilyRecipe:
         prefix = self._prefix(hf)
         if self.language_model is not None and prefix is not None:
             hf = self.language_model.to_text(hf, prefix, self.name, self._label)
-        layout = self._expert_layout(hf, names)
+        layout = find_expert_layout(self, hf, names)
         check_hf_layers(self, hf, names, layout)
         used: set[str] = set()
         out: dict[str, Any] = {}
@@ -210,7 +208,8 @@ class FamilyRecipe:
         array = self._converted(leaf, layout, index, None, hf, names, used)
         if leaf.routed:
             name = leaf.hf_name(layout, index)
-            self._check_experts(
+            check_experts(
+                self,
                 leaf,
                 array,
                 names,
@@ -218,17 +217,6 @@ class FamilyRecipe:
                 f"leaf {leaf.maxtext!r},",
             )
         return array
-
-    def _check_experts(self, leaf: Leaf, array: LazyArray, names: dict, named: str) -> None:
-        """One layer's `array` of `leaf` holds the config's count of experts on its axis."""
-        axis = leaf.expert_axis
-        if leaf.group is not None:
-            axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
-        check_count(array, axis, self.expert_count(names), "experts", named, self._said(names))
-
-    def _said(self, names: dict[str, Any]) -> str:
-        """``config.json gives num_local_experts=2``: where the count of experts comes from."""
-        return f"config.json gives {_fields_shown(self.experts, names)}"
 
     def _slots(self, leaf: Leaf, names: dict[str, Any]) -> list[Slot]:
         """The target paths of a per-layer leaf in this layout, each with its HF layers.
@@ -288,7 +276,7 @@ class FamilyRecipe:
         if fused is not None:
             if expert is not None:  # the fused tensor's axis 0 holds every expert
                 named, count = f"Hugging Face tensor {name!r}", self.expert_count(names)
-                check_count(array, 0, count, "experts", named, self._said(names))
+                check_count(array, 0, count, "experts", named, experts_said(self, names))
             array = fused.take(array, expert)
         return self._applied(leaf, array, names) if operations else array
 
@@ -320,9 +308,7 @@ class FamilyRecipe:
         return self.language_model.prefix(hf) if self.language_model else None
 
     def expert_count(self, names: dict[str, Any]) -> int:
-        if self.experts is None:
-            raise RecipeFormatError(f"Recipe {self.name!r} uses {{expert}} but sets no 'experts'.")
-        return int(evaluate(self.experts, names))
+        return expert_count(self, names)
 
     def expert_layout(self, tree: Any, config: dict[str, Any]) -> str | None:
         """How the HF tree stores experts: ``"per-expert"``, ``"fused"``, or None (no MoE)."""
@@ -330,30 +316,7 @@ class FamilyRecipe:
         prefix = self._prefix(hf)
         if prefix is not None:  # a multimodal folder: its language model under the table's names
             hf = {renamed(name, prefix, TEXT_PREFIX): leaf for name, leaf in hf.items()}
-        return self._expert_layout(hf, self.config_names(config))
-
-    def _expert_layout(self, hf: dict[str, Any], names: dict[str, Any]) -> str | None:
-        leaf = next(
-            (leaf for leaf in self._active(names) if leaf.experts and leaf.group is not None),
-            None,
-        )
-        if leaf is None:
-            return None
-        group = leaf.group
-        if not self.layer_counts(names)[group]:  # type: ignore[index]
-            return PER_EXPERT
-        first = int(evaluate(self.groups[group].hf_index, {**names, "i": 0}))  # type: ignore[index]
-        per_expert = leaf.hf_name(PER_EXPERT, first, 0)
-        if per_expert in hf or leaf.fused is None:
-            return PER_EXPERT
-        fused = leaf.hf_name(FUSED, first)
-        if fused in hf:
-            return FUSED
-        raise ConfigMismatchError(
-            f"Recipe {self.name!r} finds the experts of layer {first} neither as "
-            f"{per_expert!r} (one tensor per expert) nor as {fused!r} (transformers' fused "
-            f"layout).{did_you_mean(per_expert, hf)} Is this a {self.family} checkpoint?"
-        )
+        return find_expert_layout(self, hf, self.config_names(config))
 
     def _layer_indices(self, group: str, names: dict[str, Any]) -> list[int]:
         spec = self.groups[group]

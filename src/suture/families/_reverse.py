@@ -21,6 +21,7 @@ from .._lazy.combine import concatenate
 from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten
 from ._config_check import fields_shown as _fields_shown
+from ._expert_layout import check_experts
 from ._experts import (
     EXPERT_LAYOUTS,
     FUSED,
@@ -70,7 +71,7 @@ def hf_tensors(
         if leaf.group is None:
             taken = take(flat, prefix + leaf.maxtext, recipe._label)
             if leaf.routed:
-                recipe._check_experts(leaf, taken, names, f"{recipe._label} leaf {leaf.maxtext!r}")
+                check_experts(recipe, leaf, taken, names, f"{recipe._label} leaf {leaf.maxtext!r}")
             out.give_all(_unstacked(recipe, leaf, None, taken, names), leaf.maxtext)
             continue
         for path, index, layer in _layers_back(recipe, leaf, flat, prefix, names):
@@ -78,7 +79,7 @@ def hf_tensors(
                 out.give_all(_unstacked(recipe, leaf, index, layer, names), path)
                 continue
             if leaf.routed:
-                recipe._check_experts(leaf, layer, names, f"{recipe._label} leaf {path!r}")
+                check_experts(recipe, leaf, layer, names, f"{recipe._label} leaf {path!r}")
             if not leaf.experts:
                 tensor = _restored(recipe, leaf, layer, names)
                 fused = leaf.fused_in(layout)
@@ -91,7 +92,7 @@ def hf_tensors(
                 continue
             axis, _ = stacked_axes(leaf.expert_axis, leaf.layer_axis)
             count = recipe.expert_count(names)
-            recipe._check_experts(leaf, layer, names, f"{recipe._label} leaf {path!r}")
+            check_experts(recipe, leaf, layer, names, f"{recipe._label} leaf {path!r}")
             experts = [
                 _restored(recipe, leaf, member(layer, {axis: e}), names) for e in range(count)
             ]
