@@ -15,7 +15,8 @@ from .._errors import RecipeError, SurgeryError
 from .._surgery.recipes import read_limited
 from .._yaml import MAX_YAML_BYTES
 from .._yaml import parse as parse_yaml
-from ._recipe import LAYOUTS, FamilyRecipe, _parse, get_recipe, is_recipe_name
+from ._recipe import FamilyRecipe
+from ._tables import LAYOUTS, _parse, get_recipe, is_recipe_name
 
 TABLE_SUFFIXES = (".yaml", ".yml")
 
