@@ -183,3 +183,75 @@ def test_an_http_error_says_nothing_of_credentials(http, tmp_path: Path) -> None
     with pytest.raises(suture.SurgeryError) as failed:
         suture.open(url.replace("m.safetensors", "absent.safetensors"))
     assert "credential" not in str(failed.value)
+
+
+# --- items 3 and 4: the Hub cache when the Hub cannot be reached; ORG/NAME@REV ---------
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+TAGGED = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+@pytest.fixture
+def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache holding ``org/model`` at `COMMIT` (``main``) and `TAGGED` (tag ``v1``), the
+    Hub at a name that does not resolve, and HF_HUB_OFFLINE unset."""
+    root = tmp_path / "hf-cache"
+    for commit, value, ref in ((COMMIT, 1.0, "main"), (TAGGED, 2.0, "v1")):
+        snapshot = root / "models--org--model" / "snapshots" / commit
+        snapshot.mkdir(parents=True)
+        save_file({"w": np.full(3, value, np.float32)}, str(snapshot / "model.safetensors"))
+        (root / "models--org--model" / "refs").mkdir(exist_ok=True)
+        (root / "models--org--model" / "refs" / ref).write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    monkeypatch.setenv("HF_ENDPOINT", "http://nowhere.invalid")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.chdir(tmp_path)  # `org/model` is no local path here
+    return root
+
+
+def test_hf_url_without_network_reads_the_cached_snapshot_with_one_warning(hf_cache) -> None:
+    pytest.importorskip("huggingface_hub")
+    with pytest.warns(suture.SutureWarning) as warned:
+        ckpt = suture.open("hf://org/model")
+        again = suture.open("hf://org/model/model.safetensors")  # no second warning
+    assert len(warned) == 1
+    assert str(warned[0].message) == (
+        "http://nowhere.invalid cannot be reached (ConnectError: [Errno -2] Name or service "
+        "not known): reading 'hf://org/model@main' from the local Hugging Face cache, at "
+        f"commit {COMMIT}, as huggingface_hub does offline. Set HF_HUB_OFFLINE=1 to read the "
+        "cache without asking the Hub."
+    )
+    np.testing.assert_array_equal(ckpt["w"].read(), np.ones(3, np.float32))
+    np.testing.assert_array_equal(again["w"].read(), np.ones(3, np.float32))
+    with pytest.warns(suture.SutureWarning, match=f"at commit {TAGGED}"):
+        tagged = suture.open("hf://org/model@v1")
+    np.testing.assert_array_equal(tagged["w"].read(), np.full(3, 2.0, np.float32))
+
+
+def test_hf_url_without_network_and_not_cached_is_still_an_error(hf_cache) -> None:
+    pytest.importorskip("huggingface_hub")
+    with pytest.raises(suture.SurgeryError, match="Cannot read 'hf://org/other'"):
+        suture.open("hf://org/other")["w"].read()
+
+
+def test_a_bare_cached_id_takes_a_revision(hf_cache) -> None:
+    np.testing.assert_array_equal(suture.open("org/model@v1")["w"].read(), np.full(3, 2.0))
+    np.testing.assert_array_equal(suture.open(f"org/model@{COMMIT}")["w"].read(), np.ones(3))
+    with pytest.raises(suture.CheckpointNotFoundError) as missing:
+        suture.open("org/model@v2")
+    assert str(missing.value) == (
+        f"No such file or folder: 'org/model@v2', and no Hugging Face model of that id at "
+        f"revision 'v2' in the cache {str(hf_cache)!r} (looked for "
+        f"{str(hf_cache / 'models--org--model')!r}). Check the path; for a model on the Hub, "
+        f"download it first (`hf download org/model --revision v2`), read it as "
+        f"'hf://org/model@v2', or set HF_HUB_CACHE to the cache that holds it."
+    )
+
+
+def test_offline_hint_for_a_missing_revision_names_it(hf_cache, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(
+        suture.CheckpointNotFoundError, match=r"`hf download org/model --revision v2`"
+    ):
+        suture.open("hf://org/model@v2")
