@@ -255,3 +255,107 @@ def test_offline_hint_for_a_missing_revision_names_it(hf_cache, monkeypatch) -> 
         suture.CheckpointNotFoundError, match=r"`hf download org/model --revision v2`"
     ):
         suture.open("hf://org/model@v2")
+
+
+# --- items 6 and 7: a typo in a user's table blames the table --------------------------
+
+GPT2_TABLE = (
+    """\
+names: [my_gpt2]
+description: GPT-2 for a test.
+follows: nothing
+config:
+  require:
+    model_type: [gpt2]
+  defaults:
+    num_hidden_layers: n_layer
+    num_attention_heads: n_head
+ignore:
+  - transformer\\.h\\.\\d+\\.attn\\.bias
+leaves:
+  - {maxtext: token_embedder/embedding, hf: transformer.wte.weight}
+  - {maxtext: position_embedder/embedding, hf: transformer.wpe.weight}
+  - {maxtext: decoder/ln_f/scale, hf: transformer.ln_f.weight}
+  - {maxtext: decoder/ln_f/bias, hf: transformer.ln_f.bias}
+"""
+    + "".join(
+        f'  - {{maxtext: decoder/layers/{path}, hf: "transformer.h.{{layer}}.{name}"}}\n'
+        for path, name in [
+            ("ln_1/scale", "ln_1.weight"),
+            ("ln_1/bias", "ln_1.bias"),
+            ("attn/c_attn/kernel", "attn.c_attn.weight"),
+            ("attn/c_attn/bias", "attn.c_attn.bias"),
+            ("attn/c_proj/bias", "attn.c_proj.bias"),
+            ("ln_2/scale", "ln_2.weight"),
+            ("ln_2/bias", "ln_2.bias"),
+            ("mlp/c_fc/kernel", "mlp.c_fc.weight"),
+            ("mlp/c_fc/bias", "mlp.c_fc.bias"),
+            ("mlp/c_proj/kernel", "mlp.c_proj.weight"),
+            ("mlp/c_proj/bias", "mlp.c_proj.bias"),
+        ]
+    )
+    + """\
+  - maxtext: decoder/layers/attn/c_proj/kernel
+    hf: transformer.h.{layer}.attn.c_proj.weight
+    ops:
+      - split_axis: {axis: 0, sizes: [num_attention_heads, n_embd // num_attention_heads]}
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory) -> Path:
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    root = tmp_path_factory.mktemp("gpt2")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=3,
+        n_head=2,
+        n_embd=16,
+        vocab_size=32,
+        n_positions=16,
+        eos_token_id=0,
+        bos_token_id=0,
+    )
+    transformers.GPT2LMHeadModel(config).save_pretrained(root / "hf")
+    return root
+
+
+def _convert_with(gpt2: Path, tmp_path: Path, table: str) -> str:
+    file = tmp_path / "gpt2.yaml"
+    file.write_text(table)
+    with pytest.raises(suture.SurgeryError) as failed:
+        suture.convert(gpt2 / "hf", tmp_path / "out", recipe=str(file), progress=False)
+    assert not (tmp_path / "out").exists()
+    return str(failed.value).replace(str(file), "TABLE")
+
+
+def test_the_table_converts_as_written(gpt2: Path, tmp_path: Path) -> None:
+    (tmp_path / "gpt2.yaml").write_text(GPT2_TABLE)
+    suture.convert(
+        gpt2 / "hf", tmp_path / "out", recipe=str(tmp_path / "gpt2.yaml"), progress=False
+    )
+    assert (tmp_path / "out").is_dir()
+
+
+def test_a_typo_in_an_hf_name_names_the_leaf_and_the_closest_tensors(gpt2, tmp_path) -> None:
+    table = GPT2_TABLE.replace("attn.c_attn.weight", "attn.c_atn.weight")
+    assert _convert_with(gpt2, tmp_path, table) == (
+        "Recipe 'my_gpt2:maxtext' (table leaf 'decoder/layers/attn/c_attn/kernel', TABLE line "
+        "19): no tensor of the checkpoint matches the leaf's hf: name "
+        "'transformer.h.{layer}.attn.c_atn.weight', for any layer. Closest tensor names in the "
+        "checkpoint: 'transformer.h.{layer}.attn.c_attn.weight', "
+        "'transformer.h.{layer}.attn.c_proj.weight', 'transformer.h.{layer}.attn.c_attn.bias'. "
+        "Check the hf: name in the table."
+    )
+
+
+def test_a_typo_in_an_expression_names_the_leaf_line_and_closest_field(gpt2, tmp_path) -> None:
+    table = GPT2_TABLE.replace("n_embd // num_attention_heads", "n_embd // num_attention_head")
+    assert _convert_with(gpt2, tmp_path, table) == (
+        "Recipe 'my_gpt2:maxtext' (table leaf 'decoder/layers/attn/c_proj/kernel', TABLE line "
+        "31) reads the config field 'num_attention_head', which config.json does not have. "
+        "Did you mean 'num_attention_heads'? Fix the table's expression, or pass the model's "
+        "own config.json (--config)."
+    )

@@ -48,6 +48,7 @@ from ._layout import LayerLayout, Slot, grid_fits, grid_members, parse_blocks, s
 from ._multimodal import LanguageModel, LeftOutWarning, parse_language_model, renamed
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 from ._schema import checked_table
+from ._table_errors import no_tensor_matches, unknown_field
 
 MAXTEXT_ROOT = "params/params"
 # The config.json fields recipes read, by kind: Hugging Face's names, the same in every family.
@@ -155,6 +156,7 @@ class FamilyRecipe:
     # per field (Gemma 3's layer_types), or an expression of i per list of layers
     layer_patterns: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     layer_sets: tuple[tuple[str, str], ...] = ()
+    table_file: str = ""  # a user's table file: its errors name its leaves and lines
 
     @property
     def name(self) -> str:
@@ -207,6 +209,9 @@ class FamilyRecipe:
                     continue  # said below, with the values the recipe fits
                 if self._only_for_defaults_not_needed(field, names):
                     continue
+                if self.table_file and field not in names:  # a typo in the table, perhaps
+                    known = [*names, *self.defaults]
+                    raise unknown_field(self.name, self.table_file, self.leaves, field, known)
                 raise ConfigMismatchError(
                     f"config.json has no {field!r}{' (it is null)' if field in names else ''}; "
                     f"recipe {self.name!r} needs it. Pass the model's own config.json "
@@ -516,6 +521,8 @@ class FamilyRecipe:
                 sources = [leaf.hf_name(layout, "{}", expert)]
             for name in sources:
                 templates.setdefault(name, set()).add(leaf.group)
+                if self.table_file and not _indices(name, hf):  # a typo in the table's hf:
+                    raise no_tensor_matches(self.name, self.table_file, leaf.maxtext, leaf.hf, hf)
         for template, groups in templates.items():
             self._compare_layers(
                 groups,
