@@ -359,3 +359,34 @@ def test_a_typo_in_an_expression_names_the_leaf_line_and_closest_field(gpt2, tmp
         "Did you mean 'num_attention_heads'? Fix the table's expression, or pass the model's "
         "own config.json (--config)."
     )
+
+
+# --- items 8 and 9: leaves the target adds: init= first, one close "Did you mean" -------
+
+
+def test_leaves_only_the_target_has_say_init_first_and_suggest_once(tmp_path: Path) -> None:
+    jax = pytest.importorskip("jax")
+    old = {"m": {"linear": {"kernel": np.ones((2, 2), np.float32)}}}
+    suture.save(old, tmp_path / "run")
+    target = {
+        "m": {
+            "linear": {
+                "kernal": np.zeros((2, 2), np.float32),  # a typo: suggested
+                "lora": {"lora_a": np.zeros(2, np.float32), "lora_b": np.zeros(2, np.float32)},
+            }
+        },
+        "opt": {"mu": {"linear": {"lora": {"lora_a": np.zeros(2, np.float32)}}}},
+    }
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), target)
+    with pytest.raises(suture.MissingLeafError) as missing:
+        suture.load(tmp_path / "run", target=abstract, partial=True)
+    assert str(missing.value).strip("'\"") == (
+        "The target has 4 leaf path(s) that no source provides: 'm/linear/kernal', "
+        "'m/linear/lora/lora_a', 'm/linear/lora/lora_b', 'opt/mu/linear/lora/lora_a'. Did you "
+        "mean 'm/linear/kernel'? To create them, pass init= (a tree of values or initializers; "
+        "for a Flax NNX model and optimizer built fresh, init={'model': nnx.state(model), "
+        "'optimizer': nnx.state(optimizer)}); else fix the target's paths, or map them with "
+        "rules."
+    )
+    loaded = suture.load(tmp_path / "run", target=abstract, init=target, partial=True)
+    np.testing.assert_array_equal(loaded["m"]["linear"]["lora"]["lora_a"], np.zeros(2))
