@@ -390,3 +390,32 @@ def test_leaves_only_the_target_has_say_init_first_and_suggest_once(tmp_path: Pa
     )
     loaded = suture.load(tmp_path / "run", target=abstract, init=target, partial=True)
     np.testing.assert_array_equal(loaded["m"]["linear"]["lora"]["lora_a"], np.zeros(2))
+
+
+# --- items 13 and 18: the plan's summary, and the progress bar's early estimate ---------
+
+
+def test_a_plan_of_one_output_and_a_traced_function_read_as_what_happened() -> None:
+    jnp = pytest.importorskip("jax.numpy")
+
+    def scaled(tree):
+        return {"w": jnp.tanh(tree["w"])}
+
+    text = str(suture.plan(scaled, suture.open({"w": np.ones(3, np.float32)})))
+    assert "\n1 output; reads " in text
+    assert (
+        "Function call: scaled: computed by tracing with jax (on shapes and dtypes; nothing is "
+        "read).\nNo problems." in text
+    )
+    assert "failed" not in text and "ImplicitReadError" not in text
+
+
+def test_the_estimate_of_time_left_starts_from_the_first_bytes() -> None:
+    from suture._exec.progress import Eta
+
+    eta = Eta()
+    assert eta(4.0, 0, 1000) is None  # nothing written yet: no estimate
+    assert eta(6.0, 10, 1000) is None  # the first bytes: the clock starts here
+    # then 100 bytes a second: 990 bytes left after the first take 9.9 s in all
+    assert eta(6.5, 60, 1000) is None  # under a second of writing: no guide yet
+    assert eta(8.0, 210, 1000) == pytest.approx(7.9)
