@@ -419,3 +419,34 @@ def test_the_estimate_of_time_left_starts_from_the_first_bytes() -> None:
     # then 100 bytes a second: 990 bytes left after the first take 9.9 s in all
     assert eta(6.5, 60, 1000) is None  # under a second of writing: no guide yet
     assert eta(8.0, 210, 1000) == pytest.approx(7.9)
+
+
+# --- item 17: diff --values names its tolerances, and --ulp N -----------------------------
+
+
+def test_diff_values_hints_at_tolerances_and_takes_ulp(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from suture.cli import app
+
+    a = np.array([1.0, 3.0, -2.0, 0.5], np.float32)
+    b = a.copy()
+    b[1] = np.nextafter(a[1], np.float32(4))  # one ulp
+    b[2] = np.nextafter(a[2], np.float32(-4))
+    save_file({"w": a}, str(tmp_path / "a.safetensors"))
+    save_file({"w": b}, str(tmp_path / "b.safetensors"))
+    runner = CliRunner()
+    paths = [str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")]
+    exact = runner.invoke(app, ["diff", *paths, "--values"])
+    assert exact.exit_code == 1
+    assert exact.stdout.endswith(
+        "1 difference(s).\nValues were compared exactly: --rtol/--atol allow a tolerance, and "
+        "--ulp N allows N units in the last place (--ulp 1 for a round trip within 1 ulp).\n"
+    )
+    within = runner.invoke(app, ["diff", *paths, "--values", "--ulp", "1"])
+    assert within.exit_code == 0 and within.stdout == "Equal.\n"
+    b[3] = np.nextafter(np.nextafter(a[3], np.float32(1)), np.float32(1))  # two ulps
+    save_file({"w": b}, str(tmp_path / "b.safetensors"))
+    two = runner.invoke(app, ["diff", *paths, "--values", "--ulp", "1"])
+    assert two.exit_code == 1 and "1 elements differ" in two.stdout
+    assert "compared exactly" not in two.stdout

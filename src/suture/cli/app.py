@@ -244,11 +244,19 @@ def diff(
     rtol: Annotated[float, typer.Option("--rtol", help="Relative tolerance for --values.")] = 0.0,
     as_json: AsJson = False,
     allow_pickle: AllowPickle = False,
+    ulp: Annotated[
+        int,
+        typer.Option(
+            "--ulp",
+            min=0,
+            help="For --values: allow N units in the last place (the coarser dtype's).",
+        ),
+    ] = 0,
 ) -> None:
     """Show how two checkpoints differ. Exit 0 when equal, 1 when different, 2 on error."""
     first = open_checkpoint(a, allow_pickle=allow_pickle)
     second = open_checkpoint(b, allow_pickle=allow_pickle)
-    result = run_diff(first, second, values=values, atol=atol, rtol=rtol)
+    result = run_diff(first, second, values=values, atol=atol, rtol=rtol, ulp=ulp)
     typer.echo(result.to_json() if as_json else str(result))
     raise typer.Exit(code=0 if result.equal else 1)
 
