@@ -450,3 +450,45 @@ def test_diff_values_hints_at_tolerances_and_takes_ulp(tmp_path: Path) -> None:
     two = runner.invoke(app, ["diff", *paths, "--values", "--ulp", "1"])
     assert two.exit_code == 1 and "1 elements differ" in two.stdout
     assert "compared exactly" not in two.stdout
+
+
+# --- item 16: recipe names in any case, a family alone, a short "Did you mean" -----------
+
+
+def test_recipe_names_in_any_case_and_a_family_alone() -> None:
+    from suture.families import get_recipe
+
+    assert get_recipe("Llama3.1:MaxText").name == "llama3.1:maxtext"
+    assert get_recipe("LLAMA3.1").name == "llama3.1:maxtext"  # its only target
+    assert get_recipe("qwen3-next").name == "qwen3-next:maxtext"
+    with pytest.raises(suture.RecipeError) as several:
+        get_recipe("Llama3")
+    assert str(several.value) == (
+        "'Llama3' names the family 'llama3', which several targets take; name one:\n"
+        "  --recipe llama3:maxtext\n  --recipe llama3:maxtext-unscanned\n"
+        "  --recipe llama3:tunix\n(`suture recipes` says what each target is.)"
+    )
+
+
+def test_an_unknown_recipe_name_gets_a_short_list(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from suture.cli import app
+    from suture.families import recipe_names
+
+    suture.save({"w": np.ones(2, np.float32)}, tmp_path / "ckpt")
+    done = CliRunner().invoke(
+        app, ["convert", str(tmp_path / "ckpt"), str(tmp_path / "out"), "--recipe", "lama3.1"]
+    )
+    assert done.exit_code == 2
+    lines = done.output.splitlines()
+    assert lines[:3] == [
+        "Error: No built-in recipe 'lama3.1', and no recipe file of that name. Did you mean:",
+        "  llama3.1:maxtext",
+        "  llama3:maxtext",
+    ]
+    assert lines[-1].endswith(
+        f"`suture recipes` lists all {len(recipe_names())}; a recipe file ends in .py, .yaml, "
+        ".yml, .toml."
+    )
+    assert len(lines) <= 6 and all(len(line) < 200 for line in lines)

@@ -46,6 +46,7 @@ from ._expr import evaluate, names_in
 from ._layer_kinds import check_pattern, check_set
 from ._layout import LayerLayout, Slot, grid_fits, grid_members, parse_blocks, stack_grid
 from ._multimodal import LanguageModel, LeftOutWarning, parse_language_model, renamed
+from ._names import is_family_name, resolve_name, unknown_name
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 from ._schema import checked_table
 from ._table_errors import no_tensor_matches, unknown_field
@@ -982,22 +983,23 @@ def recipe_names() -> list[str]:
 
 
 def is_recipe_name(name: str) -> bool:
+    if is_family_name(name):  # a family alone, in any case (`resolve_name`)
+        return True
     return (
         isinstance(name, str)
         and ":" in name
-        and any(name.split(":", 1)[0] in _families(target) for target in TARGETS)
+        and any(name.split(":", 1)[0].lower() in _families(target) for target in TARGETS)
     )
 
 
 def get_recipe(name: str) -> FamilyRecipe:
-    """The built-in recipe `name` (``FAMILY:maxtext``, ``FAMILY:maxtext-unscanned`` or ``FAMILY:tunix``)."""
+    """The built-in recipe `name` (``FAMILY:maxtext``, ``FAMILY:maxtext-unscanned`` or
+    ``FAMILY:tunix``, in any case; a family alone when one target takes it)."""
+    name = resolve_name(name)
     family, _, layout = name.partition(":")
     target = next((t for t, layouts in TARGETS.items() if layout in layouts), None)
     if target is None or family not in _families(target):
-        raise RecipeError(
-            f"No built-in recipe {name!r}.{did_you_mean(name, recipe_names())} "
-            f"Built in: {', '.join(recipe_names())}."
-        )
+        raise unknown_name(name)
     return _parse(family, _families(target)[family], TARGETS[target][layout])
 
 
