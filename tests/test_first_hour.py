@@ -492,3 +492,59 @@ def test_an_unknown_recipe_name_gets_a_short_list(tmp_path: Path) -> None:
         ".yml, .toml."
     )
     assert len(lines) <= 6 and all(len(line) < 200 for line in lines)
+
+
+# --- item 14: --dequantize of a Hugging Face folder writes a Hugging Face folder ----------
+
+
+def test_dequantize_without_format_writes_a_bfloat16_hugging_face_folder(tmp_path: Path) -> None:
+    import json
+
+    import ml_dtypes
+    from typer.testing import CliRunner
+
+    from suture.cli import app
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((256, 128)).astype(ml_dtypes.bfloat16)
+    suture.save({"model": {"up": {"weight": weight}}}, tmp_path / "bf16", format="safetensors")
+    (tmp_path / "bf16" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    suture.convert(tmp_path / "bf16", tmp_path / "fp8", format="safetensors", quantize="fp8-block")
+    done = CliRunner().invoke(
+        app, ["convert", str(tmp_path / "fp8"), str(tmp_path / "out"), "--dequantize"]
+    )
+    assert done.exit_code == 0, done.output
+    out = tmp_path / "out"
+    assert (out / "model.safetensors").is_file() and not (out / "_METADATA").exists()
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config and config["torch_dtype"] == "bfloat16"
+    leaf = suture.open(out)["model/up/weight"]
+    assert leaf.dtype == ml_dtypes.bfloat16 and leaf.shape == (256, 128)
+    orbax = CliRunner().invoke(
+        app,
+        [
+            "convert",
+            str(tmp_path / "fp8"),
+            str(tmp_path / "ob"),
+            "--dequantize",
+            "--format",
+            "orbax",
+        ],
+    )
+    assert orbax.exit_code == 0 and suture.open(tmp_path / "ob").format == "orbax"
+
+
+# --- item 11: one truth about quantized sources of DeepSeek-V3 and gpt-oss ----------------
+
+
+def test_quantized_families_say_they_dequantize_everywhere() -> None:
+    from suture.families import get_recipe
+
+    root = Path(__file__).resolve().parent.parent
+    families_page = (root / "docs" / "families.md").read_text()
+    for name in ("deepseek3:maxtext", "gpt-oss:maxtext"):
+        description = get_recipe(name).description
+        assert "unquantized" not in description and "dequantized as read" in description
+    for row in families_page.splitlines():
+        if row.startswith(("| `deepseek3` |", "| `gpt-oss` |")):
+            assert "unquantized" not in row and "dequantized as read" in row

@@ -63,7 +63,8 @@ def convert(
     Args:
         format: ``"orbax"`` or ``"safetensors"``; default from `destination`: a name ending in
             ``.safetensors`` means safetensors, anything else Orbax (safetensors with
-            `quantize`: the FP8 layout serving stacks load is a Hugging Face folder's).
+            `quantize`: the FP8 layout serving stacks load is a Hugging Face folder's; and
+            with `dequantize` of a Hugging Face folder, which gives a folder again).
         dtype: cast floating-point leaves to this dtype (``"bfloat16"``).
         recipe: a recipe file applied before writing: YAML or TOML rules, or a Python
             file (``RULES``, ``transform``, ``TARGET``, ``init``; see ``suture apply --help``),
@@ -193,6 +194,9 @@ def converted(
         dequantize=dequantize,
         dequantize_dtype=dtype or "bfloat16",
     )
+    if format is None and dequantize and ckpt.format == "safetensors":
+        # dequantized for another tool: a Hugging Face folder in the new dtype, as it came
+        target_format = "safetensors"
     stored_quantized = "quantization_config" in ckpt.layout and not dequantize
     if stored_quantized and (dtype is not None or quantize is not None):
         raise ArgumentError(

@@ -499,7 +499,8 @@ def convert(
         typer.Option(
             "--dequantize",
             help="Dequantize an FP8 (block scales) or MXFP4 HF folder in the same pass, to "
-            "--dtype (default bfloat16); config.json loses its quantization_config.",
+            "--dtype (default bfloat16): an HF folder unless --format orbax; config.json loses "
+            "its quantization_config.",
         ),
     ] = False,
     quantize: Annotated[
@@ -539,7 +540,8 @@ def convert(
     """Convert a checkpoint to Orbax or safetensors, streaming it.
 
     A Hugging Face folder converts to Orbax unless --format safetensors is given (or
-    --quantize, whose serving layout is a Hugging Face folder's); the Orbax checkpoint keeps
+    --quantize, whose serving layout is a Hugging Face folder's, or --dequantize, which gives
+    the folder back in bfloat16 without its quantization_config); the Orbax checkpoint keeps
     the folder's files beside it, and converting it back with --format safetensors gives the
     folder again.
     """
