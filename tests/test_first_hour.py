@@ -548,3 +548,33 @@ def test_quantized_families_say_they_dequantize_everywhere() -> None:
     for row in families_page.splitlines():
         if row.startswith(("| `deepseek3` |", "| `gpt-oss` |")):
             assert "unquantized" not in row and "dequantized as read" in row
+
+
+# --- item 5: a user's table for a Flax model (target: flax), from the docs as pasted ------
+
+
+def test_the_recipe_tables_flax_example_runs_as_pasted(gpt2: Path, tmp_path, monkeypatch) -> None:
+    import re
+    import shutil
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "recipe-tables.md").read_text()
+    (table,) = [b for b in re.findall(r"```yaml\n(.*?)```", page, re.S) if "gpt2_flax" in b]
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "class GPT2" in b]
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(gpt2 / "hf", tmp_path / "gpt2_hf")
+    (tmp_path / "gpt2_flax.yaml").write_text(table)
+    namespace: dict = {}
+    exec(compile(code, "recipe-tables.md", "exec"), namespace)
+    ckpt = suture.open(tmp_path / "gpt2_flax")
+    assert "step" not in ckpt.paths() and "h/c_attn/kernel" in ckpt.paths()
+    assert ckpt["h/c_attn/kernel"].shape == (3, 16, 48)  # layers first, for nnx.scan
+
+
+def test_a_flax_table_refuses_a_layer_placeholder_in_its_paths(gpt2: Path, tmp_path) -> None:
+    table = (
+        "names: [f]\ntarget: flax\nleaves:\n"
+        '  - {flax: "h/{layer}/ln_1/scale", hf: "transformer.h.{layer}.ln_1.weight"}\n'
+    )
+    (tmp_path / "f.yaml").write_text(table)
+    with pytest.raises(suture.RecipeError, match="a Flax path has no placeholder"):
+        suture.convert(gpt2 / "hf", tmp_path / "out", recipe=str(tmp_path / "f.yaml"))

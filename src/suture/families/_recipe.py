@@ -80,7 +80,8 @@ LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
 # The model code a table targets (its YAML's `target:`), and that target's layouts. A Tunix
 # table writes its per-layer paths with the layer in them (``layers/{layer}/attn/q_proj/w``),
 # as ``nnx.state`` of Tunix's models has them; its tree has no root and no step.
-TARGETS = {"maxtext": LAYOUTS, "tunix": {"tunix": False}}
+TARGETS = {"maxtext": LAYOUTS, "tunix": {"tunix": False}, "flax": {"flax": True}}
+FLAX_SCAN_AXIS = 0  # nnx.scan's and nn.scan's default: a user's Flax table (target: flax)
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ class FamilyRecipe:
 
     @property
     def _label(self) -> str:
-        return "MaxText" if self.target == "maxtext" else "Tunix"
+        return {"maxtext": "MaxText", "flax": "Flax"}.get(self.target, "Tunix")
 
     def config_names(self, config: dict[str, Any]) -> dict[str, Any]:
         """The config's fields with the recipe's defaults filled in, checked against it.
@@ -1016,6 +1017,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         for name, spec in group_specs.items()
     }
     target = data.get("target", "maxtext")
+    scan_axis = data.get("layer_axis", FLAX_SCAN_AXIS if target == "flax" else SCAN_AXIS)
     leaves = []
     for number, item in enumerate(data["leaves"]):
         if isinstance(item, dict) and "hf" not in item and isinstance(item.get("fused"), dict):
@@ -1052,7 +1054,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
                 experts=experts,
                 expert_axis=int(axes.get("expert", 0)),
                 routed=routed,
-                layer_axis=int(axes.get("layer", SCAN_AXIS)),
+                layer_axis=int(axes.get("layer", scan_axis)),
                 fused=parse_fused(item["fused"], context) if "fused" in item else None,
                 always_fused=bool(item.get("always_fused")),
             )
