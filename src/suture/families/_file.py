@@ -7,6 +7,7 @@ file as they take a built-in name; the table format is docs/recipe-tables.md.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,8 @@ def family_recipe(name: str) -> FamilyRecipe:
             f"Family table {str(file)!r} offers the layout(s) {', '.join(map(str, offered))} "
             f"only (its 'layouts'); name one: '{file}:{offered[0]}'."
         )
-    return _parse(str(family), {**data, "source_file": str(file)}, scanned)
+    recipe = _parse(str(family), {**data, "source_file": str(file)}, scanned)
+    return dataclasses.replace(recipe, table_file=str(file))
 
 
 def _load(file: Path) -> Any:

@@ -64,9 +64,11 @@ from ._multimodal import (
     parse_language_model,
     renamed,
 )
+from ._names import is_family_name, resolve_name, unknown_name
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 from ._schema import checked_table
 from ._shared_targets import check_one_writer, shared_groups
+from ._table_errors import no_tensor_matches, unknown_field
 
 MAXTEXT_ROOT = "params/params"
 # The config.json fields recipes read, by kind: Hugging Face's names, the same in every family.
@@ -106,7 +108,8 @@ LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
 # The model code a table targets (its YAML's `target:`), and that target's layouts. A Tunix
 # table writes its per-layer paths with the layer in them (``layers/{layer}/attn/q_proj/w``),
 # as ``nnx.state`` of Tunix's models has them; its tree has no root and no step.
-TARGETS = {"maxtext": LAYOUTS, "tunix": {"tunix": False}}
+TARGETS = {"maxtext": LAYOUTS, "tunix": {"tunix": False}, "flax": {"flax": True}}
+FLAX_SCAN_AXIS = 0  # nnx.scan's and nn.scan's default: a user's Flax table (target: flax)
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,7 @@ class FamilyRecipe:
     layer_sets: tuple[tuple[str, str], ...] = ()
     # config fields of per-layer overrides, each with its list of kinds (`_layer_config`)
     per_layer: tuple[tuple[str, str], ...] = ()
+    table_file: str = ""  # a user's table file: its errors name its leaves and lines
 
     @property
     def name(self) -> str:
@@ -213,7 +217,7 @@ class FamilyRecipe:
 
     @property
     def _label(self) -> str:
-        return "MaxText" if self.target == "maxtext" else "Tunix"
+        return {"maxtext": "MaxText", "flax": "Flax"}.get(self.target, "Tunix")
 
     def config_names(self, config: dict[str, Any]) -> dict[str, Any]:
         """The config's fields with the recipe's defaults filled in, checked against it.
@@ -241,6 +245,9 @@ class FamilyRecipe:
                     continue  # said below, with the values the recipe fits
                 if self._only_for_defaults_not_needed(field, names):
                     continue
+                if self.table_file and field not in names:  # a typo in the table, perhaps
+                    known = [*names, *self.defaults]
+                    raise unknown_field(self.name, self.table_file, self.leaves, field, known)
                 raise ConfigMismatchError(
                     f"config.json has no {field!r}{' (it is null)' if field in names else ''}; "
                     f"recipe {self.name!r} needs it. Pass the model's own config.json "
@@ -573,6 +580,8 @@ class FamilyRecipe:
                 sources = [leaf.hf_name(layout, "{}", expert)]
             for name in sources:
                 templates.setdefault(name, set()).add(leaf.group)
+                if self.table_file and not _indices(name, hf):  # a typo in the table's hf:
+                    raise no_tensor_matches(self.name, self.table_file, leaf.maxtext, leaf.hf, hf)
         for template, groups in templates.items():
             self._compare_layers(
                 groups,
@@ -1056,22 +1065,23 @@ def recipe_names() -> list[str]:
 
 
 def is_recipe_name(name: str) -> bool:
+    if is_family_name(name):  # a family alone, in any case (`resolve_name`)
+        return True
     return (
         isinstance(name, str)
         and ":" in name
-        and any(name.split(":", 1)[0] in _families(target) for target in TARGETS)
+        and any(name.split(":", 1)[0].lower() in _families(target) for target in TARGETS)
     )
 
 
 def get_recipe(name: str) -> FamilyRecipe:
-    """The built-in recipe `name` (``FAMILY:maxtext``, ``FAMILY:maxtext-unscanned`` or ``FAMILY:tunix``)."""
+    """The built-in recipe `name` (``FAMILY:maxtext``, ``FAMILY:maxtext-unscanned`` or
+    ``FAMILY:tunix``, in any case; a family alone when one target takes it)."""
+    name = resolve_name(name)
     family, _, layout = name.partition(":")
     target = next((t for t, layouts in TARGETS.items() if layout in layouts), None)
     if target is None or family not in _families(target):
-        raise RecipeError(
-            f"No built-in recipe {name!r}.{did_you_mean(name, recipe_names())} "
-            f"Built in: {', '.join(recipe_names())}."
-        )
+        raise unknown_name(name)
     offered = _families(target)[family].get("layouts", list(TARGETS[target]))
     if layout not in offered:
         raise RecipeError(
@@ -1094,6 +1104,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         for name, spec in group_specs.items()
     }
     target = data.get("target", "maxtext")
+    scan_axis = data.get("layer_axis", FLAX_SCAN_AXIS if target == "flax" else SCAN_AXIS)
     leaves = []
     for number, item in enumerate(data["leaves"]):
         if isinstance(item, dict) and "make" in item and target in item:
@@ -1134,7 +1145,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
                 experts=experts,
                 expert_axis=int(axes.get("expert", 0)),
                 routed=routed,
-                layer_axis=int(axes.get("layer", SCAN_AXIS)),
+                layer_axis=int(axes.get("layer", scan_axis)),
                 fused=parse_fused(item["fused"], context) if "fused" in item else None,
                 always_fused=bool(item.get("always_fused")),
                 interleave=parse_interleave(item["interleave"], len(stacked), context)

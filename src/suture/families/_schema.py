@@ -28,7 +28,7 @@ from ._interleave import check_interleave
 from ._made import schema_problems as made_problems
 from ._shared_targets import shared_path_problem
 
-TARGETS = ("maxtext", "tunix")
+TARGETS = ("maxtext", "tunix", "flax")
 TOP_KEYS = (
     "names",
     "description",
@@ -46,10 +46,11 @@ TOP_KEYS = (
     "layer_sets",
     "language_model",
     "layouts",  # the layouts the target offers (gemma4-small: maxtext-unscanned only)
+    "layer_axis",  # the layer axis of every scanned per-layer leaf unless its axes: says
     "source_file",  # set by the loader: where the table came from
 )
 LEAF_KEYS = ("hf", "ops", "when", "fused", "axes", "always_fused", "make", "interleave")
-LAYOUTS = {"maxtext": ("maxtext", "maxtext-unscanned"), "tunix": ("tunix",)}
+LAYOUTS = {"maxtext": ("maxtext", "maxtext-unscanned"), "tunix": ("tunix",), "flax": ("flax",)}
 WORDS = ("transpose", "interleave_rope")
 OPTIONS = {
     "split_axis": ("axis", "sizes"),
@@ -205,6 +206,12 @@ class _Table:
                     self.problem("layouts", f"{_shown(layout)} is not one of {', '.join(known)}")
         if "experts" in data:
             out["experts"] = self.expression(data["experts"], "experts")
+        if "layer_axis" in data and not _whole(data["layer_axis"], 0, 64):
+            self.problem(
+                "layer_axis",
+                f"must be a whole number of at least 0 (the axis the layers are stacked on); "
+                f"got {_shown(data['layer_axis'])}",
+            )
         if "layer_period" in data and not _whole(data["layer_period"], 1, 1 << 16):
             self.problem(
                 "layer_period",
@@ -425,13 +432,19 @@ class _Table:
                 "a MaxText path has no placeholder, and a per-layer leaf's starts with "
                 "decoder/layers/ (or another decoder/...layers/)",
             )
+        elif target == "flax" and named:
+            self.problem(
+                entry,
+                "a Flax path has no placeholder: a per-layer leaf's layers are stacked on the "
+                "layer axis (layer_axis:, 0 by default), as nnx.scan and nn.scan hold them",
+            )
         elif per_layer and self.period and not path.startswith("decoder/layers/"):
             self.problem(
                 entry,
                 "with a layer_period, a per-layer leaf's path starts with decoder/layers/ (the "
                 "period's places are decoder/layers/layers_K/)",
             )
-        elif target != "maxtext" and per_layer != named:
+        elif target == "tunix" and per_layer != named:
             self.problem(
                 entry, "a per-layer leaf's path names its layer ({layer}); no other's does"
             )
