@@ -52,18 +52,34 @@ $(TUNIX_STAMP): tests/tunix_env.py | $(STAMP)
 demo: $(STAMP)
 	$(BIN)/suture demo
 
-# The suite on Python 3.11 with every extra, then on the newest Python (test-newest).
+# Each suite runs on TEST_WORKERS processes (pytest-xdist; most tests wait on files,
+# subprocesses and servers, so two per core keep the cores busy). --dist loadgroup keeps the
+# tests of one `xdist_group` mark on one worker, one after another (tests/conftest.py says
+# which and why); every worker has its own temporary folders and servers on ports of its own.
+# TEST_WORKERS=0 runs a suite in one process, as before.
+TEST_WORKERS ?= 2
+PYTEST := -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+NEWEST_LOG := .test-newest.log
+
+# The suite on Python 3.11 with every extra and, at the same time, on the newest Python
+# (test-newest): its report, kept in $(NEWEST_LOG) meanwhile, follows the first one's. The
+# two use the cores in turns where one waits; each fails `make test` on its own (pytest's
+# exit status 5, no test collected, included).
 test: $(STAMP) $(NEWEST_STAMP) $(TUNIX_STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python --version
-	$(BIN)/python -m pytest -q
-	$(MAKE) --no-print-directory test-newest
+	@$(MAKE) --no-print-directory test-newest > $(NEWEST_LOG) 2>&1 & newest=$$!; \
+	$(BIN)/python --version; \
+	$(BIN)/python $(PYTEST); first=$$?; \
+	wait $$newest; second=$$?; \
+	echo; cat $(NEWEST_LOG); \
+	echo "make test: Python 3.11 suite exit status $$first, newest Python suite $$second"; \
+	test $$first = 0 && test $$second = 0
 
 # Tunix runs in its own Python 3.11 environment either way: its tests run once, above.
 test-newest: $(NEWEST_STAMP)
 	$(NEWEST_BIN)/python --version
-	SUTURE_TUNIX_RAN="run by make test's first pass, in Tunix's own environment" $(NEWEST_BIN)/python -m pytest -q
+	SUTURE_TUNIX_RAN="run by make test's first pass, in Tunix's own environment" $(NEWEST_BIN)/python $(PYTEST)
 
 # 10,000 hostile inputs per reader and 20 SIGKILLs of a streaming save; counts in docs/reliability.md.
 fuzz: $(STAMP)
@@ -91,4 +107,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.convert
 
 clean:
-	rm -rf $(VENV) $(NEWEST_VENV) .venv-tunix build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(NEWEST_VENV) .venv-tunix build src/*.egg-info .pytest_cache $(NEWEST_LOG)
