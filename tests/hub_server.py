@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-
 LFS_SUFFIXES = (".safetensors", ".bin", ".npz", ".msgpack")
 
 
