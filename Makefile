@@ -64,11 +64,13 @@ NEWEST_LOG := .test-newest.log
 # The suite on Python 3.11 with every extra and, at the same time, on the newest Python
 # (test-newest): its report, kept in $(NEWEST_LOG) meanwhile, follows the first one's. The
 # two use the cores in turns where one waits; each fails `make test` on its own (pytest's
-# exit status 5, no test collected, included).
+# exit status 5, no test collected, included). An interrupt stops both.
 test: $(STAMP) $(NEWEST_STAMP) $(TUNIX_STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/lint-imports --no-cache
-	@$(MAKE) --no-print-directory test-newest > $(NEWEST_LOG) 2>&1 & newest=$$!; \
+	@$(NEWEST_BIN)/python --version > $(NEWEST_LOG) 2>&1; \
+	$(NEWEST_PYTEST) >> $(NEWEST_LOG) 2>&1 & newest=$$!; \
+	trap 'kill $$newest 2>/dev/null; exit 130' INT TERM; \
 	$(BIN)/python --version; \
 	$(BIN)/python $(PYTEST); first=$$?; \
 	wait $$newest; second=$$?; \
@@ -77,9 +79,11 @@ test: $(STAMP) $(NEWEST_STAMP) $(TUNIX_STAMP)
 	test $$first = 0 && test $$second = 0
 
 # Tunix runs in its own Python 3.11 environment either way: its tests run once, above.
+NEWEST_PYTEST = SUTURE_TUNIX_RAN="run by make test's first pass, in Tunix's own environment" \
+	$(NEWEST_BIN)/python $(PYTEST)
 test-newest: $(NEWEST_STAMP)
 	$(NEWEST_BIN)/python --version
-	SUTURE_TUNIX_RAN="run by make test's first pass, in Tunix's own environment" $(NEWEST_BIN)/python $(PYTEST)
+	$(NEWEST_PYTEST)
 
 # 10,000 hostile inputs per reader and 20 SIGKILLs of a streaming save; counts in docs/reliability.md.
 fuzz: $(STAMP)

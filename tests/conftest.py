@@ -31,8 +31,17 @@ SERIAL_TESTS = {
 }
 
 
+# The files whose tests take the longest (each a Tunix training run or a README in a fresh
+# process, tens of seconds): with workers, they start first, so that none is left running alone
+# at the end. (xdist hands out the groups first, the biggest first, then the other tests in
+# the order collected.)
+SLOW_FILES = ("test_tunix.py", "test_tunix_llama32.py", "test_readme.py", "test_reliability.py")
+
+
 @pytest.hookimpl(trylast=True)  # after xdist's own hook, which reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config.option, "loadgroup", False):
+        items.sort(key=lambda item: item.path.name not in SLOW_FILES)  # stable: files stay whole
     for item in items:
         path, name = item.path.name, getattr(item, "originalname", item.name)
         if {path, f"{path}::{name}"} & SERIAL_TESTS and not item.get_closest_marker("xdist_group"):
