@@ -28,6 +28,9 @@ SERIAL_TESTS = {
     "test_examples.py::test_many_hosts_save_to_a_bucket",
     # how fast a process stops after a signal, in wall-clock seconds
     "test_hostile_signals.py",
+    # a 2 s matching deadline, then the whole refusal within 15 s of wall clock
+    "test_hostile_families.py::test_a_per_leaf_pattern_that_backtracks_is_stopped",
+    "test_hostile_families.py::test_a_per_leaf_pattern_in_a_merge_config_is_stopped",
 }
 
 
