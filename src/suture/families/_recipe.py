@@ -86,6 +86,8 @@ LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
 # table writes its per-layer paths with the layer in them (``layers/{layer}/attn/q_proj/w``),
 # as ``nnx.state`` of Tunix's models has them; its tree has no root and no step.
 TARGETS = {"maxtext": LAYOUTS, "tunix": {"tunix": False}}
+# A tower table (`_whole`): a family's language model as FAMILY:maxtext, plus its vision tower.
+TARGETS["maxtext-multimodal"] = {"maxtext-multimodal": True}
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ class FamilyRecipe:
 
     @property
     def _label(self) -> str:
-        return "MaxText" if self.target == "maxtext" else "Tunix"
+        return "MaxText" if self.target.startswith("maxtext") else "Tunix"
 
     def config_names(self, config: dict[str, Any]) -> dict[str, Any]:
         """The config's fields with the recipe's defaults filled in, checked against it.
@@ -1009,7 +1011,8 @@ def is_recipe_name(name: str) -> bool:
 
 
 def get_recipe(name: str) -> FamilyRecipe:
-    """The built-in recipe `name` (``FAMILY:maxtext``, ``FAMILY:maxtext-unscanned`` or ``FAMILY:tunix``)."""
+    """The built-in recipe `name` (``FAMILY:maxtext``, ``FAMILY:maxtext-unscanned``,
+    ``FAMILY:maxtext-multimodal`` or ``FAMILY:tunix``)."""
     family, _, layout = name.partition(":")
     target = next((t for t, layouts in TARGETS.items() if layout in layouts), None)
     if target is None or family not in _families(target):
@@ -1017,6 +1020,10 @@ def get_recipe(name: str) -> FamilyRecipe:
             f"No built-in recipe {name!r}.{did_you_mean(name, recipe_names())} "
             f"Built in: {', '.join(recipe_names())}."
         )
+    if target == "maxtext-multimodal":
+        from ._whole import whole_recipe
+
+        return whole_recipe(family, _families(target)[family], _parse)
     return _parse(family, _families(target)[family], TARGETS[target][layout])
 
 

@@ -25,8 +25,9 @@ from .._errors import ExpressionError, PatternError, RecipeFormatError, did_you_
 from .._patterns import compile_pattern
 from ._expr import Expression, check
 from ._interleave import check_interleave
+from ._tower import parse_tower
 
-TARGETS = ("maxtext", "tunix")
+TARGETS = ("maxtext", "tunix", "maxtext-multimodal")
 TOP_KEYS = (
     "names",
     "description",
@@ -42,6 +43,8 @@ TOP_KEYS = (
     "layer_patterns",
     "layer_sets",
     "language_model",
+    "text",  # a tower table (maxtext-multimodal): the family table of its language model
+    "tower",  # ... and where folders keep the tower (`_tower`)
     "source_file",  # set by the loader: where the table came from
 )
 LEAF_KEYS = ("hf", "ops", "when", "fused", "axes", "always_fused", "interleave")
@@ -211,6 +214,7 @@ class _Table:
         }
         if data.get("language_model") is not None:
             self.language_model(data["language_model"])
+        self.tower(data, target)
         if "leaves" not in data:
             self.problem("the table", "needs 'leaves': the list of target leaves")
         leaves = self.listing(data["leaves"], "leaves", empty=False) if "leaves" in data else []
@@ -316,6 +320,21 @@ class _Table:
         leave_out = self.listing(value.get("leave_out") or [], f"{entry}.leave_out")
         for i, pattern in enumerate(leave_out):
             self.pattern(pattern, f"{entry}.leave_out[{i}]")
+
+    def tower(self, data: dict[str, Any], target: str) -> None:
+        """A tower table has 'text' and 'tower', and no other table has either."""
+        wanted = target == "maxtext-multimodal"
+        for key in ("text", "tower"):
+            if (key in data) != wanted:
+                self.problem(
+                    key,
+                    f"{'is needed' if wanted else 'is only'} in a tower table (target: maxtext-multimodal)",
+                )
+        if wanted and "tower" in data:
+            try:
+                parse_tower(data["tower"], "tower")
+            except (RecipeFormatError, PatternError) as error:
+                self.problem("tower", str(error).removeprefix("tower: "))
 
     # one leaf -------------------------------------------------------------------------------
 
