@@ -148,23 +148,36 @@ def test_like_writes_the_tower_under_the_original_names(converted):
     _assert_same(_tensors(folder / "hf"), _tensors(folder / "like"))
 
 
-def test_the_published_names_give_the_same_maxtext_tree(converted, tmp_path):
+FORMS = {  # where folders keep the tower: transformers 5.24's save_pretrained writes vision_tower.
+    "published": ("vision_tower.", "vision_tower.vision_model."),  # Google's folders
+    "transformers-v5": ("vision_tower.", "model.vision_tower."),  # save_original_format=False
+    "maxtext-mapping": ("vision_tower.", "model.vision_tower.vision_model."),  # MaxText's names
+}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_every_form_of_the_tower_names_gives_the_same_maxtext_tree(converted, tmp_path, form):
     folder, _ = converted
-    published = tmp_path / "published"
-    published.mkdir()
-    tensors = {  # as Google's folders name the tower: vision_tower.vision_model.
-        name.replace("vision_tower.", "vision_tower.vision_model.", 1): value
-        for name, value in _tensors(folder / "hf").items()
-    }
-    save_file(tensors, published / "model.safetensors")
-    (published / "config.json").write_text((folder / "hf" / "config.json").read_text())
-    convert_with_recipe(published, tmp_path / "mt", RECIPE, progress=False)
+    old, new = FORMS[form]
+    projector = "model." if form != "published" else ""
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    tensors = {}
+    for name, value in _tensors(folder / "hf").items():
+        if name.startswith(old):
+            name = new + name[len(old) :]
+        elif name.startswith("multi_modal_projector."):
+            name = projector + name
+        tensors[name] = value
+    save_file(tensors, renamed / "model.safetensors")
+    (renamed / "config.json").write_text((folder / "hf" / "config.json").read_text())
+    convert_with_recipe(renamed, tmp_path / "mt", RECIPE, progress=False)
     ours, theirs = suture.open(tmp_path / "mt"), suture.open(folder / "mt")
     assert sorted(ours.paths()) == sorted(theirs.paths())
     for path in ours.paths():
         np.testing.assert_array_equal(ours[path].read(), theirs[path].read(), err_msg=path)
     convert_with_recipe(
-        tmp_path / "mt", tmp_path / "back", RECIPE, reverse=True, like=published, progress=False
+        tmp_path / "mt", tmp_path / "back", RECIPE, reverse=True, like=renamed, progress=False
     )
     _assert_same(tensors, _tensors(tmp_path / "back"))
 
@@ -208,3 +221,39 @@ def test_a_text_only_folder_or_config_is_refused_naming_the_text_recipe(converte
     recipe = suture.families.get_recipe(RECIPE)
     with pytest.raises(suture.families.ConfigMismatchError, match="vision_encoder.*gemma3:maxtext"):
         recipe.to_hf(suture.open(tmp_path / "textmt").tree, config)
+
+
+def test_a_tower_table_of_ones_own_converts_as_the_built_in(converted, tmp_path):
+    from importlib.resources import files
+
+    folder, _ = converted
+    table = tmp_path / "my_gemma3.yaml"
+    table.write_text(files("suture.families").joinpath("gemma3-multimodal.yaml").read_text())
+    convert_with_recipe(folder / "hf", tmp_path / "mt", str(table), progress=False)
+    ours, theirs = suture.open(tmp_path / "mt"), suture.open(folder / "mt")
+    assert sorted(ours.paths()) == sorted(theirs.paths())
+    with pytest.raises(suture.RecipeError, match="tower table.*without a layout"):
+        convert_with_recipe(
+            folder / "hf", tmp_path / "u", f"{table}:maxtext-unscanned", progress=False
+        )
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.pop("text"), "text: is needed in a tower table"),
+        (lambda t: t.update(target="maxtext"), "text: is only in a tower table"),
+        (lambda t: t["tower"].update(prefixes=["x."]), "'tower' needs"),
+    ],
+)
+def test_a_tower_table_is_checked_as_a_whole(edit, message):
+    from importlib.resources import files
+
+    import yaml
+
+    from suture.families._schema import checked_table
+
+    table = yaml.safe_load(files("suture.families").joinpath("gemma3-multimodal.yaml").read_text())
+    edit(table)
+    with pytest.raises(suture.families.RecipeFormatError, match=message):
+        checked_table(table, "t.yaml")
