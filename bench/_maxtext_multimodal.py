@@ -6,7 +6,10 @@ One random transformers ``Gemma3ForConditionalGeneration`` (float32, narrow: 8 t
 2-layer SigLIP tower of width 16 on 896x896 images in patches of 14, MaxText's 4096-row position
 table) is converted by MaxText 0.2.5's ``to_maxtext`` on its eager path (multimodal models refuse
 ``lazy_load_tensors``) and by ``suture convert --recipe gemma3:maxtext-multimodal``; the two
-trees are compared leaf by leaf. MaxText's environment here has no torch, so its eager
+trees are compared leaf by leaf. Then MaxText's own model restores suture's output and its
+vision encoder and projector (``bench/_maxtext_image_features.py``) turn a random 896x896 image
+into soft tokens, set beside transformers' ``get_image_features``. MaxText's environment here
+has no torch, so its eager
 safetensors loader reads the files with numpy (``bench/_maxtext_convert.py``'s
 ``eager_numpy=True``): the same tensors by the same names. The folder keeps the tower under
 ``model.vision_tower.vision_model.``, the names MaxText's mapping reads (transformers 5.24 saves
@@ -16,12 +19,15 @@ safetensors loader reads the files with numpy (``bench/_maxtext_convert.py``'s
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
-from bench._common import DATA_DIR, machine, write_section
+import numpy as np
+
+from bench._common import BENCH_DIR, DATA_DIR, machine, write_section
 from bench._maxtext import compare_trees, maxtext_command
 
 WORK = DATA_DIR / "families-maxtext-multimodal"
@@ -87,7 +93,8 @@ def generate(folder: Path) -> int:
     model = transformers.Gemma3ForConditionalGeneration(config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if "norm" in name or "bias" in name:
+            # the projector starts as zeros: random, so that the image features show
+            if "norm" in name or "bias" in name or "projection" in name:
                 parameter.add_(torch.randn_like(parameter) * 0.1)
     model.save_pretrained(folder, save_original_format=False)
     for file in folder.glob("*.safetensors"):  # the tower under MaxText's mapping's names
@@ -116,14 +123,51 @@ def compare(python: Path, *, timed: Callable[[list[str]], dict]) -> None:
         maxtext_run = timed(command)
         lines, identical = compare_trees(theirs / "0" / "items", ours)
         tower = sum("vision_encoder" in path for path in identical)
-        body = report(recipe, size, suture_run, maxtext_run, lines, tower)
+        features = features_difference(python, hf, ours, WORK)
+        body = report(recipe, size, suture_run, maxtext_run, lines, tower, features)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
     write_section("families-maxtext-multimodal", body)
     print(body)
 
 
-def report(recipe, size, ours: dict, theirs: dict, lines: list[str], tower: int) -> str:
+def features_difference(python: Path, hf: Path, converted: Path, work: Path) -> tuple:
+    """MaxText's vision encoder and projector on suture's output against transformers'
+    ``get_image_features`` on the HF folder, for one random image: (max abs difference, scale)."""
+    import torch
+    import transformers
+
+    images = np.random.default_rng(1).standard_normal((1, 896, 896, 3)).astype(np.float32)
+    np.save(work / "images.npy", images)
+    settings = [item for item in SETTINGS if not item.startswith("hf_config.")]
+    done = subprocess.run(
+        [
+            str(python),
+            "-P",
+            str(BENCH_DIR / "_maxtext_image_features.py"),
+            str(work / "images.npy"),
+            str(work / "features.npy"),
+            *settings,
+            f"load_parameters_path={converted}",
+            f"base_output_directory={work / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise RuntimeError(f"MaxText's vision encoder failed:\n{done.stderr[-3000:]}")
+    model = transformers.Gemma3ForConditionalGeneration.from_pretrained(hf, dtype=torch.float32)
+    with torch.no_grad():
+        pixels = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW
+        expected = model.eval().get_image_features(pixels)
+    expected = getattr(expected, "pooler_output", expected).numpy()
+    got = np.load(work / "features.npy").reshape(expected.shape)
+    return float(np.max(np.abs(got - expected))), float(np.max(np.abs(expected)))
+
+
+def report(
+    recipe, size, ours: dict, theirs: dict, lines: list[str], tower: int, features: tuple
+) -> str:
     def run(r: dict) -> str:
         return f"{r['wall_s']:.1f} s | {r['peak_rss_bytes'] / MIB:.0f} MiB |"
 
@@ -149,6 +193,14 @@ aside): {tower} of the identical arrays are the vision tower's and projector's
 (`vision_encoder/...`, unscanned in both).
 
 {found}
+
+MaxText's own model (float32, highest matmul precision, on the CPU;
+`bench/_maxtext_image_features.py`) restores suture's output through `load_parameters_path`,
+and its vision encoder and projector (`Transformer.vision_encoder`: the SigLIP tower, the
+pooling to 256 soft tokens, the soft-embedding norm and the projection) turn one random 896x896
+image into soft tokens; transformers' `get_image_features` on the HF folder gives the same:
+max abs difference {features[0]:.3g} (largest value {features[1]:.3g}). The whole multimodal
+forward pass (soft tokens placed in a prompt) is not run here.
 
 MaxText builds its Gemma 3 tower on a dummy image of 896x896 pixels (`GEMMA_DEFAULT_IMAGE_SIZE`)
 whatever `image_size_for_vit` says, so a tower MaxText's model loads has (896 // patch)^2
