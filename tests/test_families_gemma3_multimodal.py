@@ -258,3 +258,12 @@ def test_a_tower_table_is_checked_as_a_whole(edit, message):
     edit(table)
     with pytest.raises(suture.families.RecipeFormatError, match=message):
         checked_table(table, "t.yaml")
+
+
+def test_the_whole_model_streams_within_a_small_memory_budget(converted, tmp_path):
+    folder, _ = converted
+    convert_with_recipe(folder / "hf", tmp_path / "mt", RECIPE, max_memory="1MiB", progress=False)
+    ours, theirs = suture.open(tmp_path / "mt"), suture.open(folder / "mt")
+    assert sorted(ours.paths()) == sorted(theirs.paths())
+    for path in ours.paths():
+        np.testing.assert_array_equal(ours[path].read(), theirs[path].read(), err_msg=path)
