@@ -549,7 +549,15 @@ def overrides(model_name: str, config: dict, extra: list[str]) -> list[str]:
 def compare(
     python: Path, *, timed: Callable[[list[str]], dict], only: list[str] | None = None
 ) -> None:
-    """Runs the families named in `only` (all when None) and writes their section."""
+    """Runs the families named in `only` (all when None) and writes their section; a
+    whole-model recipe named there (``gemma3:maxtext-multimodal``) runs in its own section."""
+    from bench import _maxtext_multimodal
+
+    if only is not None and set(only) & set(_maxtext_multimodal.RECIPES):
+        _maxtext_multimodal.compare(python, timed=timed)
+        only = [name for name in only if name not in _maxtext_multimodal.RECIPES]
+        if not only:
+            return
     unknown = sorted(set(only or []) - {family[0] for family in FAMILIES})
     if unknown:
         raise SystemExit(f"unknown families {unknown}: choose among {[f[0] for f in FAMILIES]}")

@@ -85,6 +85,15 @@ def family_recipe(name: str) -> FamilyRecipe:
     )
     for needed in ("description", "follows"):
         data.setdefault(needed, f"(no {needed} in {file.name})")
+    if data.get("target") == "maxtext-multimodal":  # a tower table: the whole model (`_whole`)
+        from ._whole import whole_recipe
+
+        if not scanned:
+            raise RecipeError(
+                f"Family table {str(file)!r} is a tower table: its language model converts as "
+                f"its text table's FAMILY:maxtext (scanned). Pass {str(file)!r} without a layout."
+            )
+        return whole_recipe(str(family), {**data, "source_file": str(file)}, _parse)
     layout = "maxtext" if scanned else "maxtext-unscanned"
     offered = data.get("layouts")
     maxtext = data.get("target", "maxtext") == "maxtext"

@@ -110,6 +110,8 @@ LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
 # as ``nnx.state`` of Tunix's models has them; its tree has no root and no step.
 TARGETS = {"maxtext": LAYOUTS, "tunix": {"tunix": False}, "flax": {"flax": True}}
 FLAX_SCAN_AXIS = 0  # nnx.scan's and nn.scan's default: a user's Flax table (target: flax)
+# A tower table (`_whole`): a family's language model as FAMILY:maxtext, plus its vision tower.
+TARGETS["maxtext-multimodal"] = {"maxtext-multimodal": True}
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,9 @@ class FamilyRecipe:
 
     @property
     def _label(self) -> str:
-        return {"maxtext": "MaxText", "flax": "Flax"}.get(self.target, "Tunix")
+        if self.target.startswith("maxtext"):
+            return "MaxText"
+        return {"flax": "Flax"}.get(self.target, "Tunix")
 
     def config_names(self, config: dict[str, Any]) -> dict[str, Any]:
         """The config's fields with the recipe's defaults filled in, checked against it.
@@ -1075,8 +1079,9 @@ def is_recipe_name(name: str) -> bool:
 
 
 def get_recipe(name: str) -> FamilyRecipe:
-    """The built-in recipe `name` (``FAMILY:maxtext``, ``FAMILY:maxtext-unscanned`` or
-    ``FAMILY:tunix``, in any case; a family alone when one target takes it)."""
+    """The built-in recipe `name` (``FAMILY:maxtext``, ``FAMILY:maxtext-unscanned``,
+    ``FAMILY:maxtext-multimodal`` or ``FAMILY:tunix``, in any case; a family alone when one
+    target takes it)."""
     name = resolve_name(name)
     family, _, layout = name.partition(":")
     target = next((t for t, layouts in TARGETS.items() if layout in layouts), None)
@@ -1088,6 +1093,10 @@ def get_recipe(name: str) -> FamilyRecipe:
             f"No built-in recipe {name!r}: {family} has the layout(s) "
             f"{', '.join(f'{family}:{o}' for o in offered)} only (as its target's model has it)."
         )
+    if target == "maxtext-multimodal":
+        from ._whole import whole_recipe
+
+        return whole_recipe(family, _families(target)[family], _parse)
     return _parse(family, _families(target)[family], TARGETS[target][layout])
 
 

@@ -27,8 +27,9 @@ from ._expr import Expression, check
 from ._interleave import check_interleave
 from ._made import schema_problems as made_problems
 from ._shared_targets import shared_path_problem
+from ._tower import parse_tower
 
-TARGETS = ("maxtext", "tunix", "flax")
+TARGETS = ("maxtext", "tunix", "flax", "maxtext-multimodal")
 TOP_KEYS = (
     "names",
     "description",
@@ -47,10 +48,17 @@ TOP_KEYS = (
     "language_model",
     "layouts",  # the layouts the target offers (gemma4-small: maxtext-unscanned only)
     "layer_axis",  # the layer axis of every scanned per-layer leaf unless its axes: says
+    "text",  # a tower table (maxtext-multimodal): the family table of its language model
+    "tower",  # ... and where folders keep the tower (`_tower`)
     "source_file",  # set by the loader: where the table came from
 )
 LEAF_KEYS = ("hf", "ops", "when", "fused", "axes", "always_fused", "make", "interleave")
-LAYOUTS = {"maxtext": ("maxtext", "maxtext-unscanned"), "tunix": ("tunix",), "flax": ("flax",)}
+LAYOUTS = {
+    "maxtext": ("maxtext", "maxtext-unscanned"),
+    "tunix": ("tunix",),
+    "flax": ("flax",),
+    "maxtext-multimodal": ("maxtext-multimodal",),
+}
 WORDS = ("transpose", "interleave_rope")
 OPTIONS = {
     "split_axis": ("axis", "sizes"),
@@ -240,6 +248,7 @@ class _Table:
         }
         if data.get("language_model") is not None:
             self.language_model(data["language_model"])
+        self.tower(data, target)
         if "leaves" not in data:
             self.problem("the table", "needs 'leaves': the list of target leaves")
         leaves = self.listing(data["leaves"], "leaves", empty=False) if "leaves" in data else []
@@ -349,6 +358,21 @@ class _Table:
         leave_out = self.listing(value.get("leave_out") or [], f"{entry}.leave_out")
         for i, pattern in enumerate(leave_out):
             self.pattern(pattern, f"{entry}.leave_out[{i}]")
+
+    def tower(self, data: dict[str, Any], target: str) -> None:
+        """A tower table has 'text' and 'tower', and no other table has either."""
+        wanted = target == "maxtext-multimodal"
+        for key in ("text", "tower"):
+            if (key in data) != wanted:
+                self.problem(
+                    key,
+                    f"{'is needed' if wanted else 'is only'} in a tower table (target: maxtext-multimodal)",
+                )
+        if wanted and "tower" in data:
+            try:
+                parse_tower(data["tower"], "tower")
+            except (RecipeFormatError, PatternError) as error:
+                self.problem("tower", str(error).removeprefix("tower: "))
 
     # one leaf -------------------------------------------------------------------------------
 
