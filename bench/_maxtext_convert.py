@@ -14,7 +14,8 @@ MaxText maps names from its built-in Hugging Face config of ``model_name``
 (``HF_MODEL_CONFIGS``), whose layer count is the published model's. An argument
 ``hf_config.KEY=VALUE`` (taken out before MaxText parses the rest) sets that config's KEY, so
 that a model with fewer layers than the published one converts:
-``hf_config.num_hidden_layers=8`` beside ``base_num_decoder_layers=8``.
+``hf_config.num_hidden_layers=8`` beside ``base_num_decoder_layers=8`` (a multimodal
+model's sub-config by its name: ``hf_config.text_config.num_hidden_layers=8``).
 """
 
 import runpy
@@ -48,7 +49,11 @@ def _set_hf_config(argv: list[str]) -> list[str]:
     for item in argv:
         if item.startswith("hf_config."):
             key, value = item[len("hf_config.") :].split("=", 1)
-            setattr(HF_MODEL_CONFIGS[model], key, int(value) if value.isdigit() else value)
+            *inner, key = key.split(".")  # text_config.num_hidden_layers: a sub-config's
+            target = HF_MODEL_CONFIGS[model]
+            for name in inner:
+                target = getattr(target, name)
+            setattr(target, key, int(value) if value.isdigit() else value)
         else:
             kept.append(item)
     return kept

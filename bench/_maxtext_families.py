@@ -271,6 +271,49 @@ FAMILIES = [
             "gdn_num_value_heads=4",
         ],
     ),
+    (
+        # the published layout: the multimodal folder (language model under
+        # model.language_model., a one-layer vision tower) with fused experts; two cycles of 3
+        # Gated DeltaNet layers and 1 full-attention layer; the launcher sets MaxText's HF
+        # config (40 layers) to 8
+        "qwen3.5",
+        "qwen3.5-35b-a3b",
+        "Qwen3_5Moe",
+        dict(
+            NARROW,
+            head_dim=16,
+            intermediate_size=32,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            num_hidden_layers=8,
+            num_experts=16,
+            num_experts_per_tok=2,
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            rms_norm_eps=1e-6,
+        ),
+        [
+            "base_num_decoder_layers=8",
+            "hf_config.text_config.num_hidden_layers=8",
+            # its hooks regroup in_proj_qkvz / in_proj_ba by its HF config's head counts
+            "hf_config.text_config.linear_num_key_heads=2",
+            "hf_config.text_config.linear_num_value_heads=4",
+            "hf_config.text_config.linear_key_head_dim=16",
+            "hf_config.text_config.linear_value_head_dim=16",
+            "num_experts=16",
+            "num_experts_per_tok=2",
+            "gdn_key_head_dim=16",
+            "gdn_value_head_dim=16",
+            "gdn_num_key_heads=2",
+            "gdn_num_value_heads=4",
+            # text only, every position stream alike: MaxText's plain rotary embedding (its
+            # mrope_section is sized for head_dim 256 and refuses this one's)
+            "use_mrope=false",
+        ],
+    ),
 ]
 # Families whose scanned suture output MaxText's model runs, with the settings its forward pass
 # adds: the HF models here have plain rotary embeddings where MaxText's configs have YaRN
@@ -282,6 +325,7 @@ LOGITS = {
     "mixtral": [],
     "olmo3": ["rope_type=default", "sliding_window_size=4"],
     "qwen3-next": ["rope_max_timescale=10000"],  # the HF model's rope_theta
+    "qwen3.5": ["rope_max_timescale=10000"],
     "deepseek2": [
         "rope_factor=1",
         "max_position_embeddings=4096",
@@ -301,6 +345,23 @@ def generate(folder: Path, kind: str, config: dict) -> int:
     import transformers
 
     torch.manual_seed(0)
+    if kind == "Qwen3_5Moe":  # the multimodal model as published, fused experts
+        vision = dict(
+            depth=1,
+            hidden_size=16,
+            intermediate_size=24,
+            num_heads=2,
+            out_hidden_size=config["hidden_size"],
+            patch_size=4,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+        )
+        model = transformers.Qwen3_5MoeForConditionalGeneration(
+            transformers.Qwen3_5MoeConfig(text_config=config, vision_config=vision)
+        )
+        _perturbed(torch, model)
+        model.save_pretrained(folder, save_original_format=False)
+        return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     if kind == "Gemma3":  # the multimodal model, with a one-layer vision tower
         vision = transformers.SiglipVisionConfig(
             hidden_size=32,
@@ -318,12 +379,17 @@ def generate(folder: Path, kind: str, config: dict) -> int:
     else:
         model_class = getattr(transformers, f"{kind}ForCausalLM")
         model = model_class(getattr(transformers, f"{kind}Config")(**config))
+    _perturbed(torch, model)
+    model.save_pretrained(folder, save_original_format=kind != "Gemma3")
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+def _perturbed(torch, model) -> None:
+    """Norms and biases away from their initial ones and zeros, so that a mix-up shows."""
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" in name or "bias" in name:
                 parameter.add_(torch.randn_like(parameter) * 0.1)
-    model.save_pretrained(folder, save_original_format=kind != "Gemma3")
-    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
 def overrides(model_name: str, config: dict, extra: list[str]) -> list[str]:
@@ -441,6 +507,13 @@ SETUP = {
     "olmo3": "OLMo 3: 8 layers, two cycles of 3 sliding-window layers (window 4) and 1 full, "
     "where `olmo3-7b` has 32 (the launcher sets its converter's HF config to 8: "
     "`hf_config.num_hidden_layers=8`).",
+    "qwen3.5": "Qwen3.5: the published layout (Qwen3_5MoeForConditionalGeneration with a "
+    "one-layer vision tower, the language model under `model.language_model.`, fused experts); "
+    "8 layers, two cycles of 3 Gated DeltaNet layers (2 key and 4 value heads of 16) and 1 "
+    "full-attention layer; 16 routed experts (2 per token) and a shared expert, where "
+    "`qwen3.5-35b-a3b` has 40 layers and 256 experts (the launcher sets its converter's HF "
+    "text config, which its hooks take the layer count and linear-attention head counts from, "
+    "to the folder's: `hf_config.text_config.num_hidden_layers=8`, ...).",
     "qwen3-next": "Qwen3-Next: 8 layers, two cycles of 3 Gated DeltaNet layers (2 key and 4 "
     "value heads of 16, conv kernel 4) and 1 full-attention layer; 16 routed experts (2 per "
     "token) and a shared expert, where `qwen3-next-80b-a3b` has 48 layers and 512 experts (the "

@@ -69,8 +69,8 @@ class LanguageModel:
             warnings.warn(
                 f"Recipe {recipe!r} converts the language model of this multimodal folder and "
                 f"leaves out {len(left)} tensor(s) {target}'s text model has no place for "
-                f"({', '.join(left[:3])}{' ...' if len(left) > 3 else ''}); `suture convert ... "
-                f"--reverse --like ORIGINAL` restores them.",
+                f"({self._by_part(left)}); `suture convert ... --reverse --like ORIGINAL` "
+                "restores them.",
                 LeftOutWarning,
                 stacklevel=4,
             )
@@ -79,6 +79,18 @@ class LanguageModel:
             for name, value in hf.items()
             if not self.left_out(name)
         }
+
+    def _by_part(self, left: list[str]) -> str:
+        """Each part left out (a vision tower, an MTP layer), its first tensor and its count."""
+        parts = []
+        for pattern in self.leave_out:
+            names = [
+                name for name in left if fullmatch(compile_pattern(pattern, "leave_out"), name)
+            ]
+            if names:
+                more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+                parts.append(f"{names[0]}{more}")
+        return "; ".join(parts)
 
     def from_text(self, tensors: dict[str, Any], prefix: str) -> dict[str, Any]:
         return {renamed(name, TEXT_PREFIX, prefix): value for name, value in tensors.items()}

@@ -43,9 +43,16 @@ from ._experts import (
     stacked_axes,
 )
 from ._expr import evaluate, names_in
+from ._interleave import Interleave, parse_interleave
 from ._layer_kinds import check_pattern, check_set
 from ._layout import LayerLayout, Slot, grid_fits, grid_members, parse_blocks, stack_grid
-from ._multimodal import LanguageModel, LeftOutWarning, parse_language_model, renamed
+from ._multimodal import (
+    TEXT_PREFIX,
+    LanguageModel,
+    LeftOutWarning,
+    parse_language_model,
+    renamed,
+)
 from ._ops import FitRows, Operation, RecipeFormatError, parse_operation
 from ._schema import checked_table
 
@@ -99,6 +106,7 @@ class Leaf:
     layer_axis: int = SCAN_AXIS  # where the layers go when scanned
     fused: FusedSource | None = None  # where the tensor sits in transformers' fused layout
     always_fused: bool = False  # no per-tensor form: published fused (gpt-oss, Llama 4)
+    interleave: Interleave | None = None  # hf: [a, b] joined head by head, not stacked
 
     def sources(self, index: int | None = None) -> tuple[str, ...]:
         """The HF tensor name(s) of this leaf, for layer `index` of its group."""
@@ -342,6 +350,12 @@ class FamilyRecipe:
                 ],
                 axis=expert_axis,
             )
+        if leaf.interleave is not None:  # the sources joined first, then the operations
+            raw = [
+                self._read(leaf, name, None, None, hf, names, used, index, operations=False)
+                for name in leaf.sources(index)
+            ]
+            return self._applied(leaf, leaf.interleave.join(raw, names), names)
         if leaf.stacked:
             converted = [
                 self._read(leaf, name, None, None, hf, names, used, index)
@@ -413,6 +427,7 @@ class FamilyRecipe:
         names: dict,
         used: set,
         index: int | None = None,
+        operations: bool = True,
     ) -> LazyArray:
         if name not in hf:
             target = leaf.maxtext  # a per-layer target (Tunix's layers/N/...) named as this layer's
@@ -430,6 +445,9 @@ class FamilyRecipe:
                 named, count = f"Hugging Face tensor {name!r}", self.expert_count(names)
                 check_count(array, 0, count, "experts", named, self._said(names))
             array = fused.take(array, expert)
+        return self._applied(leaf, array, names) if operations else array
+
+    def _applied(self, leaf: Leaf, array: LazyArray, names: dict) -> LazyArray:
         for operation in leaf.operations:
             array = operation.forward(array, names)
         return array
@@ -463,7 +481,11 @@ class FamilyRecipe:
 
     def expert_layout(self, tree: Any, config: dict[str, Any]) -> str | None:
         """How the HF tree stores experts: ``"per-expert"``, ``"fused"``, or None (no MoE)."""
-        return self._expert_layout(_hf_leaves(tree), self.config_names(config))
+        hf = _hf_leaves(tree)
+        prefix = self._prefix(hf)
+        if prefix is not None:  # a multimodal folder: its language model under the table's names
+            hf = {renamed(name, prefix, TEXT_PREFIX): leaf for name, leaf in hf.items()}
+        return self._expert_layout(hf, self.config_names(config))
 
     def _expert_layout(self, hf: dict[str, Any], names: dict[str, Any]) -> str | None:
         leaf = next(
@@ -719,6 +741,9 @@ class FamilyRecipe:
     def _unstacked(self, leaf: Leaf, index: int | None, array: Any, names: dict) -> dict:
         """{HF name: tensor} of one target leaf (of layer `index`), its stack taken apart."""
         sources = leaf.sources(index)
+        if leaf.interleave is not None:
+            restored = self._restored(leaf, array, names)
+            return dict(zip(sources, leaf.interleave.split(restored, names, sources), strict=True))
         if not leaf.stacked:
             return {sources[0]: self._restored(leaf, array, names)}
         if array.ndim < 1 or array.shape[0] != len(sources):
@@ -837,8 +862,9 @@ class FamilyRecipe:
                 ", ".join(
                     [
                         *_stacking(leaf, self.scanned),
+                        *([leaf.interleave.describe()] if leaf.interleave else []),
                         *(op.describe(names) for op in leaf.operations),
-                        *(["stacked on axis 0"] if leaf.stacked else []),
+                        *(["stacked on axis 0"] if leaf.stacked and not leaf.interleave else []),
                     ]
                 )
                 or "-",
@@ -1046,6 +1072,9 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
                 layer_axis=int(axes.get("layer", SCAN_AXIS)),
                 fused=parse_fused(item["fused"], context) if "fused" in item else None,
                 always_fused=bool(item.get("always_fused")),
+                interleave=parse_interleave(item["interleave"], len(stacked), context)
+                if "interleave" in item
+                else None,
             )
         )
     config = data.get("config", {})
@@ -1063,6 +1092,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     expressions += [expression for _, expression in layer_sets]
     for leaf in leaves:
         expressions += [leaf.when or 0, *(e for op in leaf.operations for e in op.expressions())]
+        expressions += leaf.interleave.expressions() if leaf.interleave else []
     read = set()
     for expression in expressions:
         read |= names_in(expression)

@@ -24,6 +24,7 @@ from typing import Any
 from .._errors import ExpressionError, PatternError, RecipeFormatError, did_you_mean
 from .._patterns import compile_pattern
 from ._expr import Expression, check
+from ._interleave import check_interleave
 
 TARGETS = ("maxtext", "tunix")
 TOP_KEYS = (
@@ -43,7 +44,7 @@ TOP_KEYS = (
     "language_model",
     "source_file",  # set by the loader: where the table came from
 )
-LEAF_KEYS = ("hf", "ops", "when", "fused", "axes", "always_fused")
+LEAF_KEYS = ("hf", "ops", "when", "fused", "axes", "always_fused", "interleave")
 WORDS = ("transpose", "interleave_rope")
 OPTIONS = {
     "split_axis": ("axis", "sizes"),
@@ -348,6 +349,10 @@ class _Table:
         ]
         if "fused" in item:
             self.fused(item["fused"], f"{entry}.fused", groups)
+        if "interleave" in item:
+            out["interleave"] = check_interleave(
+                self, item["interleave"], f"{entry}.interleave", item
+            )
         axes = self.mapping(item.get("axes") or {}, f"{entry}.axes", ("expert", "layer"))
         for key, axis in axes.items():
             if not _whole(axis, 0, MAX_AXIS):
