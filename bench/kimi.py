@@ -365,6 +365,7 @@ def report(arguments, runs, floor, source_bytes, output_bytes, load) -> None:  #
 
     wall, cpu, rss = median("wall_s"), median("cpu_s"), max(r["peak_rss_bytes"] for r in runs) / GiB
     floor_s = floor["read_s"] + floor["write_s"]
+    cores = len(os.sched_getaffinity(0))
     cold = all(r["cold"] for r in runs)
     bench_params = params_count(2, arguments.experts, VOCAB, DENSE)
     full_params = params_count(FULL["layers"], FULL["experts"], FULL["vocab"], FULL["dense"])
@@ -407,6 +408,10 @@ heads, MLA); before it the dense layer 0 MaxText's converter needs (full attenti
 - Floor: reading the source {floor["read_s"]:.1f} s + an fsync'd write of the output's size
   {floor["write_s"]:.1f} s = {floor_s:.1f} s. suture: **{wall / floor_s:.2f}x** the floor (goal: within 1.3x),
   peak RSS **{rss:.2f} GiB** (goal: under 1.5 GiB). Runs (wall s): {", ".join(f"{r['wall_s']:.1f}" for r in runs)}.
+- CPU: the pass spends {cpu:.0f} s of CPU ({cpu / (output_bytes / GiB):.1f} s per GiB written: INT4
+  decode, bfloat16 rounding, Orbax's zstd and checksums), {cpu / cores:.0f} s of wall on these {cores} cores
+  if it had them to itself ({cpu / cores / floor_s:.2f}x the floor); the floor's `cat` and `dd` do none of
+  that work (bench/write_floor.py measures Orbax's write alone against the read).
 - Values: expert {CHECKED_EXPERT}'s `gate_proj` in suture's output equals compressed-tensors' decompressor
   (bfloat16) bit for bit.
 - Extrapolated to K2.6's whole text model (61 layers, 384 experts, vocabulary 163840: {full_params / 1e9:.0f}B
