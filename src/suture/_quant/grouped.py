@@ -31,7 +31,7 @@ from .._lazy.graph import Node
 from .._lazy.selection import Selection, positions, selection_shape
 from .e2m1 import E2M1, dequantize_e2m1
 from .formats import MXFP4_BLOCK, dequantize_mxfp4, scale_values
-from .intpack import dequantize_groups, packed_words, unpack_codes, unpack_signed
+from .intpack import dequantize_groups, packed_words, unpack_signed, unpack_values
 from .nodes import _OverflowWarning
 
 
@@ -193,10 +193,10 @@ class IntCodec(Codec):
     def decode(
         self, arrays: list[np.ndarray], rows: Any, columns: range
     ) -> tuple[np.ndarray, np.ndarray]:
-        codes = unpack_codes(arrays[0], self.bits, len(columns))
+        values = unpack_values(arrays[0], self.bits, len(columns))
         scales = _float_scales(arrays[1])
         if self.per_tensor:
-            scales = np.broadcast_to(scales.reshape(-1)[0], (*codes.shape[:-1], 1))
+            scales = np.broadcast_to(scales.reshape(-1)[0], (*values.shape[:-1], 1))
         zero_points = None
         if self.zero_points is not None:
             along_rows = np.swapaxes(arrays[2], -1, -2)  # (..., groups, words)
@@ -207,7 +207,7 @@ class IntCodec(Codec):
             unpacked = unpack_signed(along_rows, self.bits, count, low * self.bits - first)
             zero_points = np.swapaxes(unpacked, -1, -2)[..., picked - low, :]
         group = min(self.group, len(columns))
-        return dequantize_groups(codes, self.bits, scales, zero_points, group), scales
+        return dequantize_groups(values, scales, zero_points, group), scales
 
 
 class GroupedDequantNode(Node):

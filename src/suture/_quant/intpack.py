@@ -46,21 +46,27 @@ def unpack_signed(words: np.ndarray, bits: int, count: int, skip: int = 0) -> np
     return unpack_codes(words, bits, count, skip).astype(np.int16) - (1 << (bits - 1))
 
 
+def unpack_values(words: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """The values ``q`` (codes less ``2 ** (bits - 1)``) of each row, as float32 ``(...,
+    count)``: exact, they are small integers."""
+    values = unpack_codes(words, bits, count).astype(np.float32)
+    values -= np.float32(1 << (bits - 1))
+    return values
+
+
 def dequantize_groups(
-    codes: np.ndarray,
-    bits: int,
+    values: np.ndarray,
     scales: np.ndarray,
     zero_points: np.ndarray | None,
     group: int,
 ) -> np.ndarray:
     """``float32(q - z) * scale`` of each group of `group` values of the last axis, as
     compressed-tensors computes it (``x_q.to(s.dtype) - z``, times ``s``) with float32
-    scales; `codes` (stored, ``q + 2 ** (bits - 1)``) ``(..., rows, cols)``, `scales` and
-    `zero_points` ``(..., rows, cols / group)``."""
-    *lead, cols = codes.shape
-    grouped = codes.reshape(*lead, cols // group, group).astype(np.float32)
-    grouped -= np.float32(1 << (bits - 1))  # small integers: exact
+    scales; `values` (``q``, float32) ``(..., rows, cols)``, `scales` and `zero_points`
+    ``(..., rows, cols / group)``."""
+    *lead, cols = values.shape
+    grouped = np.ascontiguousarray(values).reshape(*lead, cols // group, group)
     if zero_points is not None:
         grouped -= zero_points.astype(np.float32)[..., None]
     grouped *= scales[..., None]
-    return grouped.reshape(codes.shape)
+    return grouped.reshape(values.shape)
