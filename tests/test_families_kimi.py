@@ -259,3 +259,14 @@ def test_k25_in_transformers_v5_names_converts_the_same(kimi, tmp_path: Path) ->
     with pytest.warns(families.LeftOutWarning, match=r"model\.vision_tower"):
         convert(v5, tmp_path / "ours")
     ok("diff", tmp_path / "ours", tmp_path / "published", "--values")
+
+
+@pytest.mark.parametrize("causal", [[1], "language_model.", [""]])
+def test_causal_lm_prefixes_outside_the_schema_are_an_error(causal) -> None:
+    from suture.families._recipe import _parse
+
+    leaf = {"maxtext": "decoder/layers/w", "hf": "model.layers.{layer}.w"}
+    language_model = {"config": "text_config", "prefixes": ["x."], "causal_lm_prefixes": causal}
+    data = {"follows": "x", "description": "x", "source_file": "mine.yaml", "leaves": [leaf]}
+    with pytest.raises(families.RecipeFormatError, match="causal_lm_prefixes"):
+        _parse("mine", {**data, "language_model": language_model}, True)
