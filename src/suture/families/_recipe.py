@@ -58,7 +58,6 @@ from ._layout import (
 )
 from ._made import Made, parse_made
 from ._multimodal import (
-    TEXT_PREFIX,
     LanguageModel,
     LeftOutWarning,
     parse_language_model,
@@ -530,7 +529,8 @@ class FamilyRecipe:
         hf = _hf_leaves(tree)
         prefix = self._prefix(hf)
         if prefix is not None:  # a multimodal folder: its language model under the table's names
-            hf = {renamed(name, prefix, TEXT_PREFIX): leaf for name, leaf in hf.items()}
+            text = self.language_model.text_prefix(prefix)  # type: ignore[union-attr]
+            hf = {renamed(name, prefix, text): leaf for name, leaf in hf.items()}
         return self._expert_layout(hf, self.config_names(config))
 
     def _expert_layout(self, hf: dict[str, Any], names: dict[str, Any]) -> str | None:
@@ -673,7 +673,7 @@ class FamilyRecipe:
         if language_model is None:
             prefix = None
         elif prefix is None and language_model.is_multimodal(config):
-            prefix = language_model.prefixes[0]
+            prefix = language_model.default_prefix
         out = self._to_hf(tree, config, layout)
         if language_model is not None and prefix is not None:
             out = language_model.from_text(out, prefix)
@@ -692,7 +692,8 @@ class FamilyRecipe:
         """Rows a ``fit_rows`` cut, taken back from the `original` HF tensors."""
         for leaf in self._active(names):
             cuts = [op.cut(names) for op in leaf.operations if isinstance(op, FitRows)]
-            name = renamed(leaf.hf, "model.", prefix) if prefix else leaf.hf
+            language_model = self.language_model
+            name = language_model.hf_name(leaf.hf, prefix) if prefix and language_model else leaf.hf
             if leaf.group is not None or not cuts or name not in original or name not in out:
                 continue
             kept, rows = cuts[0]

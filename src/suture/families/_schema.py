@@ -354,7 +354,10 @@ class _Table:
         ):
             self.problem(entry, rule)
             return
-        self.mapping(value, entry, ("config", "prefixes", "leave_out"))
+        self.mapping(value, entry, ("config", "prefixes", "leave_out", "causal_lm_prefixes"))
+        causal = self.listing(value.get("causal_lm_prefixes") or [], f"{entry}.causal_lm_prefixes")
+        for i, prefix in enumerate(causal):
+            self.text(prefix, f"{entry}.causal_lm_prefixes[{i}]")
         leave_out = self.listing(value.get("leave_out") or [], f"{entry}.leave_out")
         for i, pattern in enumerate(leave_out):
             self.pattern(pattern, f"{entry}.leave_out[{i}]")
