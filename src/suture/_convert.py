@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import families, rules
-from ._errors import ArgumentError, RecipeError, did_you_mean
+from . import rules
+from ._errors import ArgumentError
 from ._hf import (
     LAYOUT_KEY,
     keep_safetensors_layout,
@@ -30,6 +30,7 @@ from ._surgery.build import transform
 from ._surgery.recipes import forward_record, load_recipe
 from .families._convert import DEFAULT_SHARD_SIZE, convert_with_recipe
 from .families._file import is_family_recipe
+from .families._names import unknown_name
 from .sources.open import open as open_checkpoint
 
 
@@ -65,7 +66,8 @@ def convert(
     Args:
         format: ``"orbax"`` or ``"safetensors"``; default from `destination`: a name ending in
             ``.safetensors`` means safetensors, anything else Orbax (safetensors with
-            `quantize`: the FP8 layout serving stacks load is a Hugging Face folder's).
+            `quantize`: the FP8 layout serving stacks load is a Hugging Face folder's; and
+            with `dequantize` of a Hugging Face folder, which gives a folder again).
         dtype: cast floating-point leaves to this dtype (``"bfloat16"``).
         recipe: a recipe file applied before writing: YAML or TOML rules, or a Python
             file (``RULES``, ``transform``, ``TARGET``, ``init``; see ``suture apply --help``),
@@ -218,6 +220,9 @@ def converted(
         dequantize=dequantize,
         dequantize_dtype=dtype or "bfloat16",
     )
+    if format is None and dequantize and ckpt.format == "safetensors":
+        # dequantized for another tool: a Hugging Face folder in the new dtype, as it came
+        target_format = "safetensors"
     stored_quantized = "quantization_config" in ckpt.layout and not dequantize
     if stored_quantized and (dtype is not None or quantize is not None):
         raise ArgumentError(
@@ -279,10 +284,4 @@ def _check_not_a_misspelt_name(recipe: str) -> None:
     is a built-in name misspelt: the error suggests the names, as for ``llama3.1:maxtex``."""
     if Path(recipe).suffix.lower() in RECIPE_SUFFIXES or Path(recipe).exists():
         return
-    names = families.recipe_names()
-    wanted = recipe if ":" in recipe else f"{recipe}:maxtext"  # a family named alone
-    raise RecipeError(
-        f"No built-in recipe {recipe!r}, and no recipe file of that name.{did_you_mean(wanted, names)} "
-        f"Built in: {', '.join(names)} (`suture recipes` lists them); a recipe file ends in "
-        f"{', '.join(RECIPE_SUFFIXES)}."
-    )
+    raise unknown_name(recipe, RECIPE_SUFFIXES)

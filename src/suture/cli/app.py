@@ -246,11 +246,19 @@ def diff(
     rtol: Annotated[float, typer.Option("--rtol", help="Relative tolerance for --values.")] = 0.0,
     as_json: AsJson = False,
     allow_pickle: AllowPickle = False,
+    ulp: Annotated[
+        int,
+        typer.Option(
+            "--ulp",
+            min=0,
+            help="For --values: allow N units in the last place (the coarser dtype's).",
+        ),
+    ] = 0,
 ) -> None:
     """Show how two checkpoints differ. Exit 0 when equal, 1 when different, 2 on error."""
     first = open_checkpoint(a, allow_pickle=allow_pickle)
     second = open_checkpoint(b, allow_pickle=allow_pickle)
-    result = run_diff(first, second, values=values, atol=atol, rtol=rtol)
+    result = run_diff(first, second, values=values, atol=atol, rtol=rtol, ulp=ulp)
     typer.echo(result.to_json() if as_json else str(result))
     raise typer.Exit(code=0 if result.equal else 1)
 
@@ -507,7 +515,8 @@ def convert(
             "--dequantize",
             help="Dequantize a quantized HF folder in the same pass (FP8 block scales, MXFP4, "
             "DeepSeek-V4 FP4, compressed-tensors INT and NVFP4, ModelOpt NVFP4), to --dtype "
-            "(default bfloat16); config.json loses its quantization_config.",
+            "(default bfloat16): an HF folder unless --format orbax; config.json loses its "
+            "quantization_config.",
             rich_help_panel=QUANTIZATION,
         ),
     ] = False,
@@ -581,7 +590,8 @@ def convert(
     """Convert a checkpoint to Orbax or safetensors, streaming it.
 
     A Hugging Face folder converts to Orbax unless --format safetensors is given (or
-    --quantize, whose serving layout is a Hugging Face folder's); the Orbax checkpoint keeps
+    --quantize, whose serving layout is a Hugging Face folder's, or --dequantize, which gives
+    the folder back in bfloat16 without its quantization_config); the Orbax checkpoint keeps
     the folder's files beside it, and converting it back with --format safetensors gives the
     folder again.
     """

@@ -22,6 +22,7 @@ from ._config_lists import derived
 from ._expr import evaluate, names_in
 from ._layer_config import per_kind_fields
 from ._layer_kinds import check_pattern, check_set
+from ._table_errors import unknown_field
 
 # The config.json fields recipes read, by kind: Hugging Face's names, the same in every family.
 # Any other field a recipe's expressions read must be a finite number.
@@ -80,6 +81,9 @@ def config_names(recipe: Any, config: dict[str, Any]) -> dict[str, Any]:
                 continue  # said below, with the values the recipe fits
             if _only_for_defaults_not_needed(recipe, field, names):
                 continue
+            if recipe.table_file and field not in names:  # a typo in the table, perhaps
+                known = [*names, *recipe.defaults]
+                raise unknown_field(recipe.name, recipe.table_file, recipe.leaves, field, known)
             raise ConfigMismatchError(
                 f"config.json has no {field!r}{' (it is null)' if field in names else ''}; "
                 f"recipe {recipe.name!r} needs it. Pass the model's own config.json "

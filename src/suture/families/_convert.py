@@ -153,7 +153,12 @@ def convert_with_recipe(
     else:
         settings = _config_beside(source, name)
     recorded_experts, prefix = record.get(EXPERTS_KEY), record.get(PREFIX_KEY)
-    like_tree = open_checkpoint(like, separator=".").tree if like is not None else None
+    # a quantized original (Kimi K2.5's INT4 experts) is read as the forward run read it
+    like_ckpt = open_checkpoint(like, separator=".", dequantize="auto") if like else None
+    like_tree = like_ckpt.tree if like_ckpt is not None else None
+    if like_ckpt is not None and like_ckpt.layout.get("dequantized"):
+        edit = dequantized_config(dtype or "bfloat16")  # the output is not quantized
+        like_files = dequantized_files(with_config_edited(like_files, edit))
     experts = recorded_experts
     if like_tree is not None:
         experts = recipe.expert_layout(like_tree, settings)

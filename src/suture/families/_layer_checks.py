@@ -29,6 +29,7 @@ from ._expr import names_in
 from ._layout import grid_fits
 from ._leaf import Leaf
 from ._shared_targets import shared_groups
+from ._table_errors import no_tensor_matches
 
 
 def check_hf_layers(
@@ -52,6 +53,8 @@ def check_hf_layers(
             sources = [leaf.hf_name(layout, "{}", expert)]
         for name in sources:
             templates.setdefault(name, set()).add(leaf.group)
+            if recipe.table_file and not _indices(name, hf):  # a typo in the table's hf:
+                raise no_tensor_matches(recipe.name, recipe.table_file, leaf.maxtext, leaf.hf, hf)
     for template, groups in templates.items():
         _compare_layers(
             recipe,

@@ -76,9 +76,16 @@ class LayerGroup:
 
 
 def parse_leaf(
-    item: Any, number: int, data: dict[str, Any], target: str, groups: Any, where: str
+    item: Any,
+    number: int,
+    data: dict[str, Any],
+    target: str,
+    groups: Any,
+    where: str,
+    scan_axis: int = SCAN_AXIS,
 ) -> Leaf:
-    """Leaf `number` of a table (`data`, of `target`, with layer `groups`) as a `Leaf`."""
+    """Leaf `number` of a table (`data`, of `target`, with layer `groups`) as a `Leaf`;
+    `scan_axis`: where its layers go when scanned, unless it says (``axes: {layer: N}``)."""
     if isinstance(item, dict) and "make" in item and target in item:
         made = parse_made(item["make"], f"{where}: leaf {item[target]!r}")
         return Leaf(item[target], "", made.layers, (), item.get("when"), made=made)
@@ -113,7 +120,7 @@ def parse_leaf(
         experts=experts,
         expert_axis=int(axes.get("expert", 0)),
         routed=routed,
-        layer_axis=int(axes.get("layer", SCAN_AXIS)),
+        layer_axis=int(axes.get("layer", scan_axis)),
         fused=parse_fused(item["fused"], context) if "fused" in item else None,
         always_fused=bool(item.get("always_fused")),
         interleave=parse_interleave(item["interleave"], len(stacked), context)

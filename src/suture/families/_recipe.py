@@ -46,7 +46,6 @@ from ._layout import (
 )
 from ._leaf import LayerGroup, Leaf
 from ._multimodal import (
-    TEXT_PREFIX,
     LanguageModel,
     LeftOutWarning,
     renamed,
@@ -86,6 +85,7 @@ class FamilyRecipe:
     layer_sets: tuple[tuple[str, str], ...] = ()
     # config fields of per-layer overrides, each with its list of kinds (`_layer_config`)
     per_layer: tuple[tuple[str, str], ...] = ()
+    table_file: str = ""  # a user's table file: its errors name its leaves and lines
 
     @property
     def name(self) -> str:
@@ -107,7 +107,9 @@ class FamilyRecipe:
 
     @property
     def _label(self) -> str:
-        return "MaxText" if self.target == "maxtext" else "Tunix"
+        if self.target.startswith("maxtext"):
+            return "MaxText"
+        return {"flax": "Flax"}.get(self.target, "Tunix")
 
     def config_names(self, config: dict[str, Any]) -> dict[str, Any]:
         """The config's fields with the recipe's defaults filled in, checked against it
@@ -304,7 +306,8 @@ class FamilyRecipe:
         hf = _hf_leaves(tree)
         prefix = self._prefix(hf)
         if prefix is not None:  # a multimodal folder: its language model under the table's names
-            hf = {renamed(name, prefix, TEXT_PREFIX): leaf for name, leaf in hf.items()}
+            text = self.language_model.text_prefix(prefix)  # type: ignore[union-attr]
+            hf = {renamed(name, prefix, text): leaf for name, leaf in hf.items()}
         return find_expert_layout(self, hf, self.config_names(config))
 
     def _layer_indices(self, group: str, names: dict[str, Any]) -> list[int]:
@@ -350,7 +353,7 @@ class FamilyRecipe:
         if language_model is None:
             prefix = None
         elif prefix is None and language_model.is_multimodal(config):
-            prefix = language_model.prefixes[0]
+            prefix = language_model.default_prefix
         out = hf_tensors(self, tree, config, layout)
         if language_model is not None and prefix is not None:
             out = language_model.from_text(out, prefix)

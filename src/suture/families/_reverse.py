@@ -34,7 +34,6 @@ from ._experts import (
 from ._layer_checks import check_maxtext_layers, check_none_left_out, check_stack, take
 from ._layout import grid_members
 from ._leaf import Leaf
-from ._multimodal import renamed
 from ._ops import FitRows, RecipeFormatError
 from ._shared_sources import GivenBack
 
@@ -169,7 +168,8 @@ def restore_cut_rows(
     """Rows a ``fit_rows`` cut, taken back from the `original` HF tensors."""
     for leaf in recipe._active(names):
         cuts = [op.cut(names) for op in leaf.operations if isinstance(op, FitRows)]
-        name = renamed(leaf.hf, "model.", prefix) if prefix else leaf.hf
+        language_model = recipe.language_model
+        name = language_model.hf_name(leaf.hf, prefix) if prefix and language_model else leaf.hf
         if leaf.group is not None or not cuts or name not in original or name not in out:
             continue
         kept, rows = cuts[0]

@@ -16,12 +16,13 @@ import functools
 import importlib.resources
 from typing import Any
 
-from .._errors import RecipeError, did_you_mean
+from .._errors import RecipeError
 from .._yaml import parse as parse_yaml
 from ._expr import names_in
 from ._layout import SCANNED, LayerLayout, parse_blocks
-from ._leaf import LayerGroup, parse_leaf
+from ._leaf import SCAN_AXIS, LayerGroup, parse_leaf
 from ._multimodal import parse_language_model
+from ._names import is_family_name, resolve_name, unknown_name
 from ._recipe import FamilyRecipe
 from ._schema import checked_table
 
@@ -29,7 +30,10 @@ LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
 # The model code a table targets (its YAML's `target:`), and that target's layouts. A Tunix
 # table writes its per-layer paths with the layer in them (``layers/{layer}/attn/q_proj/w``),
 # as ``nnx.state`` of Tunix's models has them; its tree has no root and no step.
-TARGETS = {"maxtext": LAYOUTS, "tunix": {"tunix": False}}
+TARGETS = {"maxtext": LAYOUTS, "tunix": {"tunix": False}, "flax": {"flax": True}}
+FLAX_SCAN_AXIS = 0  # nnx.scan's and nn.scan's default: a user's Flax table (target: flax)
+# A tower table (`_whole`): a family's language model as FAMILY:maxtext, plus its vision tower.
+TARGETS["maxtext-multimodal"] = {"maxtext-multimodal": True}
 
 
 # The built-in recipes -------------------------------------------------------------------------
@@ -67,28 +71,34 @@ def recipe_names() -> list[str]:
 
 
 def is_recipe_name(name: str) -> bool:
+    if is_family_name(name):  # a family alone, in any case (`resolve_name`)
+        return True
     return (
         isinstance(name, str)
         and ":" in name
-        and any(name.split(":", 1)[0] in _families(target) for target in TARGETS)
+        and any(name.split(":", 1)[0].lower() in _families(target) for target in TARGETS)
     )
 
 
 def get_recipe(name: str) -> FamilyRecipe:
-    """The built-in recipe `name` (``FAMILY:maxtext``, ``FAMILY:maxtext-unscanned`` or ``FAMILY:tunix``)."""
+    """The built-in recipe `name` (``FAMILY:maxtext``, ``FAMILY:maxtext-unscanned``,
+    ``FAMILY:maxtext-multimodal`` or ``FAMILY:tunix``, in any case; a family alone when one
+    target takes it)."""
+    name = resolve_name(name)
     family, _, layout = name.partition(":")
     target = next((t for t, layouts in TARGETS.items() if layout in layouts), None)
     if target is None or family not in _families(target):
-        raise RecipeError(
-            f"No built-in recipe {name!r}.{did_you_mean(name, recipe_names())} "
-            f"Built in: {', '.join(recipe_names())}."
-        )
+        raise unknown_name(name)
     offered = _families(target)[family].get("layouts", list(TARGETS[target]))
     if layout not in offered:
         raise RecipeError(
             f"No built-in recipe {name!r}: {family} has the layout(s) "
             f"{', '.join(f'{family}:{o}' for o in offered)} only (as its target's model has it)."
         )
+    if target == "maxtext-multimodal":
+        from ._whole import whole_recipe
+
+        return whole_recipe(family, _families(target)[family], _parse)
     return _parse(family, _families(target)[family], TARGETS[target][layout])
 
 
@@ -105,8 +115,9 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         for name, spec in group_specs.items()
     }
     target = data.get("target", "maxtext")
+    scan_axis = data.get("layer_axis", FLAX_SCAN_AXIS if target == "flax" else SCAN_AXIS)
     leaves = [
-        parse_leaf(item, number, data, target, groups, where)
+        parse_leaf(item, number, data, target, groups, where, scan_axis)
         for number, item in enumerate(data["leaves"])
     ]
     config = data.get("config", {})
