@@ -29,27 +29,12 @@ from .._patterns import compile_pattern, fullmatch
 from ._config_check import config_names, layer_counts
 from ._describe import layer_kinds, operations_table
 from ._expert_layout import check_experts, expert_count, experts_said, find_expert_layout
-from ._experts import (
-    FusedSource,
-    check_count,
-    stacked_axes,
-)
+from ._experts import FusedSource, check_count, stacked_axes
 from ._expr import evaluate
-from ._layer_checks import (
-    check_hf_layers,
-    unscanned,
-)
-from ._layout import (
-    LayerLayout,
-    Slot,
-    stack_grid,
-)
+from ._layer_checks import check_hf_layers, unscanned
+from ._layout import LayerLayout, Slot, stack_grid
 from ._leaf import LayerGroup, Leaf
-from ._multimodal import (
-    LanguageModel,
-    LeftOutWarning,
-    renamed,
-)
+from ._multimodal import LanguageModel, LeftOutWarning, renamed
 from ._ops import FitRows
 from ._reverse import hf_tensors, restore_cut_rows
 from ._shared_targets import check_one_writer
@@ -299,6 +284,7 @@ class FamilyRecipe:
         return self.language_model.prefix(hf) if self.language_model else None
 
     def expert_count(self, names: dict[str, Any]) -> int:
+        """How many experts a MoE layer has, by the checked config (`_expert_layout`)."""
         return expert_count(self, names)
 
     def expert_layout(self, tree: Any, config: dict[str, Any]) -> str | None:
