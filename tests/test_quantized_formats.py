@@ -732,3 +732,34 @@ def test_a_family_recipe_dequantizes_int4_experts_in_the_same_pass(tmp_path: Pat
     assert back.exit_code == 0, back.output
     assert "quantization_config" not in json.loads((tmp_path / "back" / "config.json").read_text())
     assert cli("diff", str(tmp_path / "back"), str(plain), "--values").exit_code == 0
+
+
+# --- hostile layouts ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale_shape", [(1,), (1, 1), ()])
+def test_one_per_tensor_scale_of_any_shape_equals_compressed_tensors(tmp_path, scale_shape):
+    """A per-tensor scale stored (1, 1) is the one scale of every row, not a row's: a read of
+    8 rows must not take 8 rows of it (the bytes after it are another tensor's)."""
+    state, scheme, args = packed_module((8, 64), 4, "tensor", True)
+    state = {**state, "weight_scale": state["weight_scale"].reshape(scale_shape)}
+    module = "model.layers.0.mlp.down_proj"
+    tensors = {f"{module}.{key}": value for key, value in state.items()}
+    tensors[f"{module}.zz_after_the_scale"] = torch.full((64,), 1000.0, dtype=torch.bfloat16)
+    folder = write_folder(tmp_path / "m", tensors, ct_config(args))
+    expected = reference_pack(state, scheme)
+    ours = read(folder, "model/layers/0/mlp/down_proj/weight")
+    np.testing.assert_array_equal(bits(ours), bits(expected))
+
+
+def test_a_read_past_a_stored_tensors_rows_is_refused_not_the_next_tensors_bytes(tmp_path):
+    from suture._errors import InvalidIndexError
+    from suture.sources.filesource import FileRangeSource
+
+    save_file({"a": torch.ones(1, 2), "b": torch.full((4, 2), 7.0)}, tmp_path / "x.safetensors")
+    stored = suture.open(tmp_path / "x.safetensors")["a"].node
+    assert isinstance(stored, FileRangeSource) and stored.shape == (1, 2)
+    with pytest.raises(InvalidIndexError, match=r"rows 0-3 of tensor 'a'.*shape \(1, 2\)"):
+        stored.read((range(3), range(2)))
+    with pytest.raises(InvalidIndexError, match="rows 1-2"):
+        stored.read((range(1, 2), range(1)))
