@@ -366,3 +366,33 @@ def test_nnx_lora_fine_tune_exports_to_a_peft_folder_peft_serves(base, tmp_path)
     with torch.no_grad():
         logits = served(torch.tensor(TOKENS)).logits.numpy()
     np.testing.assert_allclose(logits, tuned, atol=1e-4, rtol=0)
+
+
+def test_merge_adapter_into_a_quantized_base_needs_its_real_values(base, tmp_path):
+    """An FP8 base read as stored holds codes whose scale is another tensor: a delta added to
+    them is lost (it rounds away) or wrong. The merge refuses it, naming the weight and
+    --dequantize; dequantized, it merges."""
+    from suture._adapters.api import merged_with_adapter
+
+    adapter = peft_adapter(base, tmp_path / "adapter")
+    fp8 = tmp_path / "fp8"
+    suture.convert(base, fp8, quantize="fp8-block", progress=False)
+    with pytest.raises(suture.UnsupportedError, match="float8_e4m3fn.*--dequantize") as error:
+        suture.convert(fp8, tmp_path / "out", merge_adapter=adapter, progress=False)
+    assert "'model.layers.0.mlp.down_proj.weight'" in str(error.value)
+    assert not (tmp_path / "out").exists()
+    suture.convert(
+        fp8, tmp_path / "out", merge_adapter=adapter, dequantize=True, dtype="float32",
+        progress=False,
+    )  # fmt: skip
+    suture.convert(fp8, tmp_path / "real", dequantize=True, dtype="float32", progress=False)
+    suture.convert(tmp_path / "real", tmp_path / "two", merge_adapter=adapter, progress=False)
+    one, two = read_tensors(tmp_path / "out"), read_tensors(tmp_path / "two")
+    assert sorted(one) == sorted(two)
+    for name, value in two.items():
+        np.testing.assert_array_equal(one[name], value, err_msg=name)
+    packed = {"model": {"layers": {"0": {"mlp": {"down_proj": {
+        "weight_packed": np.zeros((64, 12), np.int32), "weight_scale": np.ones((64, 3)),
+    }}}}}}  # fmt: skip
+    with pytest.raises(suture.UnsupportedError, match="weight_packed' is stored packed"):
+        merged_with_adapter(packed, adapter)

@@ -198,6 +198,9 @@ def merged_with_adapter(tree: Any, adapter_folder: str | os.PathLike) -> Any:
     flat = flatten(tree)
     for module, (lora_a, lora_b) in adapter.pairs.items():
         path = module.replace(".", "/") + "/weight"
+        stored = sorted(p for p in flat if p.startswith(path + "_"))  # weight_packed, _scale
+        if path not in flat and stored:
+            _refuse_quantized(module, stored[0].replace("/", "."), "stored packed")
         if path not in flat:
             near = ", ".join(sorted(p.replace("/", ".") for p in flat)[:4])
             raise ConfigMismatchError(
@@ -205,6 +208,8 @@ def merged_with_adapter(tree: Any, adapter_folder: str | os.PathLike) -> Any:
                 f"(it has {near}, ...). Merge the adapter into the model it was trained on."
             )
         weight = as_lazy(flat[path], path=module + ".weight")
+        if weight.dtype.name not in PLAIN_FLOATS:
+            _refuse_quantized(module, module + ".weight", weight.dtype.name)
         if weight.shape != (lora_b.shape[0], lora_a.shape[1]):
             raise ConfigMismatchError(
                 f"Adapter pair of {module!r}: B @ A is {(lora_b.shape[0], lora_a.shape[1])}, "
@@ -213,6 +218,18 @@ def merged_with_adapter(tree: Any, adapter_folder: str | os.PathLike) -> Any:
             )
         flat[path] = merged_weight(weight, lora_a, lora_b, adapter.scaling(lora_a.shape[0]))
     return unflatten(flat)
+
+
+PLAIN_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _refuse_quantized(module: str, tensor: str, found: str) -> None:
+    raise UnsupportedError(
+        f"Adapter pair of {module!r}: the base's {tensor!r} is {found}, a quantized weight "
+        f"(its values need their scales); a LoRA delta added to its stored codes would be "
+        f"lost or wrong. Read the base dequantized: --dequantize (dequantize=True), or "
+        f"convert with a family recipe, which dequantizes as it reads."
+    )
 
 
 def merged_weight(
