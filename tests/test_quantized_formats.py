@@ -763,3 +763,26 @@ def test_a_read_past_a_stored_tensors_rows_is_refused_not_the_next_tensors_bytes
         stored.read((range(3), range(2)))
     with pytest.raises(InvalidIndexError, match="rows 1-2"):
         stored.read((range(1, 2), range(1)))
+
+
+def test_a_modelopt_weight_of_another_scheme_is_refused_not_passed_on_as_codes(tmp_path):
+    """An FP8 layer (a float32 per-tensor weight_scale) in an NVFP4 export: passed on as it
+    was, its E4M3 codes would be read as values in a checkpoint that says it is dequantized."""
+    packed, scales = nvfp4_tensors(rows=2, cols=64)
+    folder = write_folder(
+        tmp_path / "m",
+        {
+            "m.weight": packed,
+            "m.weight_scale": scales,
+            "m.weight_scale_2": torch.tensor(1.0),
+            "f.weight": torch.ones(4, 16).to(torch.float8_e4m3fn),
+            "f.weight_scale": torch.tensor(0.5),
+        },
+        {"quant_method": "modelopt", "quant_algo": "NVFP4"},
+    )
+    with pytest.raises(suture.CorruptCheckpointError) as error:
+        suture.open(folder, dequantize=True)
+    for word in ("'f.weight' is float8_e4m3fn", "'f.weight_scale' is float32 of shape ()"):
+        assert word in str(error.value), str(error.value)
+    result = cli("convert", str(folder), str(tmp_path / "out"), "--dequantize")
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
