@@ -396,3 +396,19 @@ def test_merge_adapter_into_a_quantized_base_needs_its_real_values(base, tmp_pat
     }}}}}}  # fmt: skip
     with pytest.raises(suture.UnsupportedError, match="weight_packed' is stored packed"):
         merged_with_adapter(packed, adapter)
+
+
+def test_an_adapter_import_that_does_not_fit_names_the_pair_and_the_way_out(base, tmp_path):
+    adapter = peft_adapter(base, tmp_path / "adapter")
+    with pytest.raises(suture.UnsupportedError, match=r"down_proj'.*scan axis.*maxtext-unscanned"):
+        suture.convert(
+            adapter, tmp_path / "jax", recipe="llama3.1:maxtext", adapter_only=True,
+            config=base / "config.json", progress=False,
+        )  # fmt: skip
+    narrow = dict(json.loads((base / "config.json").read_text()), num_attention_heads=2)
+    with pytest.raises(suture.ConfigMismatchError, match=r"Adapter pair of '.*o_proj'.*2 x 16"):
+        suture.convert(
+            adapter, tmp_path / "jax", recipe="llama3:tunix", adapter_only=True,
+            config=narrow, progress=False,
+        )  # fmt: skip
+    assert not (tmp_path / "jax").exists()

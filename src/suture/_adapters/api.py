@@ -38,9 +38,12 @@ from .peft_folder import read as read_adapter
 from .peft_folder import write as write_adapter
 
 
-def leaf_table(recipe: Any, names: dict[str, Any]) -> dict[str, tuple[str, tuple[Any, ...]]]:
+def leaf_table(
+    recipe: Any, names: dict[str, Any], scanned: set[str] | None = None
+) -> dict[str, tuple[str, tuple[Any, ...]]]:
     """``{target path: (HF module, operations)}`` of the recipe's plain linear leaves: one
-    HF tensor each (no experts, no stacked or fused tensors), per layer (unscanned)."""
+    HF tensor each (no experts, no stacked or fused tensors), per layer (unscanned). The HF
+    modules of leaves stacked on a scan axis go to `scanned`."""
     table = {}
     for leaf in recipe._active(names):
         if leaf.experts or leaf.stacked or leaf.fused is not None or leaf.routed:
@@ -52,6 +55,10 @@ def leaf_table(recipe: Any, names: dict[str, Any]) -> dict[str, tuple[str, tuple
             continue
         for slot in recipe._slots(leaf, names):
             if slot.grid:  # layers stacked on a scan axis: no per-layer factors
+                if scanned is not None:
+                    scanned.update(
+                        leaf.hf_name(None, i).removesuffix(".weight") for i in slot.indices
+                    )
                 continue
             (index,) = slot.indices
             module = leaf.hf_name(None, index).removesuffix(".weight")
@@ -164,9 +171,18 @@ def import_adapter(
     recipe = family_recipe(recipe_name)
     names = recipe.config_names(read_config(config))
     adapter = read_adapter(source)
-    by_module = {module: (path, ops) for path, (module, ops) in leaf_table(recipe, names).items()}
+    scanned: set[str] = set()
+    table = leaf_table(recipe, names, scanned)
+    by_module = {module: (path, ops) for path, (module, ops) in table.items()}
     tree: dict[str, Any] = {}
     for module, (lora_a, lora_b) in adapter.pairs.items():
+        if module in scanned and module not in by_module:
+            raise UnsupportedError(
+                f"Adapter pair of {module!r}: recipe {recipe.name!r} stacks its layers on a "
+                f"scan axis, and LoRA factors are per layer. Import with the recipe's "
+                f"unscanned layout (`suture recipes` lists them: "
+                f"'{recipe.name.split(':')[0]}:maxtext-unscanned')."
+            )
         if module not in by_module:
             near = ", ".join(sorted(by_module)[:4])
             raise ConfigMismatchError(
@@ -179,7 +195,10 @@ def import_adapter(
             lora_b = (lora_b.astype(np.float32) * np.float32(math.sqrt(lora_a.shape[0]))).astype(
                 lora_b.dtype
             )
-        a, b = factors.to_target(operations, names, lora_a, lora_b)
+        try:
+            a, b = factors.to_target(operations, names, lora_a, lora_b)
+        except ConfigMismatchError as error:  # the factors say no name: say the pair's
+            raise ConfigMismatchError(f"Adapter pair of {module!r}: {error}") from None
         wrap = (lambda x: {"value": x}) if recipe.target == "tunix" else (lambda x: x)
         tree[f"{recipe._root}{path}_lora_a"] = wrap(a)
         tree[f"{recipe._root}{path}_lora_b"] = wrap(b)
