@@ -10,6 +10,7 @@ equals peft's ``merge_and_unload`` within 1 ulp.
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -412,3 +413,26 @@ def test_an_adapter_import_that_does_not_fit_names_the_pair_and_the_way_out(base
             config=narrow, progress=False,
         )  # fmt: skip
     assert not (tmp_path / "jax").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"lora_bias": True}, "lora_B.bias' .*it is a bias PEFT trained"),
+        ({"modules_to_save": ["lm_head"]}, "lm_head.weight' .*it is a whole weight"),
+        ({"target_modules": ["embed_tokens"]}, "embed_tokens.*(embedding's LoRA|whole weight)"),
+    ],
+    ids=["lora-bias", "modules-to-save", "embedding"],
+)
+def test_an_adapter_with_more_than_lora_pairs_says_what_the_tensor_is(
+    base, tmp_path, options, said
+):
+    """peft's own folders: what the tensor that is no LoRA pair holds, named, nothing written."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    config = peft.LoraConfig(**{"r": 2, "target_modules": ["q_proj"], **options})
+    with warnings.catch_warnings():  # peft's own, on these very options
+        warnings.simplefilter("ignore")
+        peft.get_peft_model(model, config).save_pretrained(tmp_path / "adapter")
+    with pytest.raises(suture.UnsupportedError, match=said):
+        suture.convert(base, tmp_path / "out", merge_adapter=tmp_path / "adapter", progress=False)
+    assert not (tmp_path / "out").exists()
