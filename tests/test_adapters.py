@@ -436,3 +436,20 @@ def test_an_adapter_with_more_than_lora_pairs_says_what_the_tensor_is(
     with pytest.raises(suture.UnsupportedError, match=said):
         suture.convert(base, tmp_path / "out", merge_adapter=tmp_path / "adapter", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_adapter_of_a_tensor_a_leaf_joins_with_others_says_to_merge_it(base, tmp_path):
+    """docs/recipe-tables.md's table interleaves q, k and v into one qkv leaf: q's pair has
+    no leaf of its own; the error names the leaf and the merge that takes it."""
+    from .test_families_qwen35 import _docs_table
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    config = peft.LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
+    peft.get_peft_model(model, config).save_pretrained(tmp_path / "adapter")
+    table = f"{_docs_table(tmp_path)}:maxtext-unscanned"
+    with pytest.raises(suture.UnsupportedError, match=r"q_proj.weight' .*qkv/kernel.*merge"):
+        suture.convert(
+            tmp_path / "adapter", tmp_path / "jax", recipe=table, adapter_only=True,
+            config=base / "config.json", progress=False,
+        )  # fmt: skip
+    assert not (tmp_path / "jax").exists()

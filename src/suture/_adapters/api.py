@@ -66,6 +66,20 @@ def leaf_table(
     return table
 
 
+def _joined_modules(recipe: Any, names: dict[str, Any]) -> dict[str, str]:
+    """``{HF module: target leaf}`` of the tensors a leaf joins with others (stacked,
+    interleaved): no LoRA pair of their own there."""
+    joined = {}
+    for leaf in recipe._active(names):
+        if not leaf.stacked or leaf.experts:
+            continue
+        indices = recipe._layer_indices(leaf.group, names) if leaf.group else [None]
+        for index in indices:
+            for name in leaf.sources(index):
+                joined[name.removesuffix(".weight")] = leaf.maxtext
+    return joined
+
+
 def _settings(
     recipe_name: str, source: Any, config: Any, like: Any, recorded: Any
 ) -> dict[str, Any]:
@@ -174,8 +188,16 @@ def import_adapter(
     scanned: set[str] = set()
     table = leaf_table(recipe, names, scanned)
     by_module = {module: (path, ops) for path, (module, ops) in table.items()}
+    joined = _joined_modules(recipe, names)
     tree: dict[str, Any] = {}
     for module, (lora_a, lora_b) in adapter.pairs.items():
+        if module in joined and module not in by_module:
+            raise UnsupportedError(
+                f"Adapter pair of {module!r}: recipe {recipe.name!r} joins "
+                f"{module + '.weight'!r} with other tensors into leaf {joined[module]!r}, "
+                f"and LoRA factors go with leaves of one linear weight. Merge the adapter "
+                f"into its base instead (--merge-adapter), which any leaf takes."
+            )
         if module in scanned and module not in by_module:
             raise UnsupportedError(
                 f"Adapter pair of {module!r}: recipe {recipe.name!r} stacks its layers on a "
