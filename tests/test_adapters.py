@@ -453,3 +453,28 @@ def test_an_adapter_of_a_tensor_a_leaf_joins_with_others_says_to_merge_it(base, 
             config=base / "config.json", progress=False,
         )  # fmt: skip
     assert not (tmp_path / "jax").exists()
+
+
+@pytest.mark.parametrize("base_dtype", ["float32", "float16"])
+def test_an_adapter_stored_in_bfloat16_merges_as_peft_loads_it(base, tmp_path, base_dtype):
+    """peft loads a bfloat16 folder's factors into LoRA weights of the base's dtype (float32
+    for a half base): the delta is float32, never rounded to bfloat16; equal bit for bit."""
+    adapter = peft_adapter(base, tmp_path / "adapter", dtype=torch.bfloat16)
+    assert (
+        read_tensors(adapter / "adapter_model.safetensors")[
+            "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+        ].dtype.name
+        == "bfloat16"
+    )
+    dtype = getattr(torch, base_dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+    model.save_pretrained(tmp_path / "base")
+    suture.convert(tmp_path / "base", tmp_path / "ours", merge_adapter=adapter, progress=False)
+    peft.PeftModel.from_pretrained(model, adapter).merge_and_unload().save_pretrained(
+        tmp_path / "theirs"
+    )
+    mine, peers = read_tensors(tmp_path / "ours"), read_tensors(tmp_path / "theirs")
+    assert sorted(mine) == sorted(peers)
+    for name, value in peers.items():
+        assert mine[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(mine[name], value, err_msg=name)

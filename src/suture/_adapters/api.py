@@ -5,9 +5,10 @@
 - `import_adapter`: a PEFT folder -> the JAX tree of qwix factors (``<weight>_lora_a``,
   ``<weight>_lora_b``) in the recipe's layout.
 - `merged_with_adapter`: an HF tree with a PEFT adapter merged in, lazily, as peft's
-  ``merge_and_unload`` computes it: ``w += (B @ A) * scaling`` in the adapter's dtype
-  (float32 for a bfloat16 or float16 adapter, rounded back), added in the wider of the two
-  dtypes and rounded to the weight's.
+  ``merge_and_unload`` computes it after ``PeftModel.from_pretrained``: its LoRA weights
+  take the base weight's dtype, float32 for a bfloat16 or float16 base (peft's
+  ``autocast_adapter_dtype``), whatever dtype the folder stores them in; ``w + (B @ A) *
+  scaling`` in that dtype, rounded once to the weight's.
 
 Scaling: PEFT applies ``lora_alpha / r`` (``/ sqrt(r)`` with ``use_rslora``). NNX's LoRA
 applies none, so its export says ``lora_alpha = r``; qwix applies ``alpha / r`` with the
@@ -282,20 +283,17 @@ def merged_weight(
     from .._lazy.graph import MemorySource
     from .._lazy.products import chunked_matmul
 
-    adapter_dtype = lora_b.dtype
-    low = _low(adapter_dtype)  # peft computes a bfloat16/float16 delta in float32 on the CPU
-    work = np.dtype(np.float32) if low else adapter_dtype
-    # torch adds in the promoted dtype, with bfloat16 and float16 computed in float32
-    sum_dtype = np.promote_types(_wide(weight.dtype), work)
+    # peft's LoRA weights are the base's dtype (float32 for a half base: its default
+    # autocast_adapter_dtype), the folder's values cast to it: the delta is never rounded
+    # to a bfloat16 or float16 the folder stores
+    work = _wide(weight.dtype)
     factor = work.type(scaling)
     b_node, a_node = MemorySource(lora_b.astype(work)), MemorySource(lora_a.astype(work))
 
     def merged(w: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
         delta = chunked_matmul(b, a)  # in this thread: see chunked_matmul
         delta *= factor
-        if low:
-            delta = delta.astype(adapter_dtype)
-        total = w.astype(sum_dtype)
+        total = w.astype(work)  # torch adds a half weight and a float32 delta in float32
         total += delta
         return total
 
