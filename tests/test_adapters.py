@@ -478,3 +478,24 @@ def test_an_adapter_stored_in_bfloat16_merges_as_peft_loads_it(base, tmp_path, b
     for name, value in peers.items():
         assert mine[name].dtype == value.dtype, name
         np.testing.assert_array_equal(mine[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf")])
+def test_a_lora_alpha_that_is_no_finite_number_is_refused(base, tmp_path, alpha):
+    """NaN would scale every delta to NaN (and write NaN, which is no JSON, as lora_alpha)."""
+    from suture.families._tunix import merged_lora
+
+    adapter = peft_adapter(base, tmp_path / "adapter")
+    suture.convert(
+        adapter, tmp_path / "jax", recipe="llama3:tunix", adapter_only=True,
+        config=base / "config.json", progress=False,
+    )  # fmt: skip
+    with pytest.raises(suture.ArgumentError, match="lora_alpha.*finite number"):
+        suture.convert(
+            tmp_path / "jax", tmp_path / "back", recipe="llama3:tunix", reverse=True,
+            adapter_only=True, config=base / "config.json", lora_alpha=alpha, progress=False,
+        )  # fmt: skip
+    assert not (tmp_path / "back").exists()
+    tree = {"q/w": np.ones((2, 2)), "q/w_lora_a": np.ones((2, 1)), "q/w_lora_b": np.ones((1, 2))}
+    with pytest.raises(suture.ArgumentError, match="lora_alpha.*finite number"):
+        merged_lora(tree, lora_alpha=alpha)

@@ -154,7 +154,7 @@ def export_adapter(
             f"with."
         )
     else:
-        alpha = float(lora_alpha)
+        alpha = tunix.checked_alpha(lora_alpha)
     base = str(like) if like is not None else names.get("_name_or_path") or None
     adapter = Adapter(out, alpha, False, base)
     written = write_adapter(adapter, destination, overwrite=overwrite)
