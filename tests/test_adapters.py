@@ -499,3 +499,19 @@ def test_a_lora_alpha_that_is_no_finite_number_is_refused(base, tmp_path, alpha)
     tree = {"q/w": np.ones((2, 2)), "q/w_lora_a": np.ones((2, 1)), "q/w_lora_b": np.ones((1, 2))}
     with pytest.raises(suture.ArgumentError, match="lora_alpha.*finite number"):
         merged_lora(tree, lora_alpha=alpha)
+
+
+def test_an_adapter_of_rank_zero_is_refused_not_divided_by(base, tmp_path):
+    from safetensors.numpy import save_file
+
+    adapter = peft_adapter(base, tmp_path / "adapter")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "r": 0}))
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_{}.weight"
+    save_file(
+        {name.format("A"): np.zeros((0, 64), np.float32), name.format("B"): np.zeros((64, 0))},
+        adapter / "adapter_model.safetensors",
+    )
+    with pytest.raises(suture.NotACheckpointError, match=r"q_proj'.*\(0, 64\).*at least 1"):
+        suture.convert(base, tmp_path / "out", merge_adapter=adapter, progress=False)
+    assert not (tmp_path / "out").exists()

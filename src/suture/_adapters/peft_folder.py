@@ -237,10 +237,10 @@ def read(source: str | os.PathLike) -> Adapter:
                 f"Adapter tensor {lone!r} has no partner (lora_A and lora_B come in pairs)."
             )
         a, b = half["A"], half["B"]
-        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
+        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1] or not a.shape[0]:
             raise NotACheckpointError(
                 f"Adapter pair of {module!r}: lora_A {a.shape} and lora_B {b.shape}; PEFT's are "
-                f"(r, in) and (out, r) with one r."
+                f"(r, in) and (out, r) with one r of at least 1."
             )
         if isinstance(rank, int) and a.shape[0] != rank:
             raise NotACheckpointError(
