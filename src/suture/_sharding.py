@@ -303,3 +303,41 @@ def _logical_rules(rules: Any, label: str) -> tuple[tuple[str, Entry], ...]:
             )
         pairs.append((item[0], _entry(item[1], item[0], label)))
     return tuple(pairs)
+
+
+@dataclass(frozen=True)
+class ShardReads:
+    """What the devices restoring one array on a mesh read (whole chunks, as TensorStore
+    reads them) against what they need (their shards), in bytes: the most any one device
+    reads and needs, and the sums over the array's distinct shards."""
+
+    most_read: int
+    most_needed: int
+    total_read: int
+    total_needed: int
+
+
+def shard_reads(
+    shape: Sequence[int], itemsize: int, chunk: Sequence[int], shard: Sequence[int]
+) -> ShardReads:
+    """The bytes of chunks each shard of `shape` (shards of `shard`, the last one short where
+    the length does not divide) touches, against the shard's own bytes.
+
+    Example:
+        >>> shard_reads((8, 4), 1, (3, 4), (2, 4))  # 2-row shards over 3-row chunks
+        ShardReads(most_read=24, most_needed=8, total_read=56, total_needed=32)
+    """
+    most_read = most_needed = total_read = total_needed = itemsize
+    for length, chunk_length, shard_length in zip(shape, chunk, shard, strict=True):
+        reads, needs = [], []
+        for start in range(0, max(length, 1), max(shard_length, 1)):
+            end = min(start + shard_length, length)
+            first = start // chunk_length * chunk_length
+            last = min(-(-end // chunk_length) * chunk_length, length)
+            reads.append(last - first)
+            needs.append(end - start)
+        most_read *= max(reads)
+        most_needed *= max(needs)
+        total_read *= sum(reads)
+        total_needed *= sum(needs)
+    return ShardReads(most_read, most_needed, total_read, total_needed)

@@ -246,7 +246,8 @@ def save(
     if target_sharding is not None:
         if format != "orbax":
             raise ArgumentError(
-                "target_sharding= lays out an Orbax checkpoint's chunks; safetensors has none. "
+                "target_sharding= (--mesh, --sharding) lays out an Orbax checkpoint's chunks; "
+                "safetensors has none. "
                 "Write format='orbax', or drop target_sharding=."
             )
         options = replace(options, shards=shards_of(target_sharding, tree))
