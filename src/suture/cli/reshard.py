@@ -20,8 +20,9 @@ MESH_HELP = (
     "with --sharding, each array's chunks tile its shards there."
 )
 SHARDING_HELP = (
-    "YAML or JSON: leaf patterns (regexes of '/' paths) to partition specs "
-    "('.*/kernel': [fsdp, tensor]), or to logical axes with MaxText's logical_axis_rules."
+    "A YAML or JSON file mapping leaf patterns (regexes of whole '/' paths) to partition "
+    "specs, one mesh axis (or null) per array axis; with MaxText's logical_axis_rules in "
+    "it, the specs name logical axes. See docs/guide/large-checkpoints.md."
 )
 Mesh = Annotated[str | None, typer.Option("--mesh", help=MESH_HELP)]
 Sharding = Annotated[str | None, typer.Option("--sharding", help=SHARDING_HELP)]
