@@ -269,4 +269,7 @@ def test_chunk_arithmetic():
     assert tiling_chunk((12, 100), 2, 1000) == (4, 100)
     assert tiling_chunk((3, 12, 100), 2, 1 << 20, ones=(0,)) == (1, 12, 100)
     assert tiling_chunk((4, 1000), 4, 1000) == (1, 250)  # a row cut along its own axis
+    # a prime length: 1 where the axis is sharded, what fits where it is whole
+    assert tiling_chunk((2, 1009), 4, 1000) == (1, 1)
+    assert tiling_chunk((2, 1009), 4, 1000, unsharded=(1,)) == (1, 250)
     assert [largest_divisor(n, 6) for n in (12, 7, 1, 36)] == [6, 1, 1, 6]

@@ -209,15 +209,23 @@ def shard_lengths(
 
 
 def tiling_chunk(
-    shard: Sequence[int], itemsize: int, chunk_bytes: int, ones: Sequence[int] = ()
+    shard: Sequence[int],
+    itemsize: int,
+    chunk_bytes: int,
+    ones: Sequence[int] = (),
+    unsharded: Sequence[int] = (),
 ) -> tuple[int, ...]:
     """The largest chunk that tiles `shard` (each length a divisor of the shard's) within
     `chunk_bytes`: whole trailing axes while they fit, the largest divisor that fits along
     the next axis, 1 along the axes before it. Axes in `ones` (a stacking axis) get 1.
+    Along an axis in `unsharded` (the shard is the whole axis) any length tiles it: a
+    divisor if one is at least half what fits, else what fits (a short last chunk).
 
     Example:
         >>> tiling_chunk((6, 1000), 4, 8000), tiling_chunk((7, 1000), 4, 8000)
         ((2, 1000), (1, 1000))
+        >>> tiling_chunk((1, 7001), 4, 8000, unsharded=(1,))
+        (1, 2000)
     """
     shard = [max(1, length) for length in shard]
     for axis in ones:
@@ -226,7 +234,10 @@ def tiling_chunk(
     inner = itemsize
     for axis in reversed(range(len(shard))):
         if inner * shard[axis] > chunk_bytes:
-            chunk[axis] = largest_divisor(shard[axis], max(1, chunk_bytes // inner))
+            most = max(1, chunk_bytes // inner)
+            divisor = largest_divisor(shard[axis], most)
+            free = axis in unsharded and 2 * divisor < most
+            chunk[axis] = most if free else divisor
             break
         chunk[axis] = shard[axis]
         inner *= shard[axis]

@@ -147,7 +147,8 @@ def chunking(
             return None
         stacked = stack_axis(array.node)
         ones = () if stacked is None else (stacked,)
-        return tiling_chunk(shard, np.dtype(array.dtype).itemsize, chunk_bytes, ones)
+        whole = [axis for axis, length in enumerate(shard) if length >= array.shape[axis]]
+        return tiling_chunk(shard, np.dtype(array.dtype).itemsize, chunk_bytes, ones, whole)
 
     return chunk_of
 
