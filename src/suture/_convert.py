@@ -60,6 +60,7 @@ def convert(
     lora_alpha: float | None = None,
     adapter_only: bool = False,
     merge_adapter: str | os.PathLike | None = None,
+    target_sharding: Any = None,
 ) -> SaveResult:
     """Converts `source` to `destination` (Orbax or safetensors), optionally applying a recipe.
 
@@ -107,6 +108,8 @@ def convert(
         merge_adapter: a PEFT LoRA folder merged into the Hugging Face `source` as it
             streams, as peft's ``merge_and_unload`` computes it; written as an HF folder, or
             with a family `recipe` in its layout.
+        target_sharding: Orbax output: chunks that tile each array's shards on the mesh
+            that will restore it (``suture.TargetSharding``; see `suture.save`).
         Other arguments as in `suture.open` and `suture.save`.
 
     Example:
@@ -145,6 +148,7 @@ def convert(
                 like=like,
                 lora_alpha=lora_alpha,
                 edit_hf=edit,
+                target_sharding=target_sharding,
             )
         if like is not None or lora_alpha is not None:
             raise ArgumentError(
@@ -178,6 +182,7 @@ def convert(
             quantize=quantize,
             keep_unquantized=keep_unquantized,
             group_size=group_size,
+            target_sharding=target_sharding,
             **{"max_shard_size": max_shard_size, **options},
         )
 

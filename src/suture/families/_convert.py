@@ -63,6 +63,7 @@ def convert_with_recipe(
     verify: bool = False,
     lora_alpha: float | None = None,
     edit_hf: Callable[[Any], Any] | None = None,
+    target_sharding: Any = None,
 ) -> SaveResult:
     """Converts `source` with the built-in recipe `name`; see `suture.convert`.
 
@@ -131,6 +132,7 @@ def convert_with_recipe(
             max_memory=max_memory,
             progress=progress,
             verify=verify,
+            target_sharding=target_sharding,
             **options,
         )
     recorded = (
@@ -203,6 +205,7 @@ def convert_with_recipe(
             verify=verify,
             separator=".",
             extra_files=extra,
+            target_sharding=target_sharding,
             **options,
         )
 
