@@ -52,18 +52,30 @@ $(TUNIX_STAMP): tests/tunix_env.py | $(STAMP)
 demo: $(STAMP)
 	$(BIN)/suture demo
 
-# The suite on Python 3.11 with every extra, then on the newest Python (test-newest).
+# Each suite runs on TEST_WORKERS processes (pytest-xdist; most tests wait on files,
+# subprocesses and servers, so two per core keep the cores busy). --dist loadgroup keeps the
+# tests of one `xdist_group` mark on one worker, one after another (tests/conftest.py says
+# which and why); every worker has its own temporary folders and servers on ports of its own.
+# TEST_WORKERS=0 runs a suite in one process, as before.
+TEST_WORKERS ?= 2
+PYTEST := -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+
+# The suite on Python 3.11 with every extra, then on the newest Python (test-newest), each on
+# TEST_WORKERS workers. One suite at a time: the tests that measure wall-clock seconds (signals,
+# barrier timeouts, matching deadlines) keep a core's worth of headroom.
 test: $(STAMP) $(NEWEST_STAMP) $(TUNIX_STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python --version
-	$(BIN)/python -m pytest -q
+	$(BIN)/python $(PYTEST)
 	$(MAKE) --no-print-directory test-newest
 
 # Tunix runs in its own Python 3.11 environment either way: its tests run once, above.
+NEWEST_PYTEST = SUTURE_TUNIX_RAN="run by make test's first pass, in Tunix's own environment" \
+	$(NEWEST_BIN)/python $(PYTEST)
 test-newest: $(NEWEST_STAMP)
 	$(NEWEST_BIN)/python --version
-	SUTURE_TUNIX_RAN="run by make test's first pass, in Tunix's own environment" $(NEWEST_BIN)/python -m pytest -q
+	$(NEWEST_PYTEST)
 
 # 10,000 hostile inputs per reader and 20 SIGKILLs of a streaming save; counts in docs/reliability.md.
 fuzz: $(STAMP)

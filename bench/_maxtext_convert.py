@@ -16,6 +16,10 @@ MaxText maps names from its built-in Hugging Face config of ``model_name``
 that a model with fewer layers than the published one converts:
 ``hf_config.num_hidden_layers=8`` beside ``base_num_decoder_layers=8``; a dotted KEY reaches into
 a sub-config (``hf_config.text_config.hidden_size=64``).
+
+``eager_numpy=True`` (also taken out) makes the eager path (``lazy_load_tensors=False``, which
+MaxText needs for ``use_multimodal=True``) read the safetensors files with numpy rather than
+torch, which MaxText's environment here lacks: the same tensors, by the same names.
 """
 
 import runpy
@@ -59,8 +63,22 @@ def _set_hf_config(argv: list[str]) -> list[str]:
     return kept
 
 
+def _eager_numpy(argv: list[str]) -> list[str]:
+    """`argv` without ``eager_numpy=True``; when given, MaxText's eager safetensors loader
+    opens the files with numpy."""
+    if "eager_numpy=True" not in argv:
+        return argv
+    from maxtext.checkpoint_conversion.utils import utils
+
+    load = utils.load_hf_dict_from_safetensors
+    utils.load_hf_dict_from_safetensors = lambda path, token, revision, framework="pt": load(
+        path, token, revision, framework="np"
+    )
+    return [item for item in argv if item != "eager_numpy=True"]
+
+
 if __name__ == "__main__":
-    sys.argv = ["to_maxtext", *_set_hf_config(sys.argv[1:])]
+    sys.argv = ["to_maxtext", *_set_hf_config(_eager_numpy(sys.argv[1:]))]
     runpy.run_module(
         "maxtext.checkpoint_conversion.to_maxtext", run_name="__main__", alter_sys=True
     )

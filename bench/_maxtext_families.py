@@ -1,4 +1,4 @@
-"""MaxText's own converter beside suture's recipes for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss, Gemma 3, OLMo 3, DeepSeek-V2 and V3.2, Qwen3-Next, Qwen3.5, Gemma 4 and Gemma 4 E2B/E4B (bench/families.py).
+"""MaxText's own converter beside suture's recipes for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss, Gemma 3, OLMo 3, DeepSeek-V2 and V3.2, Qwen3-Next, Qwen3.5, Gemma 4, Gemma 4 E2B/E4B and Kimi K2-Thinking (bench/families.py).
 
 For each family, one random HF folder made with transformers (float32, narrow, but with the
 layer and expert counts of MaxText's built-in HF config for the model name, which its converter
@@ -416,6 +416,24 @@ FAMILIES += [
     ),
 ]
 UNSCANNED_ONLY = {"gemma4-small"}  # MaxText's gemma4_small refuses scan_layers
+# Kimi K2-Thinking as published: V3's architecture on deepseek2-16b's counts as for deepseek3,
+# bfloat16, the routed experts packed INT4 (group 32: experts 32 wide); MaxText's side is its
+# own INT4 dequantizer, then its converter (`_kimi_int4`), saving bfloat16.
+_V3 = next(family for family in FAMILIES if family[0] == "deepseek3")
+FAMILIES.append(
+    (
+        "kimi-k2",
+        "deepseek2-16b",
+        "KimiInt4",
+        dict(_V3[3], moe_intermediate_size=32),
+        [
+            *(item for item in _V3[4] if not item.startswith("base_moe_mlp_dim=")),
+            "base_moe_mlp_dim=32",
+        ],
+    )
+)
+MAXTEXT_DEQUANTIZES = {"kimi-k2"}  # MaxText converts the folder its own dequantizer writes
+SAVE_DTYPE = {"kimi-k2": "bfloat16"}  # as published; MaxText's dequantizer gives bfloat16
 # Families whose scanned suture output MaxText's model runs, with the settings its forward pass
 # adds: the HF models here have plain rotary embeddings where MaxText's configs have YaRN
 # (DeepSeek keeps YaRN with a factor of 1: only MaxText's YaRN embedding rotates the interleaved
@@ -447,6 +465,15 @@ def generate(folder: Path, kind: str, config: dict) -> int:
     import transformers
 
     torch.manual_seed(0)
+    if kind == "KimiInt4":  # Kimi K2-Thinking as published: bfloat16, INT4 routed experts
+        from bench import _kimi_int4
+
+        model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**config))
+        _perturbed(torch, model)
+        model.to(torch.bfloat16).save_pretrained(folder.parent / "bf16")
+        _kimi_int4.pack(folder.parent / "bf16", folder)
+        shutil.rmtree(folder.parent / "bf16")
+        return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     if kind == "Qwen3_5Moe":  # the multimodal model as published, fused experts
         vision = dict(
             depth=1,
@@ -549,7 +576,15 @@ def overrides(model_name: str, config: dict, extra: list[str]) -> list[str]:
 def compare(
     python: Path, *, timed: Callable[[list[str]], dict], only: list[str] | None = None
 ) -> None:
-    """Runs the families named in `only` (all when None) and writes their section."""
+    """Runs the families named in `only` (all when None) and writes their section; a
+    whole-model recipe named there (``gemma3:maxtext-multimodal``) runs in its own section."""
+    from bench import _maxtext_multimodal
+
+    if only is not None and set(only) & set(_maxtext_multimodal.RECIPES):
+        _maxtext_multimodal.compare(python, timed=timed)
+        only = [name for name in only if name not in _maxtext_multimodal.RECIPES]
+        if not only:
+            return
     unknown = sorted(set(only or []) - {family[0] for family in FAMILIES})
     if unknown:
         raise SystemExit(f"unknown families {unknown}: choose among {[f[0] for f in FAMILIES]}")
@@ -561,6 +596,12 @@ def compare(
         for family, model_name, kind, config, extra in selected:
             hf = WORK / family / "hf"
             size = generate(hf, kind, config)
+            maxtext_hf = hf
+            if family in MAXTEXT_DEQUANTIZES:
+                from bench import _kimi_int4
+
+                maxtext_hf = WORK / family / "hf-maxtext"
+                _kimi_int4.maxtext_dequantized(python, hf, maxtext_hf)
             for scanned in (False,) if family in UNSCANNED_ONLY else (True, False):
                 layout = "maxtext" if scanned else "maxtext-unscanned"
                 ours, theirs = WORK / family / f"suture-{layout}", WORK / family / f"mt-{layout}"
@@ -571,9 +612,9 @@ def compare(
                 command = maxtext_command(
                     python,
                     [*overrides(model_name, config, extra), f"scan_layers={scanned}"],
-                    hf,
+                    maxtext_hf,
                     theirs,
-                    save_dtype="float32",
+                    save_dtype=SAVE_DTYPE.get(family, "float32"),
                 )
                 try:
                     maxtext_run: dict | None = timed(command)
@@ -646,6 +687,13 @@ SETUP = {
     "`hf_config.text_config.hidden_size=64`).",
     "deepseek3": "DeepSeek-V3: V3's settings on `deepseek2-16b` (MaxText's `deepseek3-671b` "
     "does not convert, its router bias living in a collection the mapping never names).",
+    "kimi-k2": "Kimi K2-Thinking: DeepSeek-V3's settings on `deepseek2-16b` as for DeepSeek-V3 "
+    "(MaxText's converter has no Kimi model name; its `convert_deepseek_family_ckpt.py` does, and "
+    "imports torch, which its environment here lacks), bfloat16 as published, each routed expert "
+    "packed by compressed-tensors (INT4, a bfloat16 scale per 32 inputs; experts 32 wide). suture "
+    "converts the packed folder in one pass; MaxText's side is its own route: each packed weight "
+    "through its `dequantize_pack_quantized_int4` (its script's function, run under torch), "
+    "written as a bfloat16 folder, then `to_maxtext` (`save_dtype=bfloat16`).",
     "gemma3": "Gemma 3: multimodal, with a one-layer vision tower and its real vocabulary of "
     "262208 rows.",
     "olmo3": "OLMo 3: 8 layers, two cycles of 3 sliding-window layers (window 4) and 1 full, "
@@ -679,7 +727,7 @@ SETUP = {
 }
 NOTES = [
     (
-        ("mixtral", "deepseek3", "deepseek2", "deepseek3.2"),
+        ("mixtral", "deepseek3", "deepseek2", "deepseek3.2", "kimi-k2"),
         "MaxText's scanned Mixtral and DeepSeek conversions stack the router (and DeepSeek's "
         "shared experts) on axis 0, `(layers, embed, experts)`, and its own checkpoint writer "
         "refuses that against the model's `(embed, layers, experts)`; suture writes the model's "
@@ -694,6 +742,10 @@ NOTES = [
         "...)` without `embed`, `(26, 64)`, which a router's 64 x 64 or a shared expert's "
         "64 x 32 values cannot fill (which one fails first varies from run to run). DeepSeek-V3's "
         "run stops on its router bias, stacked on axis 0 by the same rule.",
+    ),
+    (
+        ("kimi-k2",),
+        "Kimi's scanned run stops as DeepSeek-V3's and V2's do, on a leaf stacked on axis 0 (the router here; its bias or a shared expert from run to run).",
     ),
     (
         ("deepseek3.2",),

@@ -19,7 +19,7 @@ HF names from its built-in Llama-3.1-8B config, so the folder keeps its 32 layer
 128 and shrinks the width) and compares wall, CPU seconds, peak RSS and the two output trees
 (paths, shapes, dtypes, values) in a section of its own (``--maxtext-only`` runs just that).
 ``--maxtext-families`` does the same for Qwen2.5, Qwen3-MoE, Mixtral, DeepSeek-V3, gpt-oss,
-Gemma 3, OLMo 3 and DeepSeek-V2, scanned and unscanned, and runs MaxText's model on suture's
+Gemma 3, OLMo 3, DeepSeek-V2 and Kimi K2-Thinking (INT4 experts), scanned and unscanned, and runs MaxText's model on suture's
 scanned outputs of some (`bench/_maxtext_families.py`); ``--families olmo3,deepseek2`` runs only
 those, into a section of their own.
 """

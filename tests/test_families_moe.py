@@ -806,7 +806,7 @@ def test_deepseek3_maxtext_layout_gives_transformers_logits(tmp_path):
     ],
 )
 def test_a_table_outside_the_schema_is_an_error_naming_the_leaf(leaf, top, message):
-    from suture.families._recipe import _parse
+    from suture.families._tables import _parse
 
     data = {"follows": "x", "description": "x", "source_file": "mine.yaml", "leaves": [leaf], **top}
     with pytest.raises(families.RecipeFormatError, match=message):

@@ -25,7 +25,7 @@ import suture
 from suture.cli import app
 from suture.families._convert import convert_with_recipe
 from suture.families._file import family_recipe, is_family_recipe, table_file
-from suture.families._recipe import _families
+from suture.families._tables import _families
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

@@ -155,7 +155,7 @@ def test_mergekit_ties_with_per_model_density_and_lambda(tmp_path: Path) -> None
     [
         (
             "merge_method: linear\nmodels:\n  - model: a\n    parameters: {weight: 1}\n"
-            "tokenizer_source: base\n",
+            "tokenizer_source: union\n",
             r"line 5 \(tokenizer_source\): suture cannot honour 'tokenizer_source'",
         ),
         ("merge_method: linear\nmodels:\n  - model: a\n", r"linear needs a weight for"),

@@ -58,7 +58,7 @@ def test_jax_and_flax_initializers_get_a_key_folded_from_the_seed_and_path(ckpt:
 
 
 def test_a_shape_dtype_struct_without_init_is_an_error_naming_the_leaf(ckpt: Path) -> None:
-    with pytest.raises(suture.SurgeryError, match=r"'head/kernel'.*pass init= to create them"):
+    with pytest.raises(suture.SurgeryError, match=r"'head/kernel'.*To create them, pass init="):
         suture.load_and_transform(with_head, ckpt)
 
 

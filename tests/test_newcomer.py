@@ -353,7 +353,7 @@ def test_a_plan_prints_its_problems_before_the_table(tmp_path: Path) -> None:
     assert fine.exit_code == 0 and fine.output == "No problems.\n"
 
 
-@pytest.mark.parametrize("name", ["llama31:maxtext", "llama3.1", "llama3.1:maxtex"])
+@pytest.mark.parametrize("name", ["llama31:maxtext", "llama31", "llama3.1:maxtex"])
 def test_a_misspelt_recipe_name_gets_did_you_mean(tmp_path: Path, name: str) -> None:
     suture.save({"w": np.ones(2, np.float32)}, tmp_path / "ckpt")
     done = runner.invoke(
@@ -361,7 +361,7 @@ def test_a_misspelt_recipe_name_gets_did_you_mean(tmp_path: Path, name: str) -> 
     )
     assert done.exit_code == 2
     assert done.output.startswith(f"Error: No built-in recipe {name!r}")
-    assert "Did you mean 'llama3.1:maxtext'" in done.output
+    assert "Did you mean:\n  llama3.1:maxtext\n" in done.output
 
 
 def test_rename_to_nothing_lifts_the_subtree_without_a_leading_separator() -> None:
@@ -468,6 +468,18 @@ def test_mergekit_tokenizer_source_base_and_mergekit_config_yml(tmp_path: Path) 
     assert (tmp_path / "out" / "mergekit_config.yml").read_text() == text
     assert json.loads((tmp_path / "out" / "tokenizer.json").read_text()) == {"model": "base"}
     assert loaded_dtypes(tmp_path / "out") == {torch.float32}
+    # no base_model: the first model is the base (mergekit/tokenizer/build.py), its files
+    linear = (
+        "merge_method: linear\ntokenizer_source: base\n"
+        "models:\n  - model: a\n    parameters: {weight: 0.5}\n"
+        "  - model: b\n    parameters: {weight: 0.5}\n"
+    )
+    (tmp_path / "linear.yml").write_text(linear)
+    first = runner.invoke(
+        app, ["merge", str(tmp_path / "linear.yml"), "-o", str(tmp_path / "o1"), "--no-progress"]
+    )
+    assert first.exit_code == 0, first.output
+    assert json.loads((tmp_path / "o1" / "tokenizer.json").read_text()) == {"model": "a"}
     # other tokenizer sources are still refused, with what suture does instead
     config.write_text(text.replace("tokenizer_source: base", "tokenizer_source: union"))
     refused = runner.invoke(app, ["merge", str(config), "-o", str(tmp_path / "o2")])

@@ -166,7 +166,7 @@ def test_partial_with_an_abstract_missing_leaf_is_an_error(tmp_path) -> None:
     target = {"a": N, "z": jax.ShapeDtypeStruct((2,), np.float32)}
     # Orbax hands the ShapeDtypeStruct back unfilled; suture says what is missing and the fix.
     assert isinstance(v1_load(path, target, partial=True)["z"], jax.ShapeDtypeStruct)
-    with pytest.raises(suture.MissingLeafError, match=r"'z'.*pass init= to create them"):
+    with pytest.raises(suture.MissingLeafError, match=r"'z'.*To create them, pass init="):
         suture.load(path, target, partial=True)
 
 

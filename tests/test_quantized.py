@@ -676,7 +676,16 @@ def test_tiny_deepseek_one_pass_equals_dequantize_then_convert(tiny_deepseek, tm
         == "float8_e4m3fn"
     )
     # one pass: the FP8 folder to Orbax, dequantized as it streams
-    one = cli("convert", str(fp8), str(tmp_path / "one"), "--dequantize", "--max-memory", "1MiB")
+    one = cli(
+        "convert",
+        str(fp8),
+        str(tmp_path / "one"),
+        "--dequantize",
+        "--format",
+        "orbax",
+        "--max-memory",
+        "1MiB",
+    )
     assert one.exit_code == 0, one.output
     # two passes: the reference dequantization writes bfloat16, then a plain conversion
     dequantized = reference_dequantize(fp8, tmp_path / "bf16")

@@ -732,3 +732,57 @@ def test_a_family_recipe_dequantizes_int4_experts_in_the_same_pass(tmp_path: Pat
     assert back.exit_code == 0, back.output
     assert "quantization_config" not in json.loads((tmp_path / "back" / "config.json").read_text())
     assert cli("diff", str(tmp_path / "back"), str(plain), "--values").exit_code == 0
+
+
+# --- hostile layouts ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale_shape", [(1,), (1, 1), ()])
+def test_one_per_tensor_scale_of_any_shape_equals_compressed_tensors(tmp_path, scale_shape):
+    """A per-tensor scale stored (1, 1) is the one scale of every row, not a row's: a read of
+    8 rows must not take 8 rows of it (the bytes after it are another tensor's)."""
+    state, scheme, args = packed_module((8, 64), 4, "tensor", True)
+    state = {**state, "weight_scale": state["weight_scale"].reshape(scale_shape)}
+    module = "model.layers.0.mlp.down_proj"
+    tensors = {f"{module}.{key}": value for key, value in state.items()}
+    tensors[f"{module}.zz_after_the_scale"] = torch.full((64,), 1000.0, dtype=torch.bfloat16)
+    folder = write_folder(tmp_path / "m", tensors, ct_config(args))
+    expected = reference_pack(state, scheme)
+    ours = read(folder, "model/layers/0/mlp/down_proj/weight")
+    np.testing.assert_array_equal(bits(ours), bits(expected))
+
+
+def test_a_read_past_a_stored_tensors_rows_is_refused_not_the_next_tensors_bytes(tmp_path):
+    from suture._errors import InvalidIndexError
+    from suture.sources.filesource import FileRangeSource
+
+    save_file({"a": torch.ones(1, 2), "b": torch.full((4, 2), 7.0)}, tmp_path / "x.safetensors")
+    stored = suture.open(tmp_path / "x.safetensors")["a"].node
+    assert isinstance(stored, FileRangeSource) and stored.shape == (1, 2)
+    with pytest.raises(InvalidIndexError, match=r"rows 0-3 of tensor 'a'.*shape \(1, 2\)"):
+        stored.read((range(3), range(2)))
+    with pytest.raises(InvalidIndexError, match="rows 1-2"):
+        stored.read((range(1, 2), range(1)))
+
+
+def test_a_modelopt_weight_of_another_scheme_is_refused_not_passed_on_as_codes(tmp_path):
+    """An FP8 layer (a float32 per-tensor weight_scale) in an NVFP4 export: passed on as it
+    was, its E4M3 codes would be read as values in a checkpoint that says it is dequantized."""
+    packed, scales = nvfp4_tensors(rows=2, cols=64)
+    folder = write_folder(
+        tmp_path / "m",
+        {
+            "m.weight": packed,
+            "m.weight_scale": scales,
+            "m.weight_scale_2": torch.tensor(1.0),
+            "f.weight": torch.ones(4, 16).to(torch.float8_e4m3fn),
+            "f.weight_scale": torch.tensor(0.5),
+        },
+        {"quant_method": "modelopt", "quant_algo": "NVFP4"},
+    )
+    with pytest.raises(suture.CorruptCheckpointError) as error:
+        suture.open(folder, dequantize=True)
+    for word in ("'f.weight' is float8_e4m3fn", "'f.weight_scale' is float32 of shape ()"):
+        assert word in str(error.value), str(error.value)
+    result = cli("convert", str(folder), str(tmp_path / "out"), "--dequantize")
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()

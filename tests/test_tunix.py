@@ -434,6 +434,16 @@ def test_suture_shards_as_tunix_does_on_the_models_mesh(tmp_path):
 
 
 @needs_tunix
+def test_the_families_page_tunix_block_runs_and_its_model_runs_on_its_mesh(tmp_path):
+    """docs/families.md's `load_into` block, as pasted (a tiny model's folder and config in
+    place of Qwen3-0.6B's): its mesh has Auto axes, so the model's forward pass runs."""
+    _save_model("qwen3", tmp_path / "hf")
+    tunix_env.run_worker("docs", tmp_path / "hf", tmp_path / "logits.npy")
+    got, expected = np.load(tmp_path / "logits.npy"), _logits(tmp_path / "hf")
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+@needs_tunix
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_tunix_loader_and_suture_load_identical_leaves(tmp_path, model):
     _save_model(model, tmp_path / "hf")

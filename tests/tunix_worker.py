@@ -387,6 +387,25 @@ def sft(family: str, hf: str, root: str, rank: str, alpha: str) -> None:
     np.save(Path(root) / "logits.npy", logits_of(model))
 
 
+def docs(hf: str, out: str) -> None:
+    """The Tunix block of docs/families.md as it is there, with the folder and Tunix's config
+    of a tiny model in place of Qwen3-0.6B's; then its model's forward pass, on the mesh."""
+    import re
+
+    import jax
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "families.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "tunix" in b]
+    config = json.loads((Path(hf) / "config.json").read_text())
+    block = re.sub(r"^folder = .*$", f"folder = {hf!r}", block, count=1, flags=re.M)
+    block = re.sub(r"^tunix_config = .*$", "tunix_config = TINY", block, count=1, flags=re.M)
+    namespace = {"TINY": tunix_model("qwen3", config)[2]}
+    exec(compile(block, "families.md", "exec"), namespace)
+    model, mesh = namespace["model"], namespace["mesh"]
+    with jax.set_mesh(mesh):
+        np.save(Path(out), logits_of(model))
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     commands = {
@@ -396,5 +415,6 @@ if __name__ == "__main__":
         "mismatch": mismatch,
         "mixed": mixed,
         "preset": preset,
+        "docs": docs,
     }
     commands[command](*args)

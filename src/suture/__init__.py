@@ -62,6 +62,7 @@ from ._paths import unflatten as unflatten
 from ._save.api import SaveHandle as SaveHandle
 from ._save.api import SaveResult as SaveResult
 from ._save.api import save as save
+from ._save.mesh import TargetSharding as TargetSharding
 from ._surgery.build import transform as transform
 from ._surgery.orbax_transforms import Transform as Transform
 from ._surgery.orbax_transforms import apply_transformations as apply_transformations
@@ -107,6 +108,7 @@ __all__ = [
     "StaleLockWarning",
     "SurgeryError",
     "SutureWarning",
+    "TargetSharding",
     "Transform",
     "TransformError",
     "TreeMismatchError",

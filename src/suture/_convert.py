@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import families, rules
-from ._errors import ArgumentError, RecipeError, did_you_mean
+from . import rules
+from ._errors import ArgumentError
 from ._hf import (
     LAYOUT_KEY,
     keep_safetensors_layout,
@@ -30,6 +30,7 @@ from ._surgery.build import transform
 from ._surgery.recipes import forward_record, load_recipe
 from .families._convert import DEFAULT_SHARD_SIZE, convert_with_recipe
 from .families._file import is_family_recipe
+from .families._names import unknown_name
 from .sources.open import open as open_checkpoint
 
 
@@ -59,13 +60,15 @@ def convert(
     lora_alpha: float | None = None,
     adapter_only: bool = False,
     merge_adapter: str | os.PathLike | None = None,
+    target_sharding: Any = None,
 ) -> SaveResult:
     """Converts `source` to `destination` (Orbax or safetensors), optionally applying a recipe.
 
     Args:
         format: ``"orbax"`` or ``"safetensors"``; default from `destination`: a name ending in
             ``.safetensors`` means safetensors, anything else Orbax (safetensors with
-            `quantize`: the FP8 layout serving stacks load is a Hugging Face folder's).
+            `quantize`: the FP8 layout serving stacks load is a Hugging Face folder's; and
+            with `dequantize` of a Hugging Face folder, which gives a folder again).
         dtype: cast floating-point leaves to this dtype (``"bfloat16"``).
         recipe: a recipe file applied before writing: YAML or TOML rules, or a Python
             file (``RULES``, ``transform``, ``TARGET``, ``init``; see ``suture apply --help``),
@@ -105,6 +108,8 @@ def convert(
         merge_adapter: a PEFT LoRA folder merged into the Hugging Face `source` as it
             streams, as peft's ``merge_and_unload`` computes it; written as an HF folder, or
             with a family `recipe` in its layout.
+        target_sharding: Orbax output: chunks that tile each array's shards on the mesh
+            that will restore it (``suture.TargetSharding``; see `suture.save`).
         Other arguments as in `suture.open` and `suture.save`.
 
     Example:
@@ -143,6 +148,7 @@ def convert(
                 like=like,
                 lora_alpha=lora_alpha,
                 edit_hf=edit,
+                target_sharding=target_sharding,
             )
         if like is not None or lora_alpha is not None:
             raise ArgumentError(
@@ -176,6 +182,7 @@ def convert(
             quantize=quantize,
             keep_unquantized=keep_unquantized,
             group_size=group_size,
+            target_sharding=target_sharding,
             **{"max_shard_size": max_shard_size, **options},
         )
 
@@ -218,6 +225,9 @@ def converted(
         dequantize=dequantize,
         dequantize_dtype=dtype or "bfloat16",
     )
+    if format is None and dequantize and ckpt.format == "safetensors":
+        # dequantized for another tool: a Hugging Face folder in the new dtype, as it came
+        target_format = "safetensors"
     stored_quantized = "quantization_config" in ckpt.layout and not dequantize
     if stored_quantized and (dtype is not None or quantize is not None):
         raise ArgumentError(
@@ -279,10 +289,4 @@ def _check_not_a_misspelt_name(recipe: str) -> None:
     is a built-in name misspelt: the error suggests the names, as for ``llama3.1:maxtex``."""
     if Path(recipe).suffix.lower() in RECIPE_SUFFIXES or Path(recipe).exists():
         return
-    names = families.recipe_names()
-    wanted = recipe if ":" in recipe else f"{recipe}:maxtext"  # a family named alone
-    raise RecipeError(
-        f"No built-in recipe {recipe!r}, and no recipe file of that name.{did_you_mean(wanted, names)} "
-        f"Built in: {', '.join(names)} (`suture recipes` lists them); a recipe file ends in "
-        f"{', '.join(RECIPE_SUFFIXES)}."
-    )
+    raise unknown_name(recipe, RECIPE_SUFFIXES)

@@ -5,9 +5,10 @@
 - `import_adapter`: a PEFT folder -> the JAX tree of qwix factors (``<weight>_lora_a``,
   ``<weight>_lora_b``) in the recipe's layout.
 - `merged_with_adapter`: an HF tree with a PEFT adapter merged in, lazily, as peft's
-  ``merge_and_unload`` computes it: ``w += (B @ A) * scaling`` in the adapter's dtype
-  (float32 for a bfloat16 or float16 adapter, rounded back), added in the wider of the two
-  dtypes and rounded to the weight's.
+  ``merge_and_unload`` computes it after ``PeftModel.from_pretrained``: its LoRA weights
+  take the base weight's dtype, float32 for a bfloat16 or float16 base (peft's
+  ``autocast_adapter_dtype``), whatever dtype the folder stores them in; ``w + (B @ A) *
+  scaling`` in that dtype, rounded once to the weight's.
 
 Scaling: PEFT applies ``lora_alpha / r`` (``/ sqrt(r)`` with ``use_rslora``). NNX's LoRA
 applies none, so its export says ``lora_alpha = r``; qwix applies ``alpha / r`` with the
@@ -38,9 +39,12 @@ from .peft_folder import read as read_adapter
 from .peft_folder import write as write_adapter
 
 
-def leaf_table(recipe: Any, names: dict[str, Any]) -> dict[str, tuple[str, tuple[Any, ...]]]:
+def leaf_table(
+    recipe: Any, names: dict[str, Any], scanned: set[str] | None = None
+) -> dict[str, tuple[str, tuple[Any, ...]]]:
     """``{target path: (HF module, operations)}`` of the recipe's plain linear leaves: one
-    HF tensor each (no experts, no stacked or fused tensors), per layer (unscanned)."""
+    HF tensor each (no experts, no stacked or fused tensors), per layer (unscanned). The HF
+    modules of leaves stacked on a scan axis go to `scanned`."""
     table = {}
     for leaf in recipe._active(names):
         if leaf.experts or leaf.stacked or leaf.fused is not None or leaf.routed:
@@ -52,11 +56,29 @@ def leaf_table(recipe: Any, names: dict[str, Any]) -> dict[str, tuple[str, tuple
             continue
         for slot in recipe._slots(leaf, names):
             if slot.grid:  # layers stacked on a scan axis: no per-layer factors
+                if scanned is not None:
+                    scanned.update(
+                        leaf.hf_name(None, i).removesuffix(".weight") for i in slot.indices
+                    )
                 continue
             (index,) = slot.indices
             module = leaf.hf_name(None, index).removesuffix(".weight")
             table[slot.path] = (module, leaf.operations)
     return table
+
+
+def _joined_modules(recipe: Any, names: dict[str, Any]) -> dict[str, str]:
+    """``{HF module: target leaf}`` of the tensors a leaf joins with others (stacked,
+    interleaved): no LoRA pair of their own there."""
+    joined = {}
+    for leaf in recipe._active(names):
+        if not leaf.stacked or leaf.experts:
+            continue
+        indices = recipe._layer_indices(leaf.group, names) if leaf.group else [None]
+        for index in indices:
+            for name in leaf.sources(index):
+                joined[name.removesuffix(".weight")] = leaf.maxtext
+    return joined
 
 
 def _settings(
@@ -132,7 +154,7 @@ def export_adapter(
             f"with."
         )
     else:
-        alpha = float(lora_alpha)
+        alpha = tunix.checked_alpha(lora_alpha)
     base = str(like) if like is not None else names.get("_name_or_path") or None
     adapter = Adapter(out, alpha, False, base)
     written = write_adapter(adapter, destination, overwrite=overwrite)
@@ -164,9 +186,26 @@ def import_adapter(
     recipe = family_recipe(recipe_name)
     names = recipe.config_names(read_config(config))
     adapter = read_adapter(source)
-    by_module = {module: (path, ops) for path, (module, ops) in leaf_table(recipe, names).items()}
+    scanned: set[str] = set()
+    table = leaf_table(recipe, names, scanned)
+    by_module = {module: (path, ops) for path, (module, ops) in table.items()}
+    joined = _joined_modules(recipe, names)
     tree: dict[str, Any] = {}
     for module, (lora_a, lora_b) in adapter.pairs.items():
+        if module in joined and module not in by_module:
+            raise UnsupportedError(
+                f"Adapter pair of {module!r}: recipe {recipe.name!r} joins "
+                f"{module + '.weight'!r} with other tensors into leaf {joined[module]!r}, "
+                f"and LoRA factors go with leaves of one linear weight. Merge the adapter "
+                f"into its base instead (--merge-adapter), which any leaf takes."
+            )
+        if module in scanned and module not in by_module:
+            raise UnsupportedError(
+                f"Adapter pair of {module!r}: recipe {recipe.name!r} stacks its layers on a "
+                f"scan axis, and LoRA factors are per layer. Import with the recipe's "
+                f"unscanned layout (`suture recipes` lists them: "
+                f"'{recipe.name.split(':')[0]}:maxtext-unscanned')."
+            )
         if module not in by_module:
             near = ", ".join(sorted(by_module)[:4])
             raise ConfigMismatchError(
@@ -179,7 +218,10 @@ def import_adapter(
             lora_b = (lora_b.astype(np.float32) * np.float32(math.sqrt(lora_a.shape[0]))).astype(
                 lora_b.dtype
             )
-        a, b = factors.to_target(operations, names, lora_a, lora_b)
+        try:
+            a, b = factors.to_target(operations, names, lora_a, lora_b)
+        except ConfigMismatchError as error:  # the factors say no name: say the pair's
+            raise ConfigMismatchError(f"Adapter pair of {module!r}: {error}") from None
         wrap = (lambda x: {"value": x}) if recipe.target == "tunix" else (lambda x: x)
         tree[f"{recipe._root}{path}_lora_a"] = wrap(a)
         tree[f"{recipe._root}{path}_lora_b"] = wrap(b)
@@ -198,6 +240,9 @@ def merged_with_adapter(tree: Any, adapter_folder: str | os.PathLike) -> Any:
     flat = flatten(tree)
     for module, (lora_a, lora_b) in adapter.pairs.items():
         path = module.replace(".", "/") + "/weight"
+        stored = sorted(p for p in flat if p.startswith(path + "_"))  # weight_packed, _scale
+        if path not in flat and stored:
+            _refuse_quantized(module, stored[0].replace("/", "."), "stored packed")
         if path not in flat:
             near = ", ".join(sorted(p.replace("/", ".") for p in flat)[:4])
             raise ConfigMismatchError(
@@ -205,6 +250,8 @@ def merged_with_adapter(tree: Any, adapter_folder: str | os.PathLike) -> Any:
                 f"(it has {near}, ...). Merge the adapter into the model it was trained on."
             )
         weight = as_lazy(flat[path], path=module + ".weight")
+        if weight.dtype.name not in PLAIN_FLOATS:
+            _refuse_quantized(module, module + ".weight", weight.dtype.name)
         if weight.shape != (lora_b.shape[0], lora_a.shape[1]):
             raise ConfigMismatchError(
                 f"Adapter pair of {module!r}: B @ A is {(lora_b.shape[0], lora_a.shape[1])}, "
@@ -213,6 +260,18 @@ def merged_with_adapter(tree: Any, adapter_folder: str | os.PathLike) -> Any:
             )
         flat[path] = merged_weight(weight, lora_a, lora_b, adapter.scaling(lora_a.shape[0]))
     return unflatten(flat)
+
+
+PLAIN_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _refuse_quantized(module: str, tensor: str, found: str) -> None:
+    raise UnsupportedError(
+        f"Adapter pair of {module!r}: the base's {tensor!r} is {found}, a quantized weight "
+        f"(its values need their scales); a LoRA delta added to its stored codes would be "
+        f"lost or wrong. Read the base dequantized: --dequantize (dequantize=True), or "
+        f"convert with a family recipe, which dequantizes as it reads."
+    )
 
 
 def merged_weight(
@@ -224,20 +283,17 @@ def merged_weight(
     from .._lazy.graph import MemorySource
     from .._lazy.products import chunked_matmul
 
-    adapter_dtype = lora_b.dtype
-    low = _low(adapter_dtype)  # peft computes a bfloat16/float16 delta in float32 on the CPU
-    work = np.dtype(np.float32) if low else adapter_dtype
-    # torch adds in the promoted dtype, with bfloat16 and float16 computed in float32
-    sum_dtype = np.promote_types(_wide(weight.dtype), work)
+    # peft's LoRA weights are the base's dtype (float32 for a half base: its default
+    # autocast_adapter_dtype), the folder's values cast to it: the delta is never rounded
+    # to a bfloat16 or float16 the folder stores
+    work = _wide(weight.dtype)
     factor = work.type(scaling)
     b_node, a_node = MemorySource(lora_b.astype(work)), MemorySource(lora_a.astype(work))
 
     def merged(w: np.ndarray, b: np.ndarray, a: np.ndarray) -> np.ndarray:
         delta = chunked_matmul(b, a)  # in this thread: see chunked_matmul
         delta *= factor
-        if low:
-            delta = delta.astype(adapter_dtype)
-        total = w.astype(sum_dtype)
+        total = w.astype(work)  # torch adds a half weight and a float32 delta in float32
         total += delta
         return total
 

@@ -69,10 +69,24 @@ def module_of(name: str) -> tuple[str, str]:
             return name[len(PREFIX) : -len(suffix)], part
     raise UnsupportedError(
         f"Adapter tensor {name!r} is not a LoRA factor PEFT names "
-        f"'{PREFIX}<module>.lora_A.weight' / '.lora_B.weight'. suture reads LoRA pairs of "
-        f"linear layers (no embedding LoRA, DoRA magnitudes or modules_to_save); a name "
-        f"without {PREFIX!r} is one that peft would not load (it leaves lora_B at zero)."
+        f"'{PREFIX}<module>.lora_A.weight' / '.lora_B.weight'{_what(name)}. suture reads "
+        f"LoRA pairs of linear layers alone (no trained biases, embedding LoRA, DoRA "
+        f"magnitudes or modules_to_save): merge such an adapter with peft's merge_and_unload; "
+        f"a name without {PREFIX!r} is one that peft would not load (it leaves lora_B at zero)."
     )
+
+
+def _what(name: str) -> str:
+    """What a tensor that is no LoRA factor holds, by PEFT's names."""
+    if name.endswith(".bias"):
+        return ": it is a bias PEFT trained (bias='all' or 'lora_only', or lora_bias=True)"
+    if ".lora_embedding_" in name:
+        return ": it is an embedding's LoRA factor"
+    if ".lora_magnitude_vector" in name:
+        return ": it is a DoRA magnitude"
+    if name.startswith(PREFIX) and ".lora_" not in name:
+        return ": it is a whole weight (modules_to_save, or a layer PEFT trained in full)"
+    return ""
 
 
 def tensor_name(module: str, part: str) -> str:
@@ -223,10 +237,10 @@ def read(source: str | os.PathLike) -> Adapter:
                 f"Adapter tensor {lone!r} has no partner (lora_A and lora_B come in pairs)."
             )
         a, b = half["A"], half["B"]
-        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
+        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1] or not a.shape[0]:
             raise NotACheckpointError(
                 f"Adapter pair of {module!r}: lora_A {a.shape} and lora_B {b.shape}; PEFT's are "
-                f"(r, in) and (out, r) with one r."
+                f"(r, in) and (out, r) with one r of at least 1."
             )
         if isinstance(rank, int) and a.shape[0] != rank:
             raise NotACheckpointError(

@@ -31,6 +31,30 @@ def time_left(elapsed: float, done: float, total: float) -> float | None:
     return elapsed * (total - done) / done
 
 
+class Eta:
+    """Time left at the speed since the first bytes were written (`time_left` of what came
+    after them): the time before them (opening files, reading the first blocks, compiling)
+    says nothing of the speed, and counted in it made early estimates far too long.
+
+    Example:
+        >>> eta = Eta()  # 5 s before the first 10 bytes, then 10 bytes a second
+        >>> eta(5.0, 10, 100), eta(7.0, 30, 100)
+        (None, 7.0)
+    """
+
+    def __init__(self) -> None:
+        self.first: tuple[float, float] | None = None
+
+    def __call__(self, elapsed: float, done: float, total: float) -> float | None:
+        if done <= 0:
+            return None
+        if self.first is None:
+            self.first = (elapsed, done)
+            return None
+        started, before = self.first
+        return time_left(elapsed - started, done - before, total - before)
+
+
 def human_seconds(seconds: float) -> str:
     """``7 s``, ``2 min 5 s``, ``1 h 3 min``.
 
@@ -63,11 +87,13 @@ def progress_bar(
     from rich.progress import Progress as RichProgress  # loaded only when a bar is shown
     from rich.text import Text  # loaded only when a bar is shown
 
+    eta = Eta()
+
     class Remaining(ProgressColumn):
-        """Time left at the average speed so far (`time_left`)."""
+        """Time left at the speed since the first bytes were written (`Eta`)."""
 
         def render(self, task: object) -> Text:
-            left = time_left(task.elapsed or 0.0, task.completed, task.total or 1)  # type: ignore[attr-defined]
+            left = eta(task.elapsed or 0.0, task.completed, task.total or 1)  # type: ignore[attr-defined]
             return Text("" if left is None else f"{human_seconds(left)} left", style="cyan")
 
     total = human_bytes(total_bytes)

@@ -10,7 +10,9 @@ the one ``huggingface_hub`` finds (``HF_TOKEN``, ``hf auth login``'s file) and i
 printed; ``HF_ENDPOINT`` names another Hub (a mirror, an enterprise Hub).
 
 With ``HF_HUB_OFFLINE=1`` nothing is asked of the Hub: the URL is read from the local cache
-(`hub_cache`), as ``huggingface_hub`` itself does offline.
+(`hub_cache`), as ``huggingface_hub`` itself does offline. When the Hub cannot be reached (no
+network) and the cache holds the revision, the cache is read too, with one warning naming
+its commit, as ``huggingface_hub`` and transformers fall back.
 
 Example:
     >>> str(hub_location("hf://org/model@v1/sub") / "model.safetensors")
@@ -25,7 +27,9 @@ import re
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -37,6 +41,7 @@ from .._errors import (
     CheckpointNotFoundError,
     DestinationError,
     SurgeryError,
+    SutureWarning,
     UnsupportedError,
 )
 from .._iostats import record_read
@@ -82,7 +87,59 @@ def hub_location(text: str) -> Location:
         raise ArgumentError(f"{text!r}: a path in a repository has no '', '.' or '..' parts.")
     if is_offline():
         return _from_cache(text, repo_id, revision or DEFAULT_REVISION, path)
-    return HubLocation(_repo(repo_id, revision), path)
+    repo = _repo(repo_id, revision)
+    snapshot = repo.fallback or _unreachable_but_cached(repo)
+    if snapshot is not None:
+        return _in_snapshot(CachedLocation(snapshot, repo_id), path)
+    return HubLocation(repo, path)
+
+
+def _unreachable_but_cached(repo: _Repo) -> Path | None:
+    """The cached snapshot of `repo` when the Hub cannot be reached (no network, a refused
+    connection) and the cache holds one, with one warning; else None (the Hub is asked
+    once here only when the cache could answer, as huggingface_hub falls back offline)."""
+    revision = repo.revision or DEFAULT_REVISION
+    snapshot = cached_snapshot(repo.repo_id, revision)
+    if snapshot is None or repo.commit_id is not None:
+        return None
+    try:
+        repo.commit()
+        return None
+    except SurgeryError as error:
+        cause = error.__context__
+        if not _is_network_error(cause):
+            raise
+    repo.fallback = snapshot
+    warnings.warn(
+        f"{repo.endpoint} cannot be reached ({type(cause).__name__}: {_clean(str(cause))}): "
+        f"reading 'hf://{repo.repo_id}@{revision}' from the local Hugging Face cache, at "
+        f"commit {snapshot.name}, as huggingface_hub does offline. Set HF_HUB_OFFLINE=1 to "
+        f"read the cache without asking the Hub.",
+        SutureWarning,
+        stacklevel=3,
+    )
+    return snapshot
+
+
+def _is_network_error(error: BaseException | None) -> bool:
+    """Whether `error` (or what caused it) is a failure to reach the server: a name that
+    does not resolve, a refused or timed-out connection (httpx's ConnectError, ...)."""
+    seen = 0
+    while error is not None and seen < 8:
+        names = {kind.__name__ for kind in type(error).__mro__}
+        if isinstance(error, (OSError, TimeoutError)) or names & _NETWORK_ERRORS:
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+_NETWORK_ERRORS = {"TransportError", "ConnectionError", "Timeout", "OfflineModeIsEnabled"}
+
+
+def _in_snapshot(location: CachedLocation, path: str) -> CachedLocation:
+    for part in path.split("/") if path else ():
+        location = location / part
+    return location
 
 
 def is_offline() -> bool:
@@ -99,10 +156,7 @@ def _from_cache(text: str, repo_id: str, revision: str, path: str) -> LocalLocat
     if snapshot is None:
         why = f"HF_HUB_OFFLINE is set, so {text!r} was looked up in the cache only"
         raise not_in_cache(repo_id, revision, why)
-    location = CachedLocation(snapshot, repo_id)
-    for part in path.split("/") if path else ():
-        location = location / part
-    return location
+    return _in_snapshot(CachedLocation(snapshot, repo_id), path)
 
 
 @dataclass
@@ -116,6 +170,7 @@ class _Repo:
     commit_id: str | None = None
     listings: dict[str, dict[str, int | None]] = field(default_factory=dict)
     redirects: dict[str, str] = field(default_factory=dict)  # path: its CDN address
+    fallback: Path | None = None  # the cached snapshot read since the Hub was unreachable
 
     def api(self) -> Any:
         hf = _huggingface_hub()

@@ -106,25 +106,52 @@ class CachedLocation(LocalLocation):
         )
 
 
-def cached_location(text: str) -> LocalLocation | None:
-    """The cached snapshot that `text` (``org/name``, not a local path) names, else None."""
-    if not looks_like_repo_id(text) or Path(text).exists():
+def split_revision(text: str) -> tuple[str, str] | None:
+    """``(org/name, revision)`` of a bare cached id, ``org/name`` or ``org/name@REV``
+    (``main`` when no ``@``), else None.
+
+    Example:
+        >>> split_revision("org/model@v1.0"), split_revision("org/model")
+        (('org/model', 'v1.0'), ('org/model', 'main'))
+    """
+    repo_id, at, revision = text.partition("@")
+    if not looks_like_repo_id(repo_id) or (at and not _REVISION.match(revision)):
         return None
-    snapshot = cached_snapshot(text)
+    return repo_id, revision or DEFAULT_REVISION
+
+
+_REVISION = re.compile(r"^(?:refs/(?:pr|convert)/)?[A-Za-z0-9._-]{1,200}$")
+
+
+def cached_location(text: str) -> LocalLocation | None:
+    """The cached snapshot that `text` (``org/name[@REV]``, not a local path) names, else None."""
+    named = split_revision(text)
+    if named is None or Path(text).exists():
+        return None
+    snapshot = cached_snapshot(*named)
     return CachedLocation(snapshot, text) if snapshot is not None else None
 
 
 def missing_repo_error(text: str) -> CheckpointNotFoundError | None:
-    """For `text` shaped ``org/name`` that is neither a local path nor cached: the error
-    saying where suture looked, and how to fetch the model; None for other paths."""
-    if not looks_like_repo_id(text) or Path(text).exists():
+    """For `text` shaped ``org/name[@REV]`` that is neither a local path nor cached: the
+    error saying where suture looked, and how to fetch the model; None for other paths."""
+    named = split_revision(text)
+    if named is None or Path(text).exists():
         return None
+    repo_id, revision = named
+    at = "" if revision == DEFAULT_REVISION else f" at revision {revision!r}"
     return CheckpointNotFoundError(
-        f"No such file or folder: {text!r}, and no Hugging Face model of that id in the cache "
-        f"{str(cache_folder())!r} (looked for {str(repo_folder(text))!r}). Check the path; for "
-        f"a model on the Hub, download it first (`hf download {text}`), read it as "
-        f"'hf://{text}', or set HF_HUB_CACHE to the cache that holds it."
+        f"No such file or folder: {text!r}, and no Hugging Face model of that id{at} in the "
+        f"cache {str(cache_folder())!r} (looked for {str(repo_folder(repo_id))!r}). Check the "
+        f"path; for a model on the Hub, download it first (`{download_command(repo_id, revision)}`), "
+        f"read it as 'hf://{text}', or set HF_HUB_CACHE to the cache that holds it."
     )
+
+
+def download_command(repo_id: str, revision: str = DEFAULT_REVISION) -> str:
+    """The ``hf download`` command that puts `repo_id` at `revision` in the cache."""
+    at = "" if revision == DEFAULT_REVISION else f" --revision {revision}"
+    return f"hf download {repo_id}{at}"
 
 
 def not_in_cache(repo_id: str, revision: str, why: str) -> CheckpointNotFoundError:
@@ -132,8 +159,9 @@ def not_in_cache(repo_id: str, revision: str, why: str) -> CheckpointNotFoundErr
     at = "" if revision == DEFAULT_REVISION else f" at revision {revision!r}"
     return CheckpointNotFoundError(
         f"{why}, and the Hugging Face cache ({str(cache_folder())!r}) holds no snapshot of "
-        f"{repo_id!r}{at} (looked for {str(repo_folder(repo_id))!r}). Download it first (`hf "
-        f"download {repo_id}`), or set HF_HUB_CACHE to the cache that holds it."
+        f"{repo_id!r}{at} (looked for {str(repo_folder(repo_id))!r}). Download it first "
+        f"(`{download_command(repo_id, revision)}`), or set HF_HUB_CACHE to the cache that "
+        f"holds it."
     )
 
 

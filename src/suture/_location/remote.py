@@ -43,6 +43,7 @@ from .._errors import (
 )
 from .._redact import redact_text, redact_url
 from .base import Location, RangeReader, short_read, too_large
+from .credentials import credentials_hint
 from .http_body import (
     ACCEPTED,
     BodyTooLarge,
@@ -53,6 +54,7 @@ from .http_body import (
     url_path,
 )
 from .http_redirect import REDIRECT_CODES, describe_status, redirect_target
+from .reachable import check_reachable, forget_reached, remote_retries
 
 WRITABLE_SCHEMES = ("gs", "s3")
 TIMEOUT_VARIABLE = "SUTURE_REMOTE_TIMEOUT"
@@ -656,16 +658,17 @@ _CONTEXT_SPEC = {
     "gcs_request_concurrency": {"limit": 64},
     "s3_request_concurrency": {"limit": 64},
     "http_request_concurrency": {"limit": 64},
-    # Transient errors are retried with backoff, for about two minutes at most.
-    **{
-        f"{driver}_request_retries": {
-            "max_retries": 10,
-            "initial_delay": "0.5s",
-            "max_delay": "16s",
-        }
-        for driver in ("gcs", "s3", "http")
-    },
 }
+
+
+def _context_spec() -> dict[str, Any]:
+    """`_CONTEXT_SPEC`, with the retries of transient errors (``SUTURE_REMOTE_RETRIES``,
+    10 by default: about two minutes at most, with backoff)."""
+    retries = {"max_retries": remote_retries(), "initial_delay": "0.5s", "max_delay": "16s"}
+    return {
+        **_CONTEXT_SPEC,
+        **{f"{driver}_request_retries": retries for driver in ("gcs", "s3", "http")},
+    }
 
 
 def remote_context() -> Any:
@@ -675,7 +678,7 @@ def remote_context() -> Any:
     with _stores_lock:
         if "context" not in _shared:
             _limit_stalls()
-            _shared["context"] = ts.Context(_CONTEXT_SPEC)
+            _shared["context"] = ts.Context(_context_spec())
         return _shared["context"]
 
 
@@ -693,6 +696,7 @@ def forget_stores() -> None:
         _shared.clear()
         _stores.clear()
         _redirects.clear()
+    forget_reached()
 
 
 def _limit_stalls() -> None:
@@ -801,6 +805,7 @@ def _open_store(scheme: str, host: str) -> Any:
             raise
         except ValueError as error:
             raise SurgeryError(f"Cannot reach {shown}: {_clean(error)}") from None
+        check_reachable(scheme, host, shown)  # a name that does not resolve fails at once
         with _stores_lock:
             _stores[cache_key] = store
     return store
@@ -818,10 +823,8 @@ def _remote_error(location: Location, error: ValueError) -> SurgeryError:
         if code in (404, 410):
             return CheckpointNotFoundError(f"Cannot read {str(location)!r}: {meaning}.")
         return SurgeryError(f"Cannot read {str(location)!r}: {meaning}.")
-    return SurgeryError(
-        f"Cannot access {str(location)!r}: {text}. Check the path, and the credentials the "
-        f"driver reads (environment variables, metadata server, config files)."
-    )
+    hint = credentials_hint(getattr(location, "scheme", ""))
+    return SurgeryError(f"Cannot access {str(location)!r}: {text}. {hint}")
 
 
 def _clean(error: BaseException) -> str:

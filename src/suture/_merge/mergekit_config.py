@@ -55,12 +55,12 @@ class MergekitMerge:
 
 def _tokenizer_as_suture_copies(key: str, data: dict[str, Any]) -> bool:
     """Whether `key` asks for what suture does anyway: the base model's tokenizer
-    (``tokenizer_source: base``, or ``tokenizer: {source: base}``), with a base model."""
+    (``tokenizer_source: base``, or ``tokenizer: {source: base}``); with no ``base_model:``
+    the first model is the base, as mergekit takes it (``mergekit/tokenizer/build.py``)."""
     value = data[key]
-    asks_base = (key == "tokenizer_source" and value == "base") or (
+    return (key == "tokenizer_source" and value == "base") or (
         key == "tokenizer" and value == {"source": "base"}
     )
-    return asks_base and bool(data.get("base_model"))
 
 
 def load_mergekit(config: ConfigFile) -> MergekitMerge:

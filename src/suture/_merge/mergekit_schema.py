@@ -23,9 +23,9 @@ KEYS = ("merge_method", "base_model", "models", "slices", "parameters", "dtype",
 UNSUPPORTED = {
     "modules": "merge each module separately or use slices:",
     "tokenizer_source": "the base (or first) model's tokenizer files are copied as they are "
-    "(tokenizer_source: base, with a base_model:, says just that)",
+    "(tokenizer_source: base says just that)",
     "tokenizer": "the base (or first) model's tokenizer files are copied as they are "
-    "(tokenizer: {source: base}, with a base_model:, says just that)",
+    "(tokenizer: {source: base} says just that)",
     "chat_template": "edit tokenizer_config.json of the output instead",
     "residual_weight": "remove it",
 }

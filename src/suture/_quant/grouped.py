@@ -162,7 +162,9 @@ class IntCodec(Codec):
         self.tensor, self.scale_name, self.label = tensor, scale_name, label
         self.align = math.lcm(group, 32)  # 32 values fill `bits` whole words
         self.largest = float((1 << bits) - 1)  # |q - z| at most
-        self.per_tensor = math.prod(scales.shape) == 1 and len(scales.shape) < len(shape)
+        # one scale serves every value, whatever its shape ((1,), (1, 1), ()): a read never
+        # selects rows or groups of it
+        self.per_tensor = math.prod(scales.shape) == 1
 
     def nodes(self) -> tuple[Node, ...]:
         extra = (self.zero_points,) if self.zero_points is not None else ()

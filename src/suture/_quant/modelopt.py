@@ -130,14 +130,32 @@ def dequantize_modelopt(
         if name in made:
             result[name] = made[name]
             continue
-        if array.dtype.name == "uint8" and name.endswith(".weight") and not _excluded(name, config):
-            raise CorruptCheckpointError(
-                f"{where}: tensor {name!r} is uint8 (packed NVFP4) but has no "
-                f"{name[: -len('.weight')] + '.weight_scale'!r}: its values cannot be "
-                f"dequantized. Expected every packed weight to have its scales."
-            )
+        stored = array.dtype.name in STORED and name.endswith(".weight")
+        if stored and not _excluded(name, config):
+            _refuse_stored(name, array, tensors, where)
         result[name] = array
     return result
+
+
+STORED = ("uint8", "float8_e4m3fn")  # codes that are no values without their scales
+
+
+def _refuse_stored(name: str, array: LazyArray, tensors: dict[str, LazyArray], where: str) -> None:
+    """A weight left stored (uint8 without E4M3 scales, or FP8 of another scheme): passed on
+    as it is, its codes would be read as values."""
+    scale_name = name[: -len(".weight")] + ".weight_scale"
+    scale = tensors.get(scale_name)
+    found = (
+        f"has no {scale_name!r}"
+        if scale is None
+        else f"its {scale_name!r} is {scale.dtype.name} of shape {scale.shape}"
+    )
+    raise CorruptCheckpointError(
+        f"{where}: tensor {name!r} is {array.dtype.name} (stored quantized) and {found}: its "
+        f"values cannot be dequantized. suture reads ModelOpt "
+        f"NVFP4 layers: uint8 weights with float8_e4m3fn (F8_E4M3) scales per group. A layer "
+        f"of another scheme (FP8) needs ModelOpt's own export to real values first."
+    )
 
 
 def _excluded(name: str, config: ModelOptConfig) -> bool:

@@ -337,6 +337,9 @@ def dequantized_config(dtype: str) -> Any:
 
     def edit(config: dict[str, Any]) -> dict[str, Any]:
         edited = {key: value for key, value in config.items() if key != "quantization_config"}
+        text = edited.get("text_config")
+        if isinstance(text, dict) and "quantization_config" in text:  # Kimi K2.5 keeps it there
+            edited["text_config"] = {k: v for k, v in text.items() if k != "quantization_config"}
         fields = [key for key in ("torch_dtype", "dtype") if key in edited] or ["torch_dtype"]
         for key in fields:
             edited[key] = dtype

@@ -36,6 +36,7 @@ from .._quant.tensors import quantized_config
 from ..sources.checkpoint import Checkpoint
 from ..sources.open import open as open_checkpoint
 from .collective import write_collective
+from .mesh import shards_of
 from .options import SaveOptions
 from .overwrite import check_replaceable
 from .steps import save_step
@@ -94,6 +95,7 @@ def save(
     group_size: int | None = None,
     step: int | None = None,
     item: str | None = None,
+    target_sharding: Any = None,
 ) -> SaveResult | SaveHandle:
     """Writes `tree` to `path`, streaming lazy leaves under a memory budget.
 
@@ -169,6 +171,14 @@ def save(
             created if missing, and a new step appears whole (written aside, then renamed).
         item: with `step`, the item's name (``"model"``; default ``"default"``, a manager's
             item without ``item_names``).
+        target_sharding: Orbax only: the sharding the checkpoint will be restored with;
+            each array is written in chunks that tile its shards there (no chunk crosses
+            a shard's edge, several chunks to a shard larger than `chunk_bytes`), so each
+            host restoring it reads only chunks of its own shards. A
+            ``suture.TargetSharding(mesh, rules)`` (``TargetSharding("fsdp=8,tensor=2",
+            "rules.yaml")``: the mesh needs no devices), or jax shardings: a tree of the
+            tree's structure, or ``{leaf path: sharding}``, of ``NamedSharding``s (None:
+            the default chunks). See docs/guide/large-checkpoints.md.
 
     Returns:
         A `SaveResult` (or a `SaveHandle` when `asynchronous`).
@@ -194,6 +204,7 @@ def save(
             metadata=metadata,
             verify=verify,
             tune_allocator=tune_allocator,
+            target_sharding=target_sharding,
         )
         if format != "orbax" or asynchronous:
             raise ArgumentError(
@@ -232,6 +243,14 @@ def save(
         raise ArgumentError(
             "keep_unquantized= and group_size= go with quantize= ('fp8-block', 'W4A16' ...)."
         )
+    if target_sharding is not None:
+        if format != "orbax":
+            raise ArgumentError(
+                "target_sharding= (--mesh, --sharding) lays out an Orbax checkpoint's chunks; "
+                "safetensors has none. "
+                "Write format='orbax', or drop target_sharding=."
+            )
+        options = replace(options, shards=shards_of(target_sharding, tree))
     _check_writable_path(destination, format)
     _check_destination(destination, overwrite, tree)
     group = collective()  # under jax.distributed every process writes its share

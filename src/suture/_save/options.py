@@ -41,6 +41,8 @@ class SaveOptions:
     extra_files: Mapping[str, Location] = field(default_factory=dict)
     verify: bool = False
     tune_allocator: bool | None = None  # None: as SUTURE_TUNE_ALLOCATOR says
+    # {leaf path: shard shape} on the target mesh (`target_sharding`): chunks tile them
+    shards: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @classmethod
     def from_keywords(

@@ -30,6 +30,7 @@ from .._paths import flatten
 from ..sinks.orbax import OrbaxSink, keys_and_kinds, merge_process_databases
 from ..sinks.safetensors import SafetensorsSink
 from ..sources.filesource import reading_directly
+from .mesh import chunking
 from .options import SaveOptions
 from .verify import check, with_digests, written_leaves
 
@@ -160,7 +161,9 @@ def orbax_blocks(
     every process has written) also merges the processes' databases.
     """
     max_memory, metadata = options.max_memory, options.metadata
-    sink = OrbaxSink(folder, options.chunk_bytes, None if group is None else group.index)
+    chunk_of = chunking(options.shards, options.chunk_bytes) if options.shards else None
+    process = None if group is None else group.index
+    sink = OrbaxSink(folder, options.chunk_bytes, process, chunk_of)
     if group is None:
         sink.start()
     arrays: list[tuple[str, LazyArray, Any]] = []

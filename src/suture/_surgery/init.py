@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import zlib
 from collections.abc import Callable, Mapping
@@ -104,14 +105,54 @@ def takes_key(fn: Callable[..., Any]) -> bool:
 
 
 def _missing_message(paths: list[str], available: list[str]) -> str:
+    """The message for target `paths` no source provides: one "Did you mean" of close
+    matches only, then the fixes, creating them with ``init=`` first (a model that gains
+    leaves, LoRA's, over a checkpoint that has none).
+
+    Example:
+        >>> print(_missing_message(["m/lora_a", "m/kernal"], ["m/kernel"]))  # doctest: +ELLIPSIS
+        The target has 2 leaf path(s) that no source provides: 'm/lora_a', 'm/kernal'. Did you mean 'm/kernel'? To create them, pass init= ...
+    """
     shown = paths[:5]
-    hints = "".join(did_you_mean(path, available) for path in shown[:3])
+    hints = did_you_mean_any(shown, available)
     more = f" (and {len(paths) - len(shown)} more)" if len(paths) > len(shown) else ""
     return (
         f"The target has {len(paths)} leaf path(s) that no source provides: "
-        f"{', '.join(repr(p) for p in shown)}{more}.{hints} Fix the target's paths, map them "
-        f"with rules, or pass init= to create them."
+        f"{', '.join(repr(p) for p in shown)}{more}.{hints} To create them, pass init= (a "
+        f"tree of values or initializers; for a Flax NNX model and optimizer built fresh, "
+        f"init={{'model': nnx.state(model), 'optimizer': nnx.state(optimizer)}}); else fix "
+        f"the target's paths, or map them with rules."
     )
+
+
+def did_you_mean_any(paths: list[str], available: list[str], limit: int = 3) -> str:
+    """One " Did you mean ...?" for all of `paths`: close matches only (the whole path and
+    its last part alike: ``lora_a`` is not ``kernel``), each named once.
+
+    Example:
+        >>> did_you_mean_any(["p/dense/kernal", "p/dense/lora/a/value"], ["p/dense/kernel"])
+        " Did you mean 'p/dense/kernel'?"
+    """
+    found: list[str] = []
+    for path in paths:
+        for match in difflib.get_close_matches(path, available, n=limit, cutoff=0.6):
+            if _parts_differ_little(path, match) and match not in found:
+                found.append(match)
+    if not found:
+        return ""
+    return " Did you mean " + " or ".join(repr(match) for match in found[:limit]) + "?"
+
+
+def _parts_differ_little(path: str, other: str) -> bool:
+    """Whether what differs between two paths, once the parts they share at both ends go, is
+    alike (``kernal``, ``kernel``) rather than another leaf (``lora/lora_a``, ``kernel``)."""
+    a, b = path.split("/"), other.split("/")
+    while a and b and a[0] == b[0]:
+        a, b = a[1:], b[1:]
+    while a and b and a[-1] == b[-1]:
+        a, b = a[:-1], b[:-1]
+    rest_a, rest_b = "/".join(a), "/".join(b)
+    return difflib.SequenceMatcher(None, rest_a, rest_b).ratio() >= 0.6
 
 
 def _from_entry(entry: Any, path: str, target: LeafTarget, seed: Any) -> Any:

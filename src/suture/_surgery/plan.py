@@ -132,7 +132,7 @@ class Plan:
         lines = [self.problems_text(), ""] if self.problems else []
         lines += format_table(rows, rule_under_header=True)
         lines.append(
-            f"\n{len(self.outputs)} outputs; reads {human_bytes(self.bytes_to_read)}, "
+            f"\n{len(self.outputs)} output{'' if len(self.outputs) == 1 else 's'}; reads {human_bytes(self.bytes_to_read)}, "
             f"writes {human_bytes(self.bytes_to_write)}."
         )
         if self.dropped:
@@ -153,11 +153,25 @@ class Plan:
             )
         lines.extend(lossy_lines(self.lossy_casts))
         lines.extend(f"Note: {note}" for note in self.notes)
-        lines.extend(f"Function call: {fallback}" for fallback in self.fallbacks)
+        lines.extend(f"Function call: {shown_fallback(fallback)}" for fallback in self.fallbacks)
         lines.append(
             f"{len(self.problems)} problem(s), listed above." if self.problems else "No problems."
         )
         return "\n".join(lines)
+
+
+def shown_fallback(fallback: str) -> str:
+    """A function's fallback as the plan shows it: tracing with jax, the way a function
+    of ``jnp`` calls is meant to run, is said as what happened, not as a failure.
+
+    Example:
+        >>> shown_fallback("f: running lazily failed (ValueError: x); traced with jax.")
+        'f: computed by tracing with jax (on shapes and dtypes; nothing is read).'
+    """
+    name, _, rest = fallback.partition(": ")
+    if rest.endswith("; traced with jax.") and "tracing with jax failed" not in rest:
+        return f"{name}: computed by tracing with jax (on shapes and dtypes; nothing is read)."
+    return fallback
 
 
 def lossy_casts(tree: Any) -> list[LossyCast]:

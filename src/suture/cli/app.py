@@ -42,6 +42,7 @@ from .._surgery.recipes import forward_record, load_recipe, reversed_rules, with
 from ..families._convert import read_config
 from ..families._file import family_recipe, is_family_recipe
 from ..sources.open import open as open_checkpoint
+from .chunks import render_chunks
 from .demo import run_demo
 from .diff import diff as run_diff
 from .examples import write_examples
@@ -59,6 +60,7 @@ from .merge import run_merge
 from .outcome import interruption_in, surgery_error_in
 from .panels import ADAPTERS, FAMILIES, MEMORY_AND_SAFETY, OUTPUT, QUANTIZATION, in_panel
 from .quiet import quiet_native_logs
+from .reshard import Mesh, Sharding, run_reshard, target_of
 
 app = typer.Typer(
     name="suture",
@@ -210,9 +212,22 @@ def inspect(
         bool, typer.Option("--stats", help="Also min/max/mean/std/NaNs per leaf (reads the data).")
     ] = False,
     allow_pickle: AllowPickle = False,
+    chunks: Annotated[
+        bool,
+        typer.Option(
+            "--chunks",
+            help="Each array's chunk grid; with --mesh and --sharding, the bytes a restore "
+            "on that mesh reads per device against what it needs.",
+        ),
+    ] = False,
+    mesh: Mesh = None,
+    sharding: Sharding = None,
 ) -> None:
     """Show a checkpoint's leaves with shape, dtype and size. Reads no array data (but --stats)."""
     ckpt = open_checkpoint(path, step=step, item=item, allow_pickle=allow_pickle)
+    if chunks or mesh is not None or sharding is not None:
+        typer.echo(render_chunks(ckpt, filter, target_of(mesh, sharding)))
+        return
     description = describe(ckpt, filter, logical=not stats)
     if stats:
         results = collect_stats(ckpt, description)
@@ -246,11 +261,19 @@ def diff(
     rtol: Annotated[float, typer.Option("--rtol", help="Relative tolerance for --values.")] = 0.0,
     as_json: AsJson = False,
     allow_pickle: AllowPickle = False,
+    ulp: Annotated[
+        int,
+        typer.Option(
+            "--ulp",
+            min=0,
+            help="For --values: allow N units in the last place (the coarser dtype's).",
+        ),
+    ] = 0,
 ) -> None:
     """Show how two checkpoints differ. Exit 0 when equal, 1 when different, 2 on error."""
     first = open_checkpoint(a, allow_pickle=allow_pickle)
     second = open_checkpoint(b, allow_pickle=allow_pickle)
-    result = run_diff(first, second, values=values, atol=atol, rtol=rtol)
+    result = run_diff(first, second, values=values, atol=atol, rtol=rtol, ulp=ulp)
     typer.echo(result.to_json() if as_json else str(result))
     raise typer.Exit(code=0 if result.equal else 1)
 
@@ -481,6 +504,8 @@ def convert(
             rich_help_panel=FAMILIES,
         ),
     ] = None,
+    mesh: in_panel(Mesh, OUTPUT) = None,
+    sharding: in_panel(Sharding, OUTPUT) = None,
     max_memory: in_panel(MaxMemory, MEMORY_AND_SAFETY) = None,
     max_shard_size: in_panel(MaxShardSize, OUTPUT) = None,
     separator: Annotated[
@@ -507,7 +532,8 @@ def convert(
             "--dequantize",
             help="Dequantize a quantized HF folder in the same pass (FP8 block scales, MXFP4, "
             "DeepSeek-V4 FP4, compressed-tensors INT and NVFP4, ModelOpt NVFP4), to --dtype "
-            "(default bfloat16); config.json loses its quantization_config.",
+            "(default bfloat16): an HF folder unless --format orbax; config.json loses its "
+            "quantization_config.",
             rich_help_panel=QUANTIZATION,
         ),
     ] = False,
@@ -581,7 +607,8 @@ def convert(
     """Convert a checkpoint to Orbax or safetensors, streaming it.
 
     A Hugging Face folder converts to Orbax unless --format safetensors is given (or
-    --quantize, whose serving layout is a Hugging Face folder's); the Orbax checkpoint keeps
+    --quantize, whose serving layout is a Hugging Face folder's, or --dequantize, which gives
+    the folder back in bfloat16 without its quantization_config); the Orbax checkpoint keeps
     the folder's files beside it, and converting it back with --format safetensors gives the
     folder again.
     """
@@ -639,6 +666,7 @@ def convert(
         lora_alpha=lora_alpha,
         adapter_only=adapter_only,
         merge_adapter=merge_adapter,
+        target_sharding=target_of(mesh, sharding),
     )
     _report_written(result, verify)
     if result.format == "orbax" and _is_model_folder(source):
@@ -647,6 +675,40 @@ def convert(
             f"beside it; transformers' from_pretrained reads a Hugging Face folder: pass "
             f"--format safetensors for one."
         )
+
+
+@app.command()
+@reports_errors
+def reshard(
+    source: Annotated[str, typer.Argument(help="Orbax checkpoint to rewrite (read only).")],
+    destination: Annotated[str, typer.Argument(help="Where to write it.")],
+    mesh: Mesh = None,
+    sharding: Sharding = None,
+    max_memory: MaxMemory = None,
+    chunk_bytes: Annotated[
+        str | None, typer.Option("--chunk-bytes", help="Largest chunk (default 16MiB).")
+    ] = None,
+    overwrite: Overwrite = False,
+    verify: Verify = False,
+    progress: Progress = None,
+) -> None:
+    """Rewrite an Orbax checkpoint with chunks that tile each array's shards on a mesh.
+
+    Each host restoring it on that mesh then reads only chunks inside its own shards.
+    Streamed within --max-memory whatever the checkpoint's size.
+    """
+    result = run_reshard(
+        source,
+        destination,
+        mesh,
+        sharding,
+        max_memory=max_memory,
+        chunk_bytes=chunk_bytes,
+        overwrite=overwrite,
+        verify=verify,
+        progress=progress,
+    )
+    _report_written(result, verify)
 
 
 @app.command()

@@ -46,6 +46,7 @@ class Diff:
     changed: list[Change] = field(default_factory=list)
     values: dict[str, LeafDifference] = field(default_factory=dict)
     compared_values: bool = False
+    exact: bool = True  # values compared with no tolerance (no atol, rtol nor ulp)
 
     @property
     def equal(self) -> bool:
@@ -105,6 +106,11 @@ class Diff:
                 )
             )
             lines.append(f"{count} difference(s).")
+            if self.exact and any(not d.equal for d in self.values.values()):
+                lines.append(
+                    "Values were compared exactly: --rtol/--atol allow a tolerance, and --ulp N "
+                    "allows N units in the last place (--ulp 1 for a round trip within 1 ulp)."
+                )
         return "\n".join(lines)
 
 
@@ -123,6 +129,7 @@ def diff(
     rtol: float = 0.0,
     on_leaf: Callable[[str], None] | None = None,
     progress: bool | None = None,
+    ulp: int = 0,
 ) -> Diff:
     """Compares two checkpoints (paths, opened checkpoints or trees); reads values only if asked.
 
@@ -131,7 +138,7 @@ def diff(
     when stderr is a terminal).
     """
     flat_a, flat_b = open_checkpoint(a).flat(), open_checkpoint(b).flat()
-    result = Diff(compared_values=values)
+    result = Diff(compared_values=values, exact=not (atol or rtol or ulp))
     pairs: dict[str, tuple[LazyArray, LazyArray]] = {}
     result.only_a = [path for path in flat_a if path not in flat_b]
     result.only_b = [path for path in flat_b if path not in flat_a]
@@ -160,7 +167,7 @@ def diff(
         if values:
             pairs[path] = (left, right)
     if pairs:
-        result.values = _compare_all(pairs, atol, rtol, on_leaf, wants_progress(progress))
+        result.values = _compare_all(pairs, atol, rtol, on_leaf, wants_progress(progress), ulp)
     return result
 
 
@@ -170,6 +177,7 @@ def _compare_all(
     rtol: float,
     on_leaf: Callable[[str], None] | None,
     show_progress: bool,
+    ulp: int = 0,
 ) -> dict[str, LeafDifference]:
     """Compares the pairs on a few threads (reads wait on storage; numpy releases the GIL)."""
     open_all([source for pair in pairs.values() for leaf in pair for source in leaf.sources()])
@@ -178,7 +186,7 @@ def _compare_all(
 
         def compare(path: str) -> LeafDifference:
             left, right = pairs[path]
-            difference = leaf_difference(left, right, atol, rtol, block_bytes=_BLOCK_BYTES)
+            difference = leaf_difference(left, right, atol, rtol, block_bytes=_BLOCK_BYTES, ulp=ulp)
             done(left.nbytes + right.nbytes)
             if on_leaf is not None:
                 on_leaf(path)

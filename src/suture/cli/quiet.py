@@ -1,8 +1,10 @@
-"""The AWS libraries' log lines, kept off the command line's standard error.
+"""The native libraries' log lines, kept off the command line's standard error.
 
-TensorStore's S3 driver logs through absl what the AWS credential chain tries and misses
-(``E... AuthCredentialsProvider:6146] Failed to build config profile collection from file
-at (~/.aws/config)``), at error level, on every ``s3://`` command of a machine without
+TensorStore's drivers log through absl what their credential lookups try and miss. The GCS
+driver's ``E... google_auth_provider.cc:188] Could not find the credentials file ...`` comes
+before every gs:// command's answer on a machine without gcloud credentials; the S3 driver
+logs what the AWS credential chain tries and misses (``E... AuthCredentialsProvider:6146]
+Failed to build config profile collection from file at (~/.aws/config)``), at error level, on every ``s3://`` command of a machine without
 that file, though the chain then finds its credentials elsewhere. absl writes them to file
 descriptor 2 and TensorStore sets its threshold at import, so they are filtered there: the
 command line's descriptor 2 becomes a pipe read by a thread that passes every other line
@@ -10,9 +12,11 @@ on. Python's own ``sys.stderr`` keeps the original descriptor, so errors, warnin
 progress bars (which look for a terminal) go straight out. ``suture --debug`` keeps them.
 
 Example:
-    >>> bool(AWS_LINE.match(b"E1125 13:20:25.082837   26562 AuthCredentialsProvider:6146] x"))
+    >>> bool(NATIVE_LINE.match(b"E1125 13:20:25.082837   26562 AuthCredentialsProvider:6146] x"))
     True
-    >>> bool(AWS_LINE.match(b"I1125 13:20:25.649268   26570 google_auth_provider.cc:136] x"))
+    >>> bool(NATIVE_LINE.match(b"E1128 09:12:01.000001   26570 google_auth_provider.cc:188] x"))
+    True
+    >>> bool(NATIVE_LINE.match(b"F1128 09:12:01.000001   26570 google_auth_provider.cc:188] x"))
     False
 """
 
@@ -26,16 +30,13 @@ import re
 import sys
 import threading
 
-# absl's prefix, then a location that is an AWS log subject (a name with no source-file
-# extension, or aws_api.cc where the subject has none); fatal lines always pass
-AWS_LINE = re.compile(
-    rb"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ (?:aws_api\.cc|[A-Za-z][A-Za-z0-9_-]*):\d+\] "
-)
+# absl's prefix (severity, date, time, thread, file:line); fatal lines always pass
+NATIVE_LINE = re.compile(rb"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^ :\]]+:\d+\] ")
 _installed: list[int] = []
 
 
 def quiet_native_logs() -> None:
-    """Filters the AWS libraries' lines out of descriptor 2 for the rest of the process."""
+    """Filters the native libraries' lines out of descriptor 2 for the rest of the process."""
     if _installed:
         return
     try:
@@ -71,8 +72,10 @@ def _forward(read_end: int, terminal: int) -> None:
         while chunk := pipe.read(1 << 16):
             pending += chunk
             *lines, pending = pending.split(b"\n")
-            _write(terminal, b"".join(line + b"\n" for line in lines if not AWS_LINE.match(line)))
-    if pending and not AWS_LINE.match(pending):
+            _write(
+                terminal, b"".join(line + b"\n" for line in lines if not NATIVE_LINE.match(line))
+            )
+    if pending and not NATIVE_LINE.match(pending):
         _write(terminal, pending)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -129,8 +130,11 @@ def leaf_difference(
     atol: float = 0.0,
     rtol: float = 0.0,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    ulp: int = 0,
 ) -> LeafDifference:
-    """Compares `a` and `b` block by block (NaNs in the same places count as equal)."""
+    """Compares `a` and `b` block by block (NaNs in the same places count as equal); an
+    element is within the tolerance when it differs by at most ``atol + rtol * |b|``, or
+    by at most `ulp` units in the last place of the coarser of the two dtypes."""
     result = LeafDifference()
     for left, right in zip(blocks(a, block_bytes), blocks(b, block_bytes), strict=True):
         if _same_bits(left, right):  # the common case, in one cheap pass
@@ -149,8 +153,42 @@ def leaf_difference(
             result.max_rel = max(result.max_rel, float(np.nan_to_num(relative, nan=np.inf).max()))
         # where b is NaN or infinite its relative allowance counts as zero, not NaN
         allowance = atol + (rtol * np.nan_to_num(np.abs(y), posinf=0.0) if rtol else 0.0)
+        if ulp:
+            unit = ulp_of(np.nan_to_num(scale, posinf=0.0), coarser(left.dtype, right.dtype))
+            allowance = np.maximum(allowance, ulp * unit)
         result.differing += int((difference > allowance).sum())
     return result
+
+
+def coarser(a: np.dtype, b: np.dtype) -> np.dtype:
+    """Of two dtypes, the floating one with fewer mantissa bits (float32 for integers)."""
+    floats = [d for d in (np.dtype(a), np.dtype(b)) if _finfo(d) is not None]
+    if not floats:
+        return np.dtype(np.float32)
+    return min(floats, key=lambda d: _finfo(d).nmant)
+
+
+def ulp_of(magnitude: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The unit in the last place of `dtype` at each `magnitude` (float64 values).
+
+    Example:
+        >>> ulp_of(np.array([1.0, 3.0, 0.0]), np.dtype(np.float32)).tolist()
+        [1.1920928955078125e-07, 2.384185791015625e-07, 1.401298464324817e-45]
+    """
+    info = _finfo(dtype)
+    tiny = float(info.smallest_normal)
+    with np.errstate(divide="ignore"):
+        exponent = np.floor(np.log2(np.maximum(magnitude, tiny)))
+    return np.maximum(np.exp2(exponent) * float(info.eps), float(info.smallest_subnormal))
+
+
+def _finfo(dtype: np.dtype) -> Any:
+    import ml_dtypes  # installed with jax: bfloat16 and the 8-bit floats
+
+    try:
+        return ml_dtypes.finfo(dtype)
+    except (TypeError, ValueError):
+        return None
 
 
 def _same_bits(left: np.ndarray, right: np.ndarray) -> bool:

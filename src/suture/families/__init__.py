@@ -16,9 +16,9 @@ from ._multimodal import LeftOutWarning as LeftOutWarning
 from ._ops import RecipeFormatError as RecipeFormatError
 from ._recipe import ConfigMismatchError as ConfigMismatchError
 from ._recipe import FamilyRecipe as FamilyRecipe
-from ._recipe import get_recipe as get_recipe
-from ._recipe import is_recipe_name as is_recipe_name
-from ._recipe import recipe_names as recipe_names
+from ._tables import get_recipe as get_recipe
+from ._tables import is_recipe_name as is_recipe_name
+from ._tables import recipe_names as recipe_names
 
 __all__ = [
     "ConfigMismatchError",

@@ -63,6 +63,7 @@ def convert_with_recipe(
     verify: bool = False,
     lora_alpha: float | None = None,
     edit_hf: Callable[[Any], Any] | None = None,
+    target_sharding: Any = None,
 ) -> SaveResult:
     """Converts `source` with the built-in recipe `name`; see `suture.convert`.
 
@@ -131,6 +132,7 @@ def convert_with_recipe(
             max_memory=max_memory,
             progress=progress,
             verify=verify,
+            target_sharding=target_sharding,
             **options,
         )
     recorded = (
@@ -153,7 +155,12 @@ def convert_with_recipe(
     else:
         settings = _config_beside(source, name)
     recorded_experts, prefix = record.get(EXPERTS_KEY), record.get(PREFIX_KEY)
-    like_tree = open_checkpoint(like, separator=".").tree if like is not None else None
+    # a quantized original (Kimi K2.5's INT4 experts) is read as the forward run read it
+    like_ckpt = open_checkpoint(like, separator=".", dequantize="auto") if like else None
+    like_tree = like_ckpt.tree if like_ckpt is not None else None
+    if like_ckpt is not None and like_ckpt.layout.get("dequantized"):
+        edit = dequantized_config(dtype or "bfloat16")  # the output is not quantized
+        like_files = dequantized_files(with_config_edited(like_files, edit))
     experts = recorded_experts
     if like_tree is not None:
         experts = recipe.expert_layout(like_tree, settings)
@@ -198,6 +205,7 @@ def convert_with_recipe(
             verify=verify,
             separator=".",
             extra_files=extra,
+            target_sharding=target_sharding,
             **options,
         )
 

@@ -7,6 +7,7 @@ file as they take a built-in name; the table format is docs/recipe-tables.md.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ from .._errors import RecipeError, SurgeryError
 from .._surgery.recipes import read_limited
 from .._yaml import MAX_YAML_BYTES
 from .._yaml import parse as parse_yaml
-from ._recipe import LAYOUTS, FamilyRecipe, _parse, get_recipe, is_recipe_name
+from ._recipe import FamilyRecipe
+from ._tables import LAYOUTS, _parse, get_recipe, is_recipe_name
 
 TABLE_SUFFIXES = (".yaml", ".yml")
 
@@ -84,6 +86,15 @@ def family_recipe(name: str) -> FamilyRecipe:
     )
     for needed in ("description", "follows"):
         data.setdefault(needed, f"(no {needed} in {file.name})")
+    if data.get("target") == "maxtext-multimodal":  # a tower table: the whole model (`_whole`)
+        from ._whole import whole_recipe
+
+        if not scanned:
+            raise RecipeError(
+                f"Family table {str(file)!r} is a tower table: its language model converts as "
+                f"its text table's FAMILY:maxtext (scanned). Pass {str(file)!r} without a layout."
+            )
+        return whole_recipe(str(family), {**data, "source_file": str(file)}, _parse)
     layout = "maxtext" if scanned else "maxtext-unscanned"
     offered = data.get("layouts")
     maxtext = data.get("target", "maxtext") == "maxtext"
@@ -92,7 +103,8 @@ def family_recipe(name: str) -> FamilyRecipe:
             f"Family table {str(file)!r} offers the layout(s) {', '.join(map(str, offered))} "
             f"only (its 'layouts'); name one: '{file}:{offered[0]}'."
         )
-    return _parse(str(family), {**data, "source_file": str(file)}, scanned)
+    recipe = _parse(str(family), {**data, "source_file": str(file)}, scanned)
+    return dataclasses.replace(recipe, table_file=str(file))
 
 
 def _load(file: Path) -> Any:

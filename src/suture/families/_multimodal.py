@@ -6,7 +6,9 @@ writes them) beside a vision tower, and its config under ``text_config``. A reci
 ``language_model`` entry reads that config, renames the language model's tensors to the
 plain ``model.`` names of its table, and leaves the rest out (MaxText's text model has no
 place for it), saying so; back to HF, the names get the prefix again, and the original folder
-(``like``) gives the left-out tensors back.
+(``like``) gives the left-out tensors back. Kimi K2.5 and K2.6 publish the whole causal LM
+under one prefix (``language_model.model.layers...``, ``language_model.lm_head.weight``): a
+``causal_lm_prefixes`` entry is such a prefix, taken off every name under it.
 
 Example:
     >>> lm = LanguageModel("text_config", ("language_model.model.",), (r"vision_tower\\..*",))
@@ -36,8 +38,22 @@ class LeftOutWarning(SutureWarning):
 @dataclass(frozen=True)
 class LanguageModel:
     config: str  # the sub-config holding the language model's (``text_config``)
-    prefixes: tuple[str, ...]  # where a multimodal folder keeps its tensors, first the default
+    prefixes: tuple[str, ...]  # where a multimodal folder keeps its model. tensors
     leave_out: tuple[str, ...]  # patterns of the tensors the target's text model has no place for
+    causal_lm_prefixes: tuple[str, ...] = ()  # where a folder keeps the model. and lm_head both
+
+    @property
+    def default_prefix(self) -> str:
+        """The prefix a conversion back to HF writes when nothing else says which."""
+        return (*self.causal_lm_prefixes, *self.prefixes)[0]
+
+    def text_prefix(self, prefix: str) -> str:
+        """What `prefix` stands for in the table's names: ``model.``, or nothing."""
+        return "" if prefix in self.causal_lm_prefixes else TEXT_PREFIX
+
+    def hf_name(self, name: str, prefix: str) -> str:
+        """The table's `name` as a folder with the language model under `prefix` holds it."""
+        return renamed(name, self.text_prefix(prefix), prefix)
 
     def text_config(self, config: dict[str, Any]) -> dict[str, Any]:
         inner = config.get(self.config)
@@ -48,7 +64,7 @@ class LanguageModel:
 
     def prefix(self, hf: dict[str, Any]) -> str | None:
         """The prefix of the language model's tensors in `hf`, or None (a text-only folder)."""
-        for prefix in self.prefixes:
+        for prefix in (*self.causal_lm_prefixes, *self.prefixes):
             if any(name.startswith(prefix) for name in hf):
                 return prefix
         return None
@@ -75,7 +91,7 @@ class LanguageModel:
                 stacklevel=4,
             )
         return {
-            renamed(name, prefix, TEXT_PREFIX): value
+            renamed(name, prefix, self.text_prefix(prefix)): value
             for name, value in hf.items()
             if not self.left_out(name)
         }
@@ -93,7 +109,7 @@ class LanguageModel:
         return "; ".join(parts)
 
     def from_text(self, tensors: dict[str, Any], prefix: str) -> dict[str, Any]:
-        return {renamed(name, TEXT_PREFIX, prefix): value for name, value in tensors.items()}
+        return {self.hf_name(name, prefix): value for name, value in tensors.items()}
 
     def restore_left_out(self, original: dict[str, Any], tensors: dict[str, Any]) -> None:
         """Copies the tensors the forward conversion left out from the `original` folder."""
@@ -103,7 +119,8 @@ class LanguageModel:
 
 
 def parse_language_model(spec: Any, where: str) -> LanguageModel | None:
-    """A `LanguageModel` from its table form: ``{config, prefixes, leave_out}``."""
+    """A `LanguageModel` from its table form: ``{config, prefixes, leave_out,
+    causal_lm_prefixes}``."""
     if spec is None:
         return None
     if (
@@ -116,8 +133,16 @@ def parse_language_model(spec: Any, where: str) -> LanguageModel | None:
             f"{where}: 'language_model' needs {{config: text_config, prefixes: [...], "
             f"leave_out: [patterns]}}."
         )
+    causal = spec.get("causal_lm_prefixes") or ()
+    if not isinstance(causal, list | tuple) or not all(isinstance(p, str) for p in causal):
+        raise RecipeFormatError(
+            f"{where}: 'language_model.causal_lm_prefixes' is a list of prefixes."
+        )
     return LanguageModel(
-        spec["config"], tuple(spec["prefixes"]), tuple(spec.get("leave_out") or ())
+        spec["config"],
+        tuple(spec["prefixes"]),
+        tuple(spec.get("leave_out") or ()),
+        tuple(causal),
     )
 
 

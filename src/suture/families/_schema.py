@@ -27,8 +27,9 @@ from ._expr import Expression, check
 from ._interleave import check_interleave
 from ._made import schema_problems as made_problems
 from ._shared_targets import shared_path_problem
+from ._tower import parse_tower
 
-TARGETS = ("maxtext", "tunix")
+TARGETS = ("maxtext", "tunix", "flax", "maxtext-multimodal")
 TOP_KEYS = (
     "names",
     "description",
@@ -46,10 +47,18 @@ TOP_KEYS = (
     "layer_sets",
     "language_model",
     "layouts",  # the layouts the target offers (gemma4-small: maxtext-unscanned only)
+    "layer_axis",  # the layer axis of every scanned per-layer leaf unless its axes: says
+    "text",  # a tower table (maxtext-multimodal): the family table of its language model
+    "tower",  # ... and where folders keep the tower (`_tower`)
     "source_file",  # set by the loader: where the table came from
 )
 LEAF_KEYS = ("hf", "ops", "when", "fused", "axes", "always_fused", "make", "interleave")
-LAYOUTS = {"maxtext": ("maxtext", "maxtext-unscanned"), "tunix": ("tunix",)}
+LAYOUTS = {
+    "maxtext": ("maxtext", "maxtext-unscanned"),
+    "tunix": ("tunix",),
+    "flax": ("flax",),
+    "maxtext-multimodal": ("maxtext-multimodal",),
+}
 WORDS = ("transpose", "interleave_rope")
 OPTIONS = {
     "split_axis": ("axis", "sizes"),
@@ -205,6 +214,12 @@ class _Table:
                     self.problem("layouts", f"{_shown(layout)} is not one of {', '.join(known)}")
         if "experts" in data:
             out["experts"] = self.expression(data["experts"], "experts")
+        if "layer_axis" in data and not _whole(data["layer_axis"], 0, 64):
+            self.problem(
+                "layer_axis",
+                f"must be a whole number of at least 0 (the axis the layers are stacked on); "
+                f"got {_shown(data['layer_axis'])}",
+            )
         if "layer_period" in data and not _whole(data["layer_period"], 1, 1 << 16):
             self.problem(
                 "layer_period",
@@ -233,6 +248,7 @@ class _Table:
         }
         if data.get("language_model") is not None:
             self.language_model(data["language_model"])
+        self.tower(data, target)
         if "leaves" not in data:
             self.problem("the table", "needs 'leaves': the list of target leaves")
         leaves = self.listing(data["leaves"], "leaves", empty=False) if "leaves" in data else []
@@ -338,10 +354,28 @@ class _Table:
         ):
             self.problem(entry, rule)
             return
-        self.mapping(value, entry, ("config", "prefixes", "leave_out"))
+        self.mapping(value, entry, ("config", "prefixes", "leave_out", "causal_lm_prefixes"))
+        causal = self.listing(value.get("causal_lm_prefixes") or [], f"{entry}.causal_lm_prefixes")
+        for i, prefix in enumerate(causal):
+            self.text(prefix, f"{entry}.causal_lm_prefixes[{i}]")
         leave_out = self.listing(value.get("leave_out") or [], f"{entry}.leave_out")
         for i, pattern in enumerate(leave_out):
             self.pattern(pattern, f"{entry}.leave_out[{i}]")
+
+    def tower(self, data: dict[str, Any], target: str) -> None:
+        """A tower table has 'text' and 'tower', and no other table has either."""
+        wanted = target == "maxtext-multimodal"
+        for key in ("text", "tower"):
+            if (key in data) != wanted:
+                self.problem(
+                    key,
+                    f"{'is needed' if wanted else 'is only'} in a tower table (target: maxtext-multimodal)",
+                )
+        if wanted and "tower" in data:
+            try:
+                parse_tower(data["tower"], "tower")
+            except (RecipeFormatError, PatternError) as error:
+                self.problem("tower", str(error).removeprefix("tower: "))
 
     # one leaf -------------------------------------------------------------------------------
 
@@ -425,13 +459,19 @@ class _Table:
                 "a MaxText path has no placeholder, and a per-layer leaf's starts with "
                 "decoder/layers/ (or another decoder/...layers/)",
             )
+        elif target == "flax" and named:
+            self.problem(
+                entry,
+                "a Flax path has no placeholder: a per-layer leaf's layers are stacked on the "
+                "layer axis (layer_axis:, 0 by default), as nnx.scan and nn.scan hold them",
+            )
         elif per_layer and self.period and not path.startswith("decoder/layers/"):
             self.problem(
                 entry,
                 "with a layer_period, a per-layer leaf's path starts with decoder/layers/ (the "
                 "period's places are decoder/layers/layers_K/)",
             )
-        elif target != "maxtext" and per_layer != named:
+        elif target == "tunix" and per_layer != named:
             self.problem(
                 entry, "a per-layer leaf's path names its layer ({layer}); no other's does"
             )

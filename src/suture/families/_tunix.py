@@ -48,6 +48,23 @@ def model_params(source: str | os.PathLike) -> str | os.PathLike:
     return source
 
 
+def checked_alpha(lora_alpha: float) -> float:
+    """`lora_alpha` if it is a finite number; NaN or infinity would scale every delta to NaN.
+
+    Example:
+        >>> checked_alpha(16)
+        16.0
+    """
+    import math
+
+    if isinstance(lora_alpha, bool) or not math.isfinite(float(lora_alpha)):
+        raise ArgumentError(
+            f"lora_alpha (--lora-alpha) is {lora_alpha!r}; expected a finite number, the "
+            f"alpha of the qwix LoraProvider the model was trained with (16, 32, ...)."
+        )
+    return float(lora_alpha)
+
+
 def merged_lora(
     tree: Any, lora_alpha: float | None = None, base: Callable[[], Any] | None = None
 ) -> dict[str, Any]:
@@ -86,6 +103,7 @@ def merged_lora(
             f"checkpoint does not record LoRA's alpha. Pass it (--lora-alpha, lora_alpha= in "
             f"Python): the alpha of the qwix LoraProvider the model was trained with."
         )
+    checked_alpha(lora_alpha)
     for path in factors:
         weight = path[: -len(LORA_A)]
         if weight not in flat:

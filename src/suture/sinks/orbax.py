@@ -193,6 +193,7 @@ class OrbaxSink:
         folder: Location | Path,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         process: int | None = None,
+        chunk_of: Any = None,
     ) -> None:
         import tensorstore as ts  # heavy: loaded on first use, not at import
 
@@ -202,6 +203,9 @@ class OrbaxSink:
             self.folder if process is None else self.folder / f"{PROCESS_PREFIX}{process}"
         )
         self.chunk_bytes = chunk_bytes
+        # ``chunk_of(path, array)``: a chunk of the caller's choosing (None: the default),
+        # e.g. one that tiles the array's shards on a target mesh (`suture._save.mesh`)
+        self._chunk_of = chunk_of
         self._entries: dict[str, dict] = {}
         self._strings: dict[str, str] = {}
         self._names = OrbaxNames()
@@ -252,7 +256,8 @@ class OrbaxSink:
     def add_array(
         self, keys: tuple[str, ...], kinds: tuple[int, ...], array: LazyArray
     ) -> OrbaxArrayWriter:
-        chunk = _chunk_shape(array, self.chunk_bytes)
+        chosen = self._chunk_of("/".join(keys), array) if self._chunk_of else None
+        chunk = chosen if chosen is not None else _chunk_shape(array, self.chunk_bytes)
         itemsize = np.dtype(array.dtype).itemsize
         return OrbaxArrayWriter(
             self._open(keys, kinds, array, chunk), chunk, itemsize, together=self.folder.is_remote

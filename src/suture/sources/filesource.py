@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._buffers import aligned_empty, assign
-from .._errors import CorruptCheckpointError
+from .._errors import CorruptCheckpointError, InvalidIndexError
 from .._lazy.graph import Node, ReadCost, SourceNode
 from .._lazy.reads import estimate_reads
 from .._lazy.selection import Selection, full, outer_index, selection_shape
@@ -138,6 +138,7 @@ class FileRangeSource(SourceNode):
 
     def _read_rows(self, low: int, high: int, into: np.ndarray) -> np.ndarray:
         """Reads rows ``[low, high)`` into `into` (C-contiguous, exactly that size)."""
+        self._check_rows(low, high)
         self._check_same_file()
         self.file.read_into(self.offset + low * self._row_bytes, into, self.path or "")
         self._check_same_file()  # a swap during the read would have mixed files
@@ -145,12 +146,23 @@ class FileRangeSource(SourceNode):
 
     def _read_rows_scratch(self, low: int, high: int) -> np.ndarray:
         """Rows ``[low, high)`` in this thread's read buffer (valid until its next read)."""
+        self._check_rows(low, high)
         self._check_same_file()
         raw = self.file.read_scratch(
             self.offset + low * self._row_bytes, (high - low) * self._row_bytes, self.path or ""
         )
         self._check_same_file()
         return raw.view(self.dtype).reshape((high - low, *self.shape[1:]))
+
+    def _check_rows(self, low: int, high: int) -> None:
+        """Rows past the tensor's are another tensor's bytes: never read as this one's."""
+        rows = self.shape[0] if self.shape else 1
+        if not 0 <= low <= high <= rows:
+            raise InvalidIndexError(
+                f"A read of rows {low}-{high} of tensor {self.path!r} in {str(self.file)!r} "
+                f"reaches past its {rows} rows (shape {self.shape}); the bytes there are not "
+                f"this tensor's, and nothing was read. This is a bug in suture: please report it."
+            )
 
     def _check_same_file(self) -> None:
         if self.identity is not None and local_identity(self.file) != self.identity:

@@ -102,7 +102,8 @@ def open_safetensors(
 
 
 def quantization_config(path: Location) -> Any:
-    """The ``quantization_config`` of the ``config.json`` beside `path`'s tensors, or None."""
+    """The ``quantization_config`` of the ``config.json`` beside `path`'s tensors (or of its
+    ``text_config``, where Kimi K2.5 keeps it), or None."""
     folder = path.parent if path.name.endswith((INDEX_SUFFIX, ".safetensors")) else path
     config_file = folder / "config.json"
     try:
@@ -117,6 +118,9 @@ def quantization_config(path: Location) -> Any:
     except (OSError, ValueError, SurgeryError):
         return None  # an unreadable config is the family recipes' to report
     found = config.get("quantization_config") if isinstance(config, dict) else None
+    text = config.get("text_config") if isinstance(config, dict) else None
+    if found is None and isinstance(text, dict):  # a multimodal folder's (Kimi K2.5, K2.6)
+        found = text.get("quantization_config")
     return found if found is not None else _modelopt_config(folder)
 
 

@@ -1,0 +1,101 @@
+"""Where a multimodal Hugging Face folder keeps a vision tower, under whichever names it uses.
+
+A tower table (``target: maxtext-multimodal``) names its tensors one way, the table's
+(transformers v5's, as MaxText's mappings read them); folders spell the same prefixes in other
+forms: Gemma 3's published folders keep the SigLIP tower under ``vision_tower.vision_model.``,
+transformers 5.24's ``save_pretrained`` under ``vision_tower.``. A `Tower` reads every form
+into the table's names and writes a chosen form back (`styled`): form 0 is the table's own,
+form k the k-th alias of each prefix (the last alias stands in where a prefix has fewer).
+
+Example:
+    >>> tower = Tower("vision_config", (("model.vt.vm.", ("vt.vm.", "vt.")),), ())
+    >>> tower.read("vt.encoder.w"), tower.styled("model.vt.vm.encoder.w", 1)
+    (('model.vt.vm.encoder.w', 2), 'vt.vm.encoder.w')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import RecipeFormatError
+from .._patterns import compile_pattern, fullmatch
+
+
+@dataclass(frozen=True)
+class Tower:
+    config: str  # the sub-config holding the tower's fields (``vision_config``)
+    # (the table's prefix, (its aliases in folders, most specific first)), in order
+    prefixes: tuple[tuple[str, tuple[str, ...]], ...]
+    leave_out: tuple[str, ...]  # patterns (table names) of tensors the target has no place for
+
+    def read(self, name: str) -> tuple[str, int] | None:
+        """`name` in the table's form, and which form it had (0: the table's); None when no
+        prefix of the tower holds it."""
+        for table, aliases in self.prefixes:
+            for form, prefix in enumerate((table, *aliases)):
+                if name.startswith(prefix):
+                    return table + name[len(prefix) :], form
+        return None
+
+    def styled(self, name: str, form: int) -> str:
+        """The table's `name` written in `form`."""
+        for table, aliases in self.prefixes:
+            if name.startswith(table):
+                if form == 0 or not aliases:
+                    return name
+                return aliases[min(form, len(aliases)) - 1] + name[len(table) :]
+        return name
+
+    def left_out(self, name: str) -> bool:
+        """A tensor (in the table's names) the target has no place for."""
+        return any(
+            fullmatch(compile_pattern(pattern, "tower leave_out"), name)
+            for pattern in self.leave_out
+        )
+
+    def split(self, hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], set[int]]:
+        """`hf` as (the tower's tensors in the table's names, the rest, the forms seen)."""
+        tower, rest, forms = {}, {}, set()
+        for name, value in hf.items():
+            found = self.read(name)
+            if found is None:
+                rest[name] = value
+            else:
+                tower[found[0]] = value
+                forms.add(found[1])
+        return tower, rest, forms
+
+
+def parse_tower(spec: Any, where: str) -> Tower:
+    """A `Tower` from its table form: ``{config, prefixes: {table: [aliases]}, leave_out}``."""
+    rule = (
+        f"{where}: 'tower' needs {{config: vision_config, prefixes: {{TABLE_PREFIX: [ALIASES]}}, "
+        "leave_out: [patterns]}}"
+    )
+    if not isinstance(spec, dict) or not isinstance(spec.get("config"), str):
+        raise RecipeFormatError(rule)
+    prefixes = spec.get("prefixes")
+    if (
+        not isinstance(prefixes, dict)
+        or not prefixes
+        or not all(
+            isinstance(table, str)
+            and table
+            and isinstance(aliases, list)
+            and all(isinstance(alias, str) and alias for alias in aliases)
+            for table, aliases in prefixes.items()
+        )
+        or set(spec) - {"config", "prefixes", "leave_out"}
+    ):
+        raise RecipeFormatError(rule)
+    leave_out = spec.get("leave_out") or []
+    if not isinstance(leave_out, list) or not all(isinstance(p, str) for p in leave_out):
+        raise RecipeFormatError(rule)
+    for pattern in leave_out:
+        compile_pattern(pattern, f"{where}: tower leave_out")
+    return Tower(
+        spec["config"],
+        tuple((table, tuple(aliases)) for table, aliases in prefixes.items()),
+        tuple(leave_out),
+    )
