@@ -10,6 +10,7 @@ give or take a small constant; and the values must be right.
 from __future__ import annotations
 
 import threading
+import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -423,3 +424,33 @@ def test_a_block_waiting_for_running_blocks_leaves_the_kept_arrays_for_others() 
     budget.release(running)
     waiter.join(timeout=10)
     assert entered.is_set() and budget.in_flight == 0
+
+
+def test_blocks_waiting_for_room_do_not_hold_kept_arrays_from_each_other() -> None:
+    """Two blocks that each take a kept array and then must wait: when the running block
+    ends, one of them goes on (before, each kept its array while waiting, counted in flight,
+    and both waited for room the other held: a conversion hung with nothing running)."""
+    budget = Budget(limit=100, keep=2)
+    running, _ = budget.acquire(30, 30)
+    arrays = [np.empty(30, np.uint8), np.empty(30, np.uint8)]
+    costs = [budget.acquire(30, 30)[0] for _ in arrays]
+    for cost, array in zip(costs, arrays, strict=True):
+        budget.release(cost, array)  # 30 running, 60 kept
+    assert budget.in_flight == 90 and len(budget._kept) == 2
+    done = []
+
+    def block() -> None:
+        cost, reused = budget.acquire(80, 30)  # a kept array fits it, the room does not yet
+        done.append(reused)
+        budget.release(cost, reused)
+
+    waiters = [threading.Thread(target=block, daemon=True) for _ in range(2)]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.2)
+    assert not done
+    budget.release(running)
+    for waiter in waiters:
+        waiter.join(timeout=10)
+    assert len(done) == 2 and not any(waiter.is_alive() for waiter in waiters)
+    assert budget.in_flight == sum(kept.nbytes for kept in budget._kept)

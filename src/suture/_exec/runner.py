@@ -43,18 +43,23 @@ class Budget:
         A reused array of ``n >= output_bytes`` bytes is charged as ``n`` instead.
         """
         with self._condition:
-            reused, extra = None, cost
             while True:
-                if reused is None and output_bytes:  # again after each wait: one may be kept now
+                reused, extra = None, cost
+                if output_bytes:  # again after each wait: one may be kept now
                     reused = self._take_kept(output_bytes)  # still counted in in_flight
                     if reused is not None:
                         extra = cost - output_bytes
                 held = reused.nbytes if reused is not None else 0
                 if self.in_flight == held or self.in_flight + extra <= self.limit:
                     break
-                if self._kept and self._fits_without_kept(extra, held):
+                # dropping kept arrays helps only when it lets this block in now; otherwise
+                # they stay for others to reuse
+                dropping = bool(self._kept) and self._fits_without_kept(extra, held)
+                if dropping:
                     self.in_flight -= self._kept.pop().nbytes
-                else:  # dropping them would not let this block in now: others may reuse them
+                if reused is not None:  # given back before waiting: waiters each holding an
+                    self._kept.append(reused)  # array the others count would wait forever
+                if not dropping:
                     self._condition.wait()
             self.in_flight += extra
             self.peak = max(self.peak, self.in_flight)
