@@ -14,6 +14,13 @@ from .._errors import ArgumentError
 # Library advice about Python arguments, said as what a command-line user can do instead.
 _COMMAND_LINE_WORDS = (
     (re.compile(r"[Pp]ass partial=True"), "pass --partial"),
+    (  # the Python forms of init= (a Flax model's and optimizer's state) go with it
+        re.compile(
+            r"To create them, pass init= \(a tree of values or initializers;"
+            r".*?nnx\.state\(optimizer\)\}\)"
+        ),
+        "You can create them with init = {...} in a Python recipe (there is no --init option)",
+    ),
     (
         re.compile(r"(pass|name them in) init=( to create them)?"),
         "create them with init = {...} in a Python recipe (there is no --init option)",
