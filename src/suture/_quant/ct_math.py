@@ -32,10 +32,12 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from .formats import FP4_VALUES
+
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 FP8_MAX = 448.0
 FP4_MAX = 6.0
-FP4_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+FP4_GRID = FP4_VALUES[:8]  # the non-negative E2M1 values, ascending (codes 0-7)
 NVFP4_GROUP = 16
 NVFP4_SCALE_EPS = 0.125  # compressed-tensors' stand-in for a zero FP8 scale
 
