@@ -51,6 +51,7 @@ FLAG_FIELDS = frozenset(
         "attention_k_eq_v",
         "enable_moe_block",
         "use_double_wide_mlp",
+        "standardize",  # Gemma 4 vision: std_scale and std_bias stored
     }
 )
 # layer lists: Qwen3-MoE's mlp_only_layers is a list of layer numbers ([] for none) or false

@@ -26,7 +26,7 @@ from .._patterns import compile_pattern
 from ._expr import Expression, check
 from ._interleave import check_interleave
 from ._made import schema_problems as made_problems
-from ._shared_targets import shared_path_problem
+from ._shared_targets import exclusive_conditions, shared_path_problem
 from ._tower import parse_tower
 
 TARGETS = ("maxtext", "tunix", "flax", "maxtext-multimodal")
@@ -128,6 +128,7 @@ class _Table:
         self.problems: list[str] = []
         self.paths: dict[str, int] = {}  # target path -> its leaf
         self.path_groups: dict[str, set[str | None]] = {}  # target path -> its leaves' groups
+        self.path_whens: dict[str, Any] = {}  # target path -> its first leaf's condition
         self.period = False  # whether the table has a layer_period
 
     def problem(self, entry: str, rule: str) -> None:
@@ -445,11 +446,12 @@ class _Table:
         group = next((g for g in groups if isinstance(first, str) and f"{{{g}}}" in first), None)
         if isinstance(made, dict) and isinstance(made.get("layers"), str):
             group = made["layers"]
-        if path in self.paths:
+        if path in self.paths and not exclusive_conditions(self.path_whens[path], item.get("when")):
             why = shared_path_problem(self.path_groups[path], group)
             if why is not None:
                 self.problem(entry, f"is also leaf {self.paths[path]}'s path: {why}")
         self.paths.setdefault(path, number)
+        self.path_whens.setdefault(path, item.get("when"))
         self.path_groups.setdefault(path, set()).add(group)
         per_layer = group is not None
         named = _PLACEHOLDER.search(path) is not None

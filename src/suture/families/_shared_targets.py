@@ -23,11 +23,15 @@ the layer group of its kind and with that kind's sizes in its operations:
 
 Two leaves may share a path only when both are per-layer and in different groups; the layers
 they hold are checked together (`shared_groups`), so neither group's layers count as the
-other's extra ones.
+other's extra ones. Two leaves whose conditions exclude each other (``when: X`` and
+``when: not X``) may share a path too: a config makes only one of them (Gemma 4's tower holds
+``std_scale`` as stored with ``standardize``, made of ones without it).
 
 Example:
     >>> shared_path_problem({"local"}, "global"), shared_path_problem({"local"}, "local") is None
     (None, False)
+    >>> exclusive_conditions("standardize", "not standardize")
+    True
 """
 
 from __future__ import annotations
@@ -49,6 +53,47 @@ def shared_path_problem(groups: set[str | None], group: str | None) -> str | Non
             f"different layer groups may share a path, one per layer kind)"
         )
     return None
+
+
+def exclusive_conditions(first: Any, second: Any) -> bool:
+    """Whether two leaves' ``when`` conditions are one the negation of the other (``X`` and
+    ``not X``, or ``not (X)``), so that no config makes both."""
+    if not isinstance(first, str) or not isinstance(second, str):
+        return False
+    return _negated(first) == _plain(second) or _negated(second) == _plain(first)
+
+
+def _plain(condition: str) -> str:
+    text = " ".join(condition.split())
+    while text.startswith("(") and text.endswith(")") and _balanced(text[1:-1]):
+        text = text[1:-1].strip()
+    return text
+
+
+def _negated(condition: str) -> str | None:
+    """What `condition` negates, when it is ``not X``; else None. ``not a or b`` negates ``a``
+    alone (``not`` binds tighter than ``and``, ``or``, ``if``), so its X is a single term or
+    a parenthesized whole."""
+    text = _plain(condition)
+    if not text.startswith(("not ", "not(")):
+        return None
+    rest = text[3:].strip()
+    if rest.startswith("(") and rest.endswith(")") and _balanced(rest[1:-1]):
+        return _plain(rest)
+    return rest if _is_term(rest) else None
+
+
+def _is_term(text: str) -> bool:
+    return not any(f" {word} " in f" {text} " for word in ("and", "or", "if", "else"))
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def shared_groups(leaves: Iterable[Any]) -> dict[str, set[str]]:
