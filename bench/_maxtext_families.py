@@ -577,11 +577,13 @@ def compare(
     python: Path, *, timed: Callable[[list[str]], dict], only: list[str] | None = None
 ) -> None:
     """Runs the families named in `only` (all when None) and writes their section; a
-    whole-model recipe named there (``gemma3:maxtext-multimodal``) runs in its own section."""
+    whole-model recipe named there (``gemma3:maxtext-multimodal``, ``gemma4:...``) runs in its own
+    section."""
     from bench import _maxtext_multimodal
 
     if only is not None and set(only) & set(_maxtext_multimodal.RECIPES):
-        _maxtext_multimodal.compare(python, timed=timed)
+        whole = tuple(name for name in only if name in _maxtext_multimodal.RECIPES)
+        _maxtext_multimodal.compare(python, timed=timed, recipes=whole)
         only = [name for name in only if name not in _maxtext_multimodal.RECIPES]
         if not only:
             return
