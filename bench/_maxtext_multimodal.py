@@ -77,7 +77,7 @@ SETTINGS = [
     "hf_config.vision_config.num_hidden_layers=2",
     "scan_layers=True",
 ]
-RECIPES = ("gemma3:maxtext-multimodal",)
+RECIPES = ("gemma3:maxtext-multimodal", "gemma4:maxtext-multimodal")
 
 
 def generate(folder: Path) -> int:
@@ -107,7 +107,19 @@ def generate(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
-def compare(python: Path, *, timed: Callable[[list[str]], dict]) -> None:
+def compare(
+    python: Path, *, timed: Callable[[list[str]], dict], recipes: tuple[str, ...] = RECIPES
+) -> None:
+    """Runs the whole-model recipes named in `recipes`, each in its own section."""
+    if RECIPES[0] in recipes:
+        compare_gemma3(python, timed=timed)
+    if RECIPES[1] in recipes:
+        from bench import _maxtext_multimodal_gemma4
+
+        _maxtext_multimodal_gemma4.compare(python, timed=timed)
+
+
+def compare_gemma3(python: Path, *, timed: Callable[[list[str]], dict]) -> None:
     """Converts the folder both ways and writes the section."""
     shutil.rmtree(WORK, ignore_errors=True)
     suture_cli = str(Path(sys.executable).with_name("suture"))
@@ -162,6 +174,56 @@ def features_difference(python: Path, hf: Path, converted: Path, work: Path) -> 
         expected = model.eval().get_image_features(pixels)
     expected = getattr(expected, "pooler_output", expected).numpy()
     got = np.load(work / "features.npy").reshape(expected.shape)
+    return float(np.max(np.abs(got - expected))), float(np.max(np.abs(expected)))
+
+
+# Gemma 3's image soft token: MaxText's GEMMA_TOKEN_PLACEHOLDER, HF's image_token_id
+IMAGE_TOKEN = 262144
+# the forward pass only: the folder's sliding window, and global rotary positions unscaled as
+# in the folder's config (MaxText's gemma3-4b scales them by 8)
+FORWARD = ["sliding_window_size=16", "rope_linear_scaling_factor=1.0"]
+
+
+def logits_difference(python: Path, hf: Path, converted: Path, work: Path) -> tuple:
+    """MaxText's whole multimodal forward pass on suture's output against transformers' on the
+    HF folder, for one random 896x896 image and a prompt with its 256 soft tokens between text
+    tokens: (max abs difference, scale)."""
+    import torch
+    import transformers
+
+    rng = np.random.default_rng(2)
+    images = rng.standard_normal((1, 896, 896, 3)).astype(np.float32)
+    text = rng.integers(1, TEXT["vocab_size"], size=16)
+    tokens = np.concatenate([text[:8], np.full(256, IMAGE_TOKEN), text[8:]])[None].astype(np.int32)
+    np.save(work / "images.npy", images)
+    np.save(work / "tokens.npy", tokens)
+    settings = [item for item in SETTINGS if not item.startswith("hf_config.")] + FORWARD
+    done = subprocess.run(
+        [
+            str(python),
+            "-P",
+            str(BENCH_DIR / "_maxtext_multimodal_logits.py"),
+            str(work / "images.npy"),
+            str(work / "tokens.npy"),
+            str(work / "logits.npy"),
+            *settings,
+            f"load_parameters_path={converted}",
+            f"base_output_directory={work / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise RuntimeError(f"MaxText's multimodal forward pass failed:\n{done.stderr[-3000:]}")
+    model = transformers.Gemma3ForConditionalGeneration.from_pretrained(hf, dtype=torch.float32)
+    ids = torch.from_numpy(tokens).long()
+    with torch.no_grad():
+        expected = model.eval()(
+            input_ids=ids,
+            pixel_values=torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(),
+            token_type_ids=(ids == IMAGE_TOKEN).long(),  # the image's tokens see each other
+        ).logits.numpy()
+    got = np.load(work / "logits.npy").reshape(expected.shape)
     return float(np.max(np.abs(got - expected))), float(np.max(np.abs(expected)))
 
 
