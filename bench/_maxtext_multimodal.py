@@ -8,7 +8,9 @@ table) is converted by MaxText 0.2.5's ``to_maxtext`` on its eager path (multimo
 ``lazy_load_tensors``) and by ``suture convert --recipe gemma3:maxtext-multimodal``; the two
 trees are compared leaf by leaf. Then MaxText's own model restores suture's output and its
 vision encoder and projector (``bench/_maxtext_image_features.py``) turn a random 896x896 image
-into soft tokens, set beside transformers' ``get_image_features``. MaxText's environment here
+into soft tokens, set beside transformers' ``get_image_features``, and its whole forward pass
+(``bench/_maxtext_multimodal_logits.py``: the soft tokens placed in a prompt, the decoder) gives
+logits set beside transformers'. MaxText's environment here
 has no torch, so its eager
 safetensors loader reads the files with numpy (``bench/_maxtext_convert.py``'s
 ``eager_numpy=True``): the same tensors by the same names. The folder keeps the tower under
@@ -41,7 +43,9 @@ TEXT = dict(
     num_key_value_heads=2,
     head_dim=16,
     query_pre_attn_scalar=16,
-    sliding_window=16,
+    # wider than an image's 256 soft tokens, as Gemma 3's 1024: transformers' sliding layers
+    # let image tokens see each other only within the window, MaxText's across the image
+    sliding_window=264,
     rms_norm_eps=1e-6,
 )
 # MaxText builds its model on a dummy image of GEMMA_DEFAULT_IMAGE_SIZE = 896 pixels whatever
@@ -96,6 +100,10 @@ def generate(folder: Path) -> int:
             # the projector starts as zeros: random, so that the image features show
             if "norm" in name or "bias" in name or "projection" in name:
                 parameter.add_(torch.randn_like(parameter) * 0.1)
+        # on bfloat16's grid: MaxText's tied logits (attend_on_embedding) cast the table to
+        # bfloat16 whatever the model's dtype
+        table = model.get_input_embeddings().weight
+        table.copy_(table.to(torch.bfloat16).to(table.dtype))
     model.save_pretrained(folder, save_original_format=False)
     for file in folder.glob("*.safetensors"):  # the tower under MaxText's mapping's names
         old, new = "model.vision_tower.", "model.vision_tower.vision_model."
@@ -136,7 +144,8 @@ def compare_gemma3(python: Path, *, timed: Callable[[list[str]], dict]) -> None:
         lines, identical = compare_trees(theirs / "0" / "items", ours)
         tower = sum("vision_encoder" in path for path in identical)
         features = features_difference(python, hf, ours, WORK)
-        body = report(recipe, size, suture_run, maxtext_run, lines, tower, features)
+        logits = logits_difference(python, hf, ours, WORK)
+        body = report(recipe, size, suture_run, maxtext_run, lines, tower, features, logits)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
     write_section("families-maxtext-multimodal", body)
@@ -181,19 +190,19 @@ def features_difference(python: Path, hf: Path, converted: Path, work: Path) -> 
 IMAGE_TOKEN = 262144
 # the forward pass only: the folder's sliding window, and global rotary positions unscaled as
 # in the folder's config (MaxText's gemma3-4b scales them by 8)
-FORWARD = ["sliding_window_size=16", "rope_linear_scaling_factor=1.0"]
+FORWARD = [f"sliding_window_size={TEXT['sliding_window']}", "rope_linear_scaling_factor=1.0"]
 
 
 def logits_difference(python: Path, hf: Path, converted: Path, work: Path) -> tuple:
     """MaxText's whole multimodal forward pass on suture's output against transformers' on the
     HF folder, for one random 896x896 image and a prompt with its 256 soft tokens between text
-    tokens: (max abs difference, scale)."""
+    tokens, and enough text after it that the sliding window shows: (max abs difference, scale)."""
     import torch
     import transformers
 
     rng = np.random.default_rng(2)
     images = rng.standard_normal((1, 896, 896, 3)).astype(np.float32)
-    text = rng.integers(1, TEXT["vocab_size"], size=16)
+    text = rng.integers(1, TEXT["vocab_size"], size=8 + 300)
     tokens = np.concatenate([text[:8], np.full(256, IMAGE_TOKEN), text[8:]])[None].astype(np.int32)
     np.save(work / "images.npy", images)
     np.save(work / "tokens.npy", tokens)
@@ -228,7 +237,14 @@ def logits_difference(python: Path, hf: Path, converted: Path, work: Path) -> tu
 
 
 def report(
-    recipe, size, ours: dict, theirs: dict, lines: list[str], tower: int, features: tuple
+    recipe,
+    size,
+    ours: dict,
+    theirs: dict,
+    lines: list[str],
+    tower: int,
+    features: tuple,
+    logits: tuple,
 ) -> str:
     def run(r: dict) -> str:
         return f"{r['wall_s']:.1f} s | {r['peak_rss_bytes'] / MIB:.0f} MiB |"
@@ -261,8 +277,24 @@ MaxText's own model (float32, highest matmul precision, on the CPU;
 and its vision encoder and projector (`Transformer.vision_encoder`: the SigLIP tower, the
 pooling to 256 soft tokens, the soft-embedding norm and the projection) turn one random 896x896
 image into soft tokens; transformers' `get_image_features` on the HF folder gives the same:
-max abs difference {features[0]:.3g} (largest value {features[1]:.3g}). The whole multimodal
-forward pass (soft tokens placed in a prompt) is not run here.
+max abs difference {features[0]:.3g} (largest value {features[1]:.3g}).
+
+The whole multimodal forward pass runs too (`bench/_maxtext_multimodal_logits.py`: MaxText's
+`Transformer` with `encoder_images`, float32, on the CPU): a prompt of 8 text tokens, the image's
+256 soft tokens (MaxText's placeholder 262144, transformers' `image_token_id`) and 300 text
+tokens, one random 896x896 image. MaxText's model on suture's output and transformers'
+`Gemma3ForConditionalGeneration` on the HF folder (with `token_type_ids` marking the image, so
+that its tokens attend to each other both ways, as MaxText's `bidirectional_mask` makes them)
+give the same logits: max abs difference {logits[0]:.3g} (largest value {logits[1]:.3g}). The
+folder's embedding table is on bfloat16's grid, as MaxText's tied logits
+(`attend_on_embedding`) cast the table to bfloat16 whatever the model's dtype (with a float32
+table off that grid the logits differ by about 1e-3 from the first token on). The sliding
+window is 264, wider than an image: where it is narrower, transformers' sliding layers
+let an image's tokens see each other only within the window and MaxText's across the whole
+image, and the two models differ (not so for Gemma 3's window of 1024). The forward pass takes
+the folder's window and unscaled global rotary positions (`sliding_window_size=264`,
+`rope_linear_scaling_factor=1.0`; MaxText's gemma3-4b scales them by 8, which the random folder
+does not).
 
 MaxText builds its Gemma 3 tower on a dummy image of 896x896 pixels (`GEMMA_DEFAULT_IMAGE_SIZE`)
 whatever `image_size_for_vit` says, so a tower MaxText's model loads has (896 // patch)^2
