@@ -9,7 +9,9 @@ layer's keys its values; a 2-layer vision tower of width 32 in patches of 16, po
 path and by ``suture convert --recipe gemma4:maxtext-multimodal``; the two trees are compared
 leaf by leaf. Then MaxText's own model restores suture's output and its vision encoder and
 projector (``bench/_maxtext_image_features.py``) turn a random image into soft tokens, set beside
-transformers' ``get_image_features`` on the same patches.
+transformers' ``get_image_features`` on the same patches, and its whole forward pass
+(``bench/_maxtext_multimodal_logits.py``: the soft tokens placed in a prompt, the decoder) gives
+logits set beside transformers'.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ TEXT = dict(
     moe_intermediate_size=16,
     final_logit_softcapping=30.0,
     sliding_window=1024,
+    # an image's tokens attend to each other both ways in sliding layers, as MaxText's gemma4
+    # always makes them; transformers' default (None) keeps them causal
+    use_bidirectional_attention="vision",
 )
 VISION = dict(
     hidden_size=32,
@@ -163,6 +168,55 @@ def features_difference(python: Path, hf: Path, converted: Path, work: Path) -> 
     return float(np.max(np.abs(got - expected))), float(np.max(np.abs(expected)))
 
 
+IMAGE_TOKEN = 258880  # MaxText's GEMMA4_TOKEN_PLACEHOLDER, HF's image_token_id
+SOFT_TOKENS = 280  # vision_output_length: 42x60 patches pooled 3x3
+
+
+def logits_difference(python: Path, hf: Path, converted: Path, work: Path) -> tuple:
+    """MaxText's whole multimodal forward pass on suture's output against transformers' on the
+    HF folder, for one random 672x960 image and a prompt with its 280 soft tokens between text
+    tokens: (max abs difference, scale)."""
+    import torch
+    import transformers
+
+    rng = np.random.default_rng(2)
+    images = rng.random((1, *IMAGE, 3)).astype(np.float32)
+    text = rng.integers(1, TEXT["vocab_size"], size=8 + 40)
+    tokens = np.concatenate([text[:8], np.full(SOFT_TOKENS, IMAGE_TOKEN), text[8:]])[None]
+    np.save(work / "images.npy", images)
+    np.save(work / "tokens.npy", tokens.astype(np.int32))
+    settings = [item for item in SETTINGS if not item.startswith("hf_config.")]
+    done = subprocess.run(
+        [
+            str(python),
+            "-P",
+            str(BENCH_DIR / "_maxtext_multimodal_logits.py"),
+            str(work / "images.npy"),
+            str(work / "tokens.npy"),
+            str(work / "logits.npy"),
+            *settings,
+            f"load_parameters_path={converted}",
+            f"base_output_directory={work / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise RuntimeError(f"MaxText's multimodal forward pass failed:\n{done.stderr[-3000:]}")
+    model = transformers.Gemma4ForConditionalGeneration.from_pretrained(hf, dtype=torch.float32)
+    pixels, positions = patches(images, VISION["patch_size"])
+    ids = torch.from_numpy(tokens).long()
+    with torch.no_grad():
+        expected = model.eval()(
+            input_ids=ids,
+            pixel_values=torch.from_numpy(pixels.copy()),
+            image_position_ids=torch.from_numpy(positions.copy()).long(),
+            mm_token_type_ids=(ids == IMAGE_TOKEN).long(),
+        ).logits.numpy()
+    got = np.load(work / "logits.npy").reshape(expected.shape)
+    return float(np.max(np.abs(got - expected))), float(np.max(np.abs(expected)))
+
+
 def compare(python: Path, *, timed: Callable[[list[str]], dict]) -> None:
     """Converts the folder both ways and writes the section."""
     shutil.rmtree(WORK, ignore_errors=True)
@@ -179,14 +233,17 @@ def compare(python: Path, *, timed: Callable[[list[str]], dict]) -> None:
         lines, identical = compare_trees(theirs / "0" / "items", ours)
         tower = sum("vision_encoder" in path for path in identical)
         features = features_difference(python, hf, ours, WORK)
-        body = report(size, suture_run, maxtext_run, lines, tower, features)
+        logits = logits_difference(python, hf, ours, WORK)
+        body = report(size, suture_run, maxtext_run, lines, tower, features, logits)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
     write_section("families-maxtext-multimodal-gemma4", body)
     print(body)
 
 
-def report(size, ours: dict, theirs: dict, lines: list[str], tower: int, features: tuple) -> str:
+def report(
+    size, ours: dict, theirs: dict, lines: list[str], tower: int, features: tuple, logits: tuple
+) -> str:
     def run(r: dict) -> str:
         return f"{r['wall_s']:.1f} s | {r['peak_rss_bytes'] / MIB:.0f} MiB |"
 
@@ -221,6 +278,18 @@ position table, 2-D rotary attention, 3x3 pooling to 280 soft tokens, the standa
 `Gemma4VisionProjector_0`) turn one random 672x960 image into soft tokens; transformers'
 `get_image_features` on the same patches of the HF folder gives the same: max abs difference
 {features[0]:.3g} (largest value {features[1]:.3g}).
+
+The whole multimodal forward pass runs too (`bench/_maxtext_multimodal_logits.py`: MaxText's
+`Transformer` with `encoder_images`, float32, on the CPU): a prompt of 8 text tokens, the image's
+280 soft tokens (MaxText's placeholder 258880, transformers' `image_token_id`) and 40 text
+tokens. MaxText's model on suture's output and transformers' `Gemma4ForConditionalGeneration` on
+the HF folder (with `mm_token_type_ids` marking the image) give the same logits: max abs
+difference {logits[0]:.3g} (largest value {logits[1]:.3g}). The folder's text config has
+`use_bidirectional_attention: vision`: MaxText's gemma4 layers always let an image's tokens
+attend to each other both ways in sliding layers, transformers' only with that setting (its
+default keeps them causal, and the logits then differ from the first image token on, by about
+the logits' own size). The embedding table is on bfloat16's grid, as MaxText's tied logits cast
+the table to bfloat16.
 
 MaxText builds its Gemma 4 tower on a dummy image of 672x960 pixels
 (`GEMMA4_IMAGE_HEIGHT/WIDTH`) whatever `image_size_for_vit` says, and pools it to
