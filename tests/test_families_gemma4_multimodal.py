@@ -265,3 +265,7 @@ def test_two_leaves_on_one_path_need_conditions_that_exclude_each_other():
     made["when"] = "standardize"
     with pytest.raises(suture.families.RecipeFormatError, match="one would overwrite the other"):
         checked_table(table, "t.yaml")
+    made["when"] = "not standardize"  # a third leaf: excluded by the first, not by the second
+    table["leaves"].append({**made, "make": {"fill": 2.0, "shape": ["hidden_size"]}})
+    with pytest.raises(suture.families.RecipeFormatError, match="one would overwrite the other"):
+        checked_table(table, "t.yaml")

@@ -128,7 +128,7 @@ class _Table:
         self.problems: list[str] = []
         self.paths: dict[str, int] = {}  # target path -> its leaf
         self.path_groups: dict[str, set[str | None]] = {}  # target path -> its leaves' groups
-        self.path_whens: dict[str, Any] = {}  # target path -> its first leaf's condition
+        self.path_whens: dict[str, list[Any]] = {}  # target path -> its leaves' conditions
         self.period = False  # whether the table has a layer_period
 
     def problem(self, entry: str, rule: str) -> None:
@@ -446,12 +446,15 @@ class _Table:
         group = next((g for g in groups if isinstance(first, str) and f"{{{g}}}" in first), None)
         if isinstance(made, dict) and isinstance(made.get("layers"), str):
             group = made["layers"]
-        if path in self.paths and not exclusive_conditions(self.path_whens[path], item.get("when")):
+        when = item.get("when")
+        if path in self.paths and not all(
+            exclusive_conditions(other, when) for other in self.path_whens[path]
+        ):
             why = shared_path_problem(self.path_groups[path], group)
             if why is not None:
                 self.problem(entry, f"is also leaf {self.paths[path]}'s path: {why}")
         self.paths.setdefault(path, number)
-        self.path_whens.setdefault(path, item.get("when"))
+        self.path_whens.setdefault(path, []).append(when)
         self.path_groups.setdefault(path, set()).add(group)
         per_layer = group is not None
         named = _PLACEHOLDER.search(path) is not None
