@@ -205,6 +205,12 @@ def test_clipped_linears_bounds_are_left_out_and_like_restores_them(tmp_path):
         progress=False,
     )
     _assert_same(source, _tensors(tmp_path / "back"))
+    # without --like, transformers makes the bounds infinite: no clipping, as MaxText's tower
+    convert_with_recipe(tmp_path / "mt", tmp_path / "bare", RECIPE, reverse=True, progress=False)
+    assert not any(name.endswith(("_min", "_max")) for name in _tensors(tmp_path / "bare"))
+    bare = transformers.Gemma4ForConditionalGeneration.from_pretrained(tmp_path / "bare")
+    bounds = {n: b for n, b in bare.named_buffers() if n.endswith(("input_min", "output_max"))}
+    assert len(bounds) == 28 and all(torch.isinf(b).all() for b in bounds.values())
 
 
 @pytest.mark.parametrize(
