@@ -285,14 +285,15 @@ The whole multimodal forward pass runs too (`bench/_maxtext_multimodal_logits.py
 tokens, one random 896x896 image. MaxText's model on suture's output and transformers'
 `Gemma3ForConditionalGeneration` on the HF folder (with `token_type_ids` marking the image, so
 that its tokens attend to each other both ways, as MaxText's `bidirectional_mask` makes them)
-give the same logits: max abs difference {logits[0]:.3g} (largest value {logits[1]:.3g}). The
-folder's embedding table is on bfloat16's grid, as MaxText's tied logits
+give the same logits: max abs difference {logits[0]:.3g} (largest value {logits[1]:.3g}).
+
+The folder's embedding table is on bfloat16's grid, as MaxText's tied logits
 (`attend_on_embedding`) cast the table to bfloat16 whatever the model's dtype (with a float32
-table off that grid the logits differ by about 1e-3 from the first token on). The sliding
-window is 264, wider than an image: where it is narrower, transformers' sliding layers
-let an image's tokens see each other only within the window and MaxText's across the whole
-image, and the two models differ (not so for Gemma 3's window of 1024). The forward pass takes
-the folder's window and unscaled global rotary positions (`sliding_window_size=264`,
+table off that grid the logits differ by about 1e-3 from the first token on). The sliding window
+is 264, wider than an image: where it is narrower, transformers' sliding layers let an image's
+tokens see each other only within the window and MaxText's across the whole image, and the two
+models differ (not so for Gemma 3's window of 1024). The forward pass takes the folder's window
+and unscaled global rotary positions (`sliding_window_size=264`,
 `rope_linear_scaling_factor=1.0`; MaxText's gemma3-4b scales them by 8, which the random folder
 does not).
 
