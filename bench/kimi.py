@@ -1,6 +1,6 @@
 """One Kimi-K2.6 MoE layer, compressed-tensors INT4 -> bfloat16 MaxText in one pass (issue 39).
 
-    python -m bench.kimi [--experts 128] [--repeats 2]
+    python -m bench.kimi [--experts 128] [--repeats 2] [--maxtext-venv DIR [--peer-experts 8]]
 
 The source: Kimi K2.6 as published (``KimiK25ForConditionalGeneration``: the causal LM under
 ``language_model.``, the ``quantization_config`` in ``text_config``, a vision tower beside it),
@@ -432,9 +432,10 @@ MaxText 0.2.5's own route for Kimi's INT4 checkpoints, `convert_deepseek_family_
   text model it would hold at least the {2 * full_params / 1e12:.2f} TB of bfloat16 it dequantizes (maxtext#4071 reports
   2.3 TB on a 128 GB host), and take about {theirs["wall_s"] * peer_scale / 3600:.1f} h here at this run's rate (suture: about
   {ours["wall_s"] * peer_scale / 3600:.1f} h at its rate on this source). suture's peak stays at its budget."""
+    peer_flags = "" if peer is None else f" --maxtext-venv DIR --peer-experts {peer['experts']}"
     body = f"""## kimi: one Kimi-K2.6 MoE layer, compressed-tensors INT4 -> bfloat16 MaxText in one pass (issue 39)
 
-`python -m bench.kimi --experts {arguments.experts} --repeats {arguments.repeats}` — {machine()};
+`python -m bench.kimi --experts {arguments.experts} --repeats {arguments.repeats}{peer_flags}` — {machine()};
 {"page cache dropped before every run" if cold else "**warm page cache: dropping caches was not permitted**"}; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} when it started
 (other work shares the cores and the disk). Source: K2.6's published layout (`language_model.`
 prefix, `quantization_config` in `text_config`, a vision-tower tensor) cut to one MoE layer at
