@@ -1,6 +1,6 @@
 """One Kimi-K2.6 MoE layer, compressed-tensors INT4 -> bfloat16 MaxText in one pass (issue 39).
 
-    python -m bench.kimi [--experts 128] [--repeats 2] [--maxtext-venv DIR [--peer-experts 8]]
+    python -m bench.kimi [--experts 128] [--repeats 2] [--maxtext-venv DIR [--peer-experts 6]]
 
 The source: Kimi K2.6 as published (``KimiK25ForConditionalGeneration``: the causal LM under
 ``language_model.``, the ``quantization_config`` in ``text_config``, a vision tower beside it),
@@ -333,7 +333,12 @@ def main() -> None:
     parser.add_argument("--experts", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--maxtext-venv", type=Path, help="MaxText 0.2.5's environment (torch)")
-    parser.add_argument("--peer-experts", type=int, default=8, help="experts of MaxText's run")
+    parser.add_argument(
+        "--peer-experts",
+        type=int,
+        default=6,
+        help="experts of MaxText's run (its peak: ~1.4 GiB each)",
+    )
     arguments = parser.parse_args()
     import numpy as np
 
@@ -376,14 +381,31 @@ def peer_runs(arguments, suture_cli: list[str], env: dict) -> dict:  # noqa: ANN
     shutil.rmtree(ONE, ignore_errors=True)
     found["suture"] = timed(suture_cli, env)
     found["suture_bytes"] = folder_bytes(ONE)
-    shutil.rmtree(ONE)
     # -P: bench/ holds an inspect.py, which would shadow the standard library's
     found["maxtext"] = timed(
         [str(python), "-P", str(script), str(SOURCE), str(theirs), "2", str(experts)]
     )
     found["maxtext_bytes"] = folder_bytes(theirs)
+    found["same"] = same_experts(theirs / "0", min(CHECKED_EXPERT, experts - 1))
     shutil.rmtree(theirs)
+    shutil.rmtree(ONE)
     return found
+
+
+def same_experts(theirs: Path, expert: int) -> str:
+    """Whether MaxText's float16 leaves of one expert equal suture's bfloat16 ones cast to
+    float16 (its script casts every array to float16 before saving), as a sentence."""
+    import numpy as np
+
+    block = "decoder/moe_layers/DeepSeekMoeBlock_0/MoeBlock_0/"
+    found = []
+    for name in ("wi_0", "wi_1", "wo"):
+        ours = leaf(ONE, block + name)[expert, 0].read()
+        them = leaf(theirs, block + name)[expert, 0].read()
+        ours16 = ours.astype(np.float32).astype(np.float16)
+        differ = int(np.count_nonzero(ours16.view(np.uint16) != them.view(np.uint16)))
+        found.append(f"`{name}` {differ} of {them.size} differ")
+    return f"expert {expert}: " + ", ".join(found)
 
 
 def report(arguments, runs, floor, source_bytes, output_bytes, load, peer=None) -> None:  # noqa: ANN001
@@ -428,8 +450,10 @@ MaxText 0.2.5's own route for Kimi's INT4 checkpoints, `convert_deepseek_family_
   {theirs["peak_rss_bytes"] / ours["peak_rss_bytes"]:.0f}x its peak RSS. It loads every tensor of the checkpoint into one dict,
   dequantized to bfloat16 as it goes (its `dequantize_pack_quantized_int4`), then stacks and
   saves on 16 simulated devices: its memory grows with the model ({per_expert:.2f} GiB of peak
-  per expert here, upper bound), which is why it runs on {peer["experts"]} experts and not {arguments.experts}; for K2.6's
-  text model it would hold at least the {2 * full_params / 1e12:.2f} TB of bfloat16 it dequantizes (maxtext#4071 reports
+  an expert here, its fixed part included; 7.9 GiB at 4 experts and 13.5 GiB at 8 when measured
+  apart: about 1.4 GiB an expert), which is why it runs on {peer["experts"]} experts and not {arguments.experts}.
+  Values ({peer["same"]}): MaxText's float16 leaves against suture's bfloat16 ones cast to
+  float16 (its script saves every array as float16). For K2.6's text model it would hold at least the {2 * full_params / 1e12:.2f} TB of bfloat16 it dequantizes (maxtext#4071 reports
   2.3 TB on a 128 GB host), and take about {theirs["wall_s"] * peer_scale / 3600:.1f} h here at this run's rate (suture: about
   {ours["wall_s"] * peer_scale / 3600:.1f} h at its rate on this source). suture's peak stays at its budget."""
     peer_flags = "" if peer is None else f" --maxtext-venv DIR --peer-experts {peer['experts']}"
