@@ -369,12 +369,23 @@ def main() -> None:
     report(arguments, runs, floor, source_bytes, output_bytes, load, peer)
 
 
+def maxtext_python(venv: Path) -> Path:
+    """The Python of MaxText's environment (made by `bench._maxtext` when missing), with
+    torch, which ``convert_deepseek_family_ckpt.py`` imports, installed when it lacks it."""
+    from bench._maxtext import ensure_venv
+
+    python = ensure_venv(venv)
+    if subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode:
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "torch"], check=True)
+    return python
+
+
 def peer_runs(arguments, suture_cli: list[str], env: dict) -> dict:  # noqa: ANN001
     """suture and MaxText's own script, each cold, on a source of `--peer-experts` experts."""
     experts = arguments.peer_experts
     if experts != arguments.experts:
         write_source(experts)
-    python = arguments.maxtext_venv / "bin" / "python"
+    python = maxtext_python(arguments.maxtext_venv)
     script = REPO_ROOT / "bench" / "_kimi_maxtext.py"
     theirs = ROOT / "maxtext"
     found = {"experts": experts, "source_bytes": folder_bytes(SOURCE)}
