@@ -1,6 +1,6 @@
 """One Kimi-K2.6 MoE layer, compressed-tensors INT4 -> bfloat16 MaxText in one pass (issue 39).
 
-    python -m bench.kimi [--experts 128] [--repeats 2]
+    python -m bench.kimi [--experts 128] [--repeats 2] [--maxtext-venv DIR [--peer-experts 6]]
 
 The source: Kimi K2.6 as published (``KimiK25ForConditionalGeneration``: the causal LM under
 ``language_model.``, the ``quantization_config`` in ``text_config``, a vision tower beside it),
@@ -20,11 +20,11 @@ One expert of the output is checked against compressed-tensors' own decompressor
 
 MaxText 0.2.5's own route for these checkpoints is ``convert_deepseek_family_ckpt.py``
 (``--model_size kimi-k2.6-text``): it dequantizes every INT4 weight as it loads the whole
-checkpoint into a dict, then builds a float16 copy of every stack before saving, so it holds
-the model about twice in memory. It imports torch, which MaxText's environment here does not
-have (its lazy `to_maxtext` path needs none), so it is not run; the
-section says what its memory comes to by that reading.
-Everything made is deleted at the end.
+checkpoint into a dict, then stacks and saves, so it holds the model in memory. With
+``--maxtext-venv DIR`` (MaxText 0.2.5's environment, with torch, which the script imports) it
+runs beside suture (`bench/_kimi_maxtext.py`), cold, on a source of `--peer-experts` experts
+(the same layer with fewer experts, so that its memory fits this machine), and suture runs on
+that source too. Everything made is deleted at the end.
 """
 
 from __future__ import annotations
@@ -332,6 +332,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--experts", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--maxtext-venv", type=Path, help="MaxText 0.2.5's environment (torch)")
+    parser.add_argument(
+        "--peer-experts",
+        type=int,
+        default=6,
+        help="experts of MaxText's run (its peak: ~1.4 GiB each)",
+    )
     arguments = parser.parse_args()
     import numpy as np
 
@@ -354,12 +361,65 @@ def main() -> None:
             output_bytes = folder_bytes(ONE)
         shutil.rmtree(ONE)  # the floor's write needs the room
         floor = floors(output_bytes)
+        peer = None
+        if arguments.maxtext_venv is not None:
+            peer = peer_runs(arguments, suture_cli, env)
     finally:
         shutil.rmtree(ROOT, ignore_errors=True)
-    report(arguments, runs, floor, source_bytes, output_bytes, load)
+    report(arguments, runs, floor, source_bytes, output_bytes, load, peer)
 
 
-def report(arguments, runs, floor, source_bytes, output_bytes, load) -> None:  # noqa: ANN001
+def maxtext_python(venv: Path) -> Path:
+    """The Python of MaxText's environment (made by `bench._maxtext` when missing), with
+    torch, which ``convert_deepseek_family_ckpt.py`` imports, installed when it lacks it."""
+    from bench._maxtext import ensure_venv
+
+    python = ensure_venv(venv)
+    if subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode:
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "torch"], check=True)
+    return python
+
+
+def peer_runs(arguments, suture_cli: list[str], env: dict) -> dict:  # noqa: ANN001
+    """suture and MaxText's own script, each cold, on a source of `--peer-experts` experts."""
+    experts = arguments.peer_experts
+    if experts != arguments.experts:
+        write_source(experts)
+    python = maxtext_python(arguments.maxtext_venv)
+    script = REPO_ROOT / "bench" / "_kimi_maxtext.py"
+    theirs = ROOT / "maxtext"
+    found = {"experts": experts, "source_bytes": folder_bytes(SOURCE)}
+    shutil.rmtree(ONE, ignore_errors=True)
+    found["suture"] = timed(suture_cli, env)
+    found["suture_bytes"] = folder_bytes(ONE)
+    # -P: bench/ holds an inspect.py, which would shadow the standard library's
+    found["maxtext"] = timed(
+        [str(python), "-P", str(script), str(SOURCE), str(theirs), "2", str(experts)]
+    )
+    found["maxtext_bytes"] = folder_bytes(theirs)
+    found["same"] = same_experts(theirs / "0", min(CHECKED_EXPERT, experts - 1))
+    shutil.rmtree(theirs)
+    shutil.rmtree(ONE)
+    return found
+
+
+def same_experts(theirs: Path, expert: int) -> str:
+    """Whether MaxText's float16 leaves of one expert equal suture's bfloat16 ones cast to
+    float16 (its script casts every array to float16 before saving), as a sentence."""
+    import numpy as np
+
+    block = "decoder/moe_layers/DeepSeekMoeBlock_0/MoeBlock_0/"
+    found = []
+    for name in ("wi_0", "wi_1", "wo"):
+        ours = leaf(ONE, block + name)[expert, 0].read()
+        them = leaf(theirs, block + name)[expert, 0].read()
+        ours16 = ours.astype(np.float32).astype(np.float16)
+        differ = int(np.count_nonzero(ours16.view(np.uint16) != them.view(np.uint16)))
+        found.append(f"`{name}` {differ} of {them.size} differ")
+    return f"expert {expert}: " + ", ".join(found)
+
+
+def report(arguments, runs, floor, source_bytes, output_bytes, load, peer=None) -> None:  # noqa: ANN001
     def median(key: str) -> float:
         return statistics.median(run[key] for run in runs)
 
@@ -374,24 +434,43 @@ def report(arguments, runs, floor, source_bytes, output_bytes, load) -> None:  #
         f"| suture: `suture convert SRC OUT --recipe kimi-k2:maxtext --dequantize` | {arguments.experts} "
         f"| {wall:.1f} s | {cpu:.1f} s | **{rss:.2f} GiB** | {output_bytes / GiB:.2f} GiB (bfloat16) |"
     ]
-    # MaxText's route holds every dequantized tensor (bfloat16), then a float16 copy of each
-    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    memory = (
-        f", more than this machine's {physical / GiB:.0f} GiB"
-        if 4 * bench_params > physical
-        else ""
-    )
-    fitted = f"""
+    if peer is None:
+        fitted = """
 MaxText 0.2.5's own route for Kimi's INT4 checkpoints, `convert_deepseek_family_ckpt.py
---model_size kimi-k2.6-text`, was not run: it imports torch, which MaxText's environment here
-is built without (its lazy `to_maxtext` path needs none). By its code it loads every tensor of
-the checkpoint into one dict, dequantizing the INT4 experts to bfloat16 as it goes, then builds
-a float16 copy of every stack before saving: at least {4 * bench_params / GiB:.0f} GiB for this source
-(twice its {2 * bench_params / GiB:.0f} GiB of bfloat16){memory}, and
-{4 * full_params / 1e12:.1f} TB for K2.6's text model (maxtext#4071 reports 2.3 TB on a 128 GB host)."""
+--model_size kimi-k2.6-text`, was not run (no `--maxtext-venv`)."""
+    else:
+        ours, theirs = peer["suture"], peer["maxtext"]
+        for name, run in (("suture", ours), ("MaxText", theirs)):
+            label = (
+                "suture: the same command"
+                if name == "suture"
+                else "MaxText 0.2.5: `convert_deepseek_family_ckpt.py --model_size kimi-k2.6-text`"
+            )
+            size = peer["suture_bytes" if name == "suture" else "maxtext_bytes"]
+            lines.append(
+                f"| {label} | {peer['experts']} | {run['wall_s']:.1f} s | {run['cpu_s']:.1f} s "
+                f"| {run['peak_rss_bytes'] / GiB:.2f} GiB | {size / GiB:.2f} GiB |"
+            )
+        per_expert = (theirs["peak_rss_bytes"] / GiB) / peer["experts"]
+        peer_scale = full_params / params_count(2, peer["experts"], VOCAB, DENSE)
+        fitted = f"""
+- MaxText's own route (`bench/_kimi_maxtext.py`: the script's `main`, with its `kimi-k2.6-text`
+  entry's 61 layers and 384 experts set to this source's 2 and {peer["experts"]}, as it reads those from its table
+  and not the folder) on a source of {peer["experts"]} experts ({peer["source_bytes"] / GiB:.2f} GiB), each route cold in a
+  fresh process: MaxText {theirs["wall_s"] / ours["wall_s"]:.1f}x suture's wall, {theirs["cpu_s"] / ours["cpu_s"]:.1f}x its CPU,
+  {theirs["peak_rss_bytes"] / ours["peak_rss_bytes"]:.0f}x its peak RSS. It loads every tensor of the checkpoint into one dict,
+  dequantized to bfloat16 as it goes (its `dequantize_pack_quantized_int4`), then stacks and
+  saves on 16 simulated devices: its memory grows with the model ({per_expert:.2f} GiB of peak
+  an expert here, its fixed part included; 7.9 GiB at 4 experts and 13.5 GiB at 8 when measured
+  apart: about 1.4 GiB an expert), which is why it runs on {peer["experts"]} experts and not {arguments.experts}.
+  Values ({peer["same"]}): MaxText's float16 leaves against suture's bfloat16 ones cast to
+  float16 (its script saves every array as float16). For K2.6's text model it would hold at least the {2 * full_params / 1e12:.2f} TB of bfloat16 it dequantizes (maxtext#4071 reports
+  2.3 TB on a 128 GB host), and take about {theirs["wall_s"] * peer_scale / 3600:.1f} h here at this run's rate (suture: about
+  {ours["wall_s"] * peer_scale / 3600:.1f} h at its rate on this source). suture's peak stays at its budget."""
+    peer_flags = "" if peer is None else f" --maxtext-venv DIR --peer-experts {peer['experts']}"
     body = f"""## kimi: one Kimi-K2.6 MoE layer, compressed-tensors INT4 -> bfloat16 MaxText in one pass (issue 39)
 
-`python -m bench.kimi --experts {arguments.experts} --repeats {arguments.repeats}` — {machine()};
+`python -m bench.kimi --experts {arguments.experts} --repeats {arguments.repeats}{peer_flags}` — {machine()};
 {"page cache dropped before every run" if cold else "**warm page cache: dropping caches was not permitted**"}; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} when it started
 (other work shares the cores and the disk). Source: K2.6's published layout (`language_model.`
 prefix, `quantization_config` in `text_config`, a vision-tower tensor) cut to one MoE layer at

@@ -21,18 +21,23 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
 
+from .._buffers import aligned_empty, assign, scratch_buffer
 from .._errors import CorruptCheckpointError
 from .._lazy.graph import Node
 from .._lazy.selection import Selection, positions, selection_shape
+from . import bytetable
 from .e2m1 import E2M1, dequantize_e2m1
 from .formats import MXFP4_BLOCK, dequantize_mxfp4, scale_values
 from .intpack import dequantize_groups, packed_words, unpack_signed, unpack_values
 from .nodes import _OverflowWarning
+
+TILE_OUT_BYTES = 1 << 20  # a tile decoded before it is copied into a transposed result
 
 
 def _aligned(axis: Any, align: int, length: int) -> range:
@@ -79,6 +84,20 @@ class Codec:
         codec casts in a table) and their float32 scales ``(..., rows, groups)`` (checked
         by the node)."""
         raise NotImplementedError
+
+    def by_bytes(self, arrays: list[np.ndarray], columns: range) -> ByteTable | None:
+        """The read as two 4-bit codes a byte (`bytetable`), or None where it is not."""
+        return None
+
+
+class ByteTable(NamedTuple):
+    """A read as `bytetable` decodes it: ``(..., rows, n)`` bytes of two codes each, the
+    stored scales ``(..., rows, 2 n / group)``, their float32 values, the 16 code values."""
+
+    packed: np.ndarray
+    scales: np.ndarray
+    scale_of: Callable[[np.ndarray], np.ndarray]
+    codes: np.ndarray
 
 
 class E2M1Codec(Codec):
@@ -137,6 +156,19 @@ class E2M1Codec(Codec):
                 else:  # ModelOpt: weight_scale.float() * weight_scale_2
                     scales = (scales * value).astype(np.float32)
         return dequantize_e2m1(arrays[0], scales, self.group, self.table), scales
+
+    def by_bytes(self, arrays: list[np.ndarray], columns: range) -> ByteTable | None:
+        if self.global_scale is None:  # UE8M0 per 32 has its own table (dequantize_mxfp4)
+            return None
+        value = np.float32(arrays[2].reshape(-1)[0])
+        divide = self.global_op == "divide"
+
+        def scale_of(stored: np.ndarray) -> np.ndarray:  # as `decode` computes them
+            with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+                scales = _float_scales(stored)
+                return (scales / value if divide else scales * value).astype(np.float32)
+
+        return ByteTable(arrays[0].view(np.uint8), arrays[1], scale_of, self.table)
 
 
 class IntCodec(Codec):
@@ -211,6 +243,17 @@ class IntCodec(Codec):
         group = min(self.group, len(columns))
         return dequantize_groups(values, scales, zero_points, group), scales
 
+    def by_bytes(self, arrays: list[np.ndarray], columns: range) -> ByteTable | None:
+        if self.bits != 4 or self.zero_points is not None or self.per_tensor:
+            return None
+        raw = np.ascontiguousarray(arrays[0]).astype("<i4", copy=False).view(np.uint8)
+        if len(columns) % 2 or raw.shape[-1] * 2 < len(columns):
+            return None
+        return ByteTable(raw[..., : len(columns) // 2], arrays[1], _float_scales, _INT4)
+
+
+_INT4 = np.arange(16, dtype=np.float32) - 8  # code -> q, as compressed-tensors offsets it
+
 
 class GroupedDequantNode(Node):
     """The weight a `Codec` stores, read as `dtype` (float32 products, cast once)."""
@@ -238,12 +281,69 @@ class GroupedDequantNode(Node):
     def describe(self) -> str:
         return f"dequantize {self.codec.label} -> {self.dtype.name}"
 
-    def read(self, selection: Selection) -> np.ndarray:
-        if 0 in selection_shape(selection):
-            return np.empty(selection_shape(selection), self.dtype)
+    def _arrays(self, selection: Selection) -> tuple[range, list[np.ndarray]]:
         columns = self._columns(selection)
         parts = self.codec.parts(selection[:-2], selection[-2], columns)
-        arrays = [node.read(part) for node, part in parts]
+        return columns, [node.read(part) for node, part in parts]
+
+    def read(self, selection: Selection) -> np.ndarray:
+        shape = selection_shape(selection)
+        if 0 in shape:
+            return np.empty(shape, self.dtype)
+        columns, arrays = self._arrays(selection)
+        out = aligned_empty(shape, self.dtype)
+        if self._by_table(arrays, selection, columns, out):
+            return out
+        return self._decoded(arrays, selection, columns)
+
+    def read_into(self, selection: Selection, out: np.ndarray) -> None:
+        if 0 in selection_shape(selection):
+            return
+        columns, arrays = self._arrays(selection)
+        if out.dtype != self.dtype or not self._by_table(arrays, selection, columns, out):
+            assign(out, self._decoded(arrays, selection, columns))
+
+    def _by_table(
+        self, arrays: list[np.ndarray], selection: Selection, columns: range, out: np.ndarray
+    ) -> bool:
+        """Fills `out` a byte a lookup (`bytetable`) where the codec and the block allow it
+        (the whole aligned columns, scales of 8 or 16 bits, few enough of them, all finite
+        and within the dtype); False, with nothing written, elsewhere."""
+        wanted = selection[-1]
+        if not (isinstance(wanted, range) and wanted.step == 1 and wanted == columns):
+            return False
+        found = self.codec.by_bytes(arrays, columns)
+        if found is None or self.dtype.itemsize not in (2, 4):
+            return False
+        packed, stored = found.packed, found.scales
+        if stored.shape[:-1] != packed.shape[:-1] or packed.shape[-1] % stored.shape[-1]:
+            return False
+        made = bytetable.build(
+            stored, found.scale_of, found.codes, self.dtype, self.codec.largest, packed.size // 2
+        )
+        if made is None:
+            return False
+        table, table_rows = made
+        cols = out.shape[-1]
+        step = max(1, TILE_OUT_BYTES // (cols * self.dtype.itemsize))
+        for lead in np.ndindex(*packed.shape[:-2]):
+            target = out[lead]
+            if target.flags.c_contiguous:
+                bytetable.gather_into(target, packed[lead], table_rows[lead], table)
+                continue
+            for start in range(0, target.shape[0], step):  # decoded, then placed from cache
+                stop = min(target.shape[0], start + step)
+                tile = scratch_buffer("byte table tile", (stop - start) * cols * out.itemsize)
+                tile = tile.view(self.dtype).reshape(stop - start, cols)
+                rows = slice(start, stop)
+                bytetable.gather_into(tile, packed[lead][rows], table_rows[lead][rows], table)
+                assign(target[rows], tile)
+        return True
+
+    def _decoded(
+        self, arrays: list[np.ndarray], selection: Selection, columns: range
+    ) -> np.ndarray:
+        """The block by the codec's `decode`: float32 products, checked, cast once."""
         values, scales = self.codec.decode(arrays, selection[-2], columns)
         if not np.isfinite(scales).all():
             self._refuse(scales, arrays, selection, columns)
@@ -253,7 +353,8 @@ class GroupedDequantNode(Node):
         wanted = np.asarray(positions(selection[-1]), dtype=np.intp) - columns.start
         if len(wanted) != values.shape[-1] or (len(wanted) and wanted[0] != 0):
             values = np.take(values, wanted, axis=-1)
-        return np.ascontiguousarray(values.astype(self.dtype, copy=False))
+        with np.errstate(over="ignore"):  # an overflow was said above
+            return np.ascontiguousarray(values.astype(self.dtype, copy=False))
 
     def _say_overflow(self, values: np.ndarray, selection: Selection, columns: range) -> None:
         """Says once (a `SutureWarning`) that values overflowed the output dtype."""

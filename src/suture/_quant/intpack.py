@@ -68,5 +68,6 @@ def dequantize_groups(
     grouped = np.ascontiguousarray(values).reshape(*lead, cols // group, group)
     if zero_points is not None:
         grouped -= zero_points.astype(np.float32)[..., None]
-    grouped *= scales[..., None]
+    with np.errstate(over="ignore", invalid="ignore"):  # scales are checked by the node
+        grouped *= scales[..., None]
     return grouped.reshape(values.shape)
