@@ -121,3 +121,53 @@ def test_a_save_failing_mid_write_leaves_no_thread(tmp_path: Path, monkeypatch) 
         suture.save({"a": np.ones((64, 64), np.float32)}, tmp_path / "out", progress=False)
     assert _wait_for(lambda: not _drop_behind_threads())
     assert not (tmp_path / "out").exists()
+
+
+def test_fsync_tree_skips_only_files_synced_and_unchanged_since(tmp_path: Path, monkeypatch):
+    folder = tmp_path / "out"
+    (folder / "d").mkdir(parents=True)
+    for name in ("a", "b", "c"):
+        (folder / "d" / name).write_bytes(name.encode() * 100)
+    synced = {writeback.release(folder / "d" / name) for name in ("a", "b")}
+    with (folder / "d" / "b").open("ab") as changed:  # written again after it was synced
+        changed.write(b"more")
+    (folder / "manifest").write_bytes(b"m")
+    fsynced: list[str] = []
+    original = writeback._fsync
+    monkeypatch.setattr(writeback, "_fsync", lambda path: (fsynced.append(path), original(path)))
+    writeback.fsync_tree(folder, synced)
+    names = sorted(Path(path).relative_to(tmp_path).as_posix() for path in fsynced)
+    assert names == ["out", "out/d", "out/d/b", "out/d/c", "out/manifest"]
+    fsynced.clear()
+    writeback.fsync_tree(folder)  # nothing known synced: everything
+    assert len(fsynced) == 6
+
+
+def test_a_large_saves_files_synced_as_they_go_are_not_synced_again(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(writeback, "INTERVAL_SECONDS", 0.01)
+    monkeypatch.setattr(orbax_sink, "DROP_BEHIND_BYTES", 1)
+    released: list[str] = []
+    release = writeback.release
+    monkeypatch.setattr(
+        writeback, "release", lambda path: (released.append(path.name), release(path))[1]
+    )
+    fsynced: list[str] = []
+    fsync = writeback._fsync
+    monkeypatch.setattr(
+        writeback, "_fsync", lambda path: (fsynced.append(Path(path).name), fsync(path))
+    )
+    write = orbax_sink.OrbaxArrayWriter.write_along
+
+    def slow_write(self, *arguments) -> None:
+        write(self, *arguments)
+        time.sleep(0.05)  # the thread looks every 10 ms: it sees the files of this block
+
+    monkeypatch.setattr(orbax_sink.OrbaxArrayWriter, "write_along", slow_write)
+    values = np.random.default_rng(0).standard_normal((32, 256, 256), dtype=np.float32)
+    suture.save(
+        {"a": values}, tmp_path / "out", chunk_bytes="1MiB", max_memory="16MiB", progress=False
+    )
+    np.testing.assert_array_equal(ocp.StandardCheckpointer().restore(tmp_path / "out")["a"], values)
+    files = {path.name for path in (tmp_path / "out").rglob("*") if path.is_file()}
+    assert released and not set(released) & set(fsynced)  # each file synced once
+    assert files <= set(released) | set(fsynced)  # and every file synced

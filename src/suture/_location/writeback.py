@@ -11,6 +11,10 @@ with ``O_DIRECT``, which TensorStore does not offer, 0.1 s).
 
 Only files that their writer has finished are touched: TensorStore's file driver writes a
 file under a temporary name (``.__lock`` appended) and renames it into place when complete.
+A released file is fsync'd, so it is durable as it goes: `fsync_tree`, which makes a
+finished output durable before it is published, skips the files `DropBehind.synced` holds
+unchanged since, and syncs the others side by side (each fsync waits for a journal commit,
+and concurrent ones share commits: 150 files took 0.45 s one after another, 0.02 s at once).
 
 Example:
     >>> dropper = DropBehind(Path("no/such/folder"))  # not there yet: it waits for it
@@ -21,10 +25,13 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 UNFINISHED_SUFFIX = ".__lock"  # TensorStore's file driver: a file still being written
 INTERVAL_SECONDS = 0.2
+SYNC_THREADS = 16  # fsyncs at once: they wait on the disk, not the CPU
 
 
 def available() -> bool:
@@ -34,12 +41,13 @@ def available() -> bool:
 
 class DropBehind:
     """A thread writing back and dropping from the page cache each finished file of `folder`
-    (not below it), until `stop`."""
+    (not below it), until `stop`. `synced` holds the `file_key` of each file it synced."""
 
     def __init__(self, folder: Path, interval: float | None = None) -> None:
         self._folder = folder
         self._interval = INTERVAL_SECONDS if interval is None else interval
         self._done: set[str] = set()
+        self.synced: set[tuple[int, ...]] = set()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="suture-drop-behind", daemon=True)
         self._thread.start()
@@ -64,7 +72,9 @@ class DropBehind:
         for name in finished:
             if self._stopped.is_set():
                 return
-            release(self._folder / name)
+            key = release(self._folder / name)
+            if key is not None:
+                self.synced.add(key)
             self._done.add(name)
 
     def stop(self) -> None:
@@ -73,17 +83,61 @@ class DropBehind:
         self._thread.join()
 
 
-def release(path: Path) -> None:
-    """Writes `path` back to disk and drops its pages from the page cache (best effort: a
-    file that is gone or cannot be opened is left alone)."""
+def release(path: Path) -> tuple[int, ...] | None:
+    """Writes `path` back to disk (fsync) and drops its pages from the page cache; returns
+    its `file_key` once synced (best effort: a file that is gone or cannot be opened or
+    synced is left alone, and None returned)."""
     try:
         descriptor = os.open(path, os.O_RDONLY)
     except OSError:
-        return
+        return None
     try:
-        os.fdatasync(descriptor)  # pages under writeback or dirty are not dropped
+        os.fsync(descriptor)  # pages under writeback or dirty are not dropped
+        key = file_key(os.fstat(descriptor))
         os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
     except OSError:
-        pass
+        return None
+    finally:
+        os.close(descriptor)
+    return key
+
+
+def file_key(status: os.stat_result) -> tuple[int, ...]:
+    """What tells a synced file from one changed or replaced since: device, inode, size and
+    modification time."""
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+def fsync_tree(folder: Path, synced: Iterable[tuple[int, ...]] = ()) -> None:
+    """fsyncs every file under `folder` (side by side; those in `synced`, a set of
+    `file_key`, unchanged since, skipped), then every folder, so that new names are durable.
+
+    Example:
+        >>> fsync_tree(Path("no/such/folder"))  # nothing there: nothing to sync
+    """
+    synced = frozenset(synced)
+    folders, files = [], []
+    for root, _, names in os.walk(folder):
+        folders.append(root)
+        files += [os.path.join(root, name) for name in names]
+    unsynced = [path for path in files if not synced or file_key(os.stat(path)) not in synced]
+    _fsync_all(unsynced)
+    _fsync_all(folders[::-1])  # after the files in them
+
+
+def _fsync_all(paths: list[str]) -> None:
+    if len(paths) <= 1:
+        for path in paths:
+            _fsync(path)
+        return
+    with ThreadPoolExecutor(min(SYNC_THREADS, len(paths)), "suture-fsync") as pool:
+        for _ in pool.map(_fsync, paths):  # raises the first failure
+            pass
+
+
+def _fsync(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
     finally:
         os.close(descriptor)

@@ -13,12 +13,11 @@ Example:
 from __future__ import annotations
 
 import functools
-import importlib.resources
 from typing import Any
 
 from .._errors import RecipeError
-from .._yaml import parse as parse_yaml
 from ._expr import names_in
+from ._index import read_table, table_heads
 from ._layout import SCANNED, LayerLayout, parse_blocks
 from ._leaf import SCAN_AXIS, LayerGroup, parse_leaf
 from ._multimodal import parse_language_model
@@ -40,18 +39,25 @@ TARGETS["maxtext-multimodal"] = {"maxtext-multimodal": True}
 
 
 @functools.cache
-def _families(target: str = "maxtext") -> dict[str, dict[str, Any]]:
-    """The tables of `target` (a YAML's ``target:``, MaxText when it has none), by family."""
-    found: dict[str, dict[str, Any]] = {}
-    for entry in sorted(importlib.resources.files(__package__).iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".yaml"):
-            label = f"Built-in family table {entry.name!r}"
-            data, _ = parse_yaml(entry.read_text(encoding="utf-8"), label, "a table", RecipeError)
-            if data.get("target", "maxtext") != target:
-                continue
-            for family in data["names"]:
-                found[family] = {**data, "source_file": entry.name}
-    return found
+def _families(target: str = "maxtext") -> dict[str, str]:
+    """The tables' files of `target` (a YAML's ``target:``, MaxText when it has none), by
+    family, from the tables' heads: a table is parsed whole only when used (`_table`)."""
+    return {
+        family: head.file
+        for head in table_heads().values()
+        if head.target == target
+        for family in head.names
+    }
+
+
+def _table(target: str, family: str) -> dict[str, Any]:
+    return read_table(_families(target)[family])
+
+
+def _offered(target: str, file: str) -> tuple[str, ...]:
+    """The layouts of `target` that the table `file` offers (its ``layouts:``, or all)."""
+    layouts = table_heads()[file].layouts
+    return tuple(TARGETS[target]) if layouts is None else layouts
 
 
 def _text(expression: Any) -> str:
@@ -64,9 +70,9 @@ def recipe_names() -> list[str]:
     return [
         f"{family}:{layout}"
         for target, layouts in TARGETS.items()
-        for family, data in _families(target).items()
+        for family, file in _families(target).items()
         for layout in layouts
-        if layout in data.get("layouts", layouts)
+        if layout in _offered(target, file)
     ]
 
 
@@ -89,7 +95,7 @@ def get_recipe(name: str) -> FamilyRecipe:
     target = next((t for t, layouts in TARGETS.items() if layout in layouts), None)
     if target is None or family not in _families(target):
         raise unknown_name(name)
-    offered = _families(target)[family].get("layouts", list(TARGETS[target]))
+    offered = _offered(target, _families(target)[family])
     if layout not in offered:
         raise RecipeError(
             f"No built-in recipe {name!r}: {family} has the layout(s) "
@@ -98,8 +104,8 @@ def get_recipe(name: str) -> FamilyRecipe:
     if target == "maxtext-multimodal":
         from ._whole import whole_recipe
 
-        return whole_recipe(family, _families(target)[family], _parse)
-    return _parse(family, _families(target)[family], TARGETS[target][layout])
+        return whole_recipe(family, _table(target, family), _parse)
+    return _parse(family, _table(target, family), TARGETS[target][layout])
 
 
 def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from .._exec.blocks import Block, chunk_rows, stack_axis
 from .._interrupts import native_call
 from .._lazy.array import LazyArray
 from .._location import LocalLocation, Location, location_of, remote_context, writeback
+from .._location.writeback import fsync_tree
 from .._paths import children, is_namedtuple
 from .names import OrbaxNames
 
@@ -232,6 +232,7 @@ class OrbaxSink:
             {"target_data_file_size": REMOTE_DATA_FILE_BYTES} if self.folder.is_remote else {}
         )
         self._dropper: writeback.DropBehind | None = None
+        self._synced: set[tuple[int, ...]] = set()  # files the dropper made durable
 
     def start(self) -> None:
         """Creates the folder with a ``_CHECKPOINT_METADATA`` recording a start, no commit.
@@ -383,6 +384,7 @@ class OrbaxSink:
     def _stop_dropping(self) -> None:
         if self._dropper is not None:
             self._dropper.stop()
+            self._synced |= self._dropper.synced
             self._dropper = None
 
     def sync(self) -> None:
@@ -390,7 +392,7 @@ class OrbaxSink:
         an object store has nothing to sync)."""
         self._stop_dropping()
         if isinstance(self._database, LocalLocation):
-            fsync_tree(self._database.path)
+            fsync_tree(self._database.path, self._synced)
 
     def settle(self) -> None:
         """Before an abort that skips `finish`: stops dropping written files from the page
@@ -428,7 +430,7 @@ class OrbaxSink:
             self._checkpoint_metadata(time.time_ns(), custom_metadata),
         )
         if isinstance(self.folder, LocalLocation):
-            fsync_tree(self.folder.path)
+            fsync_tree(self.folder.path, self._synced)
 
 
 def merge_process_databases(folder: Location | Path) -> None:
@@ -457,25 +459,6 @@ def merge_process_databases(folder: Location | Path) -> None:
     for copy in copies:
         copy.result()
     transaction.commit_async().result()
-
-
-def fsync_tree(folder: Path) -> None:
-    """fsyncs every file under `folder`, then every folder (so that new names are durable)."""
-    folders = []
-    for root, _, files in os.walk(folder):
-        folders.append(root)
-        for name in files:
-            _fsync(os.path.join(root, name))
-    for root in reversed(folders):
-        _fsync(root)
-
-
-def _fsync(path: str) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _shard_chunk_shape(global_array: Any, chunk_bytes: int) -> tuple[int, ...]:

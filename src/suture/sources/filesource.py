@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 # A column read holds one strip of rows at a time; `read_into` one tile (kept per thread).
 STRIP_BYTES = 32 << 20
 TILE_BYTES = 8 << 20
+# A read of part of each row (the gate half of fused experts) reads each row's run alone when
+# the run is this long; shorter runs go a strip of whole rows at a time (fewer, larger reads).
+MIN_RUN_BYTES = 256 << 10
 
 
 class FileRangeSource(SourceNode):
@@ -81,7 +84,11 @@ class FileRangeSource(SourceNode):
 
     def read_into(self, selection: Selection, out: np.ndarray) -> None:
         rows = _whole_rows(selection, self.shape) if self.shape else None
-        if rows is None and self._strips_into(selection):
+        runs = self._runs(selection) if rows is None else None
+        if runs is not None:
+            # a run of each row (gate or up of fused experts): those bytes only, not the rows
+            self._read_runs(selection[0], runs, out)
+        elif rows is None and self._strips_into(selection):
             # some columns: a strip of rows at a time straight into `out`, whose memory is
             # one strip instead of a whole-size temporary (a transposed block of lm_head)
             for target, block, local in self._strips(selection):
@@ -107,6 +114,10 @@ class FileRangeSource(SourceNode):
         if _whole_rows(selection, self.shape) is not None:
             tile = result if self.remote else min(result, TILE_BYTES)  # see `read_into`
             return ReadCost(result, tile if into else result)
+        runs = self._runs(selection) if into else None
+        if runs is not None:  # see `read_into`: each row's run, one at a time
+            run_bytes = (runs[1] - runs[0]) * self._inner_bytes
+            return ReadCost(len(selection[0]) * run_bytes, min(result, run_bytes))
         spans = [stop - start for start, stop, _ in _row_groups(selection[0], self._strip_rows)]
         strip = max(spans, default=0) * self._row_bytes
         if into and self._strips_into(selection):  # a strip (and a copy of the part selected
@@ -123,6 +134,21 @@ class FileRangeSource(SourceNode):
         return bool(self.shape) and not self.remote and isinstance(selection[0], range)
 
     @property
+    def _inner_bytes(self) -> int:
+        """Bytes of one step along axis 1."""
+        return self.dtype.itemsize * math.prod(self.shape[2:])
+
+    def _runs(self, selection: Selection) -> tuple[int, int] | None:
+        """`_row_runs` of `selection`, when `read_into` reads it a run per row: locally,
+        runs of `MIN_RUN_BYTES` or more (shorter ones go a strip of whole rows at a time)."""
+        if not self._strips_into(selection):
+            return None
+        runs = _row_runs(selection, self.shape)
+        if runs is None or (runs[1] - runs[0]) * self._inner_bytes < MIN_RUN_BYTES:
+            return None
+        return runs
+
+    @property
     def _strip_rows(self) -> int:
         return max(1, STRIP_BYTES // max(1, self._row_bytes))
 
@@ -135,6 +161,26 @@ class FileRangeSource(SourceNode):
             rows = buffer[: (stop - start) * self._row_bytes].view(self.dtype)
             block = self._read_rows(start, stop, rows.reshape((stop - start, *self.shape[1:])))
             yield targets, block, (local_rows, *selection[1:])
+
+    def _read_runs(self, rows: range, runs: tuple[int, int], out: np.ndarray) -> None:
+        """Rows `rows`, of each only ``[runs[0], runs[1])`` along axis 1, into `out`: one
+        read per row, straight into `out` or through this thread's scratch (cast, transposed)."""
+        low, high = runs
+        if high == low or not len(rows):
+            return
+        inner = self._inner_bytes
+        shape = (high - low, *self.shape[2:])
+        self._check_rows(min(rows), max(rows) + 1)
+        for index, row in enumerate(rows):
+            offset = self.offset + row * self._row_bytes + low * inner
+            target = out[index]
+            self._check_same_file()
+            if target.dtype == self.dtype and target.flags.c_contiguous:
+                self.file.read_into(offset, target, self.path or "")
+            else:
+                raw = self.file.read_scratch(offset, (high - low) * inner, self.path or "")
+                assign(target, raw.view(self.dtype).reshape(shape))
+            self._check_same_file()  # a swap during the read would have mixed files
 
     def _read_rows(self, low: int, high: int, into: np.ndarray) -> np.ndarray:
         """Reads rows ``[low, high)`` into `into` (C-contiguous, exactly that size)."""
@@ -203,6 +249,29 @@ def _whole_rows(selection: Selection, shape: tuple[int, ...]) -> tuple[int, int]
         return None
     low = first.start if len(first) else 0
     return low, low + len(first)
+
+
+def _row_runs(selection: Selection, shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """``(low, high)`` when `selection` takes a range of axis 1, ``[low, high)`` with step 1,
+    of a range of rows, and the axes after it whole: one run of bytes in each row (gate or
+    up of a fused expert tensor), else None.
+
+    Example:
+        >>> _row_runs((range(0, 4), range(2, 5), range(0, 3)), (4, 8, 3))
+        (2, 5)
+    """
+    if len(shape) < 2 or not isinstance(selection[0], range):
+        return None
+    second = selection[1]
+    if not isinstance(second, range) or (second.step != 1 and len(second) > 1):
+        return None
+    if any(
+        not (isinstance(axis, range) and axis == range(length))
+        for axis, length in zip(selection[2:], shape[2:], strict=True)
+    ):
+        return None
+    low = second.start if len(second) else 0
+    return low, low + len(second)
 
 
 def _row_groups(first: Any, strip_rows: int) -> Any:
