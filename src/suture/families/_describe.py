@@ -19,7 +19,11 @@ def layer_kinds(recipe: Any) -> list[str]:
     """The per-layer kinds `recipe`'s target fixes in code, as `suture recipes NAME` shows them."""
     patterns = [f"{field} is {list(pattern)} repeated" for field, pattern in recipe.layer_patterns]
     sets = [f"{field} lists the layers where {rule}" for field, rule in recipe.layer_sets]
-    return patterns + sets
+    rules = [
+        f"{field}: " + ", ".join(f"{kind!r} where {rule}" for kind, rule in kinds)
+        for field, kinds in recipe.layer_rules
+    ]
+    return patterns + sets + rules
 
 
 def operations_table(recipe: Any, config: dict[str, Any]) -> list[tuple[str, str, str]]:

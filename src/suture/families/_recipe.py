@@ -26,6 +26,7 @@ from .._lazy.array import LazyArray, as_lazy
 from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
 from .._patterns import compile_pattern, fullmatch
+from ._collections import root_of
 from ._config_check import config_names, layer_counts
 from ._describe import layer_kinds, operations_table
 from ._expert_layout import check_experts, expert_count, experts_said, find_expert_layout
@@ -68,6 +69,7 @@ class FamilyRecipe:
     # per field (Gemma 3's layer_types), or an expression of i per list of layers
     layer_patterns: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     layer_sets: tuple[tuple[str, str], ...] = ()
+    layer_rules: tuple[tuple[str, tuple[tuple[Any, str], ...]], ...] = ()  # field: (kind, rule)
     # config fields of per-layer overrides, each with its list of kinds (`_layer_config`)
     per_layer: tuple[tuple[str, str], ...] = ()
     table_file: str = ""  # a user's table file: its errors name its leaves and lines
@@ -123,9 +125,10 @@ class FamilyRecipe:
         used: set[str] = set()
         out: dict[str, Any] = {}
         for leaf in self._active(names):
+            root = root_of(leaf.collection) if self.target == "maxtext" else self._root
             for path, value in self._forward(leaf, hf, names, used, layout).items():
-                check_one_writer(self.name, path, f"{self._root}{path}" in out)
-                out[f"{self._root}{path}"] = value
+                check_one_writer(self.name, path, f"{root}{path}" in out)
+                out[f"{root}{path}"] = value
         self._check_all_used(hf, used, names)
         self._warn_cut_rows(names)
         if self.target == "maxtext":
@@ -253,7 +256,7 @@ class FamilyRecipe:
             if expert is not None:  # the fused tensor's axis 0 holds every expert
                 named, count = f"Hugging Face tensor {name!r}", self.expert_count(names)
                 check_count(array, 0, count, "experts", named, experts_said(self, names))
-            array = fused.take(array, expert)
+            array = fused.take(array, expert, names)
         return self._applied(leaf, array, names) if operations else array
 
     def _applied(self, leaf: Leaf, array: LazyArray, names: dict) -> LazyArray:
