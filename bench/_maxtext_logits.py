@@ -21,7 +21,6 @@ from maxtext.layers import quantizations  # noqa: E402
 from maxtext.models import models  # noqa: E402
 from maxtext.utils import max_utils, maxtext_utils  # noqa: E402
 
-
 # the variable collections restored: the parameters, and DeepSeek-V4's hash-routing tables and
 # router biases, which MaxText keeps in collections of their own
 COLLECTIONS = ("params", "Tid2EidVar", "MoEBiasVar")

@@ -276,3 +276,68 @@ def test_published_fp8_and_fp4_layout_converts_dequantized_in_one_pass(folder, t
             assert got.dtype == expected.dtype, path
             assert got.tobytes() == expected.tobytes(), path
     assert ours["params/Tid2EidVar/decoder/layers_1/mlp/MoeBlock_0/tid2eid"].dtype == np.int32
+
+
+# The table keys deepseek4 added, in a table of one's own -----------------------------------
+
+
+def _own_table(tmp_path: Path, change) -> Path:
+    from importlib.resources import files
+
+    import yaml
+
+    data = yaml.safe_load(files("suture.families").joinpath("deepseek4.yaml").read_text())
+    change(data)
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _leaf_at(data: dict, path: str) -> dict:
+    return next(leaf for leaf in data["leaves"] if leaf["maxtext"] == path)
+
+
+def _no_blocks(data: dict) -> None:
+    for key in ("layer_blocks", "layer_blocks_under"):
+        del data[key]
+
+
+def _params_collection(data: dict) -> None:
+    _leaf_at(data, "decoder/layers/mlp/MoeBlock_0/tid2eid")["collection"] = "params"
+
+
+def _sizes_and_parts(data: dict) -> None:
+    _leaf_at(data, "decoder/layers/mhc_mlp/pre_alpha")["fused"]["split"]["parts"] = 3
+
+
+def _rule_not_a_mapping(data: dict) -> None:
+    data["layer_rules"]["compress_ratios"] = ["i < 2"]
+
+
+@pytest.mark.parametrize(
+    "change, phrase",
+    [
+        (_no_blocks, "layer_blocks_from: needs layer_blocks"),
+        (_params_collection, "collection: must name a MaxText variable collection other than"),
+        (_sizes_and_parts, "sizes gives the parts: no mode or parts beside it"),
+        (_rule_not_a_mapping, "layer_rules.compress_ratios: must be a mapping"),
+    ],
+)
+def test_a_table_misusing_the_new_keys_is_refused_naming_the_entry(
+    folder, tmp_path, change, phrase
+) -> None:
+    table = _own_table(tmp_path, change)
+    with pytest.raises(suture.SurgeryError, match=phrase.replace(".", r"\.")):
+        suture.convert(folder, tmp_path / "out", recipe=str(table), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_split_sizes_that_do_not_fit_the_tensor_name_it_and_both_lengths(folder, tmp_path):
+    def residual_too_short(data: dict) -> None:
+        leaf = _leaf_at(data, "decoder/layers/mhc_attention/res_alpha")
+        leaf["fused"]["split"]["sizes"] = ["hc_mult", "hc_mult", "hc_mult"]
+
+    table = _own_table(tmp_path, residual_too_short)
+    with pytest.raises(ConfigMismatchError, match=r"'layers\.0\.hc_attn_fn'.*4 \+ 4 \+ 4 = 12.*24"):
+        suture.convert(folder, tmp_path / "out", recipe=str(table), progress=False)
+    assert not (tmp_path / "out").exists()

@@ -62,7 +62,11 @@ def _stacking(leaf: Leaf, scanned: bool) -> list[str]:
             if fused.axis is None
             else f" part {fused.part} of {fused.parts} on axis {fused.axis}, {fused.mode}"
         )
+        if fused.sizes and fused.axis is not None:
+            where = f" part {fused.part} of parts ({', '.join(fused.sizes)}) on axis {fused.axis}"
         steps.append(f"{'from' if leaf.always_fused else 'or'} fused {fused.hf}{where}")
     if scanned and leaf.group is not None and leaf.layer_axis != SCAN_AXIS:
         steps.append(f"layers on axis {leaf.layer_axis}")
+    if leaf.collection:
+        steps.append(f"in collection {leaf.collection}")
     return steps

@@ -62,10 +62,14 @@ class FusedSource:
     sizes: tuple[str, ...] = ()  # expressions: the parts' lengths, when they differ
 
     def take(
-        self, fused: LazyArray, expert: int | None, names: dict[str, Any] | None = None
+        self,
+        fused: LazyArray,
+        expert: int | None,
+        names: dict[str, Any] | None = None,
+        name: str | None = None,
     ) -> LazyArray:
-        """This leaf's piece of `fused` (one layer's), for one expert or all; `names` (the
-        config's fields) give the lengths of unequal parts."""
+        """This leaf's piece of `fused` (one layer's, the HF tensor `name`), for one expert or
+        all; `names` (the config's fields) give the lengths of unequal parts."""
         piece = fused if expert is None else fused[expert]
         if self.axis is None:
             return piece
@@ -78,7 +82,7 @@ class FusedSource:
             )
         length = piece.shape[axis]
         if self.sizes:
-            return _sized_part(piece, axis, self, names or {}, fused.path)
+            return _sized_part(piece, axis, self, names or {}, name or fused.path)
         if length % self.parts:
             raise ConfigMismatchError(
                 f"Leaf {fused.path!r}: axis {self.axis} has length {length}, which does not "

@@ -256,7 +256,7 @@ class FamilyRecipe:
             if expert is not None:  # the fused tensor's axis 0 holds every expert
                 named, count = f"Hugging Face tensor {name!r}", self.expert_count(names)
                 check_count(array, 0, count, "experts", named, experts_said(self, names))
-            array = fused.take(array, expert, names)
+            array = fused.take(array, expert, names, name)
         return self._applied(leaf, array, names) if operations else array
 
     def _applied(self, leaf: Leaf, array: LazyArray, names: dict) -> LazyArray:
