@@ -498,6 +498,7 @@ LOGITS = {
         "max_position_embeddings=4096",
         "original_max_position_embeddings=4096",
     ],
+    "deepseek4": [],  # plain rotary embeddings, as deepseek4-284b's configs and the HF model here
     "deepseek3.2": [
         "rope_factor=1",
         "max_position_embeddings=4096",
@@ -600,7 +601,8 @@ def generate(folder: Path, kind: str, config: dict) -> int:
 def _deepseek4_published(model, folder: Path) -> None:
     """`model` saved in DeepSeek-V4's published names (transformers' save_pretrained keeps its
     own for a few: model.embed_tokens, model.layers, the attention's norm), the hash tables as
-    int32 expert numbers."""
+    int32 expert numbers, distinct in each row as a token's experts are (the two models add a
+    repeated expert's weight differently)."""
     from safetensors.numpy import load_file, save_file
 
     saved = folder.parent / "saved"
@@ -618,7 +620,8 @@ def _deepseek4_published(model, folder: Path) -> None:
         name = top.get(name, name.replace("model.layers.", "layers.", 1))
         name = name.replace(".attn.norm.", ".attn.kv_norm.")
         if name.endswith("tid2eid"):
-            value = rng.integers(0, model.config.n_routed_experts, value.shape).astype(np.int32)
+            order = np.argsort(rng.random((value.shape[0], model.config.n_routed_experts)), axis=1)
+            value = order[:, : value.shape[1]].astype(np.int32)
         tensors[name] = value
     folder.mkdir(parents=True)
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
@@ -856,7 +859,12 @@ NOTES = [
         "longer be exact), suture keeps the checkpoint's int32. MaxText's model declares the "
         "table float32 and casts it to int32 where it routes. Its router bias (`MoEBiasVar`) is "
         "stacked (layers, experts), as MaxText's scan leaves variables other than parameters on "
-        "axis 0. MaxText's decoder was not run on the output here (no logits line).",
+        "axis 0. MaxText's model restores the tables (declared float32) from suture's int32 and "
+        "routes alike: its logits are transformers' below. The hash tables are drawn with two "
+        "distinct experts per token, as a token's experts are: with a repeated expert the two "
+        "models differ (by about 0.1 in the logits here), whichever converter wrote the tree. "
+        "MaxText's indexer keeps the top 4 of the 16 tokens of the forward pass, so its sparse "
+        "mask is in play.",
     ),
     (
         ("gemma3",),

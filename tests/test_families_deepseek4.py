@@ -4,7 +4,7 @@ its tensors named as DeepSeek publishes them (``embed.weight``, ``layers.N.attn.
 Seven layers: two sliding-window ones, then CSA (even) and HCA (odd); the first three routed by
 hash. To MaxText the tree has the paths and shapes MaxText 0.2.5's converter writes for
 ``deepseek4-284b`` (``bench/families.py --maxtext-families --families deepseek4`` compares it
-leaf by leaf); back, both layouts give the folder bit for bit. The published FP8 layout (UE8M0
+leaf by leaf, and MaxText's model on it with transformers' logits); back, both layouts give the folder bit for bit. The published FP8 layout (UE8M0
 ``.scale``, FP4 experts) converts dequantized in the same pass, equal to dequantizing first.
 """
 
@@ -76,8 +76,8 @@ def folder(tmp_path_factory) -> Path:
     tensors = {}
     for name, value in load_file(root / "saved" / "model.safetensors").items():
         if name.endswith("tid2eid"):
-            rows = np.random.default_rng(len(tensors)).integers(0, 4, value.shape)
-            value = rows.astype(np.int32)
+            rows = np.random.default_rng(len(tensors)).random((value.shape[0], 4))
+            value = np.argsort(rows, axis=1)[:, : value.shape[1]].astype(np.int32)  # distinct
         tensors[_published(name)] = value
     out = root / "hf"
     out.mkdir()
@@ -173,6 +173,23 @@ def test_round_trip_is_bit_exact(folder, tmp_path, layout) -> None:
     for name, value in original.items():
         assert returned[name].dtype == value.dtype, name
         assert returned[name].tobytes() == value.tobytes(), name
+
+
+def test_command_line_reverse_with_like_gives_the_folder_back(folder, scanned, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from suture.cli import app
+
+    back = tmp_path / "back"
+    arguments = ["convert", str(scanned), str(back), "--recipe", "deepseek4:maxtext"]
+    done = CliRunner().invoke(
+        app, [*arguments, "--reverse", "--like", str(folder), "--no-progress"]
+    )
+    assert done.exit_code == 0, done.output
+    original, returned = _tensors(folder), _tensors(back)
+    assert sorted(returned) == sorted(original)
+    assert all(returned[name].tobytes() == value.tobytes() for name, value in original.items())
+    assert returned["layers.0.ffn.gate.tid2eid"].dtype == np.int32
 
 
 def test_v4_pro_layer_pattern_is_refused_naming_the_layer(folder, tmp_path) -> None:
