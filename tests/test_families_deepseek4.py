@@ -293,6 +293,16 @@ def test_published_fp8_and_fp4_layout_converts_dequantized_in_one_pass(folder, t
             assert got.dtype == expected.dtype, path
             assert got.tobytes() == expected.tobytes(), path
     assert ours["params/Tid2EidVar/decoder/layers_1/mlp/MoeBlock_0/tid2eid"].dtype == np.int32
+    # in bfloat16, as MaxText's dequantize script writes: the hash table stays integer
+    three = tmp_path / "three"
+    suture.convert(fp8_folder, three, recipe=recipe, dequantize=True, progress=False)
+    flat = suture.open(three).flat()
+    table = flat["params/Tid2EidVar/decoder/layers_1/mlp/MoeBlock_0/tid2eid"]
+    assert table.dtype == np.int32
+    assert table.read().tobytes() == tensors["layers.1.ffn.gate.tid2eid"].tobytes()
+    assert (
+        flat["params/params/decoder/layers_1/self_attention/wq_a/kernel"].dtype.name == "bfloat16"
+    )
 
 
 # The table keys deepseek4 added, in a table of one's own -----------------------------------
