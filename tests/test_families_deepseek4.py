@@ -5,7 +5,8 @@ Seven layers: two sliding-window ones, then CSA (even) and HCA (odd); the first 
 hash. To MaxText the tree has the paths and shapes MaxText 0.2.5's converter writes for
 ``deepseek4-284b`` (``bench/families.py --maxtext-families --families deepseek4`` compares it
 leaf by leaf, and MaxText's model on it with transformers' logits); back, both layouts give the folder bit for bit. The published FP8 layout (UE8M0
-``.scale``, FP4 experts) converts dequantized in the same pass, equal to dequantizing first.
+``.scale``, FP4 experts) converts dequantized in the same pass, equal to dequantizing first;
+its multi-token-prediction layer is left out, said so, and given back by ``--like``.
 """
 
 from __future__ import annotations
@@ -190,6 +191,38 @@ def test_command_line_reverse_with_like_gives_the_folder_back(folder, scanned, t
     assert sorted(returned) == sorted(original)
     assert all(returned[name].tobytes() == value.tobytes() for name, value in original.items())
     assert returned["layers.0.ffn.gate.tid2eid"].dtype == np.int32
+
+
+def test_the_mtp_layer_is_left_out_said_so_and_given_back_with_like(folder, tmp_path) -> None:
+    """The published checkpoint's multi-token-prediction layer (mtp.*): MaxText's tree has no
+    place for it; left out with a warning naming it, and restored by --reverse --like."""
+    from safetensors.numpy import save_file
+
+    from suture.families import LeftOutWarning
+
+    tensors = _tensors(folder)
+    rng = np.random.default_rng(5)
+    tensors["mtp.0.enorm.weight"] = rng.standard_normal(64).astype(np.float32)
+    tensors["mtp.0.e_proj.weight"] = rng.standard_normal((64, 128)).astype(np.float32)
+    with_mtp, mt, back = tmp_path / "hf", tmp_path / "mt", tmp_path / "back"
+    with_mtp.mkdir()
+    save_file(tensors, with_mtp / "model.safetensors", metadata={"format": "pt"})
+    (with_mtp / "config.json").write_text((folder / "config.json").read_text())
+    with pytest.warns(LeftOutWarning, match=r"leaves out 2 tensor\(s\).*mtp\.0\.e_proj\.weight"):
+        suture.convert(with_mtp, mt, recipe="deepseek4:maxtext", progress=False)
+    assert not any("mtp" in path for path in suture.open(mt).flat())
+    suture.convert(
+        mt,
+        back,
+        recipe="deepseek4:maxtext",
+        reverse=True,
+        like=with_mtp,
+        format="safetensors",
+        progress=False,
+    )
+    returned = _tensors(back)
+    assert sorted(returned) == sorted(tensors)
+    assert all(returned[name].tobytes() == value.tobytes() for name, value in tensors.items())
 
 
 def test_v4_pro_layer_pattern_is_refused_naming_the_layer(folder, tmp_path) -> None:

@@ -35,6 +35,7 @@ from ._expr import evaluate
 from ._layer_checks import check_hf_layers, unscanned
 from ._layout import LayerLayout, Slot, stack_grid
 from ._leaf import LayerGroup, Leaf
+from ._left_out import left_out, restore
 from ._multimodal import LanguageModel, LeftOutWarning, renamed
 from ._ops import FitRows
 from ._reverse import hf_tensors, restore_cut_rows
@@ -73,6 +74,7 @@ class FamilyRecipe:
     # config fields of per-layer overrides, each with its list of kinds (`_layer_config`)
     per_layer: tuple[tuple[str, str], ...] = ()
     table_file: str = ""  # a user's table file: its errors name its leaves and lines
+    leave_out: tuple[str, ...] = ()  # patterns of tensors the target has no place for
 
     @property
     def name(self) -> str:
@@ -120,6 +122,7 @@ class FamilyRecipe:
         prefix = self._prefix(hf)
         if self.language_model is not None and prefix is not None:
             hf = self.language_model.to_text(hf, prefix, self.name, self._label)
+        hf = left_out(hf, self.leave_out, self.name, self._label)
         layout = find_expert_layout(self, hf, names)
         check_hf_layers(self, hf, names, layout)
         used: set[str] = set()
@@ -349,6 +352,7 @@ class FamilyRecipe:
         if like is not None:
             original = _hf_leaves(like)
             restore_cut_rows(self, original, out, self.config_names(config), prefix)
+            restore(self.leave_out, original, out)
             if language_model is not None and prefix is not None:
                 language_model.restore_left_out(
                     {name: as_lazy(value, path=name) for name, value in original.items()}, out

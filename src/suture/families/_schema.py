@@ -37,6 +37,7 @@ TOP_KEYS = (
     "target",
     "config",
     "ignore",
+    "leave_out",  # tensors the target has no place for: left out, --like restores them
     "leaves",
     "layer_groups",
     "experts",
@@ -215,6 +216,8 @@ class _Table:
             out["config"] = self.config(data["config"])
         for i, pattern in enumerate(self.listing(data.get("ignore") or [], "ignore")):
             self.pattern(pattern, f"ignore[{i}]")
+        for i, pattern in enumerate(self.listing(data.get("leave_out") or [], "leave_out")):
+            self.pattern(pattern, f"leave_out[{i}]")
         groups = ["layer"]  # without layer_groups (or with {}), one group: every layer
         if data.get("layer_groups") not in (None, {}):
             out["layer_groups"], groups = self.layer_groups(data["layer_groups"])

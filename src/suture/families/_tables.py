@@ -169,6 +169,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         groups=groups,
         leaves=tuple(leaves),
         ignore=tuple(data.get("ignore") or ()),
+        leave_out=tuple(data.get("leave_out") or ()),
         fields=frozenset(fields - {"i"}),
         target=target,
         experts=experts_count,
