@@ -401,3 +401,41 @@ def test_split_sizes_that_do_not_fit_the_tensor_name_it_and_both_lengths(folder,
     with pytest.raises(ConfigMismatchError, match=r"'layers\.0\.hc_attn_fn'.*4 \+ 4 \+ 4 = 12.*24"):
         suture.convert(folder, tmp_path / "out", recipe=str(table), progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_listed_by_suture_recipes_with_the_flash_config_checked(tmp_path) -> None:
+    """Both layouts are listed; the published Flash config (43 layers, compress_ratios with
+    the MTP layer's extra entry) passes the layer-kind rules, and a ratio out of place fails."""
+    from typer.testing import CliRunner
+
+    from suture.cli import app
+    from suture.families import recipe_names
+
+    assert {"deepseek4:maxtext", "deepseek4:maxtext-unscanned"} <= set(recipe_names())
+    ratios = [0, 0] + [4 if i % 2 == 0 else 128 for i in range(2, 43)] + [0]
+    config = {
+        "model_type": "deepseek_v4",
+        "hidden_size": 4096,
+        "num_hidden_layers": 43,
+        "num_attention_heads": 64,
+        "head_dim": 512,
+        "q_lora_rank": 1024,
+        "o_groups": 8,
+        "o_lora_rank": 1024,
+        "n_routed_experts": 256,
+        "num_hash_layers": 3,
+        "compress_ratios": ratios,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    done = CliRunner().invoke(
+        app, ["recipes", "deepseek4:maxtext", "--config", str(tmp_path / "config.json")]
+    )
+    assert done.exit_code == 0, done.output
+    assert "split axis 0 into (8, 1024)" in done.output
+    config["compress_ratios"] = [128, *ratios[1:]]  # V4-Pro's first layer
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    done = CliRunner().invoke(
+        app, ["recipes", "deepseek4:maxtext", "--config", str(tmp_path / "config.json")]
+    )
+    assert done.exit_code != 0
+    assert "'compress_ratios' makes layer 0 128" in done.output
