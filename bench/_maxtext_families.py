@@ -432,6 +432,53 @@ FAMILIES.append(
         ],
     )
 )
+# DeepSeek-V4-Flash's architecture narrowed: 7 layers (2 sliding-window, then CSA on even and
+# HCA on odd layers; the first 3 hash-routed), 8 experts, 4 query heads of 32 and one KV head,
+# hyper-connections of 4; in the published tensor names, which MaxText's mapping reads (the
+# launcher sets its converter's HF config, 43 layers, to 7)
+FAMILIES.append(
+    (
+        "deepseek4",
+        "deepseek4-284b",
+        "DeepseekV4",
+        dict(
+            NARROW,
+            num_key_value_heads=1,
+            head_dim=32,
+            intermediate_size=32,
+            num_hidden_layers=7,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            q_lora_rank=16,
+            o_groups=2,
+            o_lora_rank=16,
+            index_n_heads=4,
+            index_head_dim=16,
+            index_topk=4,
+            sliding_window=8,
+            hc_mult=4,
+            compress_ratios=[0, 0, 4, 128, 4, 128, 4],
+            qk_rope_head_dim=8,
+            num_hash_layers=3,
+        ),
+        [
+            "head_dim=32",
+            "base_num_decoder_layers=7",
+            "hf_config.num_hidden_layers=7",
+            "num_experts=8",
+            "num_experts_per_tok=2",
+            "q_lora_rank=16",
+            "o_groups=2",
+            "o_lora_rank=16",
+            "indexer_head_dim=16",
+            "indexer_n_heads=4",
+            "indexer_topk=4",
+            "qk_rope_head_dim=8",
+            "sliding_window_size=8",
+            "attention=dot_product",  # MaxText's DeepSeek4 refuses the CPU's default attention
+        ],
+    )
+)
 MAXTEXT_DEQUANTIZES = {"kimi-k2"}  # MaxText converts the folder its own dequantizer writes
 SAVE_DTYPE = {"kimi-k2": "bfloat16"}  # as published; MaxText's dequantizer gives bfloat16
 # Families whose scanned suture output MaxText's model runs, with the settings its forward pass
@@ -451,6 +498,7 @@ LOGITS = {
         "max_position_embeddings=4096",
         "original_max_position_embeddings=4096",
     ],
+    "deepseek4": [],  # plain rotary embeddings, as deepseek4-284b's configs and the HF model here
     "deepseek3.2": [
         "rope_factor=1",
         "max_position_embeddings=4096",
@@ -473,6 +521,15 @@ def generate(folder: Path, kind: str, config: dict) -> int:
         model.to(torch.bfloat16).save_pretrained(folder.parent / "bf16")
         _kimi_int4.pack(folder.parent / "bf16", folder)
         shutil.rmtree(folder.parent / "bf16")
+        return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    if kind == "DeepseekV4":  # in the names DeepSeek publishes, which MaxText's mapping reads
+        model = transformers.DeepseekV4ForCausalLM(transformers.DeepseekV4Config(**config))
+        _perturbed(torch, model)
+        with torch.no_grad():  # the hyper-connections' biases and the attention sinks too
+            for name, parameter in model.named_parameters():
+                if name.endswith((".base", "hc_base", ".sinks")):
+                    parameter.add_(torch.randn_like(parameter) * 0.1)
+        _deepseek4_published(model, folder)
         return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     if kind == "Qwen3_5Moe":  # the multimodal model as published, fused experts
         vision = dict(
@@ -539,6 +596,37 @@ def generate(folder: Path, kind: str, config: dict) -> int:
     _perturbed(torch, model)
     model.save_pretrained(folder, save_original_format=kind not in ("Gemma3", "Gemma4"))
     return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+def _deepseek4_published(model, folder: Path) -> None:
+    """`model` saved in DeepSeek-V4's published names (transformers' save_pretrained keeps its
+    own for a few: model.embed_tokens, model.layers, the attention's norm), the hash tables as
+    int32 expert numbers, distinct in each row as a token's experts are (the two models add a
+    repeated expert's weight differently)."""
+    from safetensors.numpy import load_file, save_file
+
+    saved = folder.parent / "saved"
+    model.save_pretrained(saved)
+    top = {
+        "model.embed_tokens.weight": "embed.weight",
+        "model.norm.weight": "norm.weight",
+        "model.hc_head.hc_fn": "hc_head_fn",
+        "model.hc_head.hc_base": "hc_head_base",
+        "model.hc_head.hc_scale": "hc_head_scale",
+    }
+    tensors = {}
+    rng = np.random.default_rng(0)
+    for name, value in load_file(saved / "model.safetensors").items():
+        name = top.get(name, name.replace("model.layers.", "layers.", 1))
+        name = name.replace(".attn.norm.", ".attn.kv_norm.")
+        if name.endswith("tid2eid"):
+            order = np.argsort(rng.random((value.shape[0], model.config.n_routed_experts)), axis=1)
+            value = order[:, : value.shape[1]].astype(np.int32)
+        tensors[name] = value
+    folder.mkdir(parents=True)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    shutil.copy(saved / "config.json", folder / "config.json")
+    shutil.rmtree(saved)
 
 
 def _perturbed(torch, model) -> None:
@@ -718,6 +806,12 @@ SETUP = {
     "values (no `v_proj`, no value kernel); the logits soft-capped at 30, as MaxText's configs; "
     "the launcher sets its converter's HF config's hidden size to 64, which its embedding hook "
     "scales by.",
+    "deepseek4": "DeepSeek-V4: Flash's architecture narrowed to 7 layers (2 sliding-window, then "
+    "CSA with its indexer on even and HCA on odd layers; the first 3 routed by hash), 8 experts "
+    "(2 per token), 4 query heads of 32 and 1 KV head, query LoRA 16, 2 output groups of rank 16, "
+    "hyper-connections of 4, in DeepSeek's published tensor names (which MaxText's mapping reads); "
+    "`deepseek4-284b` with the sizes overridden (the launcher sets its converter's HF config to 7 "
+    "layers) and `attention=dot_product`, which MaxText's DeepSeek4 needs on the CPU.",
     "deepseek2": "DeepSeek-V2: V2-Lite's counts, those of `deepseek2-16b` (27 layers, the first "
     "dense; 64 routed experts, 6 per token; 2 shared; no query LoRA); latent rank 16, 4 heads "
     "of 16 + 8 (rotary).",
@@ -758,6 +852,21 @@ NOTES = [
         "any, and the logits would differ by design of the test, not of the weights. The rotary "
         "embedding is plain, as for DeepSeek-V2 (YaRN with a factor of 1); the indexer's, in "
         "halves, comes from the same embedding.",
+    ),
+    (
+        ("deepseek4",),
+        "DeepSeek-V4: the only difference is the hash-routing tables (`tid2eid`, in MaxText's "
+        "`Tid2EidVar` collection): MaxText's converter casts them to its save_dtype (float32 "
+        "here; bfloat16 with its dequantize script, where expert numbers above 256 would no "
+        "longer be exact), suture keeps the checkpoint's int32. MaxText's model declares the "
+        "table float32 and casts it to int32 where it routes. Its router bias (`MoEBiasVar`) is "
+        "stacked (layers, experts), as MaxText's scan leaves variables other than parameters on "
+        "axis 0. MaxText's model restores the tables (declared float32) from suture's int32 and "
+        "routes alike: its logits are transformers' below. The hash tables are drawn with two "
+        "distinct experts per token, as a token's experts are: with a repeated expert the two "
+        "models differ (by about 0.1 in the logits here), whichever converter wrote the tree. "
+        "MaxText's indexer keeps the top 4 of the 16 tokens of the forward pass, so its sparse "
+        "mask is in play.",
     ),
     (
         ("gemma3",),

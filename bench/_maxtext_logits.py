@@ -21,6 +21,10 @@ from maxtext.layers import quantizations  # noqa: E402
 from maxtext.models import models  # noqa: E402
 from maxtext.utils import max_utils, maxtext_utils  # noqa: E402
 
+# the variable collections restored: the parameters, and DeepSeek-V4's hash-routing tables and
+# router biases, which MaxText keeps in collections of their own
+COLLECTIONS = ("params", "Tid2EidVar", "MoEBiasVar")
+
 
 def main(tokens_path: str, logits_path: str, overrides: list[str]) -> None:
     tokens = np.load(tokens_path).astype(np.int32)
@@ -48,8 +52,9 @@ def main(tokens_path: str, logits_path: str, overrides: list[str]) -> None:
         quant=quantizations.configure_quantization(config),
         model_mode=MODEL_MODE_TRAIN,
     )
+    variables = maxtext_utils.get_abstract_param(model, config)
     abstract = max_utils.unbox_logicallypartioned(
-        maxtext_utils.get_abstract_param(model, config)["params"]
+        {name: tree for name, tree in variables.items() if name in COLLECTIONS}
     )
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     abstract = jax.tree.map(
@@ -57,7 +62,7 @@ def main(tokens_path: str, logits_path: str, overrides: list[str]) -> None:
     )
     params = checkpointing.load_params_from_path(
         config.load_parameters_path,
-        {"params": abstract},
+        abstract,
         config.checkpoint_storage_concurrent_gb,
         use_ocdbt=config.checkpoint_storage_use_ocdbt,
         use_zarr3=config.checkpoint_storage_use_zarr3,

@@ -21,7 +21,7 @@ from .._errors import ConfigMismatchError
 from ._config_lists import derived
 from ._expr import evaluate, names_in
 from ._layer_config import per_kind_fields
-from ._layer_kinds import check_pattern, check_set
+from ._layer_kinds import check_pattern, check_rules, check_set
 from ._table_errors import unknown_field
 
 # The config.json fields recipes read, by kind: Hugging Face's names, the same in every family.
@@ -110,6 +110,8 @@ def config_names(recipe: Any, config: dict[str, Any]) -> dict[str, Any]:
         check_pattern(recipe.name, field, names.get(field), pattern, layers)
     for field, expression in recipe.layer_sets:
         check_set(recipe.name, field, names.get(field), expression, names)
+    for field, rules in recipe.layer_rules:
+        check_rules(recipe.name, field, names.get(field), rules, names)
     return names
 
 

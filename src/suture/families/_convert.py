@@ -217,6 +217,7 @@ def _check_recorded_config(recipe: Any, recorded: dict, settings: dict, given: s
     before, now = recipe.config_names(recorded), recipe.config_names(settings)
     read = set(recipe.fields) | {field for field, _ in recipe.layer_patterns}
     read |= {field for field, _ in recipe.layer_sets}
+    read |= {field for field, _ in recipe.layer_rules}
     for field in sorted(read):
         if before.get(field) != now.get(field):
             raise ConfigMismatchError(

@@ -19,7 +19,11 @@ def layer_kinds(recipe: Any) -> list[str]:
     """The per-layer kinds `recipe`'s target fixes in code, as `suture recipes NAME` shows them."""
     patterns = [f"{field} is {list(pattern)} repeated" for field, pattern in recipe.layer_patterns]
     sets = [f"{field} lists the layers where {rule}" for field, rule in recipe.layer_sets]
-    return patterns + sets
+    rules = [
+        f"{field}: " + ", ".join(f"{kind!r} where {rule}" for kind, rule in kinds)
+        for field, kinds in recipe.layer_rules
+    ]
+    return patterns + sets + rules
 
 
 def operations_table(recipe: Any, config: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -58,7 +62,11 @@ def _stacking(leaf: Leaf, scanned: bool) -> list[str]:
             if fused.axis is None
             else f" part {fused.part} of {fused.parts} on axis {fused.axis}, {fused.mode}"
         )
+        if fused.sizes and fused.axis is not None:
+            where = f" part {fused.part} of parts ({', '.join(fused.sizes)}) on axis {fused.axis}"
         steps.append(f"{'from' if leaf.always_fused else 'or'} fused {fused.hf}{where}")
     if scanned and leaf.group is not None and leaf.layer_axis != SCAN_AXIS:
         steps.append(f"layers on axis {leaf.layer_axis}")
+    if leaf.collection:
+        steps.append(f"in collection {leaf.collection}")
     return steps

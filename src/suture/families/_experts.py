@@ -11,8 +11,10 @@ checkpoints store them) or transformers v5's fused 3-D tensors (``mlp.experts.ga
 of shape (experts, 2 x intermediate, hidden)). A leaf's ``fused:`` entry says where its
 tensor sits in the fused one: its name, and which part of the fused axis it is, in
 ``halves`` (gate = first half) or ``interleaved`` (gate = even columns) order. Back to HF,
-the parts are joined again: concatenated (halves) or zipped (interleaved). Everything is a
-lazy view, so nothing is read until written.
+the parts are joined again: concatenated (halves) or zipped (interleaved). Parts of unequal
+lengths say them (``split: {axis: 0, sizes: [hc_mult, hc_mult, hc_mult * hc_mult], part: 2}``,
+expressions of the config: DeepSeek-V4's hyper-connection weights, one HF tensor for MaxText's
+pre, post and residual leaves). Everything is a lazy view, so nothing is read until written.
 
 Example:
     >>> import numpy as np
@@ -35,6 +37,7 @@ from .._errors import ConfigMismatchError, RecipeFormatError
 from .._lazy.array import LazyArray
 from .._lazy.combine import concatenate
 from .._lazy.combine import stack as stack_arrays
+from ._expr import evaluate
 
 PER_EXPERT = "per-expert"
 FUSED = "fused"
@@ -56,9 +59,17 @@ class FusedSource:
     mode: str = "halves"
     part: int = 0
     parts: int = 1
+    sizes: tuple[str, ...] = ()  # expressions: the parts' lengths, when they differ
 
-    def take(self, fused: LazyArray, expert: int | None) -> LazyArray:
-        """This leaf's piece of `fused` (one layer's), for one expert or all."""
+    def take(
+        self,
+        fused: LazyArray,
+        expert: int | None,
+        names: dict[str, Any] | None = None,
+        name: str | None = None,
+    ) -> LazyArray:
+        """This leaf's piece of `fused` (one layer's, the HF tensor `name`), for one expert or
+        all; `names` (the config's fields) give the lengths of unequal parts."""
         piece = fused if expert is None else fused[expert]
         if self.axis is None:
             return piece
@@ -70,6 +81,8 @@ class FusedSource:
                 f"check its axis (experts are axis 0)."
             )
         length = piece.shape[axis]
+        if self.sizes:
+            return _sized_part(piece, axis, self, names or {}, name or fused.path)
         if length % self.parts:
             raise ConfigMismatchError(
                 f"Leaf {fused.path!r}: axis {self.axis} has length {length}, which does not "
@@ -97,6 +110,24 @@ class FusedSource:
         return zipped.reshape(merged)
 
 
+def _sized_part(
+    piece: LazyArray, axis: int, fused: FusedSource, names: dict[str, Any], path: Any
+) -> LazyArray:
+    """Part `fused.part` of `piece` along `axis`, the parts `fused.sizes` long."""
+    lengths = [int(evaluate(size, names)) for size in fused.sizes]
+    if sum(lengths) != piece.shape[axis]:
+        raise ConfigMismatchError(
+            f"Hugging Face tensor {path!r} has shape {piece.shape}; the table splits axis "
+            f"{fused.axis} into parts of {' + '.join(map(str, lengths))} = {sum(lengths)} "
+            f"({', '.join(fused.sizes)}), and it holds {piece.shape[axis]}. Check that "
+            f"config.json belongs to these weights."
+        )
+    start = sum(lengths[: fused.part])
+    index: list[Any] = [slice(None)] * piece.ndim
+    index[axis] = slice(start, start + lengths[fused.part])
+    return piece[tuple(index)]
+
+
 def parse_fused(spec: Any, where: str) -> FusedSource:
     """A `FusedSource` from its table form: ``{hf: NAME, split: {axis, mode, part, parts}}``."""
     if not isinstance(spec, dict) or not isinstance(spec.get("hf"), str):
@@ -112,11 +143,12 @@ def parse_fused(spec: Any, where: str) -> FusedSource:
         raise RecipeFormatError(
             f"{where}: 'split' needs {{axis: N, mode: halves|interleaved, part: K, parts: P}}."
         )
-    parts = int(split.get("parts", 2))
+    sizes = tuple(str(size) for size in split.get("sizes") or ())
+    parts = len(sizes) if sizes else int(split.get("parts", 2))
     part = int(split.get("part", 0))
     if not 0 <= part < parts:
         raise RecipeFormatError(f"{where}: split part {part} is not one of {parts} parts.")
-    return FusedSource(spec["hf"], split["axis"], split.get("mode", "halves"), part, parts)
+    return FusedSource(spec["hf"], split["axis"], split.get("mode", "halves"), part, parts, sizes)
 
 
 def stacked_axes(expert_axis: int, layer_axis: int | None) -> tuple[int, int | None]:

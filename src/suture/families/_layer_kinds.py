@@ -13,7 +13,11 @@ Two forms, as recipe files write them:
 - ``layer_patterns: {FIELD: [v0, v1, ...]}``: layer ``i`` must be ``pattern[i % len]``
   (a list of one kind per layer: ``layer_types``, ``no_rope_layers``);
 - ``layer_sets: {FIELD: EXPRESSION of i}``: the field lists exactly the layer numbers where
-  the expression holds (``moe_layers``).
+  the expression holds (``moe_layers``);
+- ``layer_rules: {FIELD: {KIND: EXPRESSION of i}}``: the field lists one kind per layer, and
+  layer ``i`` is the kind whose expression holds (DeepSeek-V4's ``compress_ratios``: two
+  sliding-window layers, then CSA on even layers and HCA on odd ones); entries past
+  ``num_hidden_layers`` (a multi-token-prediction layer's) are not layers of the model.
 
 A field the config does not have is fine: transformers then builds it from the same
 pattern the recipe names.
@@ -70,6 +74,31 @@ def check_set(recipe: str, field: str, value: Any, expression: str, names: dict[
             f"these layers by that rule in code, so these weights would run in other layers' "
             f"places; this model cannot be converted to it as it is."
         )
+
+
+def check_rules(
+    recipe: str, field: str, value: Any, rules: tuple[tuple[Any, str], ...], names: dict[str, Any]
+) -> None:
+    """Refuses a per-layer list `value` whose layer ``i`` is not the kind whose rule holds."""
+    if value is None:
+        return
+    layers = names["num_hidden_layers"]
+    if not isinstance(value, list) or len(value) < layers:
+        raise ConfigMismatchError(
+            f"config.json field {field!r} is {_short(value)}; recipe {recipe!r} expects a list "
+            f"of at least {layers} entries (one per layer, num_hidden_layers). Fix the "
+            f"config.json (or pass the model's own with --config)."
+        )
+    for layer, kind in enumerate(value[:layers]):
+        expected = [k for k, rule in rules if evaluate(rule, {**names, "i": layer})]
+        if expected != [kind]:
+            said = "; ".join(f"{k!r} where {rule}" for k, rule in rules)
+            raise ConfigMismatchError(
+                f"config.json field {field!r} makes layer {layer} {kind!r}; recipe {recipe!r} "
+                f"expects {expected[0] if expected else 'no kind'!r} there ({said}). The "
+                f"target model fixes these kinds in code, so these weights would run with "
+                f"another layer's kind there; this model cannot be converted to it as it is."
+            )
 
 
 def _short(value: Any) -> str:

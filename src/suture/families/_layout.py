@@ -13,6 +13,9 @@ MaxText scans layers in one of three ways, and a table says which:
   layer axis on; a place of one position (``global_layer: 3``) has the block axis only. The
   layers after the last whole period form a shorter block, ``layers_remainder/<place>``, whose
   places stack their positions on the layer axis alone (as MaxText's model builds it).
+  ``layer_blocks_from: N`` leaves the first N layers unscanned, ``decoder/layers_i`` as an
+  unscanned tree has them, and counts the blocks' positions from layer N on (DeepSeek-V4's
+  hash-routed first layers, then its ``scanned_blocks`` of two).
 
 A `Slot` is one target path and the HF layers it holds, with the lengths of its stacked axes
 (`grid`): () for one layer, (n,) for a stack, (blocks, positions) for a nested one. HF layers
@@ -59,9 +62,14 @@ class LayerLayout:
     period: Any  # expression
     blocks: tuple[tuple[str, tuple[int, ...] | int], ...] | None = None
     under: str = SCANNED  # where the blocks' places are (Gemma 4: decoder/scanned_blocks/)
+    start: Any = None  # expression: the first layers, left unscanned (DeepSeek-V4's hash layers)
 
     def length(self, names: dict[str, Any]) -> int:
         return int(evaluate(self.period, names))
+
+    def first(self, names: dict[str, Any]) -> int:
+        """How many first layers stay unscanned, ``decoder/layers_i``."""
+        return 0 if self.start is None else int(evaluate(self.start, names))
 
     def slots(
         self, path: str, indices: Sequence[int], layers: int, names: dict[str, Any]
@@ -69,6 +77,16 @@ class LayerLayout:
         """The slots of a leaf at `path` (``decoder/layers/...``) holding HF layers `indices`
         of a model of `layers` layers; a place none of them fills is left out, so a group of
         some of the layers (Llama 4's MoE layers) fills only its own positions."""
+        first = self.first(names)
+        kept = [Slot(_unscanned(path, i), (i,), ()) for i in indices if i < first]
+        scanned = [i - first for i in indices if i >= first]
+        moved = self._scanned(path, scanned, layers - first, names) if scanned else []
+        return kept + [Slot(s.path, tuple(i + first for i in s.indices), s.grid) for s in moved]
+
+    def _scanned(
+        self, path: str, indices: Sequence[int], layers: int, names: dict[str, Any]
+    ) -> list[Slot]:
+        """`slots` of the scanned layers, numbered from the first scanned one."""
         period = self.length(names)
         full = layers - layers % period
         if self.blocks is None:
@@ -111,6 +129,12 @@ class LayerLayout:
         self, path: str, flat: dict[str, Any], prefix: str, axis: int, names: dict[str, Any]
     ) -> int:
         """How many layers the target tree `flat` holds for the leaf at `path`, in every place."""
+        first = sum(prefix + _unscanned(path, i) in flat for i in range(self.first(names)))
+        return first + self._held(path, flat, prefix, axis, names)
+
+    def _held(
+        self, path: str, flat: dict[str, Any], prefix: str, axis: int, names: dict[str, Any]
+    ) -> int:
         if self.blocks is None:
             held = sum(
                 _length(flat.get(prefix + _moved(path, f"{SCANNED}layers_{k}/")), axis, 1)
@@ -139,7 +163,8 @@ class LayerLayout:
         places = ", ".join(
             f"{place} {list(p) if isinstance(p, tuple) else p}" for place, p in self.blocks
         )
-        return f"blocks of {self.period} layers: {places}"
+        after = f" after the first {self.start} layers, unscanned" if self.start else ""
+        return f"blocks of {self.period} layers{after}: {places}"
 
 
 def _length(array: Any, axis: int, depth: int) -> int:
@@ -152,6 +177,11 @@ def _length(array: Any, axis: int, depth: int) -> int:
 
 def _moved(path: str, to: str) -> str:
     return path.replace(SCANNED, to, 1)
+
+
+def _unscanned(path: str, index: int) -> str:
+    """``decoder/layers/x`` -> ``decoder/layers_3/x``: a first layer, as unscanned."""
+    return path.replace(SCANNED, f"decoder/layers_{index}/", 1)
 
 
 def stack_grid(members: Sequence[LazyArray], grid: tuple[int, ...], axis: int) -> LazyArray:

@@ -45,6 +45,7 @@ class Leaf:
     always_fused: bool = False  # no per-tensor form: published fused (gpt-oss, Llama 4)
     made: Made | None = None  # no HF source: a constant made to the target, dropped back
     interleave: Interleave | None = None  # hf: [a, b] joined head by head, not stacked
+    collection: str | None = None  # MaxText's variable collection, when not params (`_collections`)
 
     def sources(self, index: int | None = None) -> tuple[str, ...]:
         """The HF tensor name(s) of this leaf, for layer `index` of its group."""
@@ -126,4 +127,5 @@ def parse_leaf(
         interleave=parse_interleave(item["interleave"], len(stacked), context)
         if "interleave" in item
         else None,
+        collection=item.get("collection"),
     )

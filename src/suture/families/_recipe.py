@@ -26,6 +26,7 @@ from .._lazy.array import LazyArray, as_lazy
 from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten, unflatten
 from .._patterns import compile_pattern, fullmatch
+from ._collections import root_of
 from ._config_check import config_names, layer_counts
 from ._describe import layer_kinds, operations_table
 from ._expert_layout import check_experts, expert_count, experts_said, find_expert_layout
@@ -34,6 +35,7 @@ from ._expr import evaluate
 from ._layer_checks import check_hf_layers, unscanned
 from ._layout import LayerLayout, Slot, stack_grid
 from ._leaf import LayerGroup, Leaf
+from ._left_out import left_out, restore
 from ._multimodal import LanguageModel, LeftOutWarning, renamed
 from ._ops import FitRows
 from ._reverse import hf_tensors, restore_cut_rows
@@ -68,9 +70,11 @@ class FamilyRecipe:
     # per field (Gemma 3's layer_types), or an expression of i per list of layers
     layer_patterns: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     layer_sets: tuple[tuple[str, str], ...] = ()
+    layer_rules: tuple[tuple[str, tuple[tuple[Any, str], ...]], ...] = ()  # field: (kind, rule)
     # config fields of per-layer overrides, each with its list of kinds (`_layer_config`)
     per_layer: tuple[tuple[str, str], ...] = ()
     table_file: str = ""  # a user's table file: its errors name its leaves and lines
+    leave_out: tuple[str, ...] = ()  # patterns of tensors the target has no place for
 
     @property
     def name(self) -> str:
@@ -118,14 +122,16 @@ class FamilyRecipe:
         prefix = self._prefix(hf)
         if self.language_model is not None and prefix is not None:
             hf = self.language_model.to_text(hf, prefix, self.name, self._label)
+        hf = left_out(hf, self.leave_out, self.name, self._label)
         layout = find_expert_layout(self, hf, names)
         check_hf_layers(self, hf, names, layout)
         used: set[str] = set()
         out: dict[str, Any] = {}
         for leaf in self._active(names):
+            root = root_of(leaf.collection) if self.target == "maxtext" else self._root
             for path, value in self._forward(leaf, hf, names, used, layout).items():
-                check_one_writer(self.name, path, f"{self._root}{path}" in out)
-                out[f"{self._root}{path}"] = value
+                check_one_writer(self.name, path, f"{root}{path}" in out)
+                out[f"{root}{path}"] = value
         self._check_all_used(hf, used, names)
         self._warn_cut_rows(names)
         if self.target == "maxtext":
@@ -253,7 +259,7 @@ class FamilyRecipe:
             if expert is not None:  # the fused tensor's axis 0 holds every expert
                 named, count = f"Hugging Face tensor {name!r}", self.expert_count(names)
                 check_count(array, 0, count, "experts", named, experts_said(self, names))
-            array = fused.take(array, expert)
+            array = fused.take(array, expert, names, name)
         return self._applied(leaf, array, names) if operations else array
 
     def _applied(self, leaf: Leaf, array: LazyArray, names: dict) -> LazyArray:
@@ -346,6 +352,7 @@ class FamilyRecipe:
         if like is not None:
             original = _hf_leaves(like)
             restore_cut_rows(self, original, out, self.config_names(config), prefix)
+            restore(self.leave_out, original, out)
             if language_model is not None and prefix is not None:
                 language_model.restore_left_out(
                     {name: as_lazy(value, path=name) for name, value in original.items()}, out

@@ -20,6 +20,7 @@ from .._lazy.array import LazyArray, as_lazy
 from .._lazy.combine import concatenate
 from .._lazy.combine import stack as stack_arrays
 from .._paths import flatten
+from ._collections import gathered
 from ._config_check import fields_shown as _fields_shown
 from ._expert_layout import check_experts
 from ._experts import (
@@ -51,6 +52,9 @@ def hf_tensors(
     flat = flatten(tree)
     if recipe.target != "maxtext":  # nnx.state saved with Orbax spells each leaf .../value
         flat = {_unwrapped(path): leaf for path, leaf in flat.items()}
+    collections = {leaf.collection for leaf in recipe.leaves if leaf.collection}
+    if collections and recipe.target == "maxtext":
+        flat = gathered(flat, collections)
     root = recipe._root
     prefix = root if root and any(p.startswith(root) for p in flat) else ""
     check_maxtext_layers(recipe, flat, prefix, names)

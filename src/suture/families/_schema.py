@@ -37,14 +37,17 @@ TOP_KEYS = (
     "target",
     "config",
     "ignore",
+    "leave_out",  # tensors the target has no place for: left out, --like restores them
     "leaves",
     "layer_groups",
     "experts",
     "layer_period",
     "layer_blocks",
     "layer_blocks_under",
+    "layer_blocks_from",  # the first layers, left unscanned before the blocks (DeepSeek-V4)
     "layer_patterns",
     "layer_sets",
+    "layer_rules",  # per-layer kinds by rule: {field: {kind: expression of i}}
     "language_model",
     "layouts",  # the layouts the target offers (gemma4-small: maxtext-unscanned only)
     "layer_axis",  # the layer axis of every scanned per-layer leaf unless its axes: says
@@ -52,7 +55,17 @@ TOP_KEYS = (
     "tower",  # ... and where folders keep the tower (`_tower`)
     "source_file",  # set by the loader: where the table came from
 )
-LEAF_KEYS = ("hf", "ops", "when", "fused", "axes", "always_fused", "make", "interleave")
+LEAF_KEYS = (
+    "hf",
+    "ops",
+    "when",
+    "fused",
+    "axes",
+    "always_fused",
+    "make",
+    "interleave",
+    "collection",
+)
 LAYOUTS = {
     "maxtext": ("maxtext", "maxtext-unscanned"),
     "tunix": ("tunix",),
@@ -204,6 +217,8 @@ class _Table:
             out["config"] = self.config(data["config"])
         for i, pattern in enumerate(self.listing(data.get("ignore") or [], "ignore")):
             self.pattern(pattern, f"ignore[{i}]")
+        for i, pattern in enumerate(self.listing(data.get("leave_out") or [], "leave_out")):
+            self.pattern(pattern, f"leave_out[{i}]")
         groups = ["layer"]  # without layer_groups (or with {}), one group: every layer
         if data.get("layer_groups") not in (None, {}):
             out["layer_groups"], groups = self.layer_groups(data["layer_groups"])
@@ -239,6 +254,12 @@ class _Table:
                 )
             elif data.get("layer_blocks") is None:
                 self.problem("layer_blocks_under", "needs layer_blocks (the places it holds)")
+        if "layer_blocks_from" in data:
+            out["layer_blocks_from"] = self.expression(
+                data["layer_blocks_from"], "layer_blocks_from"
+            )
+            if data.get("layer_blocks") is None:
+                self.problem("layer_blocks_from", "needs layer_blocks (the blocks it starts)")
         patterns = self.mapping(data.get("layer_patterns") or {}, "layer_patterns", None)
         for field, pattern in patterns.items():
             self.text(field, f"layer_patterns key {field!r}")
@@ -246,6 +267,14 @@ class _Table:
         sets = self.mapping(data.get("layer_sets") or {}, "layer_sets", None)
         out["layer_sets"] = {
             field: self.expression(rule, f"layer_sets.{field}") for field, rule in sets.items()
+        }
+        rules = self.mapping(data.get("layer_rules") or {}, "layer_rules", None)
+        out["layer_rules"] = {
+            field: {
+                kind: self.expression(rule, f"layer_rules.{field}.{kind}")
+                for kind, rule in self.mapping(kinds, f"layer_rules.{field}", None).items()
+            }
+            for field, kinds in rules.items()
         }
         if data.get("language_model") is not None:
             self.language_model(data["language_model"])
@@ -390,6 +419,18 @@ class _Table:
             return item
         self.mapping(item, entry, (target, *LEAF_KEYS))
         out = dict(item)
+        collection = item.get("collection")
+        if "collection" in item and (
+            target != "maxtext"
+            or not isinstance(collection, str)
+            or not re.fullmatch(r"[A-Za-z_]\w*", collection)
+            or collection == "params"
+        ):
+            self.problem(
+                f"{entry}.collection",
+                f"must name a MaxText variable collection other than params (Tid2EidVar), in "
+                f"a maxtext table; got {_shown(collection)}",
+            )
         if target not in item:
             self.problem(entry, f"needs {target!r} (the {target} path) and 'hf' (or 'fused')")
         elif self.text(path, f"{entry}.{target}"):
@@ -498,7 +539,16 @@ class _Table:
         self.placeholders(spec["hf"], f"{entry}.hf", groups)
         if spec.get("split") is None:
             return
-        split = self.mapping(spec["split"], f"{entry}.split", ("axis", "mode", "part", "parts"))
+        split = self.mapping(
+            spec["split"], f"{entry}.split", ("axis", "mode", "part", "parts", "sizes")
+        )
+        if split.get("sizes") is not None:  # unequal parts, in halves order
+            sizes = self.listing(split["sizes"], f"{entry}.split.sizes", empty=False)
+            for k, size in enumerate(sizes):
+                self.expression(size, f"{entry}.split.sizes[{k}]")
+            if split.get("mode", "halves") != "halves" or "parts" in split:
+                self.problem(f"{entry}.split", "sizes gives the parts: no mode or parts beside it")
+            split = {**split, "parts": len(sizes)}
         if not _whole(split.get("axis"), 0, MAX_AXIS):
             self.problem(
                 f"{entry}.split",

@@ -135,17 +135,27 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
     if period is not None:
         under = data.get("layer_blocks_under")
         layout = LayerLayout(
-            period, parse_blocks(data.get("layer_blocks")), f"{under}/" if under else SCANNED
+            period,
+            parse_blocks(data.get("layer_blocks")),
+            f"{under}/" if under else SCANNED,
+            _text(data["layer_blocks_from"]) if "layer_blocks_from" in data else None,
         )
     expressions: list[Any] = [check["test"] for check in checks]
     expressions += [text for group in groups.values() for text in (group.count, group.hf_index)]
     expressions += [e for e in (experts_count, period) if e is not None]
+    expressions += [layout.start] if layout is not None and layout.start is not None else []
     layer_sets = tuple((data.get("layer_sets") or {}).items())
     expressions += [expression for _, expression in layer_sets]
+    layer_rules = tuple(
+        (field, tuple((kind, _text(rule)) for kind, rule in kinds.items()))
+        for field, kinds in (data.get("layer_rules") or {}).items()
+    )
+    expressions += [rule for _, kinds in layer_rules for _, rule in kinds]
     for leaf in leaves:
         expressions += [leaf.when or 0, *(e for op in leaf.operations for e in op.expressions())]
         expressions += list(leaf.made.expressions() if leaf.made is not None else ())
         expressions += leaf.interleave.expressions() if leaf.interleave else []
+        expressions += list(leaf.fused.sizes) if leaf.fused is not None else []
     read = set()
     for expression in expressions:
         read |= names_in(expression)
@@ -165,6 +175,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         groups=groups,
         leaves=tuple(leaves),
         ignore=tuple(data.get("ignore") or ()),
+        leave_out=tuple(data.get("leave_out") or ()),
         fields=frozenset(fields - {"i"}),
         target=target,
         experts=experts_count,
@@ -174,6 +185,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
             (field, tuple(pattern)) for field, pattern in (data.get("layer_patterns") or {}).items()
         ),
         layer_sets=layer_sets,
+        layer_rules=layer_rules,
         per_layer=tuple((config.get("per_layer") or {}).items()),
         default_inputs={
             name: frozenset(users)
