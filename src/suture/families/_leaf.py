@@ -21,6 +21,7 @@ from ._experts import FUSED, FusedSource, parse_fused
 from ._interleave import Interleave, parse_interleave
 from ._made import Made, parse_made
 from ._ops import Operation, RecipeFormatError, parse_operation
+from ._stored_order import StoredOrder, parse_stored
 
 SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of every scanned tensor
 
@@ -45,6 +46,7 @@ class Leaf:
     always_fused: bool = False  # no per-tensor form: published fused (gpt-oss, Llama 4)
     made: Made | None = None  # no HF source: a constant made to the target, dropped back
     interleave: Interleave | None = None  # hf: [a, b] joined head by head, not stacked
+    stored: StoredOrder | None = None  # the HF tensor is also stored in another axis order
 
     def sources(self, index: int | None = None) -> tuple[str, ...]:
         """The HF tensor name(s) of this leaf, for layer `index` of its group."""
@@ -126,4 +128,5 @@ def parse_leaf(
         interleave=parse_interleave(item["interleave"], len(stacked), context)
         if "interleave" in item
         else None,
+        stored=parse_stored(item["stored"], context) if "stored" in item else None,
     )

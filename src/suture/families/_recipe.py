@@ -249,6 +249,8 @@ class FamilyRecipe:
             )
         used.add(name)
         array = as_lazy(hf[name], path=name)
+        if leaf.stored is not None:  # either of two axis orders, read in the table's
+            array = leaf.stored.read(array, names, self.name)
         if fused is not None:
             if expert is not None:  # the fused tensor's axis 0 holds every expert
                 named, count = f"Hugging Face tensor {name!r}", self.expert_count(names)

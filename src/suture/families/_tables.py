@@ -33,7 +33,10 @@ LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
 TARGETS = {"maxtext": LAYOUTS, "tunix": {"tunix": False}, "flax": {"flax": True}}
 FLAX_SCAN_AXIS = 0  # nnx.scan's and nn.scan's default: a user's Flax table (target: flax)
 # A tower table (`_whole`): a family's language model as FAMILY:maxtext, plus its vision tower.
+# One whose `layouts:` are MaxText's (Qwen3-VL, a whole model with no text-only recipe of its
+# own) is named by them: FAMILY:maxtext and FAMILY:maxtext-unscanned, the text in that layout.
 TARGETS["maxtext-multimodal"] = {"maxtext-multimodal": True}
+WHOLE = "maxtext-multimodal"
 
 
 # The built-in recipes -------------------------------------------------------------------------
@@ -47,11 +50,19 @@ def _families(target: str = "maxtext") -> dict[str, dict[str, Any]]:
         if entry.name.endswith(".yaml"):
             label = f"Built-in family table {entry.name!r}"
             data, _ = parse_yaml(entry.read_text(encoding="utf-8"), label, "a table", RecipeError)
-            if data.get("target", "maxtext") != target:
+            own = data.get("target", "maxtext")
+            if own != target and not (target == "maxtext" and _whole_by_layout(data)):
                 continue
             for family in data["names"]:
                 found[family] = {**data, "source_file": entry.name}
     return found
+
+
+def _whole_by_layout(data: dict[str, Any]) -> bool:
+    """A tower table named by MaxText's layouts (``qwen3-vl:maxtext``), not by its own."""
+    return data.get("target") == WHOLE and any(
+        layout in LAYOUTS for layout in data.get("layouts", ())
+    )
 
 
 def _text(expression: Any) -> str:
@@ -95,10 +106,11 @@ def get_recipe(name: str) -> FamilyRecipe:
             f"No built-in recipe {name!r}: {family} has the layout(s) "
             f"{', '.join(f'{family}:{o}' for o in offered)} only (as its target's model has it)."
         )
-    if target == "maxtext-multimodal":
+    data = _families(target)[family]
+    if data.get("target") == WHOLE:
         from ._whole import whole_recipe
 
-        return whole_recipe(family, _families(target)[family], _parse)
+        return whole_recipe(family, data, _parse, layout)
     return _parse(family, _families(target)[family], TARGETS[target][layout])
 
 
@@ -140,6 +152,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         expressions += [leaf.when or 0, *(e for op in leaf.operations for e in op.expressions())]
         expressions += list(leaf.made.expressions() if leaf.made is not None else ())
         expressions += leaf.interleave.expressions() if leaf.interleave else []
+        expressions += leaf.stored.expressions() if leaf.stored else []
     read = set()
     for expression in expressions:
         read |= names_in(expression)
