@@ -17,11 +17,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import suture
-from suture import SurgeryError
 from suture._errors import ConfigMismatchError
-from suture._lazy.array import as_lazy
 from suture.families._convert import convert_with_recipe
-from suture.families._stored_order import StoredOrder
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -230,13 +227,3 @@ def test_tied_embeddings_follow_the_outer_config(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", UNSCANNED, progress=False)
     assert "params/params/decoder/logits_dense/kernel" in suture.open(tmp_path / "mt").paths()
-
-
-def test_experts_of_a_shape_the_same_in_both_orders_are_refused():
-    order = StoredOrder(("experts", "hidden", "2 * inner"), (0, 2, 1))
-    square = as_lazy(np.zeros((2, 8, 8), np.float32), path="mlp.experts.gate_up_proj")
-    with pytest.raises(ConfigMismatchError, match=r"same in both orders.*cannot tell"):
-        order.read(square, {"experts": 2, "hidden": 8, "inner": 4}, "r")
-    other = as_lazy(np.zeros((2, 8, 6), np.float32), path="w")
-    with pytest.raises(SurgeryError, match=r"expected \(2, 8, 4\).*or \(2, 4, 8\)"):
-        order.read(other, {"experts": 2, "hidden": 8, "inner": 2}, "r")
