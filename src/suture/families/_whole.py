@@ -39,6 +39,7 @@ class WholeRecipe(FamilyRecipe):
     tower: Tower | None = None
     tower_recipe: FamilyRecipe | None = None
     by_layout: bool = False  # named FAMILY:maxtext(-unscanned), as the text's layout
+    text_family: str = ""  # the text table's family, which converts the language model alone
 
     @property
     def name(self) -> str:
@@ -52,11 +53,7 @@ class WholeRecipe(FamilyRecipe):
         tower, tower_recipe = self._parts()
         vision = config.get(tower.config)
         if not isinstance(vision, dict):
-            alone = (
-                ""
-                if self.by_layout
-                else f", or convert the language model alone with {self.family}:maxtext"
-            )
+            alone = f", or convert the language model alone with {self.text_family}:maxtext"
             raise ConfigMismatchError(
                 f"Recipe {self.name!r} converts a whole multimodal model and reads the tower's "
                 f"fields from config.json's {tower.config!r}, which it lacks. Pass the "
@@ -66,10 +63,11 @@ class WholeRecipe(FamilyRecipe):
             when, why = tower.unscanned_only
             names = tower_recipe.config_names(vision)
             if evaluate(when, names):
+                shown = ", ".join(f"{n}={names.get(n)!r:.40}" for n in sorted(names_in(when)))
                 raise ConfigMismatchError(
                     f"Recipe {self.name!r} scans the language model's layers, and this model's "
-                    f"{tower.config} has {when} ({', '.join(f'{n}={names.get(n)!r:.40}' for n in sorted(names_in(when)))}): "
-                    f"{why}. Convert it with {self.family}:maxtext-unscanned."
+                    f"{tower.config} has {when} ({shown}): {why}. Convert it with "
+                    f"{self.family}:maxtext-unscanned."
                 )
         return vision
 
@@ -100,7 +98,7 @@ class WholeRecipe(FamilyRecipe):
                 f"Recipe {self.name!r} converts a whole multimodal model, and the checkpoint "
                 f"holds no vision tower (no tensor under "
                 f"{', '.join(p for table, aliases in tower.prefixes for p in (table, *aliases))}"
-                f"). Convert a text-only model with {self.family}:maxtext."
+                f"). Convert a text-only model with {self.text_family}:maxtext."
             )
         flat = flatten(super().to_maxtext(rest, config))
         for path, value in flatten(tower_recipe.to_maxtext(towers, vision)).items():
@@ -130,7 +128,7 @@ class WholeRecipe(FamilyRecipe):
             raise ConfigMismatchError(
                 f"Recipe {self.name!r}: the MaxText checkpoint has no "
                 f"{' or '.join(sorted(roots))} (the vision tower). Was it converted with "
-                f"{self.family}:maxtext? Reverse it with that recipe."
+                f"{self.text_family}:maxtext? Reverse it with that recipe."
             )
         out = super().to_hf(unflatten(text), config, layout, prefix, like)
         forms = self._forms(like, prefix or self.hf_prefix(like) if like is not None else prefix)
@@ -188,4 +186,10 @@ def whole_recipe(
     values["family"] = family  # the tower table's (qwen3-vl), whose text table may be another's
     values["description"] = data["description"]
     values["follows"] = f"{text.follows}; {data['follows']}"
-    return WholeRecipe(**values, tower=tower, tower_recipe=tower_recipe, by_layout=by_layout)
+    return WholeRecipe(
+        **values,
+        tower=tower,
+        tower_recipe=tower_recipe,
+        by_layout=by_layout,
+        text_family=text.family,
+    )
