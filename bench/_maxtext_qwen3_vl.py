@@ -1,6 +1,7 @@
 """MaxText's own converter with ``use_multimodal=True`` beside suture's ``qwen3-vl`` recipes
 (``python -m bench.families --maxtext-venv DIR --maxtext-families --families
-qwen3-vl:maxtext-unscanned``).
+qwen3-vl:maxtext-unscanned,qwen3-vl:maxtext,qwen3.5:maxtext-multimodal``), and
+``qwen3.5:maxtext-multimodal`` on bench/_maxtext_families.py's Qwen3.5 folder.
 
 Two random transformers models, a ``Qwen3VLForConditionalGeneration`` (dense) and a
 ``Qwen3VLMoeForConditionalGeneration`` (MoE), float32 and narrow (2 text layers; a 3-block
@@ -18,6 +19,7 @@ environment here has no torch: its eager loader reads the files with numpy
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from datetime import date
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench._common import DATA_DIR, machine, write_section
+from bench._common import BENCH_DIR, DATA_DIR, machine, write_section
 from bench._maxtext import compare_trees, maxtext_command
 
 WORK = DATA_DIR / "families-maxtext-qwen3-vl"
@@ -53,12 +55,13 @@ VISION = dict(
     num_position_embeddings=16,
 )
 DEEPSTACK = [0, 2]
-RECIPES = ("qwen3-vl:maxtext-unscanned", "qwen3-vl:maxtext")
+RECIPES = ("qwen3-vl:maxtext-unscanned", "qwen3-vl:maxtext", "qwen3.5:maxtext-multimodal")
 # (label, MaxText model, MoE, deepstack layers, recipe, scanned)
 CASES = (
     ("dense", "qwen3-vl-2b", False, DEEPSTACK, RECIPES[0]),
     ("MoE", "qwen3-vl-30b-a3b", True, DEEPSTACK, RECIPES[0]),
     ("dense, no deepstack", "qwen3-vl-2b", False, [], RECIPES[1]),
+    ("Qwen3.5 MoE", "qwen3.5-35b-a3b", True, [], RECIPES[2]),
 )
 EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
@@ -147,6 +150,11 @@ def compare(
         for label, model_name, moe, deepstack, recipe in CASES:
             if only is not None and recipe not in only:
                 continue
+            if recipe == RECIPES[2]:
+                rows_of, found = qwen35(python, timed, suture_cli)
+                rows += rows_of
+                findings += found
+                continue
             work = WORK / label.replace(" ", "-").replace(",", "")
             hf, ours, theirs = work / "hf", work / "suture", work / "mt"
             size = generate(hf, moe, deepstack)
@@ -170,6 +178,14 @@ def compare(
             lines, identical = compare_trees(theirs / "0" / "items", ours)
             tower = sum("vision_encoder" in path for path in identical)
             rows.append((label, recipe, size, suture_run, maxtext_run, tower))
+            if deepstack:
+                found = features_difference(python, hf, ours, work, model_name, moe, deepstack)
+                findings.append(
+                    f"{label}: MaxText's vision encoder and projector on suture's output beside "
+                    f"transformers' get_image_features (merged features and {len(deepstack)} "
+                    f"deepstack features): max abs difference {found[0]:.2e}, of features up "
+                    f"to {found[1]:.2f}"
+                )
             findings += [f"{label}: {line}" for line in lines]
             shutil.rmtree(work, ignore_errors=True)
     finally:
@@ -177,6 +193,108 @@ def compare(
     body = report(rows, findings)
     write_section("families-maxtext-qwen3-vl", body)
     print(body)
+
+
+def qwen35(python: Path, timed: Callable[[list[str]], dict], suture_cli: str) -> tuple:
+    """bench/_maxtext_families.py's Qwen3.5 folder (8 layers, 16 experts, a one-block vision
+    tower of width 16) whole, beside MaxText's converter with ``use_multimodal=True``."""
+    from bench import _maxtext_families
+
+    family, model_name, kind, config, extra = next(
+        entry for entry in _maxtext_families.FAMILIES if entry[0] == "qwen3.5"
+    )
+    work = WORK / "qwen3.5"
+    hf, ours, theirs = work / "hf", work / "suture", work / "mt"
+    size = _maxtext_families.generate(hf, kind, config)
+    recipe = RECIPES[2]
+    suture_run = timed(
+        [suture_cli, "convert", str(hf), str(ours), "--recipe", recipe, "--no-progress"]
+    )
+    vision = [
+        "use_multimodal=True",
+        "hidden_size_for_vit=16",
+        "intermediate_size_for_vit=24",
+        "num_attention_heads_for_vit=2",
+        "num_hidden_layers_for_vit=1",
+        "patch_size_for_vit=4",
+        "temporal_patch_size_for_vit=2",
+        "spatial_merge_size_for_vit=2",
+        f"out_hidden_size_for_vit={config['hidden_size']}",
+        "num_position_embeddings_for_vit=2304",
+        "hf_config.vision_config.depth=1",
+        "hf_config.vision_config.hidden_size=16",
+    ]
+    settings_ = _maxtext_families.overrides(model_name, config, extra) + vision
+    command = maxtext_command(python, settings_, hf, theirs, "float32")
+    command += ["lazy_load_tensors=False", "eager_load_method=safetensors", "eager_numpy=True"]
+    try:
+        maxtext_run = timed(command)
+    except RuntimeError as failed:
+        return [], [f"Qwen3.5 MoE: MaxText's converter failed: {str(failed)[-600:]}"]
+    lines, identical = compare_trees(theirs / "0" / "items", ours)
+    tower = sum("vision_encoder" in path for path in identical)
+    shutil.rmtree(work, ignore_errors=True)
+    return [("Qwen3.5 MoE", recipe, size, suture_run, maxtext_run, tower)], [
+        f"Qwen3.5 MoE: {line}" for line in lines
+    ]
+
+
+def features_difference(
+    python: Path, hf: Path, converted: Path, work: Path, model_name: str, moe: bool, deepstack
+) -> tuple[float, float]:
+    """MaxText's vision encoder and projector (its own model, float32, on the CPU) on suture's
+    output beside transformers' ``get_image_features`` on the HF folder, for one random image of
+    4 x 4 patches: (max abs difference over the merged and deepstack features, their scale)."""
+    import torch
+    import transformers
+
+    patch = VISION["temporal_patch_size"] * VISION["patch_size"] ** 2
+    pixels = np.random.default_rng(1).standard_normal((16, 3 * patch)).astype(np.float32)
+    # MaxText's encoder reshapes its input (batch, C, T*P, H*P, W*P) into patches (-1, C, T, P,
+    # P) in memory order: the processor's patches, in the processor's order, as it takes them
+    side = 4 * VISION["patch_size"]
+    np.save(work / "images.npy", pixels.reshape(1, 3, VISION["temporal_patch_size"], side, side))
+    overrides = [
+        item
+        for item in settings(model_name, moe, deepstack, False)
+        if not item.startswith("hf_config.")
+    ]
+    done = subprocess.run(
+        [
+            str(python),
+            "-P",
+            str(BENCH_DIR / "_maxtext_image_features.py"),
+            str(work / "images.npy"),
+            str(work / "features.npy"),
+            *overrides,
+            f"load_parameters_path={converted}",
+            f"base_output_directory={work / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise RuntimeError(f"MaxText's vision encoder failed:\n{done.stderr[-3000:]}")
+    kind = "Qwen3VLMoeForConditionalGeneration" if moe else "Qwen3VLForConditionalGeneration"
+    model = getattr(transformers, kind).from_pretrained(hf, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.get_image_features(torch.from_numpy(pixels), torch.tensor([[1, 4, 4]]))
+    expected = [
+        one.numpy().reshape(-1, VISION["out_hidden_size"])
+        for one in _tensors(out.pooler_output) + _tensors(out.deepstack_features)
+    ]
+    got = [np.load(work / "features.npy")]
+    got += list(np.load(work / "features-deepstack.npy"))
+    got = [one.reshape(-1, VISION["out_hidden_size"]) for one in got]
+    worst = max(float(np.max(np.abs(a - b))) for a, b in zip(got, expected, strict=True))
+    return worst, max(float(np.max(np.abs(one))) for one in expected)
+
+
+def _tensors(found) -> list:
+    """The tensors of a (nested) tuple, in order: transformers gives one per image."""
+    if isinstance(found, list | tuple):
+        return [tensor for part in found for tensor in _tensors(part)]
+    return [found]
 
 
 def report(rows: list, findings: list[str]) -> str:
@@ -188,7 +306,7 @@ def report(rows: list, findings: list[str]) -> str:
         for label, recipe, size, ours, theirs, tower in rows
     )
     found = "\n".join(f"- {line}" for line in findings)
-    return f"""## Multimodal: `qwen3-vl` beside MaxText's own converter with `use_multimodal=True` (`python -m bench.families --maxtext-venv DIR --maxtext-families --families qwen3-vl:maxtext-unscanned,qwen3-vl:maxtext`)
+    return f"""## Multimodal: `qwen3-vl` beside MaxText's own converter with `use_multimodal=True` (`python -m bench.families --maxtext-venv DIR --maxtext-families --families qwen3-vl:maxtext-unscanned,qwen3-vl:maxtext,qwen3.5:maxtext-multimodal`)
 
 {machine()}, {date.today().isoformat()}. Random transformers `Qwen3VLForConditionalGeneration`
 and `Qwen3VLMoeForConditionalGeneration` (float32; language model: 2 layers, hidden 64, 4 query
@@ -201,6 +319,9 @@ and 2 KV heads of 16, MLP 96 or 4 experts of 24, vocab 256; vision tower: 3 bloc
 with numpy as MaxText's environment has no torch; `save_dtype=float32`; its built-in HF config's
 layer counts, vision width and deepstack layers set to the folder's). Deepstack requires
 `scan_layers=False` in MaxText, so the scanned recipe is compared on a model without deepstack.
+Qwen3.5: the folder of the `qwen3.5` row of `families-maxtext` (8 layers, 16 experts fused as
+published, a one-block vision tower of width 16) whole, through `qwen3.5:maxtext-multimodal`
+beside `model_name=qwen3.5-35b-a3b` with `use_multimodal=True` (scanned, as its text recipe).
 
 | model | recipe | source | suture wall | suture peak RSS | MaxText wall | MaxText peak RSS | identical tower arrays |
 | --- | --- | --- | --- | --- | --- | --- | --- |

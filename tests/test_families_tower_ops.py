@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import suture
 from suture import SurgeryError
 from suture._errors import ConfigMismatchError, ExpressionError
 from suture._lazy.array import as_lazy
@@ -43,3 +44,14 @@ def test_len_counts_a_list_field_and_refuses_anything_else():
     assert evaluate("len(deepstack_visual_indexes)", {"deepstack_visual_indexes": [8, 16, 24]}) == 3
     with pytest.raises(ExpressionError, match=r"len\(\) counts the items of a list field"):
         evaluate("len(depth)", {"depth": 27})
+
+
+def test_a_stored_entry_that_is_no_other_order_is_refused_naming_the_leaf(tmp_path, monkeypatch):
+    section = PAGE.read_text().split("## Tower operations")[1].split("\n## ")[0]
+    blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+    table = blocks[0][1].replace("also_permuted: [0, 2, 1]}", "also_permuted: [0, 1]}", 1)
+    (tmp_path / "bad.yaml").write_text(table)
+    (tmp_path / "hf").mkdir()
+    with pytest.raises(SurgeryError, match=r"leaf 7 \('blocks/wi_0'\)\.stored: .*another order"):
+        suture.convert(tmp_path / "hf", tmp_path / "out", recipe=tmp_path / "bad.yaml")
+    assert not (tmp_path / "out").exists()
