@@ -70,6 +70,10 @@ class StoredOrder:
             f"{', '.join(map(str, self.shape))}). Pass the config.json of these weights."
         )
 
+    def describe(self, names: dict[str, Any]) -> str:
+        table, other = self.shapes(names)
+        return f"stored {table} or {other} (axes {list(self.permuted)}), read as {table}"
+
     def expressions(self) -> tuple[Any, ...]:
         return self.shape
 
