@@ -205,17 +205,24 @@ def test_a_scanned_recipe_refuses_deepstack_naming_the_unscanned_one(folders):
         )
 
 
-def test_a_model_without_deepstack_converts_scanned_and_back(tmp_path):
-    _model(tmp_path / "hf", deepstack=())
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_a_model_without_deepstack_converts_scanned_and_back(tmp_path, moe):
+    _model(tmp_path / "hf", moe=moe, deepstack=())
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", SCANNED, progress=False)
     read = _read(tmp_path / "mt")
-    assert read["params/params/decoder/layers/mlp/wo/kernel"].shape == (40, 2, 24)  # scan axis 1
+    if moe:  # experts and layers on the two leading axes
+        assert read["params/params/decoder/layers/moe_block/wi_0"].shape == (4, 2, 24, 8)
+        assert read["params/params/decoder/layers/moe_block/wo"].shape == (4, 2, 8, 24)
+    else:
+        assert read["params/params/decoder/layers/mlp/wo/kernel"].shape == (40, 2, 24)  # axis 1
     assert not any("merger_" in path for path in read)
     assert f"{ENCODER}/blocks_2/ln1/scale" in read  # the tower unscanned all the same
     convert_with_recipe(tmp_path / "mt", tmp_path / "back", SCANNED, reverse=True, progress=False)
     source, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
     assert sorted(source) == sorted(back)
     for key, value in source.items():
+        if key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            value = value.transpose(0, 2, 1)  # saved (E, 2I, H), written back as published
         np.testing.assert_array_equal(back[key], value, err_msg=key)
 
 
