@@ -234,3 +234,13 @@ def test_tied_embeddings_follow_the_outer_config(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     convert_with_recipe(tmp_path / "hf", tmp_path / "mt", UNSCANNED, progress=False)
     assert "params/params/decoder/logits_dense/kernel" in suture.open(tmp_path / "mt").paths()
+
+
+def test_moe_experts_whose_shape_cannot_tell_the_order_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setitem(MOE, "moe_intermediate_size", 12)  # 2 x 12 = hidden 24: square
+    _model(tmp_path / "hf", moe=True)
+    with pytest.raises(
+        ConfigMismatchError, match=r"gate_up_proj' has shape \(4, 24, 24\).*cannot tell"
+    ):
+        convert_with_recipe(tmp_path / "hf", tmp_path / "mt", UNSCANNED, progress=False)
+    assert not (tmp_path / "mt").exists()
