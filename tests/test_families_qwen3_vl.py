@@ -244,3 +244,15 @@ def test_moe_experts_whose_shape_cannot_tell_the_order_are_refused(tmp_path, mon
     ):
         convert_with_recipe(tmp_path / "hf", tmp_path / "mt", UNSCANNED, progress=False)
     assert not (tmp_path / "mt").exists()
+
+
+def test_back_like_a_saved_folder_writes_the_experts_in_its_order(folders):
+    root, _ = folders
+    back = root / "moe-back-like"
+    convert_with_recipe(
+        root / "moe-published-mt", back, UNSCANNED, reverse=True, like=root / "moe", progress=False
+    )
+    source, written = _tensors(root / "moe"), _tensors(back)
+    assert sorted(source) == sorted(written)
+    for key, value in source.items():  # (E, 2I, H) and (E, H, I), as save_pretrained wrote them
+        np.testing.assert_array_equal(written[key], value, err_msg=key)

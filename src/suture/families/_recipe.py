@@ -38,6 +38,7 @@ from ._multimodal import LanguageModel, LeftOutWarning, renamed
 from ._ops import FitRows
 from ._reverse import hf_tensors, restore_cut_rows
 from ._shared_targets import check_one_writer
+from ._stored_order import like_order
 
 MAXTEXT_ROOT = "params/params"
 
@@ -348,6 +349,7 @@ class FamilyRecipe:
         if like is not None:
             original = _hf_leaves(like)
             restore_cut_rows(self, original, out, self.config_names(config), prefix)
+            like_order(self, original, out, self.config_names(config), prefix)
             if language_model is not None and prefix is not None:
                 language_model.restore_left_out(
                     {name: as_lazy(value, path=name) for name, value in original.items()}, out

@@ -7,7 +7,8 @@ gives the shape in the table's order (expressions of the config) and the other o
 (``also_permuted``); a tensor of either shape is read in the table's order, lazily (a view),
 before any other operation. A shape that is the same both ways (a square pair of axes) cannot
 say which order it has, and is refused rather than guessed. Back to HF, the table's order is
-written: the published one, which transformers loads.
+written (the published one, which transformers loads), or the order of the ``like`` folder's
+tensor of that name (`like_order`).
 
 .. code-block:: yaml
 
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigMismatchError, RecipeFormatError
-from .._lazy.array import LazyArray
+from .._lazy.array import LazyArray, as_lazy
 from ._expr import whole
 
 
@@ -76,6 +77,27 @@ class StoredOrder:
 
     def expressions(self) -> tuple[Any, ...]:
         return self.shape
+
+
+def like_order(
+    recipe: Any, original: dict[str, Any], out: dict[str, Any], names: dict, prefix: str | None
+) -> None:
+    """Each tensor of `out` that a leaf with two stored orders gives back, in the order the
+    `original` folder (``like``) stores it, when that is the other one."""
+    language_model = recipe.language_model
+    for leaf in recipe._active(names):
+        if leaf.stored is None:
+            continue
+        table, other = leaf.stored.shapes(names)
+        indices = recipe._layer_indices(leaf.group, names) if leaf.group else [None]
+        for index in indices:
+            name = leaf.hf_name(None, index)
+            if language_model is not None and prefix is not None:
+                name = language_model.hf_name(name, prefix)
+            if name not in out or name not in original or table == other:
+                continue
+            if tuple(as_lazy(original[name]).shape) == other and out[name].shape == table:
+                out[name] = out[name].transpose(leaf.stored.permuted)
 
 
 def parse_stored(spec: Any, where: str) -> StoredOrder:
