@@ -15,7 +15,8 @@ MaxText maps names from its built-in Hugging Face config of ``model_name``
 ``hf_config.KEY=VALUE`` (taken out before MaxText parses the rest) sets that config's KEY, so
 that a model with fewer layers than the published one converts:
 ``hf_config.num_hidden_layers=8`` beside ``base_num_decoder_layers=8``; a dotted KEY reaches into
-a sub-config (``hf_config.text_config.hidden_size=64``).
+a sub-config (``hf_config.text_config.hidden_size=64``); a value in brackets is a list of
+numbers (``hf_config.vision_config.deepstack_visual_indexes=[0,2]``).
 
 ``eager_numpy=True`` (also taken out) makes the eager path (``lazy_load_tensors=False``, which
 MaxText needs for ``use_multimodal=True``) read the safetensors files with numpy rather than
@@ -55,12 +56,24 @@ def _set_hf_config(argv: list[str]) -> list[str]:
             key, value = item[len("hf_config.") :].split("=", 1)
             *parents, key = key.split(".")  # text_config.hidden_size: a sub-config's key
             owner = HF_MODEL_CONFIGS[model]
-            for parent in parents:
-                owner = getattr(owner, parent)
-            setattr(owner, key, int(value) if value.isdigit() else value)
+            for parent in parents:  # Qwen3-VL's sub-configs are plain dicts
+                owner = owner[parent] if isinstance(owner, dict) else getattr(owner, parent)
+            if isinstance(owner, dict):
+                owner[key] = _value(value)
+            else:
+                setattr(owner, key, _value(value))
         else:
             kept.append(item)
     return kept
+
+
+def _value(text: str):
+    """A number, a list of numbers (``[0,2]``, Qwen3-VL's deepstack layers) or text."""
+    if text.isdigit():
+        return int(text)
+    if text.startswith("["):
+        return [int(item) for item in text.strip("[]").split(",") if item.strip()]
+    return text
 
 
 def _eager_numpy(argv: list[str]) -> list[str]:

@@ -6,7 +6,8 @@ features its vision encoder and projector give (run in MaxText's venv).
 IMAGES.npy holds float32 images (batch, height, width, channels), as MaxText's encoder takes
 them; FEATURES.npy receives the soft tokens (batch, images, tokens, emb) of
 ``Transformer.vision_encoder`` (tower, pooling, projector), in float32 with the highest matmul
-precision, to set beside transformers' ``get_image_features``.
+precision, to set beside transformers' ``get_image_features``; a Qwen3-VL encoder's deepstack
+features go beside it (FEATURES-deepstack.npy, one per merger).
 """
 
 import os
@@ -65,7 +66,7 @@ def main(images_path: str, features_path: str, overrides: list[str]) -> None:
         use_zarr3=config.checkpoint_storage_use_zarr3,
     )
     with mesh:
-        features, _ = model.apply(
+        features, deep = model.apply(
             params,
             images,
             nnx_method=lambda module, x, **_: module.vision_encoder(
@@ -73,6 +74,9 @@ def main(images_path: str, features_path: str, overrides: list[str]) -> None:
             ),
         )
     np.save(features_path, np.asarray(features, dtype=np.float32))
+    if deep:  # Qwen3-VL's deepstack features, one per merger, stacked beside
+        stacked = np.stack([np.asarray(one, dtype=np.float32) for one in deep])
+        np.save(features_path.removesuffix(".npy") + "-deepstack.npy", stacked)
 
 
 if __name__ == "__main__":

@@ -54,8 +54,9 @@ FLAG_FIELDS = frozenset(
         "standardize",  # Gemma 4 vision: std_scale and std_bias stored
     }
 )
-# layer lists: Qwen3-MoE's mlp_only_layers is a list of layer numbers ([] for none) or false
-LIST_FIELDS = frozenset({"mlp_only_layers"})
+# layer lists: Qwen3-MoE's mlp_only_layers is a list of layer numbers ([] for none) or false;
+# Qwen3-VL's deepstack_visual_indexes, the vision layers feeding its deepstack mergers
+LIST_FIELDS = frozenset({"mlp_only_layers", "deepstack_visual_indexes"})
 MAX_COUNT = 1 << 62  # past any tensor's length (TensorStore's index limit)
 
 

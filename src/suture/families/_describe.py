@@ -37,6 +37,7 @@ def operations_table(recipe: Any, config: dict[str, Any]) -> list[tuple[str, str
             ", ".join(
                 [
                     *([leaf.made.describe()] if leaf.made is not None else []),
+                    *([leaf.stored.describe(names)] if leaf.stored is not None else []),
                     *_stacking(leaf, recipe.scanned),
                     *([leaf.interleave.describe()] if leaf.interleave else []),
                     *(op.describe(names) for op in leaf.operations),

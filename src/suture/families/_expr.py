@@ -1,7 +1,8 @@
 """Arithmetic over a model's config values, as recipes write it: ``"1/sqrt(head_dim)"``.
 
 Only numbers, config names, ``+ - * / // % **``, comparisons, ``and``/``or``/``not`` and
-``sqrt`` are allowed; anything else is an error, so a recipe file cannot run code. It cannot
+``sqrt``, and ``len`` of a list field (Qwen3-VL's ``deepstack_visual_indexes``) are allowed;
+anything else is an error, so a recipe file cannot run code. It cannot
 hang either: an expression is at most `MAX_LENGTH` characters, arithmetic takes numbers only
 (no text or list repetition), and no whole number may pass ``2**MAX_BITS``, checked before a
 power or product is computed (``9**9**9`` would take hours). A table's expressions are
@@ -39,7 +40,7 @@ _COMPARE = {
     ast.Gt: operator.gt,
     ast.GtE: operator.ge,
 }
-_FUNCTIONS = {"sqrt": math.sqrt}
+_FUNCTIONS = {"sqrt": math.sqrt, "len": len}
 MAX_LENGTH = 256  # characters; the built-in tables' longest expression has 73
 MAX_BITS = 256  # whole numbers up to 2**256: far past any size or count, and instant to compute
 
@@ -116,7 +117,7 @@ def names_in(expression: str | int | float) -> set[str]:
 
 def check(expression: str | int | float) -> None:
     """Refuses, before any config is read, an expression that is not one or that uses what
-    the language does not have (text, attributes, calls other than ``sqrt``)."""
+    the language does not have (text, attributes, calls other than ``sqrt`` and ``len``)."""
     if isinstance(expression, int | float):
         return
     for node in ast.walk(_parse(expression).body):
@@ -128,14 +129,14 @@ def check(expression: str | int | float) -> None:
             and len(node.args) == 1
             and not node.keywords
         ):
-            found = "a call other than sqrt(x)"
+            found = "a call other than sqrt(x) or len(x)"
         elif isinstance(node, _ALLOWED) or type(node) in _BINARY or type(node) in _COMPARE:
             continue
         else:
             found = type(node).__name__
         raise ExpressionError(
             f"{located(expression)}{str(expression)!r}: only numbers, config names, arithmetic, "
-            f"comparisons and sqrt() are allowed in recipe expressions; found {found}."
+            f"comparisons, sqrt() and len() are allowed in recipe expressions; found {found}."
         )
 
 
@@ -221,11 +222,24 @@ def _computed(node: ast.AST, names: Mapping[str, Any], source: str) -> Any:
         and len(node.args) == 1
         and not node.keywords
     ):
-        return _FUNCTIONS[node.func.id](_number(_value(node.args[0], names, source), source))
+        argument = _value(node.args[0], names, source)
+        if node.func.id == "len":
+            return _length(argument, source)
+        return _FUNCTIONS[node.func.id](_number(argument, source))
     raise ExpressionError(
-        f"{located(source)}{source!r}: only numbers, config names, arithmetic, comparisons and "
-        f"sqrt() are allowed in recipe expressions; found {ast.dump(node)[:60]}."
+        f"{located(source)}{source!r}: only numbers, config names, arithmetic, comparisons, "
+        f"sqrt() and len() are allowed in recipe expressions; found {ast.dump(node)[:60]}."
     )
+
+
+def _length(value: Any, source: str) -> int:
+    """The length of a list field (``len(deepstack_visual_indexes)``), else an error."""
+    if not isinstance(value, list | tuple):
+        raise ExpressionError(
+            f"{located(source)}{source!r} takes len() of {value!r:.60} "
+            f"({type(value).__name__}); len() counts the items of a list field."
+        )
+    return len(value)
 
 
 def _number(value: Any, source: str) -> Any:

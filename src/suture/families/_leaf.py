@@ -21,6 +21,7 @@ from ._experts import FUSED, FusedSource, parse_fused
 from ._interleave import Interleave, parse_interleave
 from ._made import Made, parse_made
 from ._ops import Operation, RecipeFormatError, parse_operation
+from ._stored_order import StoredOrder, parse_stored
 
 SCAN_AXIS = 1  # MaxText's param_scan_axis: the layer axis of every scanned tensor
 
@@ -46,6 +47,7 @@ class Leaf:
     made: Made | None = None  # no HF source: a constant made to the target, dropped back
     interleave: Interleave | None = None  # hf: [a, b] joined head by head, not stacked
     collection: str | None = None  # MaxText's variable collection, when not params (`_collections`)
+    stored: StoredOrder | None = None  # the HF tensor is also stored in another axis order
 
     def sources(self, index: int | None = None) -> tuple[str, ...]:
         """The HF tensor name(s) of this leaf, for layer `index` of its group."""
@@ -128,4 +130,5 @@ def parse_leaf(
         if "interleave" in item
         else None,
         collection=item.get("collection"),
+        stored=parse_stored(item["stored"], context) if "stored" in item else None,
     )

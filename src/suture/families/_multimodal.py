@@ -41,6 +41,9 @@ class LanguageModel:
     prefixes: tuple[str, ...]  # where a multimodal folder keeps its model. tensors
     leave_out: tuple[str, ...]  # patterns of the tensors the target's text model has no place for
     causal_lm_prefixes: tuple[str, ...] = ()  # where a folder keeps the model. and lm_head both
+    # fields the outer config sets for the whole model, over the text config's own (Qwen3-VL's
+    # tie_word_embeddings: its lm_head sits beside the model, as transformers 5.24 reads it)
+    outer: tuple[str, ...] = ()
 
     @property
     def default_prefix(self) -> str:
@@ -57,7 +60,9 @@ class LanguageModel:
 
     def text_config(self, config: dict[str, Any]) -> dict[str, Any]:
         inner = config.get(self.config)
-        return dict(inner) if isinstance(inner, dict) else dict(config)
+        if not isinstance(inner, dict):
+            return dict(config)
+        return {**inner, **{field: config[field] for field in self.outer if field in config}}
 
     def is_multimodal(self, config: dict[str, Any]) -> bool:
         return isinstance(config.get(self.config), dict)
@@ -143,6 +148,7 @@ def parse_language_model(spec: Any, where: str) -> LanguageModel | None:
         tuple(spec["prefixes"]),
         tuple(spec.get("leave_out") or ()),
         tuple(causal),
+        tuple(spec.get("outer") or ()),
     )
 
 

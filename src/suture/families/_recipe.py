@@ -40,6 +40,7 @@ from ._multimodal import LanguageModel, LeftOutWarning, renamed
 from ._ops import FitRows
 from ._reverse import hf_tensors, restore_cut_rows
 from ._shared_targets import check_one_writer
+from ._stored_order import like_order
 
 MAXTEXT_ROOT = "params/params"
 
@@ -255,6 +256,8 @@ class FamilyRecipe:
             )
         used.add(name)
         array = as_lazy(hf[name], path=name)
+        if leaf.stored is not None:  # either of two axis orders, read in the table's
+            array = leaf.stored.read(array, names, self.name)
         if fused is not None:
             if expert is not None:  # the fused tensor's axis 0 holds every expert
                 named, count = f"Hugging Face tensor {name!r}", self.expert_count(names)
@@ -353,6 +356,7 @@ class FamilyRecipe:
             original = _hf_leaves(like)
             restore_cut_rows(self, original, out, self.config_names(config), prefix)
             restore(self.leave_out, original, out)
+            like_order(self, original, out, self.config_names(config), prefix)
             if language_model is not None and prefix is not None:
                 language_model.restore_left_out(
                     {name: as_lazy(value, path=name) for name, value in original.items()}, out

@@ -27,6 +27,7 @@ from ._expr import Expression, check
 from ._interleave import check_interleave
 from ._made import schema_problems as made_problems
 from ._shared_targets import exclusive_conditions, shared_path_problem
+from ._stored_order import parse_stored
 from ._tower import parse_tower
 
 TARGETS = ("maxtext", "tunix", "flax", "maxtext-multimodal")
@@ -65,12 +66,14 @@ LEAF_KEYS = (
     "make",
     "interleave",
     "collection",
+    "stored",
 )
 LAYOUTS = {
     "maxtext": ("maxtext", "maxtext-unscanned"),
     "tunix": ("tunix",),
     "flax": ("flax",),
-    "maxtext-multimodal": ("maxtext-multimodal",),
+    # a whole model named by the text's layouts (qwen3-vl:maxtext, `_tables._whole_by_layout`)
+    "maxtext-multimodal": ("maxtext-multimodal", "maxtext", "maxtext-unscanned"),
 }
 WORDS = ("transpose", "interleave_rope")
 OPTIONS = {
@@ -384,7 +387,11 @@ class _Table:
         ):
             self.problem(entry, rule)
             return
-        self.mapping(value, entry, ("config", "prefixes", "leave_out", "causal_lm_prefixes"))
+        self.mapping(
+            value, entry, ("config", "prefixes", "leave_out", "causal_lm_prefixes", "outer")
+        )
+        for i, field in enumerate(self.listing(value.get("outer") or [], f"{entry}.outer")):
+            self.text(field, f"{entry}.outer[{i}]")
         causal = self.listing(value.get("causal_lm_prefixes") or [], f"{entry}.causal_lm_prefixes")
         for i, prefix in enumerate(causal):
             self.text(prefix, f"{entry}.causal_lm_prefixes[{i}]")
@@ -465,6 +472,8 @@ class _Table:
             out["interleave"] = check_interleave(
                 self, item["interleave"], f"{entry}.interleave", item
             )
+        if "stored" in item:
+            out["stored"] = self.stored(item["stored"], f"{entry}.stored")
         axes = self.mapping(item.get("axes") or {}, f"{entry}.axes", ("expert", "layer"))
         for key, axis in axes.items():
             if not _whole(axis, 0, MAX_AXIS):
@@ -521,6 +530,18 @@ class _Table:
             self.problem(
                 entry, "a per-layer leaf's path names its layer ({layer}); no other's does"
             )
+
+    def stored(self, spec: Any, entry: str) -> Any:
+        """A leaf's two axis orders (`_stored_order`), its sizes as located expressions."""
+        try:
+            parse_stored(spec, entry)
+        except RecipeFormatError as error:
+            self.problem(entry, str(error).removeprefix(f"{entry}: "))
+            return spec
+        shape = [
+            self.expression(size, f"{entry}.shape[{i}]") for i, size in enumerate(spec["shape"])
+        ]
+        return {**spec, "shape": shape}
 
     def placeholders(self, name: str, entry: str, groups: list[str]) -> None:
         for found in _PLACEHOLDER.findall(name):

@@ -17,7 +17,7 @@ from typing import Any
 
 from .._errors import RecipeError
 from ._expr import names_in
-from ._index import read_table, table_heads
+from ._index import TableHead, read_table, table_heads
 from ._layout import SCANNED, LayerLayout, parse_blocks
 from ._leaf import SCAN_AXIS, LayerGroup, parse_leaf
 from ._multimodal import parse_language_model
@@ -32,7 +32,10 @@ LAYOUTS = {"maxtext": True, "maxtext-unscanned": False}
 TARGETS = {"maxtext": LAYOUTS, "tunix": {"tunix": False}, "flax": {"flax": True}}
 FLAX_SCAN_AXIS = 0  # nnx.scan's and nn.scan's default: a user's Flax table (target: flax)
 # A tower table (`_whole`): a family's language model as FAMILY:maxtext, plus its vision tower.
+# One whose `layouts:` are MaxText's (Qwen3-VL, a whole model with no text-only recipe of its
+# own) is named by them: FAMILY:maxtext and FAMILY:maxtext-unscanned, the text in that layout.
 TARGETS["maxtext-multimodal"] = {"maxtext-multimodal": True}
+WHOLE = "maxtext-multimodal"
 
 
 # The built-in recipes -------------------------------------------------------------------------
@@ -45,7 +48,7 @@ def _families(target: str = "maxtext") -> dict[str, str]:
     return {
         family: head.file
         for head in table_heads().values()
-        if head.target == target
+        if head.target == target or (target == "maxtext" and _whole_by_layout(head))
         for family in head.names
     }
 
@@ -58,6 +61,11 @@ def _offered(target: str, file: str) -> tuple[str, ...]:
     """The layouts of `target` that the table `file` offers (its ``layouts:``, or all)."""
     layouts = table_heads()[file].layouts
     return tuple(TARGETS[target]) if layouts is None else layouts
+
+
+def _whole_by_layout(head: TableHead) -> bool:
+    """A tower table named by MaxText's layouts (``qwen3-vl:maxtext``), not by its own."""
+    return head.target == WHOLE and any(layout in LAYOUTS for layout in head.layouts or ())
 
 
 def _text(expression: Any) -> str:
@@ -101,11 +109,12 @@ def get_recipe(name: str) -> FamilyRecipe:
             f"No built-in recipe {name!r}: {family} has the layout(s) "
             f"{', '.join(f'{family}:{o}' for o in offered)} only (as its target's model has it)."
         )
-    if target == "maxtext-multimodal":
+    data = _table(target, family)
+    if data.get("target") == WHOLE:
         from ._whole import whole_recipe
 
-        return whole_recipe(family, _table(target, family), _parse)
-    return _parse(family, _table(target, family), TARGETS[target][layout])
+        return whole_recipe(family, data, _parse, layout)
+    return _parse(family, data, TARGETS[target][layout])
 
 
 def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
@@ -156,6 +165,7 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         expressions += list(leaf.made.expressions() if leaf.made is not None else ())
         expressions += leaf.interleave.expressions() if leaf.interleave else []
         expressions += list(leaf.fused.sizes) if leaf.fused is not None else []
+        expressions += leaf.stored.expressions() if leaf.stored else []
     read = set()
     for expression in expressions:
         read |= names_in(expression)

@@ -20,6 +20,7 @@ from typing import Any
 
 from .._errors import RecipeFormatError
 from .._patterns import compile_pattern, fullmatch
+from ._expr import check
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class Tower:
     # (the table's prefix, (its aliases in folders, most specific first)), in order
     prefixes: tuple[tuple[str, tuple[str, ...]], ...]
     leave_out: tuple[str, ...]  # patterns (table names) of tensors the target has no place for
+    # (expression of the tower's config, why): when it holds, the text may not be scanned
+    # (Qwen3-VL's deepstack: MaxText "requires scan_layers=False")
+    unscanned_only: tuple[str, str] | None = None
 
     def read(self, name: str) -> tuple[str, int] | None:
         """`name` in the table's form, and which form it had (0: the table's); None when no
@@ -71,7 +75,7 @@ def parse_tower(spec: Any, where: str) -> Tower:
     """A `Tower` from its table form: ``{config, prefixes: {table: [aliases]}, leave_out}``."""
     rule = (
         f"{where}: 'tower' needs {{config: vision_config, prefixes: {{TABLE_PREFIX: [ALIASES]}}, "
-        "leave_out: [patterns]}}"
+        "leave_out: [patterns], unscanned_only: {when: EXPRESSION, why: TEXT}}}"
     )
     if not isinstance(spec, dict) or not isinstance(spec.get("config"), str):
         raise RecipeFormatError(rule)
@@ -86,7 +90,7 @@ def parse_tower(spec: Any, where: str) -> Tower:
             and all(isinstance(alias, str) and alias for alias in aliases)
             for table, aliases in prefixes.items()
         )
-        or set(spec) - {"config", "prefixes", "leave_out"}
+        or set(spec) - {"config", "prefixes", "leave_out", "unscanned_only"}
     ):
         raise RecipeFormatError(rule)
     leave_out = spec.get("leave_out") or []
@@ -94,8 +98,18 @@ def parse_tower(spec: Any, where: str) -> Tower:
         raise RecipeFormatError(rule)
     for pattern in leave_out:
         compile_pattern(pattern, f"{where}: tower leave_out")
+    only = spec.get("unscanned_only")
+    if only is not None:
+        if (
+            not isinstance(only, dict)
+            or set(only) != {"when", "why"}
+            or not all(isinstance(value, str) for value in only.values())
+        ):
+            raise RecipeFormatError(rule)
+        check(only["when"])
     return Tower(
         spec["config"],
         tuple((table, tuple(aliases)) for table, aliases in prefixes.items()),
         tuple(leave_out),
+        (only["when"], only["why"]) if only is not None else None,
     )

@@ -23,6 +23,7 @@ from typing import Any
 
 from .._errors import ConfigMismatchError
 from .._paths import flatten, unflatten
+from ._expr import evaluate, names_in
 from ._multimodal import LeftOutWarning
 from ._recipe import MAXTEXT_ROOT, FamilyRecipe, _hf_leaves
 from ._tables import get_recipe
@@ -37,25 +38,37 @@ class WholeRecipe(FamilyRecipe):
 
     tower: Tower | None = None
     tower_recipe: FamilyRecipe | None = None
+    by_layout: bool = False  # named FAMILY:maxtext(-unscanned), as the text's layout
+    text_family: str = ""  # the text table's family, which converts the language model alone
 
     @property
     def name(self) -> str:
-        return f"{self.family}:{MULTIMODAL}"
+        return super().name if self.by_layout else f"{self.family}:{MULTIMODAL}"
 
     def _parts(self) -> tuple[Tower, FamilyRecipe]:
         assert self.tower is not None and self.tower_recipe is not None
         return self.tower, self.tower_recipe
 
     def _vision(self, config: dict[str, Any]) -> dict[str, Any]:
-        tower, _ = self._parts()
+        tower, tower_recipe = self._parts()
         vision = config.get(tower.config)
         if not isinstance(vision, dict):
+            alone = f", or convert the language model alone with {self.text_family}:maxtext"
             raise ConfigMismatchError(
                 f"Recipe {self.name!r} converts a whole multimodal model and reads the tower's "
                 f"fields from config.json's {tower.config!r}, which it lacks. Pass the "
-                f"multimodal folder's config.json, or convert the language model alone with "
-                f"{self.family}:maxtext."
+                f"multimodal folder's config.json{alone}."
             )
+        if self.scanned and tower.unscanned_only is not None:
+            when, why = tower.unscanned_only
+            names = tower_recipe.config_names(vision)
+            if evaluate(when, names):
+                shown = ", ".join(f"{n}={names.get(n)!r:.40}" for n in sorted(names_in(when)))
+                raise ConfigMismatchError(
+                    f"Recipe {self.name!r} scans the language model's layers, and this model's "
+                    f"{tower.config} has {when} ({shown}): {why}. Convert it with "
+                    f"{self.family}:maxtext-unscanned."
+                )
         return vision
 
     def _roots(self) -> set[str]:
@@ -85,7 +98,7 @@ class WholeRecipe(FamilyRecipe):
                 f"Recipe {self.name!r} converts a whole multimodal model, and the checkpoint "
                 f"holds no vision tower (no tensor under "
                 f"{', '.join(p for table, aliases in tower.prefixes for p in (table, *aliases))}"
-                f"). Convert a text-only model with {self.family}:maxtext."
+                f"). Convert a text-only model with {self.text_family}:maxtext."
             )
         flat = flatten(super().to_maxtext(rest, config))
         for path, value in flatten(tower_recipe.to_maxtext(towers, vision)).items():
@@ -115,7 +128,7 @@ class WholeRecipe(FamilyRecipe):
             raise ConfigMismatchError(
                 f"Recipe {self.name!r}: the MaxText checkpoint has no "
                 f"{' or '.join(sorted(roots))} (the vision tower). Was it converted with "
-                f"{self.family}:maxtext? Reverse it with that recipe."
+                f"{self.text_family}:maxtext? Reverse it with that recipe."
             )
         out = super().to_hf(unflatten(text), config, layout, prefix, like)
         forms = self._forms(like, prefix or self.hf_prefix(like) if like is not None else prefix)
@@ -158,13 +171,25 @@ def _table_prefix(tower: Tower, name: str) -> str:
 
 
 def whole_recipe(
-    family: str, data: dict[str, Any], parse: Callable[[str, dict[str, Any], bool], FamilyRecipe]
+    family: str,
+    data: dict[str, Any],
+    parse: Callable[[str, dict[str, Any], bool], FamilyRecipe],
+    layout: str = MULTIMODAL,
 ) -> WholeRecipe:
-    """The ``FAMILY:maxtext-multimodal`` recipe of a tower table `data` (already loaded)."""
-    text = get_recipe(f"{data['text']}:maxtext")
+    """The ``FAMILY:maxtext-multimodal`` recipe of a tower table `data` (already loaded), or
+    its ``FAMILY:LAYOUT`` recipe when the table is named by MaxText's layouts."""
+    by_layout = layout != MULTIMODAL
+    text = get_recipe(f"{data['text']}:{layout if by_layout else 'maxtext'}")
     tower_recipe = parse(family, data, False)
     tower = parse_tower(data["tower"], data["source_file"])
     values = {field.name: getattr(text, field.name) for field in fields(FamilyRecipe)}
+    values["family"] = family  # the tower table's (qwen3-vl), whose text table may be another's
     values["description"] = data["description"]
     values["follows"] = f"{text.follows}; {data['follows']}"
-    return WholeRecipe(**values, tower=tower, tower_recipe=tower_recipe)
+    return WholeRecipe(
+        **values,
+        tower=tower,
+        tower_recipe=tower_recipe,
+        by_layout=by_layout,
+        text_family=text.family,
+    )
