@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -131,3 +132,52 @@ def _lanes_aligned(out: np.ndarray) -> bool:
         and out.ctypes.data % 8 == 0
         and out.strides[1] % 8 == 0
     )
+
+
+# elements cast per step of `read_cast_into`: a tile and its copy stay in the core's L2 cache
+_IN_PLACE_TILE = 1 << 15
+
+
+def read_cast_into(
+    out: np.ndarray, dtype: np.dtype, read: Callable[[int, int, np.ndarray], None]
+) -> None:
+    """Fills C-contiguous `out` with ``out.size`` elements of `dtype`, cast as ``astype``
+    casts, using `out`'s own memory as the read buffer: no temporary of the array's size
+    and no per-thread read buffer, only a cache-sized tile.
+
+    ``read(start, stop, into)`` must fill the uint8 array `into` with the bytes of source
+    elements ``[start, stop)``. Source elements are read into the free end of `out` and
+    cast forward into place, a cache-sized tile at a time (copied out first, as the tile
+    being cast may overlap the place it is written to); a cast that narrows (float32 to
+    bfloat16) repeats this into the part still free, which halves each time, and reads the
+    last few elements through the tile.
+
+    Example:
+        >>> source = np.array([1.0, 2.5, -3.0], np.float16).view(np.uint8)
+        >>> out = np.empty(3, np.float32)
+        >>> read_cast_into(out, np.dtype(np.float16),
+        ...                lambda a, b, into: into.__setitem__(..., source[2 * a : 2 * b]))
+        >>> out.tolist()
+        [1.0, 2.5, -3.0]
+    """
+    dtype = np.dtype(dtype)
+    flat = out.reshape(-1)  # a view: `out` is C-contiguous
+    raw = flat.view(np.uint8)
+    count, size, done = flat.size, dtype.itemsize, 0
+    while done < count:
+        fits = min(count - done, (raw.nbytes - done * out.itemsize) // size)
+        if fits < min(count - done, _IN_PLACE_TILE):  # the space left is too small: via the tile
+            stop = min(count, done + _IN_PLACE_TILE)
+            tile = scratch_buffer("read-cast", (stop - done) * size)
+            read(done, stop, tile)
+            cast_into(flat[done:stop], tile.view(dtype))
+            done = stop
+            continue
+        place = raw.nbytes - fits * size  # element done + i lies at place + i * size
+        read(done, done + fits, raw[place:])
+        for start in range(0, fits, _IN_PLACE_TILE):
+            stop = min(fits, start + _IN_PLACE_TILE)
+            tile = scratch_buffer("read-cast", (stop - start) * size)
+            tile[:] = raw[place + start * size : place + stop * size]
+            cast_into(flat[done + start : done + stop], tile.view(dtype))
+        done += fits
