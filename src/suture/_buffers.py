@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ._casts import cast_into
+from ._casts import cast_bytes_into, cast_into
 
 # casting a contiguous tile into a reused buffer, then copying it in 256 x 256 squares,
 # runs at about 2.5 GB/s (measured on a (4096, 11008) float32 -> bfloat16 transpose).
@@ -134,7 +134,7 @@ def _lanes_aligned(out: np.ndarray) -> bool:
     )
 
 
-# elements cast per step of `read_cast_into`: a tile and its copy stay in the core's L2 cache
+# below this many elements left, `read_cast_into` reads the rest into a buffer of its own
 _IN_PLACE_TILE = 1 << 15
 
 
@@ -150,7 +150,7 @@ def read_cast_into(
     cast forward into place, a cache-sized tile at a time (copied out first, as the tile
     being cast may overlap the place it is written to); a cast that narrows (float32 to
     bfloat16) repeats this into the part still free, which halves each time, and reads the
-    last few elements through the tile.
+    last few elements (at most a tile) into a buffer of their own.
 
     Example:
         >>> source = np.array([1.0, 2.5, -3.0], np.float16).view(np.uint8)
@@ -168,16 +168,12 @@ def read_cast_into(
         fits = min(count - done, (raw.nbytes - done * out.itemsize) // size)
         if fits < min(count - done, _IN_PLACE_TILE):  # the space left is too small: via the tile
             stop = min(count, done + _IN_PLACE_TILE)
-            tile = scratch_buffer("read-cast", (stop - done) * size)
-            read(done, stop, tile)
-            cast_into(flat[done:stop], tile.view(dtype))
+            tail = aligned_empty(((stop - done) * size,), np.dtype(np.uint8))
+            read(done, stop, tail)
+            cast_into(flat[done:stop], tail.view(dtype))
             done = stop
             continue
         place = raw.nbytes - fits * size  # element done + i lies at place + i * size
         read(done, done + fits, raw[place:])
-        for start in range(0, fits, _IN_PLACE_TILE):
-            stop = min(fits, start + _IN_PLACE_TILE)
-            tile = scratch_buffer("read-cast", (stop - start) * size)
-            tile[:] = raw[place + start * size : place + stop * size]
-            cast_into(flat[done + start : done + stop], tile.view(dtype))
+        cast_bytes_into(flat[done : done + fits], raw[place:], dtype)
         done += fits
