@@ -101,6 +101,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "odd": rng.normal(size=(64, 7)).astype(np.float16),  # shards of 112 bytes
         "wide": rng.normal(size=(2048, 300)).astype(np.float32),  # 76800 elements a shard
         "norm": rng.normal(size=(300,)).astype(np.float32),
+        "tall": rng.normal(size=(5000, 128)).astype(np.float32),  # strips of 4096 rows
     }
     tensors["embed"] = tensors["embed"].reshape(1024, 128)
     path = tmp_path_factory.mktemp("castload")
@@ -185,3 +186,29 @@ def test_a_cast_load_holds_no_read_buffer_besides_the_result(folder: Path) -> No
     assert peak < result + (1 << 20), f"peak {peak} for a result of {result} bytes"
     stored = np.asarray(suture.open(folder)["wide"])
     np.testing.assert_array_equal(_bits(np.asarray(loaded["wide"])), _bits(_astype(stored, BF16)))
+
+
+def test_column_shards_are_filled_from_strips_into_buffers_the_devices_keep(folder: Path) -> None:
+    """Shards that cut the columns (and rows, across strips): a box read whole and cut into
+    column views was copied by jax and freed; each shard is now a buffer of its own, filled
+    from strips of rows, and the devices keep those buffers (still allocated after)."""
+    mesh = _mesh((4, 2), ("x", "y"))
+    sharding = NamedSharding(mesh, P("y", "x"))  # 2 x 4 shards of 2500 x 32
+    target = {"tall": jax.ShapeDtypeStruct((5000, 128), BF16, sharding=sharding)}
+    checkpoint = suture.open(folder)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        loaded = suture.load(checkpoint, target, partial=True)
+        gc.collect()
+        kept, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    result = loaded["tall"].nbytes
+    assert kept >= result, f"{kept} bytes kept for a result of {result}"
+    assert peak < result + (3 << 20), f"peak {peak} for a result of {result} bytes"
+    stored = np.asarray(checkpoint["tall"])
+    for shard in loaded["tall"].addressable_shards:
+        np.testing.assert_array_equal(
+            _bits(np.asarray(shard.data)), _bits(_astype(stored[shard.index], BF16))
+        )

@@ -24,7 +24,6 @@ from .._jaxtypes import is_jax_array, loaded_jax
 from .._lazy.array import LazyArray
 from .._lazy.combine import fit_shape
 from .._lazy.graph import MemorySource, open_all
-from .._lazy.views import CastNode
 from .._paths import flatten, map_leaves_with_path
 from .._surgery.build import transform as lazy_transform
 from .._surgery.init import initialize
@@ -38,9 +37,9 @@ from .._surgery.targets import (
     unwrap_metadata_tree,
 )
 from ..sources.checkpoint import Checkpoint
-from ..sources.filesource import FileRangeSource
 from ..sources.open import open as open_checkpoint
 from .shardings import metadata_sharding, recorded_sharding
+from .staging import read_in_strips, reads_a_file, whole_rows
 
 # Readers mostly wait on TensorStore. With every read of a tree in flight at once, the
 # kernel's I/O scheduler serves them in disk order: on a cold cache (bench/partial_load.py)
@@ -374,9 +373,9 @@ def _to_jax(array: LazyArray, sharding: Any) -> Any:
     When this process's shards tile one box (the usual case: a process's devices are
     neighbours in the mesh), the box is read once and cut into shards, so a stored chunk
     that several local devices need is decoded once; otherwise each distinct shard is read
-    on its own (replicated devices share one read). Shards that are runs of rows of a
-    local file (a safetensors tensor) are read on their own too, each cast as it is read
-    straight into the buffer jax hands to the device (`FileRangeSource.read_into`).
+    on its own (replicated devices share one read). The shards of a tensor of a local
+    file (safetensors) are each read into a buffer of its own, cast as it is read, which
+    jax keeps as the device's without a copy (`staging`).
     """
     import jax  # heavy: loaded on first use, not at import
 
@@ -390,9 +389,15 @@ def _to_jax(array: LazyArray, sharding: Any) -> Any:
         (min(r[axis][0] for r in ranges), max(r[axis][1] for r in ranges))
         for axis in range(array.ndim)
     )
-    if not _file_rows(array, ranges) and math.prod(stop - start for start, stop in box) <= sum(
-        math.prod(stop - start for start, stop in r) for r in ranges
-    ):
+    file = reads_a_file(array)
+    if not (file and whole_rows(array.shape, ranges)) and math.prod(
+        stop - start for start, stop in box
+    ) <= sum(math.prod(stop - start for start, stop in r) for r in ranges):
+        if file:  # each shard in a buffer of its own, jax's without a copy
+            buffers = read_in_strips(array, ranges, box)
+            return jax.make_array_from_callback(
+                array.shape, sharding, lambda index: buffers[_ranges(index, array.shape)]
+            )
         values = array[tuple(slice(start, stop) for start, stop in box)].read()
 
         def cut(index: tuple) -> np.ndarray:
@@ -417,23 +422,6 @@ def _to_jax(array: LazyArray, sharding: Any) -> Any:
             return shards[key]
 
     return jax.make_array_from_callback(array.shape, sharding, read_shard)
-
-
-def _file_rows(array: LazyArray, ranges: set[tuple[tuple[int, int], ...]]) -> bool:
-    """Whether each shard is a run of whole rows of a local file (perhaps cast as read).
-
-    Such a shard is read (and cast) straight into a buffer of its own, which jax takes as
-    the device's without a copy; a view of a box read whole is copied again by jax where it
-    does not start on a 64-byte boundary (rows of an odd number of bytes).
-    """
-    node = array.node
-    while isinstance(node, CastNode):
-        node = node.base
-    return (
-        isinstance(node, FileRangeSource)
-        and not node.remote
-        and all(r[1:] == tuple((0, n) for n in array.shape[1:]) for r in ranges)
-    )
 
 
 def _ranges(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
