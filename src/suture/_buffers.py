@@ -136,6 +136,8 @@ def _lanes_aligned(out: np.ndarray) -> bool:
 
 # below this many elements left, `read_cast_into` reads the rest into a buffer of its own
 _IN_PLACE_TILE = 1 << 15
+# source bytes read at a time (as `FileRangeSource` reads a tile), cast while in the cache
+_IN_PLACE_CHUNK = 8 << 20
 
 
 def read_cast_into(
@@ -146,11 +148,12 @@ def read_cast_into(
     and no per-thread read buffer, only a cache-sized tile.
 
     ``read(start, stop, into)`` must fill the uint8 array `into` with the bytes of source
-    elements ``[start, stop)``. Source elements are read into the free end of `out` and
-    cast forward into place, a cache-sized tile at a time (copied out first, as the tile
-    being cast may overlap the place it is written to); a cast that narrows (float32 to
-    bfloat16) repeats this into the part still free, which halves each time, and reads the
-    last few elements (at most a tile) into a buffer of their own.
+    elements ``[start, stop)``. A chunk of source elements at a time is read into `out`
+    where it can be cast forward into place (a tile at a time, copied out first where it
+    overlaps the place it is written to): at its own place for a cast of the same size,
+    after its place for one that widens; for one that narrows (float32 to bfloat16) the
+    chunks shrink near the end, where the last few elements (at most a tile) are read into
+    a buffer of their own.
 
     Example:
         >>> source = np.array([1.0, 2.5, -3.0], np.float16).view(np.uint8)
@@ -163,9 +166,10 @@ def read_cast_into(
     dtype = np.dtype(dtype)
     flat = out.reshape(-1)  # a view: `out` is C-contiguous
     raw = flat.view(np.uint8)
-    count, size, done = flat.size, dtype.itemsize, 0
+    count, size, width, done = flat.size, dtype.itemsize, out.itemsize, 0
+    chunk = max(_IN_PLACE_TILE, _IN_PLACE_CHUNK // size)
     while done < count:
-        fits = min(count - done, (raw.nbytes - done * out.itemsize) // size)
+        fits = min(count - done, chunk, (count - done) * width // size)
         if fits < min(count - done, _IN_PLACE_TILE):  # the space left is too small: via the tile
             stop = min(count, done + _IN_PLACE_TILE)
             tail = aligned_empty(((stop - done) * size,), np.dtype(np.uint8))
@@ -173,7 +177,10 @@ def read_cast_into(
             cast_into(flat[done:stop], tail.view(dtype))
             done = stop
             continue
-        place = raw.nbytes - fits * size  # element done + i lies at place + i * size
-        read(done, done + fits, raw[place:])
-        cast_bytes_into(flat[done : done + fits], raw[place:], dtype)
+        # element done + i at place + i * size: never below where its result goes, so each
+        # tile's results overwrite only source bytes already cast
+        place = done * width + fits * max(0, width - size)
+        source = raw[place : place + fits * size]
+        read(done, done + fits, source)
+        cast_bytes_into(flat[done : done + fits], source, dtype)
         done += fits
