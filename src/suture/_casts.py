@@ -64,10 +64,10 @@ def cast_into(out: np.ndarray, values: np.ndarray) -> None:
 
 def cast_bytes_into(out: np.ndarray, raw: np.ndarray, dtype: np.dtype) -> None:
     """`cast_into` of the bytes `raw` seen as `dtype` into the flat C-contiguous `out`, where
-    `raw` may overlap `out` (a cast in place): a tile of `raw` is copied out before the
-    elements it holds are written, so writing ``out[:k]`` may overwrite the bytes of the
-    elements before ``k``, never those of later ones (their bytes lie at or after
-    ``out[:k]``'s end; `_buffers.read_cast_into` places them so).
+    `raw` may overlap `out` (a cast in place): a tile of `raw` that overlaps the elements
+    it holds is copied out before they are written, so writing ``out[:k]`` may overwrite
+    the bytes of the elements before ``k``, never those of later ones (their bytes lie at
+    or after ``out[:k]``'s end; `_buffers.read_cast_into` places them so).
 
     Example:
         >>> values = np.array([1.0, 2.0], np.float16)
@@ -81,8 +81,11 @@ def cast_bytes_into(out: np.ndarray, raw: np.ndarray, dtype: np.dtype) -> None:
     with _pooled():
         for start in range(0, out.size, _TILE):
             stop = min(out.size, start + _TILE)
-            tile = _buffer("source", np.uint8, (stop - start) * dtype.itemsize)
-            tile[:] = raw[start * dtype.itemsize : stop * dtype.itemsize]
+            tile = raw[start * dtype.itemsize : stop * dtype.itemsize]
+            # copied where it overlaps its results (most tiles of a narrowing cast do not)
+            if np.may_share_memory(tile, out[start:stop]) or tile.ctypes.data % dtype.itemsize:
+                tile = _buffer("source", np.uint8, tile.nbytes)
+                tile[:] = raw[start * dtype.itemsize : stop * dtype.itemsize]
             if fast and stop - start >= _SMALL:
                 kernel(tile.view(dtype), out[start:stop].view(np.uint16))
             else:
