@@ -39,6 +39,7 @@ from .._surgery.targets import (
 from ..sources.checkpoint import Checkpoint
 from ..sources.open import open as open_checkpoint
 from .shardings import metadata_sharding, recorded_sharding
+from .staging import read_in_strips, reads_a_file, whole_rows
 
 # Readers mostly wait on TensorStore. With every read of a tree in flight at once, the
 # kernel's I/O scheduler serves them in disk order: on a cold cache (bench/partial_load.py)
@@ -372,7 +373,9 @@ def _to_jax(array: LazyArray, sharding: Any) -> Any:
     When this process's shards tile one box (the usual case: a process's devices are
     neighbours in the mesh), the box is read once and cut into shards, so a stored chunk
     that several local devices need is decoded once; otherwise each distinct shard is read
-    on its own (replicated devices share one read).
+    on its own (replicated devices share one read). The shards of a tensor of a local
+    file (safetensors) are each read into a buffer of its own, cast as it is read, which
+    jax keeps as the device's without a copy (`staging`).
     """
     import jax  # heavy: loaded on first use, not at import
 
@@ -386,9 +389,15 @@ def _to_jax(array: LazyArray, sharding: Any) -> Any:
         (min(r[axis][0] for r in ranges), max(r[axis][1] for r in ranges))
         for axis in range(array.ndim)
     )
-    if math.prod(stop - start for start, stop in box) <= sum(
-        math.prod(stop - start for start, stop in r) for r in ranges
-    ):
+    file = reads_a_file(array)
+    if not (file and whole_rows(array.shape, ranges)) and math.prod(
+        stop - start for start, stop in box
+    ) <= sum(math.prod(stop - start for start, stop in r) for r in ranges):
+        if file:  # each shard in a buffer of its own, jax's without a copy
+            buffers = read_in_strips(array, ranges, box)
+            return jax.make_array_from_callback(
+                array.shape, sharding, lambda index: buffers[_ranges(index, array.shape)]
+            )
         values = array[tuple(slice(start, stop) for start, stop in box)].read()
 
         def cut(index: tuple) -> np.ndarray:
@@ -402,7 +411,7 @@ def _to_jax(array: LazyArray, sharding: Any) -> Any:
             ]
 
         return jax.make_array_from_callback(array.shape, sharding, cut)
-    shards: dict[tuple, np.ndarray] = {}
+    shards: dict[tuple, np.ndarray] = {}  # each read into a buffer of its own: the device's
     lock = threading.Lock()
 
     def read_shard(index: tuple) -> np.ndarray:

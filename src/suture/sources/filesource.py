@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._buffers import aligned_empty, assign
+from .._buffers import aligned_empty, assign, read_cast_into
 from .._errors import CorruptCheckpointError, InvalidIndexError
 from .._lazy.graph import Node, ReadCost, SourceNode
 from .._lazy.reads import estimate_reads
@@ -100,6 +100,8 @@ class FileRangeSource(SourceNode):
         elif self.remote:  # one read (its parts at once), not a round trip per tile in turn
             span = aligned_empty((rows[1] - rows[0], *self.shape[1:]), self.dtype)
             assign(out, self._read_rows(*rows, span))
+        elif out.flags.c_contiguous and out.flags.writeable:  # a cast: read into out's memory
+            self._read_cast_rows(*rows, out)
         else:  # a tile at a time through this thread's scratch: cast and transpose stay in cache
             step = max(1, TILE_BYTES // max(1, self._row_bytes))
             for start in range(rows[0], rows[1], step):
@@ -189,6 +191,22 @@ class FileRangeSource(SourceNode):
         self.file.read_into(self.offset + low * self._row_bytes, into, self.path or "")
         self._check_same_file()  # a swap during the read would have mixed files
         return into
+
+    def _read_cast_rows(self, low: int, high: int, out: np.ndarray) -> None:
+        """Rows ``[low, high)`` cast into `out` (C-contiguous), read into its own memory
+        (`read_cast_into`): no temporary and no read buffer kept by the thread."""
+        self._check_rows(low, high)
+        self._check_same_file()
+        start = self.offset + low * self._row_bytes
+        size = self.dtype.itemsize
+
+        def read(first: int, stop: int, into: np.ndarray) -> None:
+            self.file.read_into(
+                start + first * size, into[: (stop - first) * size], self.path or ""
+            )
+
+        read_cast_into(out, self.dtype, read)
+        self._check_same_file()  # a swap during the read would have mixed files
 
     def _read_rows_scratch(self, low: int, high: int) -> np.ndarray:
         """Rows ``[low, high)`` in this thread's read buffer (valid until its next read)."""
