@@ -578,11 +578,16 @@ def compare(
 ) -> None:
     """Runs the families named in `only` (all when None) and writes their section; a
     whole-model recipe named there (``gemma3:maxtext-multimodal``) runs in its own section."""
-    from bench import _maxtext_multimodal, _maxtext_qwen3_vl
+    from bench import _maxtext_multimodal, _maxtext_qwen3_omni, _maxtext_qwen3_vl
 
     if only is not None and set(only) & set(_maxtext_multimodal.RECIPES):
         _maxtext_multimodal.compare(python, timed=timed)
         only = [name for name in only if name not in _maxtext_multimodal.RECIPES]
+        if not only:
+            return
+    if only is not None and set(only) & set(_maxtext_qwen3_omni.RECIPES):
+        _maxtext_qwen3_omni.compare(python, timed=timed)
+        only = [name for name in only if name not in _maxtext_qwen3_omni.RECIPES]
         if not only:
             return
     if only is not None and set(only) & set(_maxtext_qwen3_vl.RECIPES):
