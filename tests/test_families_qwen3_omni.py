@@ -285,3 +285,26 @@ def test_a_config_without_the_audio_encoders_is_refused_naming_it(omni, tmp_path
     with pytest.raises(ConfigMismatchError, match=r"thinker_config\.audio_config"):
         convert_with_recipe(folder, tmp_path / "mt", UNSCANNED, progress=False)
     assert not (tmp_path / "mt").exists()
+
+
+def test_the_language_model_alone_leaves_the_towers_out_and_back(omni):
+    root, _, _ = omni
+    with pytest.warns(LeftOutWarning, match=r"thinker\.visual\..*thinker\.audio_tower\."):
+        convert_with_recipe(
+            root / "hf", root / "text-mt", "qwen3-omni-text:maxtext", progress=False
+        )
+    read = _read(root / "text-mt")
+    assert not any("_encoder/" in path for path in read)
+    assert read[f"{ROOT}/decoder/layers/moe_block/wo"].shape == (4, 2, 8, 24)  # scanned
+    convert_with_recipe(
+        root / "text-mt",
+        root / "text-back",
+        "qwen3-omni-text:maxtext",
+        reverse=True,
+        like=root / "hf",
+        progress=False,
+    )
+    source, written = _tensors(root / "hf"), _tensors(root / "text-back")
+    assert sorted(written) == sorted(source)
+    for name, value in source.items():
+        np.testing.assert_array_equal(written[name], value, err_msg=name)
