@@ -7,8 +7,8 @@ MoE thinker; a 3-block vision tower with deepstack mergers after blocks 0 and 2;
 audio encoder; the talker and code2wav of speech output, which both converters leave out), is
 converted by MaxText 0.2.5's ``to_maxtext`` on its eager path (multimodal models refuse
 ``lazy_load_tensors``), as ``model_name=qwen3-omni-30b-a3b`` with the sizes overridden, and by
-``suture convert --recipe qwen3-omni:maxtext-unscanned``; the trees are compared leaf by leaf.
-MaxText's qwen3-omni-30b-a3b is unscanned (deepstack needs ``scan_layers=False``). MaxText's
+``suture convert --recipe qwen3-omni:maxtext-unscanned``; the trees are compared leaf by leaf, and
+MaxText's own vision and audio encoders on suture's output are set beside transformers'. MaxText's qwen3-omni-30b-a3b is unscanned (deepstack needs ``scan_layers=False``). MaxText's
 environment here has no torch: its eager loader reads the files with numpy
 (``bench/_maxtext_convert.py``'s ``eager_numpy=True``).
 """
@@ -16,12 +16,15 @@ environment here has no torch: its eager loader reads the files with numpy
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
-from bench._common import DATA_DIR, machine, write_section
+import numpy as np
+
+from bench._common import BENCH_DIR, DATA_DIR, machine, write_section
 from bench._maxtext import compare_trees, maxtext_command
 
 WORK = DATA_DIR / "families-maxtext-qwen3-omni"
@@ -215,11 +218,81 @@ def compare(python: Path, *, timed: Callable[[list[str]], dict]) -> None:
             audio = sum("audio_encoder" in path for path in identical)
             rows.append((size, suture_run, maxtext_run, vision, audio))
             findings += lines
+        findings += features_difference(python, hf, ours, WORK)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
     body = report(rows, findings)
     write_section("families-maxtext-qwen3-omni", body)
     print(body)
+
+
+def features_difference(python: Path, hf: Path, converted: Path, work: Path) -> list[str]:
+    """MaxText's vision and audio encoders (its own model, float32, on the CPU) on suture's
+    output beside transformers' ``get_image_features`` and ``get_audio_features`` on the HF
+    folder, for one random image of 4 x 4 patches and 200 random mel frames (two of the audio
+    encoder's 100-frame chunks; with ``n_window_infer`` 100 transformers attends within each
+    chunk, as MaxText does): one line per output, its max abs difference and its scale."""
+    import torch
+    import transformers
+
+    rng = np.random.default_rng(1)
+    patch = VISION["temporal_patch_size"] * VISION["patch_size"] ** 2
+    pixels = rng.standard_normal((16, 3 * patch)).astype(np.float32)
+    mel = rng.standard_normal((1, AUDIO["num_mel_bins"], 200)).astype(np.float32)
+    # MaxText's encoder reshapes its input (batch, C, T*P, H*P, W*P) into patches (-1, C, T, P,
+    # P) in memory order: the processor's patches, in the processor's order, as it takes them
+    side = 4 * VISION["patch_size"]
+    np.save(work / "images.npy", pixels.reshape(1, 3, VISION["temporal_patch_size"], side, side))
+    np.save(work / "audio.npy", mel)
+    overrides = [item for item in settings() if not item.startswith("hf_config.")]
+    done = subprocess.run(
+        [
+            str(python),
+            "-P",
+            str(BENCH_DIR / "_maxtext_omni_features.py"),
+            str(work / "images.npy"),
+            str(work / "audio.npy"),
+            str(work),
+            *overrides,
+            f"load_parameters_path={converted}",
+            f"base_output_directory={work / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        return [f"MaxText's encoders failed on suture's output: {done.stderr[-600:]}"]
+    model = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        hf, dtype=torch.float32
+    ).eval()
+    with torch.no_grad():
+        image = model.thinker.get_image_features(
+            torch.from_numpy(pixels), torch.tensor([[1, 4, 4]])
+        )
+        audio = model.thinker.get_audio_features(
+            torch.from_numpy(mel), feature_attention_mask=torch.ones((1, 200), dtype=torch.long)
+        )
+    pairs = {
+        "merged image features": (image.pooler_output[0], np.load(work / "image.npy")),
+        "deepstack features": (
+            torch.stack([feature[0] for feature in image.deepstack_features]),
+            np.load(work / "deepstack.npy"),
+        ),
+        "audio features": (audio.last_hidden_state, np.load(work / "audio.npy")),
+    }
+    lines = []
+    for label, (expected, got) in pairs.items():
+        expected = expected.numpy()
+        if expected.size != got.size:
+            lines.append(f"{label}: transformers {expected.shape}, MaxText {got.shape}")
+            continue
+        worst = float(np.max(np.abs(expected - got.reshape(expected.shape))))
+        lines.append(
+            f"MaxText's own model on suture's output beside transformers, {label} "
+            f"{tuple(expected.shape)}: max abs difference {worst:.2e}, of values up to "
+            f"{float(np.max(np.abs(expected))):.2f}"
+        )
+    return lines
 
 
 def report(rows: list, findings: list[str]) -> str:
@@ -251,7 +324,11 @@ heads and deepstack layers set to the folder's). Both leave the talker and code2
 {table}
 
 Output trees compared leaf by leaf (paths, shapes, dtypes, bytes; MaxText's empty `opt_state`
-aside):
+aside), then MaxText's own model (float32, on the CPU) restoring suture's output: its vision
+encoder on one random image of 4 x 4 patches beside transformers' `get_image_features`, its audio
+encoder on 200 random mel frames (two 100-frame chunks; `n_window_infer` 100, so transformers
+attends within each chunk as MaxText does) beside `get_audio_features`
+(`bench/_maxtext_omni_features.py`):
 
 {found}
 """
