@@ -308,3 +308,25 @@ def test_the_language_model_alone_leaves_the_towers_out_and_back(omni):
     assert sorted(written) == sorted(source)
     for name, value in source.items():
         np.testing.assert_array_equal(written[name], value, err_msg=name)
+
+
+def test_a_model_without_deepstack_converts_scanned_and_back(tmp_path):
+    _model(tmp_path / "hf", deepstack=())
+    with pytest.warns(LeftOutWarning, match="talker"):
+        convert_with_recipe(tmp_path / "hf", tmp_path / "mt", SCANNED, progress=False)
+    read = _read(tmp_path / "mt")
+    assert read[f"{ROOT}/decoder/layers/moe_block/wi_0"].shape == (4, 2, 24, 8)  # scan axis 1
+    assert not any("merger_" in path for path in read)
+    assert f"{AUDIO_ENCODER}/layers_1/AudioMLP/wi/kernel" in read  # the towers unscanned
+    convert_with_recipe(
+        tmp_path / "mt",
+        tmp_path / "back",
+        SCANNED,
+        reverse=True,
+        like=tmp_path / "hf",
+        progress=False,
+    )
+    source, back = _tensors(tmp_path / "hf"), _tensors(tmp_path / "back")
+    assert sorted(source) == sorted(back)
+    for key, value in source.items():
+        np.testing.assert_array_equal(back[key], value, err_msg=key)
