@@ -17,7 +17,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import suture
-from suture._errors import ConfigMismatchError
+from suture._errors import ConfigMismatchError, SurgeryError
 from suture.families._convert import convert_with_recipe
 from suture.families._multimodal import LeftOutWarning
 
@@ -330,3 +330,20 @@ def test_a_model_without_deepstack_converts_scanned_and_back(tmp_path):
     assert sorted(source) == sorted(back)
     for key, value in source.items():
         np.testing.assert_array_equal(back[key], value, err_msg=key)
+
+
+def test_tied_embeddings_follow_the_thinker_config(omni, tmp_path):
+    root, _, _ = omni
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    for file in (root / "hf").iterdir():
+        (folder / file.name).write_bytes(file.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    assert config["thinker_config"]["tie_word_embeddings"] is False
+    config["thinker_config"]["tie_word_embeddings"] = True  # beside text_config, not in it
+    (folder / "config.json").write_text(json.dumps(config))
+    with (
+        pytest.warns(LeftOutWarning),
+        pytest.raises(SurgeryError, match=r"no place for 1 tensor.*lm_head\.weight"),
+    ):
+        convert_with_recipe(folder, tmp_path / "mt", UNSCANNED, progress=False)
