@@ -666,13 +666,18 @@ def compare(
 ) -> None:
     """Runs the families named in `only` (all when None) and writes their section; a
     whole-model recipe named there (``gemma3:maxtext-multimodal``, ``gemma4:...``,
-    ``qwen3-vl:...``) runs in its own section."""
-    from bench import _maxtext_multimodal, _maxtext_qwen3_vl
+    ``qwen3-vl:...``, ``qwen3-omni``) runs in its own section."""
+    from bench import _maxtext_multimodal, _maxtext_qwen3_omni, _maxtext_qwen3_vl
 
     if only is not None and set(only) & set(_maxtext_multimodal.RECIPES):
         whole = tuple(name for name in only if name in _maxtext_multimodal.RECIPES)
         _maxtext_multimodal.compare(python, timed=timed, recipes=whole)
         only = [name for name in only if name not in _maxtext_multimodal.RECIPES]
+        if not only:
+            return
+    if only is not None and set(only) & set(_maxtext_qwen3_omni.RECIPES):
+        _maxtext_qwen3_omni.compare(python, timed=timed)
+        only = [name for name in only if name not in _maxtext_qwen3_omni.RECIPES]
         if not only:
             return
     if only is not None and set(only) & set(_maxtext_qwen3_vl.RECIPES):

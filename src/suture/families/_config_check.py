@@ -39,6 +39,13 @@ COUNT_FIELDS = frozenset(
         "num_experts",
         "n_routed_experts",
         "interleave_moe_layer_step",
+        # Qwen3-Omni's tower table reads its two sub-configs under name prefixes
+        "vision_depth",
+        "vision_hidden_size",
+        "vision_num_heads",
+        "audio_d_model",
+        "audio_encoder_layers",
+        "audio_encoder_attention_heads",
     }
 )
 FLAG_FIELDS = frozenset(
@@ -56,7 +63,9 @@ FLAG_FIELDS = frozenset(
 )
 # layer lists: Qwen3-MoE's mlp_only_layers is a list of layer numbers ([] for none) or false;
 # Qwen3-VL's deepstack_visual_indexes, the vision layers feeding its deepstack mergers
-LIST_FIELDS = frozenset({"mlp_only_layers", "deepstack_visual_indexes"})
+LIST_FIELDS = frozenset(
+    {"mlp_only_layers", "deepstack_visual_indexes", "vision_deepstack_visual_indexes"}
+)
 MAX_COUNT = 1 << 62  # past any tensor's length (TensorStore's index limit)
 
 

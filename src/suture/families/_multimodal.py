@@ -59,13 +59,16 @@ class LanguageModel:
         return renamed(name, self.text_prefix(prefix), prefix)
 
     def text_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        inner = config.get(self.config)
-        if not isinstance(inner, dict):
+        inner = sub_config(config, self.config)
+        if inner is None:
             return dict(config)
-        return {**inner, **{field: config[field] for field in self.outer if field in config}}
+        # the outer fields sit beside the sub-config (Qwen3-Omni's in thinker_config)
+        outer = sub_config(config, self.config.rpartition(".")[0]) if "." in self.config else config
+        outer = outer or {}
+        return {**inner, **{field: outer[field] for field in self.outer if field in outer}}
 
     def is_multimodal(self, config: dict[str, Any]) -> bool:
-        return isinstance(config.get(self.config), dict)
+        return sub_config(config, self.config) is not None
 
     def prefix(self, hf: dict[str, Any]) -> str | None:
         """The prefix of the language model's tensors in `hf`, or None (a text-only folder)."""
@@ -150,6 +153,19 @@ def parse_language_model(spec: Any, where: str) -> LanguageModel | None:
         tuple(causal),
         tuple(spec.get("outer") or ()),
     )
+
+
+def sub_config(config: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """The sub-config at a dotted `path` (``thinker_config.text_config``), or None.
+
+    Example:
+        >>> sub_config({"thinker_config": {"text_config": {"a": 1}}}, "thinker_config.text_config")
+        {'a': 1}
+    """
+    inner: Any = config
+    for key in path.split("."):
+        inner = inner.get(key) if isinstance(inner, dict) else None
+    return inner if isinstance(inner, dict) else None
 
 
 def renamed(name: str, prefix: str, replacement: str) -> str:

@@ -7,6 +7,10 @@ transformers 5.24's ``save_pretrained`` under ``vision_tower.``. A `Tower` reads
 into the table's names and writes a chosen form back (`styled`): form 0 is the table's own,
 form k the k-th alias of each prefix (the last alias stands in where a prefix has fewer).
 
+A tower's fields are one sub-config (``vision_config``, or a dotted path), or several merged
+under name prefixes: Qwen3-Omni's vision and audio encoders as one table, ``config: {vision_:
+thinker_config.vision_config, audio_: thinker_config.audio_config}`` (``vision_depth``).
+
 Example:
     >>> tower = Tower("vision_config", (("model.vt.vm.", ("vt.vm.", "vt.")),), ())
     >>> tower.read("vt.encoder.w"), tower.styled("model.vt.vm.encoder.w", 1)
@@ -21,17 +25,38 @@ from typing import Any
 from .._errors import RecipeFormatError
 from .._patterns import compile_pattern, fullmatch
 from ._expr import check
+from ._multimodal import sub_config
 
 
 @dataclass(frozen=True)
 class Tower:
-    config: str  # the sub-config holding the tower's fields (``vision_config``)
+    # the sub-config holding the tower's fields (``vision_config``), or (name prefix, path) pairs
+    config: str | tuple[tuple[str, str], ...]
     # (the table's prefix, (its aliases in folders, most specific first)), in order
     prefixes: tuple[tuple[str, tuple[str, ...]], ...]
     leave_out: tuple[str, ...]  # patterns (table names) of tensors the target has no place for
     # (expression of the tower's config, why): when it holds, the text may not be scanned
     # (Qwen3-VL's deepstack: MaxText "requires scan_layers=False")
     unscanned_only: tuple[str, str] | None = None
+
+    @property
+    def config_label(self) -> str:
+        """The sub-config(s) in messages: ``vision_config``."""
+        if isinstance(self.config, str):
+            return self.config
+        return " and ".join(path for _, path in self.config)
+
+    def fields(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """The tower's fields in `config`, or None where a sub-config is missing."""
+        if isinstance(self.config, str):
+            return sub_config(config, self.config)
+        merged: dict[str, Any] = {}
+        for prefix, path in self.config:
+            inner = sub_config(config, path)
+            if inner is None:
+                return None
+            merged.update({prefix + key: value for key, value in inner.items()})
+        return merged
 
     def read(self, name: str) -> tuple[str, int] | None:
         """`name` in the table's form, and which form it had (0: the table's); None when no
@@ -74,10 +99,20 @@ class Tower:
 def parse_tower(spec: Any, where: str) -> Tower:
     """A `Tower` from its table form: ``{config, prefixes: {table: [aliases]}, leave_out}``."""
     rule = (
-        f"{where}: 'tower' needs {{config: vision_config, prefixes: {{TABLE_PREFIX: [ALIASES]}}, "
+        f"{where}: 'tower' needs {{config: vision_config (or {{NAME_PREFIX: SUB_CONFIG}}), "
+        "prefixes: {TABLE_PREFIX: [ALIASES]}, "
         "leave_out: [patterns], unscanned_only: {when: EXPRESSION, why: TEXT}}}"
     )
-    if not isinstance(spec, dict) or not isinstance(spec.get("config"), str):
+    if not isinstance(spec, dict):
+        raise RecipeFormatError(rule)
+    config = spec.get("config")
+    if (
+        isinstance(config, dict)
+        and config
+        and all(isinstance(k, str) and isinstance(v, str) and v for k, v in config.items())
+    ):
+        config = tuple(config.items())
+    elif not isinstance(config, str) or not config:
         raise RecipeFormatError(rule)
     prefixes = spec.get("prefixes")
     if (
@@ -108,7 +143,7 @@ def parse_tower(spec: Any, where: str) -> Tower:
             raise RecipeFormatError(rule)
         check(only["when"])
     return Tower(
-        spec["config"],
+        config,
         tuple((table, tuple(aliases)) for table, aliases in prefixes.items()),
         tuple(leave_out),
         (only["when"], only["why"]) if only is not None else None,

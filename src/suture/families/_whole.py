@@ -51,12 +51,12 @@ class WholeRecipe(FamilyRecipe):
 
     def _vision(self, config: dict[str, Any]) -> dict[str, Any]:
         tower, tower_recipe = self._parts()
-        vision = config.get(tower.config)
-        if not isinstance(vision, dict):
+        vision = tower.fields(config)
+        if vision is None:
             alone = f", or convert the language model alone with {self.text_family}:maxtext"
             raise ConfigMismatchError(
                 f"Recipe {self.name!r} converts a whole multimodal model and reads the tower's "
-                f"fields from config.json's {tower.config!r}, which it lacks. Pass the "
+                f"fields from config.json's {tower.config_label!r}, which it lacks. Pass the "
                 f"multimodal folder's config.json{alone}."
             )
         if self.scanned and tower.unscanned_only is not None:
@@ -66,7 +66,7 @@ class WholeRecipe(FamilyRecipe):
                 shown = ", ".join(f"{n}={names.get(n)!r:.40}" for n in sorted(names_in(when)))
                 raise ConfigMismatchError(
                     f"Recipe {self.name!r} scans the language model's layers, and this model's "
-                    f"{tower.config} has {when} ({shown}): {why}. Convert it with "
+                    f"{tower.config_label} has {when} ({shown}): {why}. Convert it with "
                     f"{self.family}:maxtext-unscanned."
                 )
         return vision
