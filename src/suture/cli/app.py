@@ -666,7 +666,7 @@ def convert(
         lora_alpha=lora_alpha,
         adapter_only=adapter_only,
         merge_adapter=merge_adapter,
-        target_sharding=target_of(mesh, sharding),
+        target_sharding=target_of(mesh, sharding, recipe),
     )
     _report_written(result, verify)
     if result.format == "orbax" and _is_model_folder(source):

@@ -71,6 +71,8 @@ class FamilyRecipe:
     # config fields of per-layer overrides, each with its list of kinds (`_layer_config`)
     per_layer: tuple[tuple[str, str], ...] = ()
     table_file: str = ""  # a user's table file: its errors name its leaves and lines
+    # MaxText's logical axes of each leaf (scanned), by its path: `_logical_axes`
+    logical_axes: tuple[tuple[str, tuple[Any, ...]], ...] = ()
 
     @property
     def name(self) -> str:
