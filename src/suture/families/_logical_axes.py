@@ -13,13 +13,13 @@ logical_axes:
 With MaxText's default ``logical_axis_rules`` (`MAXTEXT_AXIS_RULES`) they give each leaf its
 `PartitionSpec` on a mesh, so ``suture convert HF OUT --recipe llama3.1:maxtext --mesh
 fsdp=8,tensor=2`` needs no ``--sharding`` file. An array whose layers are not stacked (the
-unscanned layout, a layout's remainder layers) has the same axes without ``layers``, as
+unscanned layout, a layout's remainder layers) has the same axes without the layer axis, as
 MaxText's unscanned model does.
 
 Example:
     >>> schema_problems({"a/kernel": ["embed", "mlp"]}, {"a/kernel", "b/scale"})
     [('logical_axes', "has no entry for 'b/scale'; give every leaf its axes ([] for none)")]
-    >>> leaf_axes(("embed", "layers", "mlp"), 0)
+    >>> leaf_axes(("embed", "layers", "mlp"), 0, 1)  # one layer of the scanned leaf
     ('embed', 'mlp')
 """
 
@@ -32,8 +32,6 @@ from typing import Any
 from .._errors import ArgumentError
 from .._paths import flatten
 from .._sharding import ShardingRules
-
-LAYERS = "layers"  # MaxText's logical name of the scan axis
 
 # MaxText 0.2.5's logical_axis_rules as its config has them for a model of its own (base.yml,
 # after pyconfig): bench/maxtext_sharding.py reads them from MaxText and checks these are they.
@@ -157,13 +155,14 @@ def schema_problems(
     return problems
 
 
-def leaf_axes(axes: tuple[Any, ...], stacked: int) -> tuple[Any, ...] | None:
-    """The axes of an array with `stacked` stacked layer axes (1 scanned, 0 unscanned), from
-    the table's scanned `axes`; None where the table's axes cannot say."""
-    if stacked == (1 if LAYERS in axes else 0):
+def leaf_axes(axes: tuple[Any, ...], stacked: int, layer_axis: int) -> tuple[Any, ...] | None:
+    """The axes of a per-layer array with `stacked` stacked layer axes (1 scanned, 0 one
+    layer), from the table's scanned `axes` whose layer axis is `layer_axis`; None where
+    the table's axes cannot say."""
+    if stacked == 1:
         return axes
-    if stacked == 0:
-        return tuple(axis for axis in axes if axis != LAYERS)
+    if stacked == 0 and layer_axis < len(axes):
+        return axes[:layer_axis] + axes[layer_axis + 1 :]
     return None
 
 
@@ -188,14 +187,14 @@ def recipe_rules(recipe: Any, config: dict[str, Any], tree: Any) -> ShardingRule
     for leaf in recipe._active(names):
         axes = tuple(table[leaf.maxtext])
         if leaf.group is None:
-            slots = [(leaf.maxtext, 1 if LAYERS in axes else 0)]
+            slots = [(leaf.maxtext, 1)]  # as the table has it
         else:
             slots = [(slot.path, len(slot.grid)) for slot in recipe._slots(leaf, names)]
         for path, stacked in slots:
             array = flat.get(root + path)
             if array is None or not hasattr(array, "shape"):
                 continue
-            found = leaf_axes(axes, stacked)
+            found = leaf_axes(axes, stacked, leaf.layer_axis)
             if found is None or len(found) != len(array.shape):
                 raise ArgumentError(
                     f"Recipe {recipe.name!r}: leaf {path!r} has shape {tuple(array.shape)}, "
