@@ -80,6 +80,16 @@ FAMILIES = {
         MLA_HF,
         "fsdp=2,tensor=2,expert=2",
     ),
+    "deepseek2": (
+        "deepseek2-16b",
+        [*[o for o in MLA if not o.startswith("q_lora")], "q_lora_rank=0", *MOE],
+        "deepseek_v2",
+        {**MLA_HF, "q_lora_rank": None},
+        "fsdp=4,tensor=2",
+    ),
+    # the llama table (llama2, llama3, mistral) on llama3-8b: MaxText's llama2-* configs put
+    # [norm, fsdp] before the default rules (the norms' shards differ; give --sharding)
+    "llama2": ("llama3-8b", ["base_num_decoder_layers=2"], "llama", {}, "fsdp=4,tensor=2"),
     "gpt-oss": (
         "gpt-oss-20b",
         ["base_num_decoder_layers=2", "num_experts=4", *MOE],
