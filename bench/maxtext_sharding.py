@@ -188,7 +188,9 @@ def main() -> None:
         ]
         count = len(found["shards"])
         sharded = sum(1 for p, s in found["shards"].items() if s != found["shapes"][p])
-        scanned = any("layers" in axes for axes in found["leaves"].values())
+        scanned = any(
+            str(axis).endswith("layers") for axes in found["leaves"].values() for axis in axes
+        )
         rows.append(
             f"| `{family}` ({model}, small{', scanned' if scanned else ''}) | {mesh} | {count} "
             f"| {sharded} | {count - len(differ)} of {count} |"
