@@ -132,5 +132,4 @@ def test_a_table_without_logical_axes_asks_for_the_sharding(llama: Path, tmp_pat
     (tmp_path / "broken.yaml").write_text(broken)
     with pytest.raises(RecipeError) as error:
         suture.convert(llama, tmp_path / "mt", recipe=str(tmp_path / "broken.yaml"))
-    assert "logical_axes.decoder/nothing: names no leaf" in str(error.value)
     assert "has no entry for 'decoder/layers/mlp/wi_0/kernel'" in str(error.value)
