@@ -264,6 +264,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=18)
     parser.add_argument("--maxtext-venv", type=Path, default=None)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--section", default="reshard", help="RESULTS.md section to write")
     parser.add_argument("--restore-worker", nargs=4)
     arguments = parser.parse_args()
     if arguments.restore_worker:
@@ -289,7 +290,7 @@ def main() -> None:
             runs["peer_resharded"].append(restore(PEER_OUTPUT / "0" / "items", layers))
             print("peer_resharded", runs["peer_resharded"][-1], flush=True)
     text = report({k: v for k, v in runs.items() if v}, layers)
-    write_section("reshard", text)
+    write_section(arguments.section, text)
     print(text)
     if not arguments.keep:
         for folder in (SOURCE, RESHARDED, PEER_OUTPUT):
