@@ -96,3 +96,27 @@ def test_the_plan_names_the_arrays_read_beyond_their_shards(tmp_path: Path):
     )  # fmt: skip
     assert refused.exit_code == 2
     assert "3 processes cannot share the 8 devices" in refused.output
+
+
+def test_each_devices_shard_is_the_one_jax_gives_it():
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from suture._save.mesh_reads import device_shard
+
+    sizes = {"data": 2, "fsdp": 2, "tensor": 2}
+    mesh = jax.make_mesh(tuple(sizes.values()), tuple(sizes))
+    cases = [
+        ((16, 8), (("fsdp", "data"), "tensor")),  # an axis over two mesh axes, major first
+        ((8, 4, 12), (None, "tensor", ("data", "fsdp"))),
+        ((16,), ("fsdp",)),  # replicated along data and tensor
+    ]
+    for shape, spec in cases:
+        found = NamedSharding(mesh, P(*spec)).devices_indices_map(shape)
+        for number, device in enumerate(mesh.devices.flat):  # row-major, as the plan counts
+            expected = tuple(
+                range(*index.indices(length))
+                for index, length in zip(found[device], shape, strict=True)
+            )
+            assert device_shard(shape, spec, sizes, number) == expected, (shape, spec, number)
