@@ -1,14 +1,15 @@
-"""MaxText's own sharding of a model's parameters beside suture's reading of the same rules.
+"""MaxText's own sharding of each family's parameters beside suture's built-in recipes' axes.
 
 MaxText (in its own venv, `--maxtext-venv`) builds a small model of each family abstractly
 and reports, per parameter, the logical axes its code annotates, its config's
 ``logical_axis_rules`` and mesh, and the shard shape of its training sharding
-(``nn.logical_to_mesh_sharding``). From the logical axes and the rules, written as a suture
-rules file (``bench/_data/maxtext-sharding/MODEL.json``, which `--sharding` takes), suture
-works out each parameter's shard on the same mesh; they must be MaxText's, every one.
+(``nn.logical_to_mesh_sharding``). suture's built-in ``FAMILY:maxtext`` recipe, with no
+rules file, gives each of those parameters its spec from its table's ``logical_axes`` and
+suture's copy of MaxText's default rules (`suture.families._logical_axes`), on the same mesh
+and over MaxText's own tree: every shard must be MaxText's.
 
 Run from the repository root: `.venv/bin/python -m bench.maxtext_sharding --maxtext-venv
-/tmp/mtvenv`.
+/tmp/mtvenv [--families qwen3-moe ...]`.
 """
 
 from __future__ import annotations
@@ -16,108 +17,204 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 from pathlib import Path
 
 from bench._common import BENCH_DIR, DATA_DIR, machine, write_section
 
 WORK = DATA_DIR / "maxtext-sharding"
-MESH = ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"]
+MESHES = {
+    "fsdp=4,tensor=2": ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"],
+    "fsdp=2,tensor=2,expert=2": [
+        "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "ici_expert_parallelism=2",
+    ],
+}  # fmt: skip
 SMALL = [
     "override_model_config=True",
     "base_emb_dim=256",
     "base_mlp_dim=512",
-    "base_num_decoder_layers=2",
     "base_num_query_heads=4",
     "base_num_kv_heads=2",
     "head_dim=64",
     "vocab_size=128",
 ]
-MODELS = {
-    "llama3.1-8b": SMALL,
-    "qwen3-8b": SMALL,
+# The same widths as Hugging Face config fields: the config suture's recipe reads.
+HF = dict(
+    hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=64, vocab_size=128, tie_word_embeddings=False,
+)  # fmt: skip
+MOE = ["sparse_matmul=false"]  # the dense MoE path: the same parameters, and it runs on CPU
+MLA = [
+    "base_num_kv_heads=4", "base_moe_mlp_dim=64", "base_num_decoder_layers=3",
+    "first_num_dense_layers=1", "num_experts=8", "num_experts_per_tok=2", "q_lora_rank=32",
+    "kv_lora_rank=16", "qk_nope_head_dim=16", "qk_rope_head_dim=8", "v_head_dim=16",
+]  # fmt: skip
+MLA_HF = dict(
+    num_key_value_heads=4, moe_intermediate_size=64, num_hidden_layers=3,
+    first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+    n_group=1, topk_group=1, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
+    qk_rope_head_dim=8, v_head_dim=16,
+)  # fmt: skip
+# family: (MaxText model, MaxText overrides, HF model_type, HF config fields, mesh)
+FAMILIES = {
+    "llama3.1": ("llama3.1-8b", ["base_num_decoder_layers=2"], "llama", {}, "fsdp=4,tensor=2"),
+    "qwen3": ("qwen3-8b", ["base_num_decoder_layers=2"], "qwen3", {}, "fsdp=4,tensor=2"),
+    "qwen3-moe": (
+        "qwen3-30b-a3b",
+        ["base_num_decoder_layers=2", "base_moe_mlp_dim=128", "num_experts=8", *MOE],
+        "qwen3_moe",
+        dict(moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2),
+        "fsdp=2,tensor=2,expert=2",
+    ),
+    "mixtral": (
+        "mixtral-8x7b",
+        ["base_num_decoder_layers=2", "base_moe_mlp_dim=512", "num_experts=4", *MOE],
+        "mixtral",
+        dict(num_local_experts=4, num_experts_per_tok=2),
+        "fsdp=4,tensor=2",
+    ),
+    "deepseek3": (
+        "deepseek2-16b",
+        [*MLA, "shared_experts=1", "routed_score_func=sigmoid", "routed_bias=true", *MOE],
+        "deepseek_v3",
+        MLA_HF,
+        "fsdp=2,tensor=2,expert=2",
+    ),
+    "deepseek2": (
+        "deepseek2-16b",
+        [*[o for o in MLA if not o.startswith("q_lora")], "q_lora_rank=0", *MOE],
+        "deepseek_v2",
+        {**MLA_HF, "q_lora_rank": None},
+        "fsdp=4,tensor=2",
+    ),
+    # the llama table (llama2, llama3, mistral) on llama3-8b: MaxText's llama2-* configs put
+    # [norm, fsdp] before the default rules (the norms' shards differ; give --sharding)
+    "llama2": ("llama3-8b", ["base_num_decoder_layers=2"], "llama", {}, "fsdp=4,tensor=2"),
+    "gpt-oss": (
+        "gpt-oss-20b",
+        ["base_num_decoder_layers=2", "num_experts=4", *MOE],
+        "gpt_oss",
+        dict(num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2),
+        "fsdp=4,tensor=2",
+    ),
+    "gemma2": (
+        "gemma2-2b",
+        ["base_num_decoder_layers=2"],
+        "gemma2",
+        dict(query_pre_attn_scalar=64),
+        "fsdp=4,tensor=2",
+    ),
+    "gemma3": (
+        "gemma3-4b",
+        ["base_num_decoder_layers=6"],
+        "gemma3_text",
+        dict(num_hidden_layers=6, query_pre_attn_scalar=64, tie_word_embeddings=True),
+        "fsdp=4,tensor=2",
+    ),
+    "olmo3": (
+        "olmo3-7b",
+        ["base_num_decoder_layers=4"],
+        "olmo3",
+        dict(num_hidden_layers=4),
+        "fsdp=4,tensor=2",
+    ),
 }
 
 
-def maxtext_axes(python: Path, model: str, overrides: list[str]) -> dict:
+def maxtext_axes(python: Path, model: str, overrides: list[str], mesh: str) -> dict:
     command = [
         str(python), "-P", str(BENCH_DIR / "_maxtext_axes.py"), f"model_name={model}",
-        *overrides, *MESH, "hardware=cpu", "skip_jax_distributed_system=True",
+        *SMALL, *overrides, *MESHES[mesh], "hardware=cpu", "skip_jax_distributed_system=True",
         "per_device_batch_size=1", "max_target_length=16", "run_name=axes",
     ]  # fmt: skip
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, cwd=WORK)
     line = next((x for x in done.stdout.splitlines() if x.startswith("AXES ")), None)
     if line is None:
         raise RuntimeError(f"MaxText's {model} failed:\n{done.stderr[-3000:]}")
     return json.loads(line.removeprefix("AXES "))
 
 
-def rules_file(found: dict) -> dict:
-    """A suture rules file: each parameter's path (any prefix: Orbax states nest 'params')
-    to MaxText's logical axes, and MaxText's logical_axis_rules."""
-    leaves = {f"(.*/)?{re.escape(path)}": axes for path, axes in found["leaves"].items()}
-    return {"logical_axis_rules": found["logical_axis_rules"], "leaves": leaves}
-
-
-def compare(model: str, found: dict) -> tuple[int, list[str]]:
+def suture_shards(family: str, model_type: str, fields: dict, found: dict) -> dict:
+    """{MaxText path: shard} of suture's built-in `family`:maxtext recipe on MaxText's mesh:
+    each leaf's spec from the table's logical_axes under suture's copy of MaxText's rules,
+    over the tree of MaxText's own paths and shapes."""
     import jax
     import numpy as np
+    import transformers
 
     import suture
     from suture._save.mesh import shards_of
+    from suture.families import get_recipe
+    from suture.families._logical_axes import MAXTEXT_AXIS_RULES, recipe_rules
 
-    rules = rules_file(found)
-    WORK.mkdir(parents=True, exist_ok=True)
-    (WORK / f"{model}.json").write_text(json.dumps(rules, indent=1))
+    rules = [
+        (name, axes if isinstance(axes, str) else tuple(axes))
+        for name, axes in found["logical_axis_rules"]
+    ]
+    if [(n, a if isinstance(a, str) else tuple(a)) for n, a in MAXTEXT_AXIS_RULES] != rules:
+        raise RuntimeError(
+            "MaxText's logical_axis_rules are not suture's copy (MAXTEXT_AXIS_RULES)"
+        )
+    config = transformers.AutoConfig.for_model(model_type, **{**HF, **fields}).to_dict()
+    recipe = get_recipe(f"{family}:maxtext")
     tree = {
-        path: jax.ShapeDtypeStruct(tuple(shape), np.float32)
+        f"params/{path}": jax.ShapeDtypeStruct(tuple(shape), np.float32)
         for path, shape in found["shapes"].items()
     }
-    shards = shards_of(suture.TargetSharding(found["mesh"], WORK / f"{model}.json"), tree)
-    differ = [
-        f"{path}: suture {shards.get(path, tuple(found['shapes'][path]))}, MaxText {tuple(shard)}"
-        for path, shard in found["shards"].items()
-        if tuple(shards.get(path, tuple(found["shapes"][path]))) != tuple(shard)
-    ]
-    return len(found["shards"]), differ
+    target = suture.TargetSharding(found["mesh"], recipe_rules(recipe, config, tree))
+    shards = shards_of(target, tree)
+    return {
+        path: shards.get(f"params/{path}", tuple(found["shapes"][path])) for path in found["shapes"]
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--maxtext-venv", type=Path, default=Path("/tmp/mtvenv"))
+    parser.add_argument("--families", nargs="*", default=list(FAMILIES))
     arguments = parser.parse_args()
     python = arguments.maxtext_venv / "bin" / "python"
+    WORK.mkdir(parents=True, exist_ok=True)
     rows, notes = [], []
-    for model, overrides in MODELS.items():
-        found = maxtext_axes(python, model, overrides)
-        count, differ = compare(model, found)
-        sharded = sum(
-            1 for path, shard in found["shards"].items() if shard != found["shapes"][path]
+    for family in arguments.families:
+        model, overrides, model_type, fields, mesh = FAMILIES[family]
+        found = maxtext_axes(python, model, overrides, mesh)
+        ours = suture_shards(family, model_type, fields, found)
+        differ = [
+            f"{path}: suture {tuple(ours[path])}, MaxText {tuple(shard)}"
+            for path, shard in found["shards"].items()
+            if tuple(ours[path]) != tuple(shard)
+        ]
+        count = len(found["shards"])
+        sharded = sum(1 for p, s in found["shards"].items() if s != found["shapes"][p])
+        scanned = any(
+            str(axis).endswith("layers") for axes in found["leaves"].values() for axis in axes
         )
         rows.append(
-            f"| `{model}` (small) | {count} | {sharded} | {count - len(differ)} of {count} |"
+            f"| `{family}` ({model}, small{', scanned' if scanned else ''}) | {mesh} | {count} "
+            f"| {sharded} | {count - len(differ)} of {count} |"
         )
-        notes += [f"- `{model}`: {line}" for line in differ]
-    mesh = ", ".join(MESH)
+        notes += [f"- `{family}`: {line}" for line in differ]
+        print(rows[-1], flush=True)
     body = "\n".join(
         [
-            "## maxtext_sharding: MaxText's logical axis rules read by suture (issue 42)",
+            "## maxtext_sharding: the built-in MaxText recipes' logical axes against MaxText's own sharding (issue 42)",
             "",
             f"`python -m bench.maxtext_sharding --maxtext-venv /tmp/mtvenv` — {machine()}; "
-            f"MaxText 0.2.5 builds each model abstractly (2 layers, widths 256/512, 8 CPU "
-            f"devices, {mesh}) and reports each parameter's logical axes, its config's "
-            f"`logical_axis_rules`, and the shard of its training sharding. suture reads the "
-            f"axes and rules as a `--sharding` file and works out each shard on the same mesh.",
+            f"MaxText 0.2.5 builds each model abstractly (widths 256/512, 8 CPU devices, the mesh "
+            f"as ici_*_parallelism) and reports, per parameter, the shard of its training "
+            f"sharding (`nn.logical_to_mesh_sharding` under its config's `logical_axis_rules`). "
+            f"suture's built-in `FAMILY:maxtext` recipe, with no rules file, gives each of "
+            f"MaxText's parameters its spec from the table's `logical_axes` under suture's copy "
+            f"of MaxText's default rules (checked equal to the config's in each run), as "
+            f"`suture convert HF OUT --recipe FAMILY:maxtext --mesh ...` does.",
             "",
-            "| model | parameters | sharded by MaxText | suture's shard = MaxText's |",
-            "| --- | --- | --- | --- |",
+            "| family | mesh | parameters | sharded by MaxText | suture's shard = MaxText's |",
+            "| --- | --- | --- | --- | --- |",
             *rows,
             "",
             *(notes or ["- Every parameter's shard is MaxText's own."]),
-            "- The rules files (`bench/_data/maxtext-sharding/MODEL.json`) are what "
-            "`suture convert --recipe FAMILY:maxtext --mesh ... --sharding FILE` takes.",
         ]
     )
     write_section("maxtext-sharding", body)

@@ -109,7 +109,9 @@ def convert(
             streams, as peft's ``merge_and_unload`` computes it; written as an HF folder, or
             with a family `recipe` in its layout.
         target_sharding: Orbax output: chunks that tile each array's shards on the mesh
-            that will restore it (``suture.TargetSharding``; see `suture.save`).
+            that will restore it (``suture.TargetSharding``; see `suture.save`). With a
+            built-in MaxText `recipe`, ``TargetSharding("fsdp=8,tensor=2")`` (the mesh
+            alone) gives each leaf MaxText's own sharding.
         Other arguments as in `suture.open` and `suture.save`.
 
     Example:

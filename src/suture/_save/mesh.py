@@ -42,7 +42,9 @@ class TargetSharding:
         rules: a YAML or JSON file, or its data: ``{"leaves": {pattern: spec}}`` (regular
             expressions matched against whole '/' paths, first match wins; specs as lists
             or `PartitionSpec`s), with ``"logical_axis_rules"`` (MaxText's) when the specs
-            name logical axes. A leaf no pattern matches is replicated.
+            name logical axes. A leaf no pattern matches is replicated. None: the logical
+            axes of the built-in MaxText recipe the conversion runs (``suture.convert(...,
+            recipe="llama3.1:maxtext")``).
 
     Example:
         >>> TargetSharding("fsdp=8,tensor=2", {".*kernel": ["fsdp", "tensor"]}).mesh
@@ -50,12 +52,14 @@ class TargetSharding:
     """
 
     mesh: dict[str, int]
-    rules: ShardingRules
+    rules: ShardingRules | None
 
-    def __init__(self, mesh: str | Mapping[str, int], rules: Any) -> None:
-        if isinstance(rules, (str, os.PathLike)):
+    def __init__(self, mesh: str | Mapping[str, int], rules: Any = None) -> None:
+        if rules is None or isinstance(rules, ShardingRules):
+            pass
+        elif isinstance(rules, (str, os.PathLike)):
             rules = ShardingRules.load(rules)
-        elif not isinstance(rules, ShardingRules):
+        else:
             rules = ShardingRules.from_data(rules)
         object.__setattr__(self, "mesh", parse_mesh(mesh))
         object.__setattr__(self, "rules", rules)
@@ -75,6 +79,12 @@ def shards_of(target_sharding: Any, tree: Any) -> dict[str, tuple[int, ...]]:
 
 def _shards_by_rules(target: TargetSharding, arrays: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     rules, mesh = target.rules, target.mesh
+    if rules is None:
+        raise ArgumentError(
+            f"The mesh {_mesh_text(mesh)} comes without sharding rules: only a built-in "
+            f"MaxText recipe knows its leaves' logical axes (convert --recipe FAMILY:maxtext). "
+            f"Give each leaf's spec with --sharding rules.yaml (TargetSharding(mesh, rules))."
+        )
     shards, matched = {}, 0
     for path, leaf in arrays.items():
         spec = rules.spec_for(path, len(leaf.shape))

@@ -35,6 +35,7 @@ from .._interrupts import (
 from .._interrupts import install as install_interrupt_handlers
 from .._redact import redact_text
 from .._save.api import save
+from .._save.mesh_reads import mesh_reads, render_mesh_reads, with_mesh_reads
 from .._surgery.build import transform
 from .._surgery.plan import lossy_casts, lossy_lines
 from .._surgery.plan import plan as make_plan
@@ -292,6 +293,18 @@ def plan(
     allow_pickle: AllowPickle = False,
     strict_casts: StrictCasts = False,
     dequantize: Dequantize = False,
+    mesh: Annotated[
+        str | None,
+        typer.Option(
+            "--mesh",
+            help="A load onto this mesh (fsdp=8,tensor=2; with --sharding): the bytes each "
+            "process reads against what its shards need.",
+        ),
+    ] = None,
+    sharding: Sharding = None,
+    processes: Annotated[
+        int, typer.Option("--processes", min=1, help="With --mesh: the processes loading.")
+    ] = 1,
 ) -> None:
     """Show what a recipe would do: outputs, sources, bytes. Reads and writes nothing.
 
@@ -305,8 +318,20 @@ def plan(
         partial=partial,
         strict_casts=strict_casts,
     )
+    on_mesh = target_of(mesh, sharding)
+    reads = None
+    if on_mesh is not None and result.ok:
+        tree = transform(
+            surgery["transform"], *surgery["sources"], **surgery["arguments"], partial=partial
+        )
+        reads = mesh_reads(tree, on_mesh, processes)
     shown = result.problems_text() if problems else str(result)
-    typer.echo(result.to_json() if as_json else for_command_line(shown))
+    if as_json:
+        typer.echo(with_mesh_reads(result.to_json(), reads))
+    else:
+        typer.echo(for_command_line(shown))
+        if reads is not None:
+            typer.echo(render_mesh_reads(reads, on_mesh))  # type: ignore[arg-type]
     if not result.ok:
         raise typer.Exit(code=2)
 
@@ -666,7 +691,7 @@ def convert(
         lora_alpha=lora_alpha,
         adapter_only=adapter_only,
         merge_adapter=merge_adapter,
-        target_sharding=target_of(mesh, sharding),
+        target_sharding=target_of(mesh, sharding, recipe),
     )
     _report_written(result, verify)
     if result.format == "orbax" and _is_model_folder(source):

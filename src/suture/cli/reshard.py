@@ -13,6 +13,7 @@ import typer
 from .._errors import ArgumentError
 from .._save.api import save
 from .._save.mesh import TargetSharding
+from ..families._file import is_family_recipe
 from ..sources.open import open as open_checkpoint
 
 MESH_HELP = (
@@ -28,15 +29,21 @@ Mesh = Annotated[str | None, typer.Option("--mesh", help=MESH_HELP)]
 Sharding = Annotated[str | None, typer.Option("--sharding", help=SHARDING_HELP)]
 
 
-def target_of(mesh: str | None, sharding: str | None) -> TargetSharding | None:
-    """The `TargetSharding` of ``--mesh`` and ``--sharding`` (both, or neither)."""
+def target_of(
+    mesh: str | None, sharding: str | None, recipe: str | None = None
+) -> TargetSharding | None:
+    """The `TargetSharding` of ``--mesh`` and ``--sharding`` (both, or neither; the mesh
+    alone with a family `recipe`, whose table knows MaxText's logical axes)."""
     if mesh is None and sharding is None:
         return None
+    if sharding is None and recipe is not None and is_family_recipe(recipe):
+        return TargetSharding(mesh)  # type: ignore[arg-type]
     if mesh is None or sharding is None:
         missing = "--mesh fsdp=8,tensor=2" if mesh is None else "--sharding rules.yaml"
         raise ArgumentError(
             f"--mesh and --sharding go together (the mesh, and each leaf's spec on it): add "
-            f"{missing}."
+            f"{missing}. A built-in MaxText recipe (--recipe FAMILY:maxtext) knows its "
+            f"leaves' specs: with it, --mesh alone will do."
         )
     return TargetSharding(mesh, sharding)
 

@@ -34,10 +34,12 @@ from .._location import LocalLocation, location_of, metadata_read_once
 from .._paths import unflatten
 from .._quant.tensors import dequantized_config, dequantized_files
 from .._save.api import SaveResult, save
+from .._save.mesh import TargetSharding
 from .._surgery.recipes import read_limited
 from ..sources.open import open as open_checkpoint
 from . import _tunix as tunix
 from ._file import family_recipe
+from ._logical_axes import recipe_rules
 
 FAMILY_KEY = "suture.family"
 MAX_CONFIG_BYTES = 1 << 20  # as a recipe: a config.json is a few KB; more is a mistake or hostile
@@ -124,6 +126,10 @@ def convert_with_recipe(
         if prefix is not None:
             record[PREFIX_KEY] = prefix
         options["metadata"][FAMILY_KEY] = record
+        if isinstance(target_sharding, TargetSharding) and target_sharding.rules is None:
+            target_sharding = TargetSharding(
+                target_sharding.mesh, recipe_rules(recipe, settings, tree)
+            )
         return save(
             _cast(tree, dtype),
             destination,

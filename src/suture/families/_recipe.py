@@ -76,6 +76,8 @@ class FamilyRecipe:
     per_layer: tuple[tuple[str, str], ...] = ()
     table_file: str = ""  # a user's table file: its errors name its leaves and lines
     leave_out: tuple[str, ...] = ()  # patterns of tensors the target has no place for
+    # MaxText's logical axes of each leaf (scanned), by its path: `_logical_axes`
+    logical_axes: tuple[tuple[str, tuple[Any, ...]], ...] = ()
 
     @property
     def name(self) -> str:

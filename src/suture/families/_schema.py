@@ -25,6 +25,7 @@ from .._errors import ExpressionError, PatternError, RecipeFormatError, did_you_
 from .._patterns import compile_pattern
 from ._expr import Expression, check
 from ._interleave import check_interleave
+from ._logical_axes import schema_problems as axes_problems
 from ._made import schema_problems as made_problems
 from ._shared_targets import exclusive_conditions, shared_path_problem
 from ._stored_order import parse_stored
@@ -55,6 +56,7 @@ TOP_KEYS = (
     "text",  # a tower table (maxtext-multimodal): the family table of its language model
     "tower",  # ... and where folders keep the tower (`_tower`)
     "source_file",  # set by the loader: where the table came from
+    "logical_axes",  # MaxText's logical axes of each leaf (`_logical_axes`)
 )
 LEAF_KEYS = (
     "hf",
@@ -287,6 +289,10 @@ class _Table:
         leaves = self.listing(data["leaves"], "leaves", empty=False) if "leaves" in data else []
         self.period = "layer_period" in data
         out["leaves"] = [self.leaf(leaf, i, target, groups) for i, leaf in enumerate(leaves)]
+        if data.get("logical_axes") is not None:
+            paths = {leaf[target] for leaf in leaves if isinstance(leaf, dict) and target in leaf}
+            for entry, rule in axes_problems(data["logical_axes"], paths, target):
+                self.problem(entry, rule)
         return out
 
     def config(self, value: Any) -> dict[str, Any]:

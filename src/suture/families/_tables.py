@@ -197,6 +197,9 @@ def _parse(family: str, data: dict[str, Any], scanned: bool) -> FamilyRecipe:
         layer_sets=layer_sets,
         layer_rules=layer_rules,
         per_layer=tuple((config.get("per_layer") or {}).items()),
+        logical_axes=tuple(
+            (path, tuple(axes)) for path, axes in (data.get("logical_axes") or {}).items()
+        ),
         default_inputs={
             name: frozenset(users)
             for name, users in default_inputs.items()
