@@ -71,6 +71,7 @@ VISION = dict(  # its vision_config
     spatial_merge_size=2,
     temporal_patch_size=2,
 )
+PUBLISHED_LAYERS = 48
 TOWER_LEAF = "params/params/vision_encoder/Qwen3VLVisionEncoder_0/blocks_26/attn/attn/query/kernel"
 
 
@@ -183,6 +184,8 @@ def run(layers: int, maxtext: Path | None) -> dict:
         size, tower = generate(hf, layers)
         shards = sorted(str(p) for p in hf.glob("*.safetensors"))
         row = dict(layers=layers, size=size, tower=tower)
+        row["layer"] = 2 * sum(math.prod(shape) for shape in _text_layer(0).values())
+        row["embedding"] = 2 * TEXT["vocab_size"] * TEXT["hidden_size"]
         row["floor"] = timed(["sh", "-c", 'cat "$@" > /dev/null', "sh", *shards])
         row["copy"] = timed(["cp", "-r", str(hf), str(WORK / "copy")])
         shutil.rmtree(WORK / "copy")
@@ -236,6 +239,21 @@ def main() -> None:
         if "maxtext" in r
         else "MaxText's converter not run (no `--maxtext-venv`)."
     )
+    full = r["size"] + (PUBLISHED_LAYERS - r["layers"]) * r["layer"]
+    grow = full / r["size"]
+    scaled = (
+        f"At the published {PUBLISHED_LAYERS} layers the folder is {full / GIB:.1f} GiB; scaled by"
+        f" bytes, suture's conversion would take about {r['suture']['wall_s'] * grow / 60:.0f} min"
+        " (at this load) with its peak RSS about where it is (unscanned, each layer's arrays are"
+        f" written on their own, and the largest arrays, the {r['embedding'] / GIB:.2f} GiB"
+        " embedding tables, do not grow with the layer count)"
+    )
+    if "maxtext" in r:
+        scaled += (
+            f", MaxText's about {r['maxtext']['wall_s'] * grow / 60:.0f} min with a peak RSS near"
+            f" {r['maxtext']['peak_rss_bytes'] * grow / GIB:.0f} GiB"
+            f" ({r['maxtext']['peak_rss_bytes'] / r['size']:.1f}x the folder, as here)"
+        )
     body = f"""## Model families: Qwen3-VL-30B-A3B whole, at full width, to MaxText's layout (`python -m bench.families_qwen3_vl`)
 
 {machine()}; load average (1, 5, 15 min) {", ".join(f"{x:.1f}" for x in load_before)} at the
@@ -258,6 +276,8 @@ count set to the folder's.
 {chr(10).join(routes)}
 
 {beside}
+
+{scaled}.
 """
     write_section("families-qwen3-vl", body)
     print(body)
