@@ -1,6 +1,6 @@
 """Qwen3-VL-30B-A3B whole, at full width, to MaxText's layout: suture beside MaxText's eager converter.
 
-    python -m bench.families_qwen3_vl [--layers 2] [--maxtext-venv PATH]
+    python -m bench.families_qwen3_vl [--layers 2] [--maxtext-venv PATH] [--suture-layers 6]
 
 Generates a random Hugging Face folder in the published layout of
 Qwen/Qwen3-VL-30B-A3B-Instruct (its config.json's widths: text hidden 2048, 32 query and 4 KV
@@ -15,6 +15,8 @@ its eager path (``use_multimodal=True`` refuses lazy loading: the whole folder i
 memory), ``scan_layers=False``, bfloat16, its built-in HF config's layer count set to the
 folder's. Wall, CPU seconds (user + sys) and peak RSS of each; the two outputs are compared leaf
 by leaf (the tower's last block's query kernel and the last layer's stacked ``wi_0`` named).
+``--suture-layers`` runs the read, the copy and suture alone on larger folders, to show how
+suture's figures grow with the layer count.
 Everything it made is deleted at the end.
 """
 
@@ -216,10 +218,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--maxtext-venv", type=Path, help="MaxText's environment (bench._maxtext)")
+    parser.add_argument(
+        "--suture-layers",
+        type=int,
+        nargs="*",
+        default=[],
+        help="more layer counts that suture (and the read and copy) alone run at",
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
     maxtext = _maxtext.ensure_venv(args.maxtext_venv) if args.maxtext_venv else None
     r = run(args.layers, maxtext)
+    more = [run(n, None) for n in args.suture_layers]
     load_after = os.getloadavg()
     routes = [
         _route("cold read (`cat`)", r["floor"], r["floor"]),
@@ -238,6 +248,13 @@ def main() -> None:
         + "."
         if "maxtext" in r
         else "MaxText's converter not run (no `--maxtext-venv`)."
+    )
+    alone = "".join(
+        f"\n\nsuture alone at {m['layers']} layers ({m['size'] / GIB:.2f} GiB), the same way:"
+        f" {m['suture']['wall_s']:.1f} s ({m['suture']['wall_s'] / m['floor']['wall_s']:.2f}x the"
+        f" cold read, {m['suture']['wall_s'] / m['copy']['wall_s']:.2f}x the cold copy),"
+        f" {m['suture']['cpu_s']:.1f} CPU s, peak RSS {m['suture']['peak_rss_bytes'] / GIB:.2f} GiB."
+        for m in more
     )
     full = r["size"] + (PUBLISHED_LAYERS - r["layers"]) * r["layer"]
     grow = full / r["size"]
@@ -275,7 +292,7 @@ count set to the folder's.
 | --- | --- | --- | --- | --- |
 {chr(10).join(routes)}
 
-{beside}
+{beside}{alone}
 
 {scaled}.
 """
