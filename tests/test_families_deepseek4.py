@@ -439,3 +439,14 @@ def test_listed_by_suture_recipes_with_the_flash_config_checked(tmp_path) -> Non
     )
     assert done.exit_code != 0
     assert "'compress_ratios' makes layer 0 128" in done.output
+
+
+def test_split_sizes_below_zero_are_refused_though_their_sum_fits(folder, tmp_path):
+    def negative_part(data: dict) -> None:  # 4 - 4 + 24 = 24: the sum alone fits
+        leaf = _leaf_at(data, "decoder/layers/mhc_attention/res_alpha")
+        leaf["fused"]["split"]["sizes"] = ["hc_mult", "-hc_mult", "hc_mult * hc_mult + 2 * hc_mult"]
+
+    table = _own_table(tmp_path, negative_part)
+    with pytest.raises(ConfigMismatchError, match=r"'layers\.0\.hc_attn_fn'.*-4"):
+        suture.convert(folder, tmp_path / "out", recipe=str(table), progress=False)
+    assert not (tmp_path / "out").exists()
