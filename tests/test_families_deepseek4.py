@@ -392,13 +392,23 @@ def test_a_table_misusing_the_new_keys_is_refused_naming_the_entry(
     assert not (tmp_path / "out").exists()
 
 
-def test_split_sizes_that_do_not_fit_the_tensor_name_it_and_both_lengths(folder, tmp_path):
-    def residual_too_short(data: dict) -> None:
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        (["hc_mult", "hc_mult", "hc_mult"], r"4 \+ 4 \+ 4 = 12.*24"),
+        # 4 - 4 + 24 = 24: the sum alone fits, and the parts would be cut from the wrong rows
+        (["hc_mult", "-hc_mult", "hc_mult * hc_mult + 2 * hc_mult"], r"4 \+ -4 \+ 24 = 24"),
+    ],
+)
+def test_split_sizes_that_do_not_fit_the_tensor_name_it_and_both_lengths(
+    folder, tmp_path, sizes, message
+):
+    def resized(data: dict) -> None:
         leaf = _leaf_at(data, "decoder/layers/mhc_attention/res_alpha")
-        leaf["fused"]["split"]["sizes"] = ["hc_mult", "hc_mult", "hc_mult"]
+        leaf["fused"]["split"]["sizes"] = sizes
 
-    table = _own_table(tmp_path, residual_too_short)
-    with pytest.raises(ConfigMismatchError, match=r"'layers\.0\.hc_attn_fn'.*4 \+ 4 \+ 4 = 12.*24"):
+    table = _own_table(tmp_path, resized)
+    with pytest.raises(ConfigMismatchError, match=r"'layers\.0\.hc_attn_fn'.*" + message):
         suture.convert(folder, tmp_path / "out", recipe=str(table), progress=False)
     assert not (tmp_path / "out").exists()
 

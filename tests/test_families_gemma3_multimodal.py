@@ -244,7 +244,10 @@ def test_a_tower_table_of_ones_own_converts_as_the_built_in(converted, tmp_path)
     [
         (lambda t: t.pop("text"), "text: is needed in a tower table"),
         (lambda t: t.update(target="maxtext"), "text: is only in a tower table"),
-        (lambda t: t["tower"].update(prefixes=["x."]), "'tower' needs"),
+        (
+            lambda t: t["tower"].update(prefixes=["x."]),
+            r"'tower' needs.*; got .*'prefixes': \['x\.'\]",
+        ),
     ],
 )
 def test_a_tower_table_is_checked_as_a_whole(edit, message):

@@ -246,6 +246,9 @@ def test_a_text_only_folder_is_refused_naming_the_text_recipe(tmp_path):
         ("not (a and b)", "a and b", True),
         ("( a and  b )", "not(a and b)", True),
         ("not a or b", "a or b", False),  # (not a) or b: both hold where b does
+        ("not a or(b)", "a or(b)", False),  # the same, spelt without a space
+        ("not a<b", "(a < b)", True),  # not binds looser than a comparison
+        ("not -a", "-a", True),
         ("not a", "not a", False),
         ("a", "b", False),
         (None, "not a", False),

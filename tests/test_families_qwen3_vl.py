@@ -256,3 +256,18 @@ def test_back_like_a_saved_folder_writes_the_experts_in_its_order(folders):
     assert sorted(source) == sorted(written)
     for key, value in source.items():  # (E, 2I, H) and (E, H, I), as save_pretrained wrote them
         np.testing.assert_array_equal(written[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"shape": ["a", "b"], "also_permuted": [0, 1]},  # the same order
+        {"shape": ["a", "b"], "also_permuted": [1, 0], "extra": 1},
+        ["a", "b"],
+    ],
+)
+def test_a_stored_order_that_is_not_one_says_what_it_got(spec):
+    from suture.families._stored_order import parse_stored
+
+    with pytest.raises(suture.families.RecipeFormatError, match=r"leaves\[3\]\.stored.*; got "):
+        parse_stored(spec, "leaves[3].stored")

@@ -75,6 +75,20 @@ def test_a_narrowing_cast_reads_in_chunks_that_shrink_at_the_end(count: int) -> 
         assert reads[0] == (0, min(count // 2, 2 * 1024 * 1024))
 
 
+def test_no_cast_reads_straight_into_the_result_and_copies_nothing(monkeypatch) -> None:
+    import suture._buffers as buffers
+
+    def refuse(*arguments) -> None:
+        raise AssertionError("a read of the result's own dtype went through a cast")
+
+    monkeypatch.setattr(buffers, "cast_bytes_into", refuse)
+    monkeypatch.setattr(buffers, "cast_into", refuse)
+    values = np.random.default_rng(2).normal(size=(3 * 1024 * 1024 + 5, 1)).astype(np.float32)
+    out, reads = _read_cast(values, values.dtype)
+    np.testing.assert_array_equal(out, values)
+    assert reads[0] == (0, 2 * 1024 * 1024) and reads[-1][1] == values.size  # 8 MiB chunks
+
+
 @pytest.mark.parametrize(
     ("stored", "wanted"),
     [

@@ -120,3 +120,18 @@ def test_each_devices_shard_is_the_one_jax_gives_it():
                 for index, length in zip(found[device], shape, strict=True)
             )
             assert device_shard(shape, spec, sizes, number) == expected, (shape, spec, number)
+
+
+def test_a_mesh_axis_that_does_not_divide_a_leaf_is_refused_as_jax_refuses_the_load(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.zeros((10, 4), np.float32)}, str(tmp_path / "m.safetensors"))
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
+    (tmp_path / "rules.yaml").write_text("leaves:\n  w: [fsdp, null]\n")
+    refused = CliRunner().invoke(
+        app,
+        ["plan", str(tmp_path / "recipe.yaml"), str(tmp_path / "m.safetensors"),
+         "--mesh", "fsdp=4", "--sharding", str(tmp_path / "rules.yaml")],
+    )  # fmt: skip
+    assert refused.exit_code == 2, refused.output
+    assert "'w'" in refused.output and "10" in refused.output and "4 ways" in refused.output

@@ -153,7 +153,7 @@ def read_cast_into(
     overlaps the place it is written to): at its own place for a cast of the same size,
     after its place for one that widens; for one that narrows (float32 to bfloat16) the
     chunks shrink near the end, where the last few elements (at most a tile) are read into
-    a buffer of their own.
+    a buffer of their own. Where `dtype` is `out`'s, the chunks are read into place as they are.
 
     Example:
         >>> source = np.array([1.0, 2.5, -3.0], np.float16).view(np.uint8)
@@ -168,6 +168,11 @@ def read_cast_into(
     raw = flat.view(np.uint8)
     count, size, width, done = flat.size, dtype.itemsize, out.itemsize, 0
     chunk = max(_IN_PLACE_TILE, _IN_PLACE_CHUNK // size)
+    if dtype == out.dtype:  # nothing to cast: the bytes read are the result
+        for start in range(0, count, chunk):
+            stop = min(count, start + chunk)
+            read(start, stop, raw[start * size : stop * size])
+        return
     while done < count:
         fits = min(count - done, chunk, (count - done) * width // size)
         if fits < min(count - done, _IN_PLACE_TILE):  # the space left is too small: via the tile

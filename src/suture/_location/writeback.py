@@ -25,12 +25,18 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 UNFINISHED_SUFFIX = ".__lock"  # TensorStore's file driver: a file still being written
 INTERVAL_SECONDS = 0.2
+# A file's mtime moves in ticks of the kernel's coarse clock (a jiffy, up to 10 ms; a second
+# on some file systems): one written again in the tick it was synced in would keep its
+# `file_key`, so a file is released only once its mtime is this far in the past.
+SETTLED_NS = 100_000_000
+SETTLED_WHOLE_SECOND_NS = 2_000_000_000  # an mtime of whole seconds: a coarse file system
 SYNC_THREADS = 16  # fsyncs at once: they wait on the disk, not the CPU
 
 
@@ -67,7 +73,9 @@ class DropBehind:
             finished = [
                 entry.name
                 for entry in entries
-                if not entry.name.endswith(UNFINISHED_SUFFIX) and entry.name not in self._done
+                if not entry.name.endswith(UNFINISHED_SUFFIX)
+                and entry.name not in self._done
+                and settled(entry.stat().st_mtime_ns)
             ]
         for name in finished:
             if self._stopped.is_set():
@@ -100,6 +108,18 @@ def release(path: Path) -> tuple[int, ...] | None:
     finally:
         os.close(descriptor)
     return key
+
+
+def settled(mtime_ns: int) -> bool:
+    """Whether a file last modified at `mtime_ns` is past the tick it was written in: a
+    change from now on gives it another mtime, so its `file_key` tells the change.
+
+    Example:
+        >>> settled(0), settled(time.time_ns())
+        (True, False)
+    """
+    margin = SETTLED_WHOLE_SECOND_NS if mtime_ns % 1_000_000_000 == 0 else SETTLED_NS
+    return time.time_ns() - mtime_ns >= margin
 
 
 def file_key(status: os.stat_result) -> tuple[int, ...]:

@@ -98,6 +98,7 @@ def mesh_reads(tree: Any, target: TargetSharding, processes: int = 1) -> list[Pr
     for path, array in arrays.items():
         spec = target.rules.spec_for(path, array.ndim) if target.rules else None
         spec = spec or (None,) * array.ndim
+        _refuse_uneven(path, array.shape, spec, target.mesh)
         itemsize = np.dtype(array.dtype).itemsize
         for process in found:
             shards = {device_shard(array.shape, spec, target.mesh, d) for d in process.devices}
@@ -115,6 +116,22 @@ def mesh_reads(tree: Any, target: TargetSharding, processes: int = 1) -> list[Pr
             process.needed += needed
             process.read += read
     return found
+
+
+def _refuse_uneven(
+    path: str, shape: Sequence[int], spec: Sequence[Entry], mesh: Mapping[str, int]
+) -> None:
+    """Refuses a split that does not divide its axis: jax loads no array sharded so."""
+    for axis, (length, entry) in enumerate(zip(shape, spec, strict=False)):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        ways = math.prod(mesh.get(name, 1) for name in names)
+        if length % ways:
+            raise ArgumentError(
+                f"Leaf {path!r}: axis {axis} has length {length}, split {ways} ways by "
+                f"{'x'.join(names)} of the mesh {_mesh_text(mesh)}; jax loads an array only "
+                f"where each split divides its axis. Give that axis another spec in the "
+                f"sharding rules (or null), or a mesh whose sizes divide {length}."
+            )
 
 
 def render_mesh_reads(reads: list[ProcessReads], target: TargetSharding, worst: int = 5) -> str:

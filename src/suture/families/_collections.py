@@ -37,12 +37,19 @@ def gathered(flat: dict[str, Any], collections: Iterable[str]) -> dict[str, Any]
         if collection is None:
             out[path] = leaf
         else:
-            moved[PARAMS + path.removeprefix(root_of(collection))] = (path, leaf)
+            target = PARAMS + path.removeprefix(root_of(collection))
+            if target in moved:  # one leaf of the table in two collections
+                _refuse(moved[target][0], path)
+            moved[target] = (path, leaf)
     for path, (was, leaf) in moved.items():
         if path in out:
-            raise ConfigMismatchError(
-                f"The MaxText checkpoint has both {was!r} and {path!r}; the recipe reads that "
-                f"leaf from its collection only. Remove the other one."
-            )
+            _refuse(was, path)
         out[path] = leaf
     return out
+
+
+def _refuse(one: str, other: str) -> None:
+    raise ConfigMismatchError(
+        f"The MaxText checkpoint has both {one!r} and {other!r}; the recipe reads that "
+        f"leaf from its collection only. Remove the other one."
+    )

@@ -115,12 +115,12 @@ def _sized_part(
 ) -> LazyArray:
     """Part `fused.part` of `piece` along `axis`, the parts `fused.sizes` long."""
     lengths = [int(evaluate(size, names)) for size in fused.sizes]
-    if sum(lengths) != piece.shape[axis]:
+    if sum(lengths) != piece.shape[axis] or min(lengths) < 0:
         raise ConfigMismatchError(
             f"Hugging Face tensor {path!r} has shape {piece.shape}; the table splits axis "
             f"{fused.axis} into parts of {' + '.join(map(str, lengths))} = {sum(lengths)} "
-            f"({', '.join(fused.sizes)}), and it holds {piece.shape[axis]}. Check that "
-            f"config.json belongs to these weights."
+            f"({', '.join(fused.sizes)}), and it holds {piece.shape[axis]} (each part 0 or "
+            f"more). Check that config.json belongs to these weights."
         )
     start = sum(lengths[: fused.part])
     index: list[Any] = [slice(None)] * piece.ndim

@@ -7,24 +7,20 @@ out, saying so (a `LeftOutWarning`: which, and how many), and ``--reverse --like
 copies them back from the original folder.
 
 Example:
-    >>> kept = left_out({"mtp.0.norm.weight": 1, "norm.weight": 2}, (r"mtp\\..*",), "r", "MaxText")
-    >>> kept
-    {'norm.weight': 2}
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     kept = left_out({"mtp.0.norm.weight": 1, "norm.weight": 2}, (r"mtp\\..*",), "r", "MaxText")
+    >>> kept, caught[0].category.__name__
+    ({'norm.weight': 2}, 'LeftOutWarning')
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from .._lazy.array import as_lazy
-from .._patterns import compile_pattern, fullmatch
-from ._multimodal import LeftOutWarning
-
-
-def _matches(name: str, patterns: tuple[str, ...]) -> bool:
-    # the table's patterns, matched under a time bound: a user's may backtrack
-    return any(fullmatch(compile_pattern(p, "leave_out"), name) for p in patterns)
+from ._multimodal import matches_any, warn_left_out
 
 
 def left_out(
@@ -33,21 +29,14 @@ def left_out(
     """`hf` without the tensors `patterns` match, warning once of those it leaves out."""
     if not patterns:
         return hf
-    left = sorted(name for name in hf if _matches(name, patterns))
+    left = sorted(name for name in hf if matches_any(name, patterns, "leave_out"))
     if left:
-        more = f" and {len(left) - 1} more" if len(left) > 1 else ""
-        warnings.warn(
-            f"Recipe {recipe!r} leaves out {len(left)} tensor(s) {target}'s model has no place "
-            f"for ({left[0]}{more}); `suture convert ... --reverse --like ORIGINAL` restores "
-            "them.",
-            LeftOutWarning,
-            stacklevel=4,
-        )
+        warn_left_out(f"Recipe {recipe!r}", left, f"{target}'s model", stacklevel=4)
     return {name: value for name, value in hf.items() if name not in set(left)}
 
 
 def restore(patterns: tuple[str, ...], original: dict[str, Any], tensors: dict[str, Any]) -> None:
     """Copies the tensors `patterns` left out from the `original` folder into `tensors`."""
     for name, value in original.items():
-        if name not in tensors and _matches(name, patterns):
+        if name not in tensors and matches_any(name, patterns, "leave_out"):
             tensors[name] = as_lazy(value, path=name)

@@ -78,11 +78,7 @@ class LanguageModel:
         return None
 
     def left_out(self, name: str) -> bool:
-        # the table's patterns, matched under a time bound: a user's may backtrack
-        return any(
-            fullmatch(compile_pattern(pattern, "language_model leave_out"), name)
-            for pattern in self.leave_out
-        )
+        return matches_any(name, self.leave_out, "language_model leave_out")
 
     def to_text(
         self, hf: dict[str, Any], prefix: str, recipe: str, target: str = "MaxText"
@@ -90,12 +86,11 @@ class LanguageModel:
         """`hf` with the language model under the table's names and the rest left out."""
         left = sorted(name for name in hf if self.left_out(name))
         if left:
-            warnings.warn(
-                f"Recipe {recipe!r} converts the language model of this multimodal folder and "
-                f"leaves out {len(left)} tensor(s) {target}'s text model has no place for "
-                f"({self._by_part(left)}); `suture convert ... --reverse --like ORIGINAL` "
-                "restores them.",
-                LeftOutWarning,
+            warn_left_out(
+                f"Recipe {recipe!r} converts the language model of this multimodal folder and",
+                left,
+                f"{target}'s text model",
+                self._by_part(left),
                 stacklevel=4,
             )
         return {
@@ -152,6 +147,33 @@ def parse_language_model(spec: Any, where: str) -> LanguageModel | None:
         tuple(spec.get("leave_out") or ()),
         tuple(causal),
         tuple(spec.get("outer") or ()),
+    )
+
+
+def matches_any(name: str, patterns: tuple[str, ...], what: str) -> bool:
+    """Whether one of a table's `patterns` (its key `what`) matches all of `name`, each
+    under a time bound: a user's pattern may backtrack.
+
+    Example:
+        >>> matches_any("mtp.0.norm.weight", (r"mtp\\..*",), "leave_out")
+        True
+    """
+    return any(fullmatch(compile_pattern(pattern, what), name) for pattern in patterns)
+
+
+def warn_left_out(
+    doing: str, left: list[str], place: str, shown: str | None = None, stacklevel: int = 2
+) -> None:
+    """Warns (`LeftOutWarning`, `stacklevel` counted from the caller) that a conversion
+    `doing` leaves out the tensors `left` (sorted), which `place` has no place for; `shown`
+    says which (default: the first and how many more)."""
+    if shown is None:
+        shown = left[0] + (f" and {len(left) - 1} more" if len(left) > 1 else "")
+    warnings.warn(
+        f"{doing} leaves out {len(left)} tensor(s) {place} has no place for ({shown}); "
+        "`suture convert ... --reverse --like ORIGINAL` restores them.",
+        LeftOutWarning,
+        stacklevel=stacklevel + 1,
     )
 
 

@@ -36,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable
 from typing import Any
 
@@ -57,43 +58,31 @@ def shared_path_problem(groups: set[str | None], group: str | None) -> str | Non
 
 def exclusive_conditions(first: Any, second: Any) -> bool:
     """Whether two leaves' ``when`` conditions are one the negation of the other (``X`` and
-    ``not X``, or ``not (X)``), so that no config makes both."""
-    if not isinstance(first, str) or not isinstance(second, str):
+    ``not X``, or ``not (X)``), so that no config makes both. They are compared as Python
+    parses them, so spacing, brackets and precedence count as they do when evaluated
+    (``not a or b`` is ``(not a) or b``, no negation of ``a or b``)."""
+    first_tree, second_tree = _parsed(first), _parsed(second)
+    if first_tree is None or second_tree is None:
         return False
-    return _negated(first) == _plain(second) or _negated(second) == _plain(first)
+    return _negated(first_tree) == ast.dump(second_tree) or _negated(second_tree) == ast.dump(
+        first_tree
+    )
 
 
-def _plain(condition: str) -> str:
-    text = " ".join(condition.split())
-    while text.startswith("(") and text.endswith(")") and _balanced(text[1:-1]):
-        text = text[1:-1].strip()
-    return text
-
-
-def _negated(condition: str) -> str | None:
-    """What `condition` negates, when it is ``not X``; else None. ``not a or b`` negates ``a``
-    alone (``not`` binds tighter than ``and``, ``or``, ``if``), so its X is a single term or
-    a parenthesized whole."""
-    text = _plain(condition)
-    if not text.startswith(("not ", "not(")):
+def _parsed(condition: Any) -> ast.expr | None:
+    if not isinstance(condition, str):
         return None
-    rest = text[3:].strip()
-    if rest.startswith("(") and rest.endswith(")") and _balanced(rest[1:-1]):
-        return _plain(rest)
-    return rest if _is_term(rest) else None
+    try:
+        return ast.parse(condition.strip(), mode="eval").body
+    except SyntaxError:  # the table's check of its expressions says what is wrong
+        return None
 
 
-def _is_term(text: str) -> bool:
-    return not any(f" {word} " in f" {text} " for word in ("and", "or", "if", "else"))
-
-
-def _balanced(text: str) -> bool:
-    depth = 0
-    for char in text:
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth < 0:
-            return False
-    return depth == 0
+def _negated(tree: ast.expr) -> str | None:
+    """What `tree` negates (its dump), when it is ``not X``; else None."""
+    if isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.Not):
+        return ast.dump(tree.operand)
+    return None
 
 
 def shared_groups(leaves: Iterable[Any]) -> dict[str, set[str]]:

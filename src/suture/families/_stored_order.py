@@ -104,7 +104,7 @@ def parse_stored(spec: Any, where: str) -> StoredOrder:
     """A `StoredOrder` from its table form: ``{shape: [EXPRESSIONS], also_permuted: [AXES]}``."""
     rule = f"{where}: 'stored' needs {{shape: [sizes], also_permuted: [axes]}}, of one length"
     if not isinstance(spec, dict) or set(spec) != {"shape", "also_permuted"}:
-        raise RecipeFormatError(rule)
+        raise RecipeFormatError(f"{rule}; got {spec!r:.200}")
     shape, permuted = spec["shape"], spec["also_permuted"]
     if (
         not isinstance(shape, list)
@@ -114,5 +114,7 @@ def parse_stored(spec: Any, where: str) -> StoredOrder:
         or sorted(permuted) != list(range(len(permuted)))
         or permuted == sorted(permuted)
     ):
-        raise RecipeFormatError(f"{rule}; also_permuted is another order of the axes.")
+        raise RecipeFormatError(
+            f"{rule}; also_permuted is another order of the axes; got {spec!r:.200}"
+        )
     return StoredOrder(tuple(shape), tuple(permuted))

@@ -104,7 +104,7 @@ def parse_tower(spec: Any, where: str) -> Tower:
         "leave_out: [patterns], unscanned_only: {when: EXPRESSION, why: TEXT}}}"
     )
     if not isinstance(spec, dict):
-        raise RecipeFormatError(rule)
+        raise RecipeFormatError(f"{rule}; got {spec!r:.200}")
     config = spec.get("config")
     if (
         isinstance(config, dict)
@@ -113,7 +113,7 @@ def parse_tower(spec: Any, where: str) -> Tower:
     ):
         config = tuple(config.items())
     elif not isinstance(config, str) or not config:
-        raise RecipeFormatError(rule)
+        raise RecipeFormatError(f"{rule}; got {spec!r:.200}")
     prefixes = spec.get("prefixes")
     if (
         not isinstance(prefixes, dict)
@@ -127,10 +127,10 @@ def parse_tower(spec: Any, where: str) -> Tower:
         )
         or set(spec) - {"config", "prefixes", "leave_out", "unscanned_only"}
     ):
-        raise RecipeFormatError(rule)
+        raise RecipeFormatError(f"{rule}; got {spec!r:.200}")
     leave_out = spec.get("leave_out") or []
     if not isinstance(leave_out, list) or not all(isinstance(p, str) for p in leave_out):
-        raise RecipeFormatError(rule)
+        raise RecipeFormatError(f"{rule}; got {spec!r:.200}")
     for pattern in leave_out:
         compile_pattern(pattern, f"{where}: tower leave_out")
     only = spec.get("unscanned_only")
@@ -140,7 +140,7 @@ def parse_tower(spec: Any, where: str) -> Tower:
             or set(only) != {"when", "why"}
             or not all(isinstance(value, str) for value in only.values())
         ):
-            raise RecipeFormatError(rule)
+            raise RecipeFormatError(f"{rule}; got {spec!r:.200}")
         check(only["when"])
     return Tower(
         config,

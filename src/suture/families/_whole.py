@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 from .._errors import ConfigMismatchError
 from .._paths import flatten, unflatten
 from ._expr import evaluate, names_in
-from ._multimodal import LeftOutWarning
+from ._multimodal import warn_left_out
 from ._recipe import MAXTEXT_ROOT, FamilyRecipe, _hf_leaves
 from ._tables import get_recipe
 from ._tower import Tower, parse_tower
@@ -84,14 +83,7 @@ class WholeRecipe(FamilyRecipe):
         towers, rest, _ = tower.split(_hf_leaves(tree))
         left = sorted(name for name in towers if tower.left_out(name))
         if left:
-            more = f" and {len(left) - 1} more" if len(left) > 1 else ""
-            warnings.warn(
-                f"Recipe {self.name!r} leaves out {len(left)} tensor(s) MaxText's multimodal "
-                f"tree has no place for ({left[0]}{more}); `suture convert ... --reverse --like "
-                "ORIGINAL` restores them.",
-                LeftOutWarning,
-                stacklevel=2,
-            )
+            warn_left_out(f"Recipe {self.name!r}", left, "MaxText's multimodal tree")
         towers = {name: value for name, value in towers.items() if not tower.left_out(name)}
         if not towers:
             raise ConfigMismatchError(

@@ -257,16 +257,7 @@ def local_identity(file: Location) -> tuple[int, ...] | None:
 
 def _whole_rows(selection: Selection, shape: tuple[int, ...]) -> tuple[int, int] | None:
     """``(low, high)`` when `selection` is a contiguous run of whole rows, else None."""
-    first = selection[0]
-    if not isinstance(first, range) or (first.step != 1 and len(first) > 1):
-        return None
-    if any(
-        not (isinstance(axis, range) and axis == range(length))
-        for axis, length in zip(selection[1:], shape[1:], strict=True)
-    ):
-        return None
-    low = first.start if len(first) else 0
-    return low, low + len(first)
+    return _run_along(selection, shape, 0)
 
 
 def _row_runs(selection: Selection, shape: tuple[int, ...]) -> tuple[int, int] | None:
@@ -280,16 +271,22 @@ def _row_runs(selection: Selection, shape: tuple[int, ...]) -> tuple[int, int] |
     """
     if len(shape) < 2 or not isinstance(selection[0], range):
         return None
-    second = selection[1]
-    if not isinstance(second, range) or (second.step != 1 and len(second) > 1):
+    return _run_along(selection, shape, 1)
+
+
+def _run_along(selection: Selection, shape: tuple[int, ...], axis: int) -> tuple[int, int] | None:
+    """``(low, high)`` when `selection` takes ``[low, high)`` of `axis` (step 1) and every axis
+    after it whole: one run of bytes within each index of the axes before it, else None."""
+    taken = selection[axis]
+    if not isinstance(taken, range) or (taken.step != 1 and len(taken) > 1):
         return None
     if any(
-        not (isinstance(axis, range) and axis == range(length))
-        for axis, length in zip(selection[2:], shape[2:], strict=True)
+        not (isinstance(after, range) and after == range(length))
+        for after, length in zip(selection[axis + 1 :], shape[axis + 1 :], strict=True)
     ):
         return None
-    low = second.start if len(second) else 0
-    return low, low + len(second)
+    low = taken.start if len(taken) else 0
+    return low, low + len(taken)
 
 
 def _row_groups(first: Any, strip_rows: int) -> Any:
