@@ -71,6 +71,7 @@ def test_reshard_refuses_half_a_target(source: Path, arguments: list[str], messa
     done = runner.invoke(app, ["reshard", str(source), str(source.parent / "o"), *arguments])
     assert done.exit_code == 2
     assert message in done.output
+    assert "--recipe" not in done.output  # reshard has no such option to offer
     assert not (source.parent / "o").exists()
 
 
@@ -89,3 +90,13 @@ def test_convert_lists_mesh_and_sharding_in_the_output_panel():
     done = runner.invoke(app, ["convert", "--help"], env={"COLUMNS": "120"}, terminal_width=120)
     panels = panels_of(done.output)
     assert "--mesh" in panels["Output"] and "--sharding" in panels["Output"]
+
+
+def test_convert_given_a_mesh_alone_offers_a_builtin_recipe(source: Path):
+    done = runner.invoke(
+        app, ["convert", str(source), str(source.parent / "o"), "--mesh", "fsdp=8"]
+    )
+    assert done.exit_code == 2
+    assert "--mesh and --sharding go together" in done.output
+    assert "--recipe FAMILY:maxtext" in done.output  # convert takes one: with it the mesh will do
+    assert not (source.parent / "o").exists()

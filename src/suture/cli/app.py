@@ -691,7 +691,7 @@ def convert(
         lora_alpha=lora_alpha,
         adapter_only=adapter_only,
         merge_adapter=merge_adapter,
-        target_sharding=target_of(mesh, sharding, recipe),
+        target_sharding=target_of(mesh, sharding, recipe, takes_recipe=True),
     )
     _report_written(result, verify)
     if result.format == "orbax" and _is_model_folder(source):

@@ -30,20 +30,30 @@ Sharding = Annotated[str | None, typer.Option("--sharding", help=SHARDING_HELP)]
 
 
 def target_of(
-    mesh: str | None, sharding: str | None, recipe: str | None = None
+    mesh: str | None,
+    sharding: str | None,
+    recipe: str | None = None,
+    *,
+    takes_recipe: bool = False,
 ) -> TargetSharding | None:
     """The `TargetSharding` of ``--mesh`` and ``--sharding`` (both, or neither; the mesh
-    alone with a family `recipe`, whose table knows MaxText's logical axes)."""
+    alone with a family `recipe`, whose table knows MaxText's logical axes). `takes_recipe`:
+    the command has ``--recipe``, so its error may offer it."""
     if mesh is None and sharding is None:
         return None
     if sharding is None and recipe is not None and is_family_recipe(recipe):
         return TargetSharding(mesh)  # type: ignore[arg-type]
     if mesh is None or sharding is None:
         missing = "--mesh fsdp=8,tensor=2" if mesh is None else "--sharding rules.yaml"
+        alone = (
+            " A built-in MaxText recipe (--recipe FAMILY:maxtext) knows its leaves' specs: "
+            "with it, --mesh alone will do."
+            if takes_recipe and mesh is not None
+            else ""
+        )
         raise ArgumentError(
             f"--mesh and --sharding go together (the mesh, and each leaf's spec on it): add "
-            f"{missing}. A built-in MaxText recipe (--recipe FAMILY:maxtext) knows its "
-            f"leaves' specs: with it, --mesh alone will do."
+            f"{missing}.{alone}"
         )
     return TargetSharding(mesh, sharding)
 
