@@ -125,11 +125,37 @@ def test_a_table_without_logical_axes_asks_for_the_sharding(llama: Path, tmp_pat
             target_sharding=suture.TargetSharding("fsdp=4"),
         )  # fmt: skip
     assert not (tmp_path / "mt").exists()
-    # a table's axes name every leaf, by its path, with names or nulls
-    broken = (
+    # on a mesh, a table's axes must name every leaf; without one, they need not
+    partial = (
         text + "\nlogical_axes:\n  decoder/decoder_norm/scale: [norm]\n  decoder/nothing: [x]\n"
     )
-    (tmp_path / "broken.yaml").write_text(broken)
-    with pytest.raises(RecipeError) as error:
-        suture.convert(llama, tmp_path / "mt", recipe=str(tmp_path / "broken.yaml"))
-    assert "has no entry for 'decoder/layers/mlp/wi_0/kernel'" in str(error.value)
+    (tmp_path / "partial.yaml").write_text(partial)
+    with pytest.raises(suture.SurgeryError) as error:
+        suture.convert(
+            llama, tmp_path / "mt", recipe=str(tmp_path / "partial.yaml"), progress=False,
+            target_sharding=suture.TargetSharding("fsdp=4"),
+        )  # fmt: skip
+    assert "no entry for 'decoder/layers/mlp/wi_0/kernel'" in str(error.value)
+    assert "--sharding" in str(error.value)
+    assert not (tmp_path / "mt").exists()
+    suture.convert(llama, tmp_path / "mt", recipe=str(tmp_path / "partial.yaml"), progress=False)
+    assert (tmp_path / "mt").exists()
+    # axes that are not lists of names or nulls break the table's format
+    (tmp_path / "broken.yaml").write_text(text + "\nlogical_axes:\n  decoder/x: [embed, embed]\n")
+    with pytest.raises(RecipeError, match="names an axis twice"):
+        suture.convert(llama, tmp_path / "mt2", recipe=str(tmp_path / "broken.yaml"))
+
+
+def test_every_builtin_table_with_logical_axes_names_every_leaf():
+    from suture.families._index import read_table, table_heads
+    from suture.families._logical_axes import missing_leaves
+
+    carrying = 0
+    for file in table_heads():
+        table = read_table(file)
+        if "logical_axes" not in table:
+            continue
+        carrying += 1
+        paths = {leaf["maxtext"] for leaf in table["leaves"] if "maxtext" in leaf}
+        assert missing_leaves(table["logical_axes"], paths) == [], file
+    assert carrying >= 12

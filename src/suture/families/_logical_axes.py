@@ -17,8 +17,8 @@ unscanned layout, a layout's remainder layers) has the same axes without the lay
 MaxText's unscanned model does.
 
 Example:
-    >>> schema_problems({"a/kernel": ["embed", "mlp"]}, {"a/kernel", "b/scale"})
-    [('logical_axes', "has no entry for 'b/scale'; give every leaf its axes ([] for none)")]
+    >>> schema_problems({"a/kernel": ["embed", "mlp", "mlp"]})
+    [('logical_axes.a/kernel', "names an axis twice: ['embed', 'mlp', 'mlp']")]
     >>> leaf_axes(("embed", "layers", "mlp"), 0, 1)  # one layer of the scanned leaf
     ('embed', 'mlp')
 """
@@ -122,13 +122,11 @@ MAXTEXT_AXIS_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
-def schema_problems(
-    value: Any, leaf_paths: set[str], target: str = "maxtext"
-) -> list[tuple[str, str]]:
+def schema_problems(value: Any, target: str = "maxtext") -> list[tuple[str, str]]:
     """(entry, rule) for each way `value` (a table's ``logical_axes``) breaks the format: a
-    mapping of the table's leaf paths, every leaf named, to lists of axis names or nulls.
-    An entry of no leaf is left alone (a copied table with leaves taken out): a typo in a
-    path leaves its leaf without an entry, which is named."""
+    mapping of the table's leaf paths to lists of axis names or nulls. An entry of no leaf
+    is left alone (a copied table with leaves taken out); a leaf without an entry (a copied
+    table with leaves added) matters only on a mesh, where `recipe_rules` names it."""
     if target != "maxtext":
         return [("logical_axes", f"are MaxText's; a table of target {target!r} has none")]
     if not isinstance(value, Mapping):
@@ -142,17 +140,17 @@ def schema_problems(
             )
         elif len({a for a in axes if a is not None}) != len([a for a in axes if a is not None]):
             problems.append((entry, f"names an axis twice: {axes}"))
-    missing = sorted(leaf_paths - set(value))
-    if missing:
-        listed = ", ".join(repr(path) for path in missing[:3])
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        problems.append(
-            (
-                "logical_axes",
-                f"has no entry for {listed}{more}; give every leaf its axes ([] for none)",
-            )
-        )
     return problems
+
+
+def missing_leaves(value: Mapping[str, Any], leaf_paths: set[str]) -> list[str]:
+    """The leaf paths `value` (a table's ``logical_axes``) has no entry for, sorted.
+
+    Example:
+        >>> missing_leaves({"a/kernel": ["embed", "mlp"]}, {"a/kernel", "b/scale"})
+        ['b/scale']
+    """
+    return sorted(leaf_paths - set(value))
 
 
 def leaf_axes(axes: tuple[Any, ...], stacked: int, layer_axis: int) -> tuple[Any, ...] | None:
@@ -184,7 +182,17 @@ def recipe_rules(recipe: Any, config: dict[str, Any], tree: Any) -> ShardingRule
     names = recipe.config_names(config)
     root = recipe._root
     leaves: dict[str, tuple[Any, ...]] = {}
-    for leaf in recipe._active(names):
+    active = recipe._active(names)
+    missing = missing_leaves(table, {leaf.maxtext for leaf in active})
+    if missing:
+        listed = ", ".join(repr(path) for path in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ArgumentError(
+            f"Recipe {recipe.name!r}: its table's logical_axes have no entry for {listed}{more}, "
+            f"so their shards on the mesh are unknown. Add each leaf's MaxText axes to "
+            f"logical_axes ([] for none), or give the sharding with --sharding FILE."
+        )
+    for leaf in active:
         axes = tuple(table[leaf.maxtext])
         if leaf.group is None:
             slots = [(leaf.maxtext, 1)]  # as the table has it

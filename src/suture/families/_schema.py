@@ -290,8 +290,7 @@ class _Table:
         self.period = "layer_period" in data
         out["leaves"] = [self.leaf(leaf, i, target, groups) for i, leaf in enumerate(leaves)]
         if data.get("logical_axes") is not None:
-            paths = {leaf[target] for leaf in leaves if isinstance(leaf, dict) and target in leaf}
-            for entry, rule in axes_problems(data["logical_axes"], paths, target):
+            for entry, rule in axes_problems(data["logical_axes"], target):
                 self.problem(entry, rule)
         return out
 
