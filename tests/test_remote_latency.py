@@ -273,3 +273,29 @@ def test_opening_remote_shards_reads_each_header_in_one_request(gcs: str, tmp_pa
         assert reads == [(0, HEADER_GUESS), (size - 1, size)], reads
     for tensor in "ab":
         np.testing.assert_array_equal(ckpt[tensor].read(), values[tensor])
+
+
+def test_a_conversion_between_buckets_reads_the_config_once(gcs: str, tmp_path: Path) -> None:
+    # Opening read config.json (a size probe, then the file); the save read it again to
+    # copy it and check its dtype: two more round trips before the first block.
+    pytest.importorskip("torch", reason="transformers' models need torch (the dev extra)")
+    from suture.families._convert import convert_with_recipe
+    from tests.test_hf_output import tiny_llama
+
+    tiny_llama(tmp_path / "hf")
+    url = upload(tmp_path / "hf", f"{gcs}/latency/convert-config/hf")
+    out = f"{gcs}/latency/convert-config/out"
+    asked: list[tuple[int, int] | None] = []
+    read_now = RemoteLocation._read_now
+
+    def counted(self: RemoteLocation, key: str, byte_range: slice | None = None):
+        if key.endswith("/config.json"):
+            asked.append(None if byte_range is None else (byte_range.start, byte_range.stop))
+        return read_now(self, key, byte_range)  # the real read
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RemoteLocation, "_read_now", counted)
+        convert_with_recipe(url, out, "llama3.1:maxtext", progress=False)
+    assert len(asked) == 2, asked  # the probe of the size cap and the read, once
+    copied = location_of(f"{out}/config.json").read_bytes()
+    assert copied == (tmp_path / "hf" / "config.json").read_bytes()  # byte for byte

@@ -398,6 +398,41 @@ class InlineFile(Location):
         return self._data
 
 
+class FetchedFile(InlineFile):
+    """A side file's bytes as read from `origin` (a bucket's ``config.json``), kept so that
+    the save copies them without asking the bucket again; errors name `origin`."""
+
+    def __init__(self, origin: Location, data: bytes) -> None:
+        super().__init__(origin.name, data)
+        self.origin = origin
+
+    def __str__(self) -> str:
+        return str(self.origin)
+
+
+def with_config_fetched(side: Mapping[str, Any]) -> dict[str, Any]:
+    """`side` files with a remote ``config.json`` read now and held (`FetchedFile`).
+
+    Called where the config was read already (within `metadata_read_once`), it costs no
+    request, and the save that copies the file, and checks its dtype, asks none either: on
+    a bucket that is two round trips (a size probe and the read) before the first block.
+    A file that cannot be read is left as it is, for the save to read and report.
+
+    Example:
+        >>> side = {"config.json": InlineFile("config.json", b"{}")}
+        >>> with_config_fetched(side) == side  # only remote files are read ahead
+        True
+    """
+    source = side.get("config.json")
+    if not isinstance(source, Location) or not source.is_remote:
+        return dict(side)
+    try:
+        data = _read_capped(source)
+    except (OSError, SurgeryError):
+        return dict(side)
+    return {**side, "config.json": FetchedFile(source, data)}
+
+
 def with_config_edited(
     side: dict[str, Any], edit: Any, where: str = "the source's config.json"
 ) -> dict[str, Any]:

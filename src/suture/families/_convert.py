@@ -29,6 +29,7 @@ from .._hf import (
     model_folder_side_files,
     reuse_safetensors_layout,
     with_config_edited,
+    with_config_fetched,
 )
 from .._location import LocalLocation, location_of, metadata_read_once
 from .._paths import unflatten
@@ -109,6 +110,8 @@ def convert_with_recipe(
         if not reverse:
             settings = read_config(config) if config is not None else _config_beside(source, name)
             options = keep_safetensors_layout(ckpt, location_of(source), ".")
+            # read above: held, so that the save copies it without asking the bucket again
+            options["extra_files"] = with_config_fetched(options["extra_files"])
     if not reverse:
         if ckpt.layout.get("dequantized"):
             settings = dequantized_config(dtype or "bfloat16")(settings)
