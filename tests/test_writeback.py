@@ -69,7 +69,8 @@ def test_a_large_save_drops_its_data_files_and_stock_orbax_restores_it(
 
     def slow_write(self, *arguments) -> None:
         write(self, *arguments)
-        time.sleep(0.05)  # the thread looks every 10 ms: it sees the files of this block
+        # the thread looks every 10 ms and takes a file once its mtime is SETTLED_NS old
+        time.sleep(writeback.SETTLED_NS / 1e9 + 0.05)
 
     monkeypatch.setattr(orbax_sink.OrbaxArrayWriter, "write_along", slow_write)
     values = np.random.default_rng(0).standard_normal((64, 256, 256), dtype=np.float32)
@@ -161,7 +162,8 @@ def test_a_large_saves_files_synced_as_they_go_are_not_synced_again(tmp_path: Pa
 
     def slow_write(self, *arguments) -> None:
         write(self, *arguments)
-        time.sleep(0.05)  # the thread looks every 10 ms: it sees the files of this block
+        # the thread looks every 10 ms and takes a file once its mtime is SETTLED_NS old
+        time.sleep(writeback.SETTLED_NS / 1e9 + 0.05)
 
     monkeypatch.setattr(orbax_sink.OrbaxArrayWriter, "write_along", slow_write)
     values = np.random.default_rng(0).standard_normal((32, 256, 256), dtype=np.float32)
