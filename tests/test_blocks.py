@@ -178,6 +178,31 @@ def test_a_stack_of_transposed_layers_is_cut_along_its_stacking_axis(
     )
 
 
+def test_a_stack_of_the_experts_of_one_fused_tensor_is_cut_into_blocks_of_experts(
+    tmp_path: Path,
+) -> None:
+    """Qwen3.5's published experts: one (experts, 2 * width, hidden) tensor, each expert's
+    gate half transposed and stacked. Every expert reads its own part of the one source, so
+    blocks of a few experts read it once between them; counting only the largest of the
+    source's reads once made them look like re-reads, and the leaf ran as one block of the
+    whole budget, alone (one core)."""
+    fused = values((16, 2 * 8, 32))
+    path = tmp_path / "model.safetensors"
+    save_file({"gate_up": fused}, str(path))
+    gate_up = suture.open(path)["gate_up"]
+    leaf = suture.stack([gate_up[e, :8].T for e in range(16)])  # (16, 32, 8)
+    store, writer = zarr_writer(tmp_path / "out", leaf.shape, (2, 32, 8))
+    budget = 8 * KIB
+    blocks = list(leaf_blocks("wi_0", leaf, writer, budget, max_memory=1 << 20))
+    assert all(block.axis == 0 for block in blocks) and len(blocks) > 2
+    covered(blocks, 16, 2)
+    assert all(block.cost <= budget for block in blocks)
+    with count_bytes_read() as counted:
+        run(blocks)
+    assert counted.bytes <= fused.nbytes  # each expert's rows read once
+    np.testing.assert_array_equal(store.read().result(), fused[:, :8].transpose(0, 2, 1))
+
+
 def row_writers(tmp_path: Path, array: Any) -> Iterator[tuple[str, Any, Any]]:
     """A safetensors tensor (rows of one element) and a zarr3 array of one-row chunks."""
     output = SafetensorsOutput(tmp_path / "out.safetensors", array)

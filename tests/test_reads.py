@@ -117,6 +117,20 @@ def test_concat_of_a_few_rows_reads_only_them(stored: tuple[Path, dict]) -> None
         assert planned == 16 * COLUMNS * 4
 
 
+def test_a_stack_of_parts_of_one_source_reads_every_part(stored: tuple[Path, dict]) -> None:
+    """Each member reads its own rows of the one source: the plan counts them all, not only
+    the largest (the experts of a fused tensor, each stacked on its own)."""
+    path, x = stored
+
+    def surgery(t: Any) -> dict:
+        return {"s": suture.stack([t["a"][16 * i : 16 * i + 16].T for i in range(8)])}
+
+    expected = np.stack([x["a"][16 * i : 16 * i + 16].T for i in range(8)])
+    planned = _check(path, surgery, {"s": expected})
+    if path.suffix == ".safetensors":
+        assert planned == 8 * 16 * COLUMNS * 4
+
+
 def test_concat_across_members(stored: tuple[Path, dict]) -> None:
     path, x = stored
     both = np.concatenate([x["a"], x["b"]], axis=1)
