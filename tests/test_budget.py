@@ -19,6 +19,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+import tensorstore as ts
 from safetensors.numpy import save_file
 
 import suture
@@ -177,8 +178,9 @@ def test_a_block_costs_what_its_column_read_holds(tmp_path: Path) -> None:
 
 
 def test_a_transposed_leaf_is_read_once_when_it_fits_the_budget(tmp_path: Path) -> None:
-    """Blocks of a transposed safetensors leaf are column strips of the stored tensor, each
-    reading every row: when the whole leaf fits `max_memory`, it is one block, read once."""
+    """Blocks of rows of a transposed safetensors leaf would be column strips of the stored
+    tensor, each reading every row: it is read once (in chunks of its columns, or as one
+    block when its chunks cannot be cut so)."""
     path = tmp_path / "model.safetensors"
     stored = np.random.default_rng(0).standard_normal((2048, 512), np.float32)
     save_file({"lm_head": stored}, str(path))
@@ -193,6 +195,28 @@ def test_a_transposed_leaf_is_read_once_when_it_fits_the_budget(tmp_path: Path) 
     np.testing.assert_array_equal(
         np.asarray(suture.load(tmp_path / "out")["t"]), stored.T.astype(ml_dtypes.bfloat16)
     )
+
+
+def test_a_transposed_matrix_larger_than_a_block_is_chunked_by_columns(tmp_path: Path) -> None:
+    """MaxText's `logits_dense` is HF's `lm_head` turned around. Chunked by rows, each block
+    would read the whole source, so the leaf ran as one block of the whole budget, alone:
+    chunked by columns, it is several blocks beside each other, each reading its own rows."""
+    path = tmp_path / "model.safetensors"
+    stored = np.random.default_rng(0).standard_normal((4096, 256), np.float32)  # 4 MiB
+    save_file({"lm_head": stored}, str(path))
+    kernel = suture.open(path)["lm_head"].T  # (256, 4096)
+    with count_bytes_read() as counter:
+        result = suture.save({"t": kernel}, tmp_path / "out", max_memory="2MiB", progress=False)
+    assert stored.nbytes <= counter.bytes < stored.nbytes + 16384  # each row read once
+    assert 0 < result.peak_in_flight <= 2 << 20  # blocks of half the leaf at most
+    spec = {
+        "driver": "zarr3",
+        "kvstore": {"driver": "ocdbt", "base": f"file://{tmp_path / 'out'}", "path": "t"},
+    }
+    grid = ts.open(spec).result().spec().to_json()["metadata"]["chunk_grid"]
+    rows, columns = grid["configuration"]["chunk_shape"]
+    assert rows == 256 and columns < 4096
+    np.testing.assert_array_equal(np.asarray(suture.load(tmp_path / "out")["t"]), stored.T)
 
 
 @pytest.mark.parametrize("verify", [False, True])

@@ -115,7 +115,9 @@ def plan_blocks(
         yield Block(path, array, writer, slice(None), _cost(array, slice(None), writer))
         return
     axis, step = 0, _rows_per_block(array, writer, 0, block_budget)
-    if max_memory is not None and _rereads(array, 0, step):
+    if max_memory is not None and (
+        rereads(array, 0, step) or _one_block_over(array, writer, step, block_budget)
+    ):
         axis, step = _without_rereads(array, writer, step, block_budget, max_memory)
     for start in range(0, array.shape[axis], step):
         rows = slice(start, min(start + step, array.shape[axis]))
@@ -131,13 +133,33 @@ def _without_rereads(
     a few whole members per block, when the writer takes such blocks; otherwise the row
     blocks grow up to `max_memory`.
     """
-    axis = stack_axis(array.node)
-    unit_along = getattr(writer, "unit_along", None)
-    if axis and unit_along is not None and unit_along(axis):
+    for axis in _other_axes(array, writer):
         along = _rows_per_block(array, writer, axis, block_budget)
-        if not _rereads(array, axis, along):
+        if not rereads(array, axis, along):
             return axis, along
     return 0, max(step, _rows_per_block(array, writer, 0, max_memory))
+
+
+def _other_axes(array: LazyArray, writer: LeafWriter) -> list[int]:
+    """Axes besides the first that blocks may be cut along: the stacking axis, then the
+    last axis where the writer's chunks cut it (chunks of a transposed matrix's columns)."""
+    unit_along = getattr(writer, "unit_along", None)
+    if unit_along is None:
+        return []
+    axes = []
+    stacked = stack_axis(array.node)
+    if stacked and unit_along(stacked):
+        axes.append(stacked)
+    last = array.ndim - 1
+    if last > 0 and last != stacked and (unit_along(last) or 0) < array.shape[last]:
+        axes.append(last)
+    return axes
+
+
+def _one_block_over(array: LazyArray, writer: LeafWriter, step: int, block_budget: int) -> bool:
+    """Whether the leaf is one block along its first axis (its chunks span that axis) and
+    costs more than a block may: cut along another axis, it runs beside other blocks."""
+    return step >= array.shape[0] and _cost(array, slice(None), writer) > block_budget
 
 
 def _rows_per_block(array: LazyArray, writer: LeafWriter, axis: int, budget: int) -> int:
@@ -154,8 +176,9 @@ def _rows_per_block(array: LazyArray, writer: LeafWriter, axis: int, budget: int
     return low * unit
 
 
-def _rereads(array: LazyArray, axis: int, step: int) -> bool:
-    """Whether blocks of `step` positions of `axis` read more than the whole leaf at once."""
+def rereads(array: LazyArray, axis: int, step: int) -> bool:
+    """Whether blocks of `step` positions of `axis` read more than the whole leaf at once
+    (the chunk choice of `sinks.orbax` asks it too)."""
     if step >= array.shape[axis]:
         return False
     parts = (

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 from .graph import Node, ReadCost, SourceNode
-from .selection import AxisSelection, Selection, positions
+from .selection import Selection
 
 
 def estimate_reads(node: Node, selection: Selection) -> dict[int, tuple[SourceNode, int]]:
@@ -33,47 +33,38 @@ def bytes_read(node: Node, selection: Selection) -> int:
 
 
 def _costs(node: Node, selection: Selection) -> dict[int, tuple[SourceNode, ReadCost]]:
-    reads: dict[int, tuple[SourceNode, list[tuple[Selection, ReadCost]]]] = {}
+    reads: dict[int, tuple[SourceNode, dict[tuple, ReadCost]]] = {}
     _estimate(node, selection, reads)
     return {
-        key: (source, ReadCost(sum(c.disk for _, c in parts), max(c.memory for _, c in parts)))
+        key: (
+            source,
+            ReadCost(sum(c.disk for c in parts.values()), max(c.memory for c in parts.values())),
+        )
         for key, (source, parts) in reads.items()
     }
 
 
 def _estimate(
-    node: Node,
-    selection: Selection,
-    reads: dict[int, tuple[SourceNode, list[tuple[Selection, ReadCost]]]],
+    node: Node, selection: Selection, reads: dict[int, tuple[SourceNode, dict[tuple, ReadCost]]]
 ) -> None:
     """Adds to `reads` each source's reads when `node` reads `selection`.
 
-    A part of a source read twice (the same leaf in two places, or a selection within
-    another one) counts once; different parts of one source (each expert of a fused tensor
-    stacked on its own) add up.
+    The same part of a source read twice (one leaf in two places) counts once; different
+    parts of one source (each expert of a fused tensor, stacked on its own) add up, as their
+    reads do (parts that share an Orbax chunk each read it).
     """
     if isinstance(node, SourceNode):
-        parts = reads.setdefault(id(node), (node, []))[1]
-        if any(_within(selection, seen) for seen, _ in parts):
-            return
-        parts[:] = [(seen, cost) for seen, cost in parts if not _within(seen, selection)]
-        parts.append((selection, node.read_cost(selection)))
+        parts = reads.setdefault(id(node), (node, {}))[1]
+        key = _key(selection)
+        if key not in parts:
+            parts[key] = node.read_cost(selection)
         return
     for member, part in node.input_selections(selection):
         _estimate(member, part, reads)
 
 
-def _within(inner: Selection, outer: Selection) -> bool:
-    """Whether every element `inner` selects is also selected by `outer`."""
-    return all(_axis_within(a, b) for a, b in zip(inner, outer, strict=True))
-
-
-def _axis_within(inner: AxisSelection, outer: AxisSelection) -> bool:
-    if len(inner) == 0:
-        return True
-    if isinstance(inner, range) and isinstance(outer, range):
-        if inner == outer:
-            return True
-        if outer.step == 1 and inner.step > 0:
-            return outer.start <= inner.start and inner[-1] < outer.stop
-    return set(positions(inner)) <= set(positions(outer))
+def _key(selection: Selection) -> tuple:
+    return tuple(
+        (axis.start, axis.stop, axis.step) if isinstance(axis, range) else axis.tobytes()
+        for axis in selection
+    )

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import UnsupportedError
-from .._exec.blocks import Block, chunk_rows, stack_axis
+from .._exec.blocks import Block, chunk_rows, rereads, stack_axis
 from .._interrupts import native_call
 from .._lazy.array import LazyArray
 from .._location import LocalLocation, Location, location_of, remote_context, writeback
@@ -508,15 +508,33 @@ def _zarr3_stores(name: str) -> bool:
 def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
     """The chunk of `array`: whole trailing axes while they fit `chunk_bytes`, then as many
     as fit along the next axis, and 1 along the axes before it (so a row longer than a
-    chunk is cut along its own axes). A stacked array gets one member per chunk."""
+    chunk is cut along its own axes). A stacked array gets one member per chunk.
+
+    A transposed matrix (MaxText's `logits_dense`, HF's `lm_head` turned around) is cut
+    along its last axis instead, where its leading axes fit in a chunk: chunks of its rows
+    would each be a column strip of the source, whose every row a block of them reads, so
+    blocks of rows would read the source many times over (or run alone, as one block of the
+    whole budget); a chunk of its columns reads whole rows of the source, once.
+    """
     if array.ndim == 0:
         return ()
     shape = [max(1, length) for length in array.shape]
     stacked = stack_axis(array.node)
     if stacked is not None:
         shape[stacked] = 1
+    by_rows = _chunk_from_last_axis(shape, array.dtype.itemsize, chunk_bytes)
+    leading = array.dtype.itemsize * math.prod(shape[:-1])
+    if stacked is None and len(shape) >= 2 and by_rows[0] < shape[0] and leading <= chunk_bytes:
+        columns = _even_length(shape[-1], max(1, chunk_bytes // leading))
+        if rereads(array, 0, by_rows[0]) and not rereads(array, len(shape) - 1, columns):
+            return (*shape[:-1], columns)
+    return by_rows
+
+
+def _chunk_from_last_axis(shape: list[int], itemsize: int, chunk_bytes: int) -> tuple[int, ...]:
+    """Whole trailing axes while they fit `chunk_bytes`, then as many as fit along the next."""
     chunk = [1] * len(shape)
-    inner = array.dtype.itemsize
+    inner = itemsize
     for axis in reversed(range(len(shape))):
         if inner * shape[axis] > chunk_bytes:
             chunk[axis] = _even_length(shape[axis], max(1, chunk_bytes // inner))
