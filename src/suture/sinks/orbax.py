@@ -19,7 +19,8 @@ checkpoint's root database, as Orbax's multi-process saves do; a globally sharde
 Arrays are chunked along their first axis (rows per chunk so that a chunk holds at most
 `chunk_bytes`; a row longer than that is cut along its own axes); a stacked array gets one
 member per chunk, so reading one layer back reads about one layer's bytes (a layer larger
-than a chunk is cut along its first axis too).
+than a chunk is cut along its first axis too). A transposed matrix whose rows would each be
+a column strip of its source is chunked by its columns instead (see `_chunk_shape`).
 Each chunk is zstd-compressed and carries a crc32c checksum.
 """
 
