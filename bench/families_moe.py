@@ -32,7 +32,7 @@ import numpy as np
 
 from bench import _maxtext
 from bench._common import DATA_DIR, machine, write_hf_shards, write_section
-from bench.families import timed
+from bench.families import cold_copies, timed
 
 WORK = DATA_DIR / "families-moe"
 GIB = 1024**3
@@ -143,20 +143,6 @@ def run(layers: int, maxtext: Path | None = None) -> dict:
         return row
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
-
-
-def cold_copies(folder: Path, copy: Path) -> tuple[dict, dict]:
-    """A cold ``cp -r`` of `folder`, and one followed by an fsync of every copied file.
-
-    `cp` returns with its writes still in the page cache, where suture's conversion returns
-    once its output is on the disk (it fsyncs every file before publishing): the second is
-    the copy that does the same, measured so that the two can be read side by side.
-    """
-    copied = timed(["cp", "-r", str(folder), str(copy)])
-    shutil.rmtree(copy)
-    durable = timed(["sh", "-c", 'cp -r "$1" "$2" && sync "$2"/*', "sh", str(folder), str(copy)])
-    shutil.rmtree(copy)
-    return copied, durable
 
 
 def _route(name: str, run: dict, floor: dict) -> str:

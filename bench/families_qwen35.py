@@ -27,8 +27,8 @@ import numpy as np
 
 from bench import _maxtext
 from bench._common import DATA_DIR, machine, write_hf_shards, write_section
-from bench.families import timed
-from bench.families_moe import _route, cold_copies
+from bench.families import cold_copies, timed
+from bench.families_moe import _route
 
 WORK = DATA_DIR / "families-qwen35"
 GIB = 1024**3
