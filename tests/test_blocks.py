@@ -203,6 +203,29 @@ def test_a_stack_of_the_experts_of_one_fused_tensor_is_cut_into_blocks_of_expert
     np.testing.assert_array_equal(store.read().result(), fused[:, :8].transpose(0, 2, 1))
 
 
+@pytest.mark.parametrize("avoid_rereads", [True, False])
+def test_a_matrix_chunked_by_columns_is_cut_into_blocks_of_columns(
+    tmp_path: Path, avoid_rereads: bool
+) -> None:
+    """MaxText's `logits_dense` (HF's `lm_head` turned around) is chunked by its columns:
+    its blocks are columns too, each within the block budget and reading its own rows of
+    the source, for one process and for the shares of several (`avoid_rereads=False`)."""
+    stored = values((256, 16))
+    path = tmp_path / "model.safetensors"
+    save_file({"lm_head": stored}, str(path))
+    leaf = suture.open(path)["lm_head"].T  # (16, 256)
+    store, writer = zarr_writer(tmp_path / "out", leaf.shape, (16, 32))
+    budget = 8 * KIB  # two chunks a block, of the eight
+    blocks = list(leaf_blocks("logits", leaf, writer, budget, 1 << 20, avoid_rereads))
+    assert all(block.axis == 1 for block in blocks) and len(blocks) > 2
+    covered(blocks, 256, 32)
+    assert all(block.cost <= budget for block in blocks)
+    with count_bytes_read() as counted:
+        run(blocks)
+    assert counted.bytes == stored.nbytes
+    np.testing.assert_array_equal(store.read().result(), stored.T)
+
+
 def row_writers(tmp_path: Path, array: Any) -> Iterator[tuple[str, Any, Any]]:
     """A safetensors tensor (rows of one element) and a zarr3 array of one-row chunks."""
     output = SafetensorsOutput(tmp_path / "out.safetensors", array)

@@ -115,9 +115,10 @@ def plan_blocks(
         yield Block(path, array, writer, slice(None), _cost(array, slice(None), writer))
         return
     axis, step = 0, _rows_per_block(array, writer, 0, block_budget)
-    if max_memory is not None and (
-        rereads(array, 0, step) or _one_block_over(array, writer, step, block_budget)
-    ):
+    if _one_block_over(array, writer, step, block_budget):
+        # its chunks span the first axis (a transposed matrix chunked by its columns)
+        axis, step = _along_another_axis(array, writer, block_budget) or (axis, step)
+    elif max_memory is not None and rereads(array, 0, step):
         axis, step = _without_rereads(array, writer, step, block_budget, max_memory)
     for start in range(0, array.shape[axis], step):
         rows = slice(start, min(start + step, array.shape[axis]))
@@ -133,11 +134,22 @@ def _without_rereads(
     a few whole members per block, when the writer takes such blocks; otherwise the row
     blocks grow up to `max_memory`.
     """
+    return _along_another_axis(array, writer, block_budget) or (
+        0,
+        max(step, _rows_per_block(array, writer, 0, max_memory)),
+    )
+
+
+def _along_another_axis(
+    array: LazyArray, writer: LeafWriter, block_budget: int
+) -> tuple[int, int] | None:
+    """``(axis, positions per block)`` along the first of `_other_axes` whose blocks read
+    their sources once; None if there is none."""
     for axis in _other_axes(array, writer):
         along = _rows_per_block(array, writer, axis, block_budget)
         if not rereads(array, axis, along):
             return axis, along
-    return 0, max(step, _rows_per_block(array, writer, 0, max_memory))
+    return None
 
 
 def _other_axes(array: LazyArray, writer: LeafWriter) -> list[int]:
@@ -158,7 +170,8 @@ def _other_axes(array: LazyArray, writer: LeafWriter) -> list[int]:
 
 def _one_block_over(array: LazyArray, writer: LeafWriter, step: int, block_budget: int) -> bool:
     """Whether the leaf is one block along its first axis (its chunks span that axis) and
-    costs more than a block may: cut along another axis, it runs beside other blocks."""
+    costs more than a block may: cut along another axis, it runs beside other blocks (and
+    the shares of several processes come out even)."""
     return step >= array.shape[0] and _cost(array, slice(None), writer) > block_budget
 
 
