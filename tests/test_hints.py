@@ -70,6 +70,19 @@ def test_swapped_command_line_arguments_are_named(cli_files: Path) -> None:
     assert done.exit_code == 2 and "'layers' is a checkpoint, not a recipe file" in done.output
 
 
+def test_a_family_recipe_given_to_plan_or_apply_points_to_convert(cli_files: Path) -> None:
+    """`suture plan qwen3:maxtext HF` said the recipe "does not exist": built-in family
+    recipes run with `suture convert --recipe`, whose `--dry-run` prints the plan."""
+    done = CliRunner().invoke(app, ["plan", "qwen3.5:maxtext", "layers"])
+    assert done.exit_code == 2 and "does not exist" not in done.output
+    assert "'qwen3.5:maxtext' is a built-in family recipe" in done.output
+    assert "suture convert layers OUT --recipe qwen3.5:maxtext --dry-run" in done.output
+    done = CliRunner().invoke(app, ["apply", "llama3.1:maxtext", "layers", "-o", "out"])
+    assert done.exit_code == 2
+    assert "Run it: suture convert layers OUT --recipe llama3.1:maxtext" in done.output
+    assert not (cli_files / "out").exists()
+
+
 def test_apply_dry_run_exits_2_when_the_plan_has_problems(cli_files: Path) -> None:
     bad = CliRunner().invoke(app, ["apply", "recipe.yaml", "layers", "-o", "out", "--dry-run"])
     assert bad.exit_code == 2 and "drop('opt_state') matches no path" in bad.output

@@ -48,7 +48,7 @@ from .demo import run_demo
 from .diff import diff as run_diff
 from .examples import write_examples
 from .help import tidy_help
-from .hints import check_recipe_first, for_command_line
+from .hints import RECIPE_SUFFIXES, check_recipe_first, family_recipe_hint, for_command_line
 from .inspect import (
     collect_stats,
     describe,
@@ -426,6 +426,8 @@ def _prepare(
     command: str,
     dequantize: bool = False,
 ) -> dict[str, Any]:
+    if is_family_recipe(recipe) and Path(recipe).suffix.lower() not in RECIPE_SUFFIXES:
+        raise ArgumentError(family_recipe_hint(recipe, sources, command))
     check_recipe_first(recipe, sources, command)
     loaded = load_recipe(recipe)
     opened = [

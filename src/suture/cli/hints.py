@@ -50,6 +50,25 @@ def for_command_line(message: str) -> str:
     return message
 
 
+def family_recipe_hint(recipe: str, sources: list[str], command: str) -> str:
+    """What to run instead when a built-in family recipe is given to `plan` or `apply`,
+    which take rule recipes (files): `convert --recipe`, with `--dry-run` for a plan.
+
+    Example:
+        >>> print(family_recipe_hint("qwen3:maxtext", ["hf"], "plan"))
+        'qwen3:maxtext' is a built-in family recipe, which `suture convert` runs; `suture plan` takes a recipe file of rules. Its plan: suture convert hf OUT --recipe qwen3:maxtext --dry-run
+    """
+    run = f"suture convert {sources[0] if sources else 'SOURCE'} OUT --recipe {recipe}"
+    if command == "plan":
+        run, what = f"{run} --dry-run", "Its plan"
+    else:
+        what = "Run it"
+    return (
+        f"{recipe!r} is a built-in family recipe, which `suture convert` runs; `suture "
+        f"{command}` takes a recipe file of rules. {what}: {run}"
+    )
+
+
 RECIPE_SUFFIXES = (".py", ".yaml", ".yml", ".toml")
 
 
