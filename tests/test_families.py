@@ -391,6 +391,25 @@ def test_cli_lists_recipes_and_converts_both_ways(tmp_path):
     assert wrong.exit_code == 2 and "Error:" in wrong.output and "model_type" in wrong.output
 
 
+def test_convert_dry_run_prints_a_family_recipes_plan_both_ways(tmp_path):
+    """`suture convert --dry-run --recipe FAMILY:maxtext` prints each MaxText leaf with its HF
+    tensor and operations, and the bytes, writing nothing; --reverse plans the way back."""
+    _save_model("llama3.1", tmp_path / "hf")
+    common = ["--recipe", "llama3.1:maxtext", "--dry-run"]
+    planned = _cli("convert", str(tmp_path / "hf"), str(tmp_path / "mt"), *common)
+    assert planned.exit_code == 0, planned.output
+    assert "params/params/decoder/layers/self_attention/query/kernel" in planned.output
+    assert "model/layers/0/self_attn/q_proj/weight" in planned.output
+    assert "reads" in planned.output and "No problems." in planned.output
+    assert not (tmp_path / "mt").exists()
+    assert _cli("convert", str(tmp_path / "hf"), str(tmp_path / "mt"), *common[:2]).exit_code == 0
+    back = _cli("convert", str(tmp_path / "mt"), str(tmp_path / "back"), *common, "--reverse")
+    assert back.exit_code == 0, back.output
+    assert "model/layers/0/self_attn/q_proj/weight" in back.output
+    assert "params/params/decoder/layers/self_attention/q" in back.output
+    assert not (tmp_path / "back").exists()
+
+
 def test_python_convert_takes_built_in_recipe_names(tmp_path):
     _save_model("qwen3", tmp_path / "hf")
     suture.convert(

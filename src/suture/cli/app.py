@@ -40,7 +40,7 @@ from .._surgery.build import transform
 from .._surgery.plan import lossy_casts, lossy_lines
 from .._surgery.plan import plan as make_plan
 from .._surgery.recipes import forward_record, load_recipe, reversed_rules, with_cast
-from ..families._convert import read_config
+from ..families._convert import convert_with_recipe, read_config
 from ..families._file import family_recipe, is_family_recipe
 from ..sources.open import open as open_checkpoint
 from .chunks import render_chunks
@@ -643,10 +643,22 @@ def convert(
         if adapter_only or merge_adapter is not None:
             raise ArgumentError("--dry-run does not plan --adapter-only or --merge-adapter.")
         if recipe is not None and is_family_recipe(recipe):
-            raise ArgumentError(
-                f"--dry-run shows the plan of a recipe file; for the built-in {recipe!r}, "
-                f"`suture recipes {recipe} --config config.json` shows its operations."
+            planned = convert_with_recipe(
+                source,
+                destination,
+                recipe,
+                reverse=reverse,
+                config=config,
+                dtype=dtype,
+                like=like,
+                dequantize=dequantize,
+                lora_alpha=lora_alpha,
+                save_with=lambda tree, *_, **__: make_plan(None, tree, strict_casts=strict_casts),
             )
+            typer.echo(for_command_line(str(planned)))
+            if not planned.ok:
+                raise typer.Exit(code=2)
+            return
         tree, _ = converted(
             source,
             destination,

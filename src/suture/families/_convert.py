@@ -67,10 +67,13 @@ def convert_with_recipe(
     lora_alpha: float | None = None,
     edit_hf: Callable[[Any], Any] | None = None,
     target_sharding: Any = None,
+    save_with: Callable[..., Any] = save,
 ) -> SaveResult:
     """Converts `source` with the built-in recipe `name`; see `suture.convert`.
 
     `edit_hf`: applied to the Hugging Face tree read, before the recipe (an adapter merged).
+    `save_with`: what is done with the lazy result and the options of its save (default
+    `save`; `suture convert --dry-run` prints its plan instead, and returns that).
 
     A quantized Hugging Face source (FP8 block scales, MXFP4) is dequantized as it is read,
     in the same pass (to `dtype`, default bfloat16): recipes see real values, never
@@ -133,7 +136,7 @@ def convert_with_recipe(
             target_sharding = TargetSharding(
                 target_sharding.mesh, recipe_rules(recipe, settings, tree)
             )
-        return save(
+        return save_with(
             _cast(tree, dtype),
             destination,
             format="orbax",
@@ -204,7 +207,7 @@ def convert_with_recipe(
             extra["config.json"].write_text(json.dumps(settings, indent=2) + "\n")
         if "shard_map" not in options:
             options["max_shard_size"] = max_shard_size or DEFAULT_SHARD_SIZE
-        return save(
+        return save_with(
             _cast(unflatten(tensors, sep="."), dtype),
             destination,
             format="safetensors",
