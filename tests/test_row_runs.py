@@ -54,9 +54,11 @@ def test_runs_of_rows_read_into_a_callers_array_are_numpys(fused, index) -> None
 def test_a_save_of_the_gate_half_reads_that_half_once(fused, tmp_path: Path) -> None:
     path, values = fused
     gate = suture.open(path)["gate_up"][:, :32].transpose(0, 2, 1)
+    planned = suture.plan(lambda tree: tree, {"wi_0": gate})
     with count_bytes_read() as counter:
         suture.save({"wi_0": gate}, tmp_path / "out", progress=False)
     assert values.nbytes // 2 <= counter.bytes < values.nbytes // 2 + 4096  # and the header
+    assert planned.bytes_to_read == values.nbytes // 2  # the plan says so: not whole rows
     restored = np.asarray(suture.load(tmp_path / "out")["wi_0"])
     assert restored.tobytes() == values[:, :32].transpose(0, 2, 1).tobytes()
 

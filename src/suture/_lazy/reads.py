@@ -57,7 +57,8 @@ def _estimate(
         parts = reads.setdefault(id(node), (node, {}))[1]
         key = _key(selection)
         if key not in parts:
-            parts[key] = node.read_cost(selection)
+            # as the streamed reads read (into their block): a run of each row, not the row
+            parts[key] = node.read_cost(selection, into=True)
         return
     for member, part in node.input_selections(selection):
         _estimate(member, part, reads)
