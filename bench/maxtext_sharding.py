@@ -20,7 +20,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from bench._common import BENCH_DIR, DATA_DIR, machine, write_section
+from bench._common import BENCH_DIR, DATA_DIR, RESULTS, machine, write_section
 
 WORK = DATA_DIR / "maxtext-sharding"
 MESHES = {
@@ -119,9 +119,164 @@ FAMILIES = {
         "fsdp=4,tensor=2",
     ),
 }
+BOTH = tuple(MESHES)
+# Gemma 4: one block of 5 local and 1 global layer; the global layers' keys are their values
+# (share_kv_projections) and need as many KV heads as the tensor axis (MaxText refuses fewer).
+GEMMA4 = ["base_num_decoder_layers=6", "global_head_dim=128", "global_num_kv_heads=2"]
+GEMMA4_HF = dict(
+    num_hidden_layers=6, global_head_dim=128, num_global_key_value_heads=2, attention_k_eq_v=True,
+    hidden_size_per_layer_input=0, tie_word_embeddings=True,
+)  # fmt: skip
+GDN = [
+    "base_num_decoder_layers=4", "num_experts=4", "num_experts_per_tok=2",
+    "base_moe_mlp_dim=128", "gdn_key_head_dim=32", "gdn_value_head_dim=32",
+    "gdn_num_key_heads=2", "gdn_num_value_heads=4", *MOE,
+]  # fmt: skip
+GDN_HF = dict(
+    num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
+    shared_expert_intermediate_size=128, linear_key_head_dim=32, linear_value_head_dim=32,
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_conv_kernel_dim=4,
+)  # fmt: skip
+# The families added later, each on both meshes, with the settings bench/_maxtext_families.py
+# gives MaxText for them (narrowed to the widths above).
+FAMILIES |= {
+    "gemma4": (
+        "gemma4-26b",
+        [*GEMMA4, "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=128", *MOE],
+        "gemma4_text",
+        dict(
+            GEMMA4_HF,
+            enable_moe_block=True,
+            num_experts=4,
+            top_k_experts=2,
+            moe_intermediate_size=128,
+        ),  # fmt: skip
+        BOTH,
+    ),
+    "gemma4-31b": ("gemma4-31b", GEMMA4, "gemma4_text", GEMMA4_HF, BOTH),
+    "gemma4-small": (
+        "gemma4-e2b",
+        [
+            "base_num_decoder_layers=10",
+            "global_head_dim=128",
+            "base_num_kv_heads=2",
+            "hidden_size_per_layer_input=8",
+            "vocab_size_per_layer_input=128",
+            "num_kv_shared_layers=5",
+            "scan_layers=false",
+        ],  # fmt: skip
+        "gemma4_text",
+        dict(
+            num_hidden_layers=10,
+            num_kv_shared_layers=5,
+            use_double_wide_mlp=True,
+            layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 2,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=128,
+            global_head_dim=128,
+            tie_word_embeddings=True,
+        ),  # fmt: skip
+        BOTH,
+    ),
+    "llama4": (
+        "llama4-17b-16e",
+        [
+            "base_num_decoder_layers=4",
+            "num_experts=4",
+            "base_moe_mlp_dim=128",
+            "interleave_moe_layer_step=2",
+            *MOE,
+        ],  # fmt: skip
+        "llama4_text",
+        dict(
+            num_hidden_layers=4,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            intermediate_size=128,
+            intermediate_size_mlp=512,
+            interleave_moe_layer_step=2,
+        ),  # fmt: skip
+        BOTH,
+    ),
+    "qwen3-next": ("qwen3-next-80b-a3b", GDN, "qwen3_next", GDN_HF, BOTH),
+    "qwen3.5": (
+        "qwen3.5-35b-a3b",
+        [*GDN, "use_mrope=false"],
+        "qwen3_5_moe_text",
+        GDN_HF,
+        BOTH,
+    ),  # fmt: skip
+    "deepseek3.2": (
+        "deepseek3.2-671b",
+        [
+            *MLA,
+            "shared_experts=1",
+            "routed_score_func=sigmoid",
+            "routed_bias=true",
+            "use_indexer=true",
+            "indexer_n_heads=4",
+            "indexer_head_dim=32",
+            "indexer_topk=8",
+            "attention=dot_product",
+            *MOE,
+        ],  # fmt: skip
+        "deepseek_v32",
+        dict(MLA_HF, index_n_heads=4, index_head_dim=32, index_topk=8),
+        BOTH,
+    ),
+    "deepseek4": (
+        "deepseek4-284b",
+        [
+            "base_num_decoder_layers=7",
+            "base_num_kv_heads=1",
+            "num_experts=8",
+            "num_experts_per_tok=2",
+            "base_moe_mlp_dim=128",
+            "q_lora_rank=32",
+            "o_groups=2",
+            "o_lora_rank=32",
+            "indexer_head_dim=32",
+            "indexer_n_heads=4",
+            "indexer_topk=4",
+            "qk_rope_head_dim=16",
+            "sliding_window_size=8",
+            "attention=dot_product",
+            *MOE,
+        ],  # fmt: skip
+        "deepseek_v4",
+        dict(
+            num_hidden_layers=7,
+            num_key_value_heads=1,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=128,
+            q_lora_rank=32,
+            o_groups=2,
+            o_lora_rank=32,
+            index_n_heads=4,
+            index_head_dim=32,
+            index_topk=4,
+            sliding_window=8,
+            hc_mult=4,
+            compress_ratios=[0, 0, 4, 128, 4, 128, 4],
+            qk_rope_head_dim=16,
+            num_hash_layers=3,
+        ),  # fmt: skip
+        BOTH,
+    ),
+}
+# A row named other than its table, and the recipe of a table MaxText has unscanned only.
+TABLES = {"gemma4-31b": "gemma4"}
+LAYOUTS = {"gemma4-small": "maxtext-unscanned"}
 
 
-def maxtext_axes(python: Path, model: str, overrides: list[str], mesh: str) -> dict:
+def maxtext_axes(
+    python: Path, model: str, overrides: list[str], mesh: str, record: Path, recorded: bool
+) -> dict:
+    """MaxText's report (`bench/_maxtext_axes.py`), recorded in `record`; with `recorded`, the
+    one recorded there by an earlier run."""
+    if recorded and record.exists():
+        return json.loads(record.read_text())
     command = [
         str(python), "-P", str(BENCH_DIR / "_maxtext_axes.py"), f"model_name={model}",
         *SMALL, *overrides, *MESHES[mesh], "hardware=cpu", "skip_jax_distributed_system=True",
@@ -132,11 +287,12 @@ def maxtext_axes(python: Path, model: str, overrides: list[str], mesh: str) -> d
     line = next((x for x in done.stdout.splitlines() if x.startswith("AXES ")), None)
     if line is None:
         raise RuntimeError(f"MaxText's {model} failed:\n{done.stderr[-3000:]}")
+    record.write_text(line.removeprefix("AXES "))
     return json.loads(line.removeprefix("AXES "))
 
 
-def suture_shards(family: str, model_type: str, fields: dict, found: dict) -> dict:
-    """{MaxText path: shard} of suture's built-in `family`:maxtext recipe on MaxText's mesh:
+def suture_shards(recipe_name: str, model_type: str, fields: dict, found: dict) -> dict:
+    """{MaxText path: shard} of suture's built-in recipe `recipe_name` on MaxText's mesh:
     each leaf's spec from the table's logical_axes under suture's copy of MaxText's rules,
     over the tree of MaxText's own paths and shapes."""
     import jax
@@ -157,7 +313,7 @@ def suture_shards(family: str, model_type: str, fields: dict, found: dict) -> di
             "MaxText's logical_axis_rules are not suture's copy (MAXTEXT_AXIS_RULES)"
         )
     config = transformers.AutoConfig.for_model(model_type, **{**HF, **fields}).to_dict()
-    recipe = get_recipe(f"{family}:maxtext")
+    recipe = get_recipe(recipe_name)
     tree = {
         f"params/{path}": jax.ShapeDtypeStruct(tuple(shape), np.float32)
         for path, shape in found["shapes"].items()
@@ -173,30 +329,38 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--maxtext-venv", type=Path, default=Path("/tmp/mtvenv"))
     parser.add_argument("--families", nargs="*", default=list(FAMILIES))
+    parser.add_argument(
+        "--recorded", action="store_true", help="MaxText's reports recorded by an earlier run"
+    )
     arguments = parser.parse_args()
     python = arguments.maxtext_venv / "bin" / "python"
     WORK.mkdir(parents=True, exist_ok=True)
     rows, notes = [], []
     for family in arguments.families:
-        model, overrides, model_type, fields, mesh = FAMILIES[family]
-        found = maxtext_axes(python, model, overrides, mesh)
-        ours = suture_shards(family, model_type, fields, found)
-        differ = [
-            f"{path}: suture {tuple(ours[path])}, MaxText {tuple(shard)}"
-            for path, shard in found["shards"].items()
-            if tuple(ours[path]) != tuple(shard)
-        ]
-        count = len(found["shards"])
-        sharded = sum(1 for p, s in found["shards"].items() if s != found["shapes"][p])
-        scanned = any(
-            str(axis).endswith("layers") for axes in found["leaves"].values() for axis in axes
-        )
-        rows.append(
-            f"| `{family}` ({model}, small{', scanned' if scanned else ''}) | {mesh} | {count} "
-            f"| {sharded} | {count - len(differ)} of {count} |"
-        )
-        notes += [f"- `{family}`: {line}" for line in differ]
-        print(rows[-1], flush=True)
+        model, overrides, model_type, fields, meshes = FAMILIES[family]
+        table = TABLES.get(family, family)
+        recipe = f"{table}:{LAYOUTS.get(table, 'maxtext')}"
+        for mesh in (meshes,) if isinstance(meshes, str) else meshes:
+            record = WORK / f"{family}.{mesh.replace(',', '.').replace('=', '')}.json"
+            found = maxtext_axes(python, model, overrides, mesh, record, arguments.recorded)
+            ours = suture_shards(recipe, model_type, fields, found)
+            differ = [
+                f"{path}: suture {tuple(ours[path])}, MaxText {tuple(shard)}"
+                for path, shard in found["shards"].items()
+                if tuple(ours[path]) != tuple(shard)
+            ]
+            count = len(found["shards"])
+            sharded = sum(1 for p, s in found["shards"].items() if s != found["shapes"][p])
+            scanned = any(
+                str(axis).endswith("layers") for axes in found["leaves"].values() for axis in axes
+            )
+            label = f"`{family}`" if table == family else f"`{table}`"
+            rows.append(
+                f"| {label} ({model}, small{', scanned' if scanned else ''}) | {mesh} | {count} "
+                f"| {sharded} | {count - len(differ)} of {count} |"
+            )
+            notes += [f"- `{family}` on {mesh}: {line}" for line in differ]
+            print(rows[-1], flush=True)
     body = "\n".join(
         [
             "## maxtext_sharding: the built-in MaxText recipes' logical axes against MaxText's own sharding (issue 42)",
@@ -208,17 +372,59 @@ def main() -> None:
             f"suture's built-in `FAMILY:maxtext` recipe, with no rules file, gives each of "
             f"MaxText's parameters its spec from the table's `logical_axes` under suture's copy "
             f"of MaxText's default rules (checked equal to the config's in each run), as "
-            f"`suture convert HF OUT --recipe FAMILY:maxtext --mesh ...` does.",
+            f"`suture convert HF OUT --recipe FAMILY:maxtext --mesh ...` does. MaxText's "
+            f"reports are recorded in `bench/_data/maxtext-sharding/` (`--recorded` reads them "
+            f"back).",
             "",
             "| family | mesh | parameters | sharded by MaxText | suture's shard = MaxText's |",
             "| --- | --- | --- | --- | --- |",
-            *rows,
+            *merged_rows(rows, arguments.families),
             "",
             *(notes or ["- Every parameter's shard is MaxText's own."]),
+            *kept_notes(arguments.families),
         ]
     )
     write_section("maxtext-sharding", body)
     print(body)
+
+
+def _section() -> list[str]:
+    text = RESULTS.read_text() if RESULTS.exists() else ""
+    start, end = "<!-- bench:maxtext-sharding -->", "<!-- /bench:maxtext-sharding -->"
+    if start not in text:
+        return []
+    return text.split(start, 1)[1].split(end, 1)[0].splitlines()
+
+
+def _family_of(row: str) -> str:
+    return row.split("`")[1] if row.count("`") >= 2 else ""
+
+
+def _run_of(row: str) -> tuple[str, str]:
+    """(table, MaxText model) of a row: ``| `gemma4` (gemma4-31b, small) | ...``."""
+    return _family_of(row), row.partition("(")[2].partition(",")[0]
+
+
+def merged_rows(rows: list[str], families: list[str]) -> list[str]:
+    """The section's rows of the runs not made this time (in RESULTS.md), then `rows`."""
+    ran = {(TABLES.get(family, family), FAMILIES[family][0]) for family in families}
+    kept = [
+        row
+        for row in _section()
+        if row.startswith("| `") and _family_of(row) != "family" and _run_of(row) not in ran
+    ]
+    return kept + rows
+
+
+def kept_notes(families: list[str]) -> list[str]:
+    """The section's notes but those on a difference of a family run this time."""
+    ran = set(families) | {TABLES.get(family, family) for family in families}
+    differ = tuple(f"- `{family}`{tail}" for family in ran for tail in (": ", " on "))
+    return [
+        line
+        for line in _section()
+        if line.startswith("- ") and not line.startswith(("- Every parameter", *differ))
+    ]
 
 
 if __name__ == "__main__":

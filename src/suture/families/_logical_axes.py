@@ -32,6 +32,7 @@ from typing import Any
 from .._errors import ArgumentError
 from .._paths import flatten
 from .._sharding import ShardingRules
+from ._layout import REMAINDER
 
 # MaxText 0.2.5's logical_axis_rules as its config has them for a model of its own (base.yml,
 # after pyconfig): bench/maxtext_sharding.py reads them from MaxText and checks these are they.
@@ -122,6 +123,11 @@ MAXTEXT_AXIS_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
+# The logical axis of the layers stacked within each block of a nested scan (MaxText 0.2.5's
+# models/gemma4.py and models/qwen3.py, nnx_scan metadata_axis_name).
+INNER_AXIS = "local_layers"
+
+
 def schema_problems(value: Any, target: str = "maxtext") -> list[tuple[str, str]]:
     """(entry, rule) for each way `value` (a table's ``logical_axes``) breaks the format: a
     mapping of the table's leaf paths to lists of axis names or nulls. An entry of no leaf
@@ -153,14 +159,30 @@ def missing_leaves(value: Mapping[str, Any], leaf_paths: set[str]) -> list[str]:
     return sorted(leaf_paths - set(value))
 
 
-def leaf_axes(axes: tuple[Any, ...], stacked: int, layer_axis: int) -> tuple[Any, ...] | None:
+def leaf_axes(
+    axes: tuple[Any, ...], stacked: int, layer_axis: int, inner: bool = False
+) -> tuple[Any, ...] | None:
     """The axes of a per-layer array with `stacked` stacked layer axes (1 scanned, 0 one
-    layer), from the table's scanned `axes` whose layer axis is `layer_axis`; None where
-    the table's axes cannot say."""
+    layer, 2 a block's nested stack: blocks, then the layers of each), from the table's
+    scanned `axes` whose layer axis is `layer_axis`; None where the table's axes cannot say.
+    A nested stack's inner axis is MaxText's ``local_layers`` (Gemma 4's and Qwen3-Next's
+    blocks), which alone (`inner`) stacks a remainder's layers of a nested place.
+
+    Example:
+        >>> leaf_axes(("embed", "layers", "mlp"), 2, 1)
+        ('embed', 'layers', 'local_layers', 'mlp')
+        >>> leaf_axes(("embed", "layers", "mlp"), 1, 1, inner=True)
+        ('embed', 'local_layers', 'mlp')
+    """
+    if layer_axis >= len(axes):
+        return axes if stacked == 1 and not inner else None
+    before, after = axes[:layer_axis], axes[layer_axis + 1 :]
     if stacked == 1:
-        return axes
-    if stacked == 0 and layer_axis < len(axes):
-        return axes[:layer_axis] + axes[layer_axis + 1 :]
+        return before + (INNER_AXIS,) + after if inner else axes
+    if stacked == 0:
+        return before + after
+    if stacked == 2:
+        return before + (axes[layer_axis], INNER_AXIS) + after
     return None
 
 
@@ -202,7 +224,9 @@ def recipe_rules(recipe: Any, config: dict[str, Any], tree: Any) -> ShardingRule
             array = flat.get(root + path)
             if array is None or not hasattr(array, "shape"):
                 continue
-            found = leaf_axes(axes, stacked, leaf.layer_axis)
+            # a remainder's one stacked axis is a nested place's inner one (unnested, none)
+            inner = stacked == 1 and path.startswith(REMAINDER)
+            found = leaf_axes(axes, stacked, leaf.layer_axis, inner)
             if found is None or len(found) != len(array.shape):
                 raise ArgumentError(
                     f"Recipe {recipe.name!r}: leaf {path!r} has shape {tuple(array.shape)}, "
