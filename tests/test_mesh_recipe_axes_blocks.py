@@ -1,0 +1,83 @@
+"""The built-in logical axes of tables whose scanned layers MaxText nests in blocks (Gemma 4's
+local_layers on (blocks, local), its global_layer on the scan axis): a conversion for a mesh
+alone gives each array the shard MaxText's sharding gives it (bench/maxtext_sharding.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import suture
+from suture._sharding import shard_lengths
+from tests.test_mesh_writes import written_chunk
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+MESH = {"fsdp": 4, "tensor": 2}
+BLOCKS = "decoder/scanned_blocks"
+# MaxText 0.2.5's specs on fsdp=4,tensor=2 (bench/maxtext_sharding.py's gemma4 rows)
+GEMMA4 = {
+    f"{BLOCKS}/local_layers/self_attention/query/kernel": ("fsdp", None, None, "tensor", None),
+    f"{BLOCKS}/local_layers/mlp/moe_block/MoeBlock_0/wi_0": (None, None, None, "fsdp", "tensor"),
+    f"{BLOCKS}/local_layers/mlp/moe_block/shared_experts/wo/kernel": ("tensor", None, None, "fsdp"),
+    f"{BLOCKS}/local_layers/post_ffw_norm/scale": ("tensor", None, None),
+    f"{BLOCKS}/global_layer/self_attention/key/kernel": ("fsdp", None, "tensor", None),
+    f"{BLOCKS}/global_layer/mlp/moe_block/MoeBlock_0/wo": (None, None, "tensor", "fsdp"),
+    "token_embedder/embedding": ("tensor", "fsdp"),
+}
+
+
+@pytest.fixture(scope="module")
+def gemma4(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("gemma4") / "hf"
+    config = transformers.Gemma4TextConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=32, num_hidden_layers=12,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+        num_global_key_value_heads=2, attention_k_eq_v=True, hidden_size_per_layer_input=0,
+        sliding_window=8, enable_moe_block=True, num_experts=4, top_k_experts=2,
+        moe_intermediate_size=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.Gemma4ForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def _assert_tiles(out: Path, specs: dict) -> None:
+    ckpt = suture.open(out)
+    for path, spec in specs.items():
+        shape = ckpt[f"params/params/{path}"].shape
+        assert len(shape) == len(spec), (path, shape)
+        shard = shard_lengths(shape, spec, MESH)
+        chunk = written_chunk(out, "params.params." + path.replace("/", "."))
+        for axis, entry in enumerate(spec):
+            if entry is not None and shard[axis] < shape[axis]:  # one chunk per shard, exactly
+                assert chunk[axis] == shard[axis], (path, chunk, shard)
+            else:
+                assert shard[axis] % chunk[axis] == 0, (path, chunk, shard)
+
+
+def test_gemma4s_nested_blocks_take_maxtexts_shards(gemma4: Path, tmp_path: Path):
+    out = tmp_path / "mt"
+    suture.convert(
+        gemma4, out, recipe="gemma4:maxtext", progress=False,
+        target_sharding=suture.TargetSharding("fsdp=4,tensor=2"),
+    )  # fmt: skip
+    _assert_tiles(out, GEMMA4)
+    # [embed_attn, layers, local_layers, q_heads, kv] = (64, 2, 5, 4, 16): shards (16, ..., 2, 16)
+    query = written_chunk(out, f"params.params.{BLOCKS.replace('/', '.')}.local_layers."
+                          "self_attention.query.kernel")  # fmt: skip
+    assert (query[0], query[3]) == (16, 2)
+
+
+def test_gemma4_unscanned_drops_the_layer_axis(gemma4: Path, tmp_path: Path):
+    out = tmp_path / "mt"
+    suture.convert(
+        gemma4, out, recipe="gemma4:maxtext-unscanned", progress=False,
+        target_sharding=suture.TargetSharding("fsdp=4,tensor=2"),
+    )  # fmt: skip
+    # [exp, embed_moe, mlp_moe] = (4, 64, 16) -> (-, fsdp, tensor): shards of (4, 16, 8)
+    assert written_chunk(out, "params.params.decoder.layers_5.mlp.moe_block.MoeBlock_0.wi_0")[
+        1:
+    ] == (16, 8)
