@@ -28,6 +28,9 @@ MESHES = {
     "fsdp=2,tensor=2,expert=2": [
         "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2", "ici_expert_parallelism=2",
     ],
+    # DeepSeek-V4's one KV head: MaxText 0.2.5 builds its model on no mesh with a tensor axis
+    "fsdp=8": ["ici_fsdp_parallelism=8"],
+    "fsdp=4,expert=2": ["ici_fsdp_parallelism=4", "ici_expert_parallelism=2"],
 }  # fmt: skip
 SMALL = [
     "override_model_config=True",
@@ -119,7 +122,7 @@ FAMILIES = {
         "fsdp=4,tensor=2",
     ),
 }
-BOTH = tuple(MESHES)
+BOTH = ("fsdp=4,tensor=2", "fsdp=2,tensor=2,expert=2")
 # Gemma 4: one block of 5 local and 1 global layer; the global layers' keys are their values
 # (share_kv_projections) and need as many KV heads as the tensor axis (MaxText refuses fewer).
 GEMMA4 = ["base_num_decoder_layers=6", "global_head_dim=128", "global_num_kv_heads=2"]
@@ -266,7 +269,7 @@ FAMILIES |= {
             qk_rope_head_dim=16,
             num_hash_layers=3,
         ),  # fmt: skip
-        BOTH,
+        ("fsdp=8", "fsdp=4,expert=2"),
     ),
 }
 # A row named other than its table, and the recipe of a table MaxText has unscanned only.
@@ -356,7 +359,9 @@ def main() -> None:
             count = len(found["shards"])
             sharded = sum(1 for p, s in found["shards"].items() if s != found["shapes"][p])
             scanned = any(
-                str(axis).endswith("layers") for axes in found["leaves"].values() for axis in axes
+                str(axis).endswith(("layers", "scanned_blocks"))
+                for axes in found["leaves"].values()
+                for axis in axes
             )
             label = f"`{family}`" if table == family else f"`{table}`"
             rows.append(

@@ -10,6 +10,7 @@ import pytest
 
 import suture
 from suture._sharding import shard_lengths
+from tests.test_families_deepseek4 import folder  # noqa: F401  (DeepSeek-V4's tiny model)
 from tests.test_mesh_writes import written_chunk
 
 transformers = pytest.importorskip("transformers")
@@ -31,7 +32,7 @@ GEMMA4 = {
 
 @pytest.fixture(scope="module")
 def gemma4(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("gemma4") / "hf"
+    hf = tmp_path_factory.mktemp("gemma4") / "hf"
     config = transformers.Gemma4TextConfig(
         vocab_size=64, hidden_size=64, intermediate_size=32, num_hidden_layers=12,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
@@ -40,8 +41,8 @@ def gemma4(tmp_path_factory) -> Path:
         moe_intermediate_size=16,
     )  # fmt: skip
     torch.manual_seed(0)
-    transformers.Gemma4ForCausalLM(config).save_pretrained(folder)
-    return folder
+    transformers.Gemma4ForCausalLM(config).save_pretrained(hf)
+    return hf
 
 
 def _assert_tiles(out: Path, specs: dict) -> None:
@@ -81,3 +82,45 @@ def test_gemma4_unscanned_drops_the_layer_axis(gemma4: Path, tmp_path: Path):
     assert written_chunk(out, "params.params.decoder.layers_5.mlp.moe_block.MoeBlock_0.wi_0")[
         1:
     ] == (16, 8)
+
+
+# DeepSeek-V4 on fsdp=4,expert=2 (its one KV head: MaxText builds it on no tensor axis); the
+# blocks scan on MaxText's own axis name, scanned_blocks, which no rule shards
+DEEPSEEK4 = {
+    "params/params/decoder/scanned_blocks/layers_0/mlp/MoeBlock_0/wi_0": (
+        "expert",
+        None,
+        "fsdp",
+        None,
+    ),
+    # [embed_attn, scanned_blocks, q_lora]: q_lora's rule comes first and takes fsdp
+    "params/params/decoder/scanned_blocks/layers_1/self_attention/wq_a/kernel": (
+        None,
+        None,
+        "fsdp",
+    ),
+    "params/params/decoder/layers_0/mlp/MoeBlock_0/wo": ("expert", None, "fsdp"),
+    "params/MoEBiasVar/decoder/scanned_blocks/layers_0/mlp/MoeBlock_0/gate/bias": (None, None),
+    "params/Tid2EidVar/decoder/layers_1/mlp/MoeBlock_0/tid2eid": (None, None),
+}
+
+
+def test_deepseek4s_blocks_first_layers_and_collections_take_maxtexts_shards(
+    folder: Path,  # noqa: F811
+    tmp_path: Path,
+):
+    out = tmp_path / "mt"
+    suture.convert(
+        folder, out, recipe="deepseek4:maxtext", progress=False,
+        target_sharding=suture.TargetSharding("fsdp=4,expert=2"),
+    )  # fmt: skip
+    ckpt = suture.open(out)
+    mesh = {"fsdp": 4, "expert": 2}
+    for path, spec in DEEPSEEK4.items():
+        shape = ckpt[path].shape
+        assert len(shape) == len(spec), (path, shape)
+        shard = shard_lengths(shape, spec, mesh)
+        chunk = written_chunk(out, path.replace("/", "."))
+        for axis, entry in enumerate(spec):  # the chunks tile MaxText's shards
+            assert shard[axis] % chunk[axis] == 0, (path, chunk, shard)
+            assert (entry is None) == (shard[axis] == shape[axis]), (path, shard)

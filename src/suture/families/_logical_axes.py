@@ -32,6 +32,7 @@ from typing import Any
 from .._errors import ArgumentError
 from .._paths import flatten
 from .._sharding import ShardingRules
+from ._collections import root_of
 from ._layout import REMAINDER
 
 # MaxText 0.2.5's logical_axis_rules as its config has them for a model of its own (base.yml,
@@ -216,12 +217,13 @@ def recipe_rules(recipe: Any, config: dict[str, Any], tree: Any) -> ShardingRule
         )
     for leaf in active:
         axes = tuple(table[leaf.maxtext])
+        base = root_of(leaf.collection) if leaf.collection else root  # a collection's own
         if leaf.group is None:
             slots = [(leaf.maxtext, 1)]  # as the table has it
         else:
             slots = [(slot.path, len(slot.grid)) for slot in recipe._slots(leaf, names)]
         for path, stacked in slots:
-            array = flat.get(root + path)
+            array = flat.get(base + path)
             if array is None or not hasattr(array, "shape"):
                 continue
             # a remainder's one stacked axis is a nested place's inner one (unnested, none)
@@ -233,7 +235,7 @@ def recipe_rules(recipe: Any, config: dict[str, Any], tree: Any) -> ShardingRule
                     f"but its table's logical_axes {list(axes)} (scanned) do not fit it in "
                     f"this layout. Give the sharding with --sharding FILE."
                 )
-            leaves[re.escape(root + path)] = found
+            leaves[re.escape(base + path)] = found
     return ShardingRules(
         tuple(leaves.items()), MAXTEXT_AXIS_RULES, f"Recipe {recipe.name!r}'s logical axes"
     )
