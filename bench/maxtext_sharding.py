@@ -275,6 +275,36 @@ FAMILIES |= {
 # A row named other than its table, and the recipe of a table MaxText has unscanned only.
 TABLES = {"gemma4-31b": "gemma4"}
 LAYOUTS = {"gemma4-small": "maxtext-unscanned"}
+# Whole multimodal models (use_multimodal=true, a narrow tower): the recipe, and the HF config
+# as the folder's (text_config and vision_config)
+GEMMA3_VISION = dict(
+    model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=2, image_size=896, patch_size=14, vision_use_head=False,
+)  # fmt: skip
+VIT = [
+    "use_multimodal=true", "hidden_size_for_vit=32", "intermediate_size_for_vit=64",
+    "num_hidden_layers_for_vit=2", "num_attention_heads_for_vit=2",
+]  # fmt: skip
+FAMILIES |= {
+    "gemma3-multimodal": (
+        "gemma3-4b",
+        ["base_num_decoder_layers=6", *VIT],
+        "gemma3",
+        dict(
+            text_config=dict(
+                HF,
+                model_type="gemma3_text",
+                num_hidden_layers=6,
+                query_pre_attn_scalar=64,
+                tie_word_embeddings=True,
+            ),
+            vision_config=GEMMA3_VISION,
+            mm_tokens_per_image=256,
+        ),  # fmt: skip
+        BOTH,
+    ),
+}
+WHOLE = {"gemma3-multimodal": "gemma3:maxtext-multimodal"}
 
 
 def maxtext_axes(
@@ -319,7 +349,11 @@ def suture_shards(recipe_name: str, model_type: str, fields: dict, found: dict) 
         raise RuntimeError(
             "MaxText's logical_axis_rules are not suture's copy (MAXTEXT_AXIS_RULES)"
         )
-    config = transformers.AutoConfig.for_model(model_type, **{**HF, **fields}).to_dict()
+    whole = "text_config" in fields  # a multimodal folder's config, the text's fields in it
+    config = transformers.AutoConfig.for_model(
+        model_type, **(fields if whole else {**HF, **fields})
+    )
+    config = config.to_dict()
     recipe = get_recipe(recipe_name)
     tree = {
         f"params/{path}": jax.ShapeDtypeStruct(tuple(shape), np.float32)
@@ -346,7 +380,7 @@ def main() -> None:
     for family in arguments.families:
         model, overrides, model_type, fields, meshes = FAMILIES[family]
         table = TABLES.get(family, family)
-        recipe = f"{table}:{LAYOUTS.get(table, 'maxtext')}"
+        recipe = WHOLE.get(family, f"{table}:{LAYOUTS.get(table, 'maxtext')}")
         for mesh in (meshes,) if isinstance(meshes, str) else meshes:
             record = WORK / f"{family}.{mesh.replace(',', '.').replace('=', '')}.json"
             found = maxtext_axes(python, model, overrides, mesh, record, arguments.recorded)

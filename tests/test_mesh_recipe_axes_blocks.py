@@ -45,13 +45,13 @@ def gemma4(tmp_path_factory) -> Path:
     return hf
 
 
-def _assert_tiles(out: Path, specs: dict) -> None:
+def _assert_tiles(out: Path, specs: dict, root: str = "params/params/") -> None:
     ckpt = suture.open(out)
     for path, spec in specs.items():
-        shape = ckpt[f"params/params/{path}"].shape
+        shape = ckpt[root + path].shape
         assert len(shape) == len(spec), (path, shape)
         shard = shard_lengths(shape, spec, MESH)
-        chunk = written_chunk(out, "params.params." + path.replace("/", "."))
+        chunk = written_chunk(out, (root + path).replace("/", "."))
         for axis, entry in enumerate(spec):
             if entry is not None and shard[axis] < shape[axis]:  # one chunk per shard, exactly
                 assert chunk[axis] == shard[axis], (path, chunk, shard)
@@ -124,3 +124,27 @@ def test_deepseek4s_blocks_first_layers_and_collections_take_maxtexts_shards(
         for axis, entry in enumerate(spec):  # the chunks tile MaxText's shards
             assert shard[axis] % chunk[axis] == 0, (path, chunk, shard)
             assert (entry is None) == (shard[axis] == shape[axis]), (path, shard)
+
+
+def test_a_whole_multimodal_recipe_shards_its_tower_as_maxtext(tmp_path: Path):
+    from tests.test_families_gemma3_multimodal import TOWER, _model
+
+    _model(tmp_path / "hf")
+    out = tmp_path / "mt"
+    suture.convert(
+        tmp_path / "hf", out, recipe="gemma3:maxtext-multimodal", progress=False,
+        target_sharding=suture.TargetSharding("fsdp=4,tensor=2"),
+    )  # fmt: skip
+    block = f"{TOWER}/Transformer/encoderblock_1"
+    _assert_tiles(
+        out,
+        {  # MaxText 0.2.5's tower (bench/maxtext_sharding.py's gemma3-multimodal rows)
+            f"{block}/MultiHeadDotProductAttention_0/query/kernel": ("fsdp", "tensor", None),
+            f"{block}/MultiHeadDotProductAttention_0/out/kernel": ("tensor", None, "fsdp"),
+            f"{block}/MlpBlockViT_0/Dense_0/kernel": (None, None),
+            "params/params/vision_encoder/VisionEmbedder_0/mm_soft_embedding_norm/scale": (
+                "tensor",
+            ),
+        },
+        root="",
+    )

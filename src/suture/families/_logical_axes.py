@@ -134,7 +134,7 @@ def schema_problems(value: Any, target: str = "maxtext") -> list[tuple[str, str]
     mapping of the table's leaf paths to lists of axis names or nulls. An entry of no leaf
     is left alone (a copied table with leaves taken out); a leaf without an entry (a copied
     table with leaves added) matters only on a mesh, where `recipe_rules` names it."""
-    if target != "maxtext":
+    if target not in ("maxtext", "maxtext-multimodal"):
         return [("logical_axes", f"are MaxText's; a table of target {target!r} has none")]
     if not isinstance(value, Mapping):
         return [("logical_axes", f"must be a mapping (leaf path: [axes]); got {value!r:.60}")]
@@ -236,6 +236,54 @@ def recipe_rules(recipe: Any, config: dict[str, Any], tree: Any) -> ShardingRule
                     f"this layout. Give the sharding with --sharding FILE."
                 )
             leaves[re.escape(base + path)] = found
+    leaves.update(tower_axes(recipe, config, flat))
     return ShardingRules(
         tuple(leaves.items()), MAXTEXT_AXIS_RULES, f"Recipe {recipe.name!r}'s logical axes"
     )
+
+
+def tower_axes(recipe: Any, config: dict[str, Any], flat: dict[str, Any]) -> dict[str, tuple]:
+    """{escaped path: axes} of a whole multimodal recipe's tower arrays in `flat`, from the
+    tower table's ``logical_axes`` as they are (MaxText never scans a tower); {} for a
+    recipe without a tower.
+
+    Raises:
+        ArgumentError: the tower's table has no axes, or not for every leaf, or they do not
+            fit an array (its arrays would otherwise be replicated, unlike MaxText's).
+    """
+    tower = getattr(recipe, "tower_recipe", None)
+    if tower is None:
+        return {}
+    from ._recipe import MAXTEXT_ROOT
+
+    table = dict(getattr(tower, "logical_axes", ()) or ())
+    names = tower.config_names(recipe._vision(config))
+    active = tower._active(names)
+    missing = missing_leaves(table, {leaf.maxtext for leaf in active})
+    if missing:
+        listed = ", ".join(repr(path) for path in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ArgumentError(
+            f"Recipe {recipe.name!r}: its vision tower's table ({tower.name!r}) has no "
+            f"logical_axes for {listed}{more}, so their shards on the mesh are unknown. Give "
+            f"the sharding with --sharding FILE, or convert the language model alone with its "
+            f"text recipe."
+        )
+    leaves = {}
+    for leaf in active:
+        axes = tuple(table[leaf.maxtext])
+        paths = (
+            [leaf.maxtext] if leaf.group is None else [s.path for s in tower._slots(leaf, names)]
+        )
+        for path in paths:
+            array = flat.get(f"{MAXTEXT_ROOT}/{path}")
+            if array is None or not hasattr(array, "shape"):
+                continue
+            if len(axes) != len(array.shape):
+                raise ArgumentError(
+                    f"Recipe {recipe.name!r}: tower leaf {path!r} has shape "
+                    f"{tuple(array.shape)}, but its table's logical_axes {list(axes)} do not fit "
+                    f"it. Give the sharding with --sharding FILE."
+                )
+            leaves[re.escape(f"{MAXTEXT_ROOT}/{path}")] = axes
+    return leaves
