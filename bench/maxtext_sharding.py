@@ -304,7 +304,67 @@ FAMILIES |= {
         BOTH,
     ),
 }
-WHOLE = {"gemma3-multimodal": "gemma3:maxtext-multimodal"}
+GEMMA4_VISION = dict(
+    model_type="gemma4_vision", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=2, num_key_value_heads=2, head_dim=16, position_embedding_size=64,
+    patch_size=16, pooling_kernel_size=3, standardize=True,
+)  # fmt: skip
+FAMILIES |= {
+    "gemma4-multimodal": (
+        "gemma4-26b",
+        [
+            *GEMMA4,
+            "num_experts=4",
+            "num_experts_per_tok=2",
+            "base_moe_mlp_dim=128",
+            *MOE,
+            *VIT,
+            "num_position_embeddings_for_vit=64",
+        ],  # fmt: skip
+        "gemma4",
+        dict(
+            text_config=dict(
+                HF,
+                **GEMMA4_HF,
+                model_type="gemma4_text",
+                enable_moe_block=True,
+                num_experts=4,
+                top_k_experts=2,
+                moe_intermediate_size=128,
+            ),
+            vision_config=GEMMA4_VISION,
+            audio_config=None,
+        ),  # fmt: skip
+        BOTH,
+    ),
+}
+QWEN_VISION = dict(
+    depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=256,
+    patch_size=4, temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=2304,
+)  # fmt: skip
+QWEN_VIT = [
+    "use_multimodal=true", "hidden_size_for_vit=32", "intermediate_size_for_vit=64",
+    "num_attention_heads_for_vit=2", "num_hidden_layers_for_vit=2", "patch_size_for_vit=4",
+    "temporal_patch_size_for_vit=2", "spatial_merge_size_for_vit=2",
+    "out_hidden_size_for_vit=256", "num_position_embeddings_for_vit=2304",
+]  # fmt: skip
+FAMILIES |= {
+    "qwen3.5-multimodal": (
+        "qwen3.5-35b-a3b",
+        [*GDN, "use_mrope=false", *QWEN_VIT],
+        "qwen3_5_moe",
+        dict(
+            text_config=dict(HF, **GDN_HF, model_type="qwen3_5_moe_text"),
+            vision_config=dict(QWEN_VISION, model_type="qwen3_5_moe_vision"),
+        ),
+        BOTH,
+    ),
+}
+WHOLE = {
+    "gemma3-multimodal": "gemma3:maxtext-multimodal",
+    "gemma4-multimodal": "gemma4:maxtext-multimodal",
+    "qwen3.5-multimodal": "qwen3.5:maxtext-multimodal",
+}
 
 
 def maxtext_axes(

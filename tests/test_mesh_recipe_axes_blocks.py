@@ -148,3 +148,18 @@ def test_a_whole_multimodal_recipe_shards_its_tower_as_maxtext(tmp_path: Path):
         },
         root="",
     )
+
+
+def test_every_builtin_tower_table_with_logical_axes_names_every_leaf():
+    from suture.families._index import read_table, table_heads
+    from suture.families._logical_axes import missing_leaves
+
+    carrying = 0
+    for file in table_heads():
+        table = read_table(file)
+        if table.get("target") != "maxtext-multimodal" or "logical_axes" not in table:
+            continue
+        carrying += 1
+        paths = {leaf["maxtext-multimodal"] for leaf in table["leaves"]}
+        assert missing_leaves(table["logical_axes"], paths) == [], file
+    assert carrying >= 2
