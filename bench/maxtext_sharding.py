@@ -360,7 +360,116 @@ FAMILIES |= {
         BOTH,
     ),
 }
+# Qwen3-VL (as bench/_maxtext_qwen3_vl.py): MaxText runs deepstack mergers unscanned only
+VL_TEXT = dict(HF, num_hidden_layers=2)
+VL_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128)
+VL = [
+    "base_num_decoder_layers=2", "logits_via_embedding=False", "mrope_section=[16,8,8]",
+    *(item for item in QWEN_VIT if not item.startswith("num_position")),
+    "num_position_embeddings_for_vit=2304", "image_size_for_vit=16",
+]  # fmt: skip
+VL_MOE_MAXTEXT = [
+    "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=128", "base_mlp_dim=128", *MOE,
+]  # fmt: skip
+
+
+def _vl(moe: bool, deepstack: list[int]) -> dict:
+    kind = "qwen3_vl_moe" if moe else "qwen3_vl"
+    return dict(
+        text_config=dict(VL_TEXT, **(VL_MOE if moe else {}), model_type=f"{kind}_text"),
+        vision_config=dict(
+            QWEN_VISION, model_type=f"{kind}_vision", deepstack_visual_indexes=deepstack
+        ),
+    )
+
+
+FAMILIES |= {
+    "qwen3-vl": (
+        "qwen3-vl-30b-a3b",
+        [*VL, *VL_MOE_MAXTEXT, "deepstack_visual_indexes_for_vit=[0]", "scan_layers=false"],
+        "qwen3_vl_moe",
+        _vl(True, [0]),
+        BOTH,
+    ),
+    "qwen3-vl-moe-scanned": (
+        "qwen3-vl-30b-a3b",
+        [*VL, *VL_MOE_MAXTEXT, "deepstack_visual_indexes_for_vit=[]", "scan_layers=true"],
+        "qwen3_vl_moe",
+        _vl(True, []),
+        BOTH,
+    ),
+    "qwen3-vl-dense": (
+        "qwen3-vl-2b",
+        [*VL, "deepstack_visual_indexes_for_vit=[]", "scan_layers=true"],
+        "qwen3_vl",
+        _vl(False, []),
+        BOTH,
+    ),
+}
+AUDIO = dict(
+    num_mel_bins=16, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64, d_model=32,
+    output_dim=256, downsample_hidden_size=8, max_source_positions=64, n_window=50,
+    n_window_infer=100, conv_chunksize=50,
+)  # fmt: skip
+OMNI_AUDIO = ["use_audio=true"] + [
+    f"{name}_for_audio={AUDIO[name]}"
+    for name in (
+        "d_model", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim",
+        "num_mel_bins", "downsample_hidden_size", "output_dim", "max_source_positions",
+        "n_window", "n_window_infer", "conv_chunksize",
+    )
+]  # fmt: skip
+
+
+def _omni(deepstack: list[int]) -> dict:
+    return dict(
+        thinker_config=dict(
+            text_config=dict(VL_TEXT, **VL_MOE, model_type="qwen3_omni_moe_text"),
+            vision_config=dict(QWEN_VISION, deepstack_visual_indexes=deepstack),
+            audio_config=AUDIO,
+        )
+    )
+
+
+FAMILIES |= {
+    "qwen3-omni": (
+        "qwen3-omni-30b-a3b",
+        [
+            *VL,
+            *VL_MOE_MAXTEXT,
+            *OMNI_AUDIO,
+            "deepstack_visual_indexes_for_vit=[0]",
+            "scan_layers=false",
+        ],  # fmt: skip
+        "qwen3_omni_moe",
+        _omni([0]),
+        BOTH,
+    ),
+    "qwen3-omni-scanned": (
+        "qwen3-omni-30b-a3b",
+        [
+            *VL,
+            *VL_MOE_MAXTEXT,
+            *OMNI_AUDIO,
+            "deepstack_visual_indexes_for_vit=[]",
+            "scan_layers=true",
+        ],  # fmt: skip
+        "qwen3_omni_moe",
+        _omni([]),
+        BOTH,
+    ),
+}
+TABLES |= {
+    "qwen3-vl-moe-scanned": "qwen3-vl",
+    "qwen3-vl-dense": "qwen3-vl",
+    "qwen3-omni-scanned": "qwen3-omni",
+}
 WHOLE = {
+    "qwen3-omni": "qwen3-omni:maxtext-unscanned",
+    "qwen3-omni-scanned": "qwen3-omni:maxtext",
+    "qwen3-vl": "qwen3-vl:maxtext-unscanned",
+    "qwen3-vl-moe-scanned": "qwen3-vl:maxtext",
+    "qwen3-vl-dense": "qwen3-vl:maxtext",
     "gemma3-multimodal": "gemma3:maxtext-multimodal",
     "gemma4-multimodal": "gemma4:maxtext-multimodal",
     "qwen3.5-multimodal": "qwen3.5:maxtext-multimodal",
@@ -409,7 +518,7 @@ def suture_shards(recipe_name: str, model_type: str, fields: dict, found: dict) 
         raise RuntimeError(
             "MaxText's logical_axis_rules are not suture's copy (MAXTEXT_AXIS_RULES)"
         )
-    whole = "text_config" in fields  # a multimodal folder's config, the text's fields in it
+    whole = {"text_config", "thinker_config"} & set(fields)  # a multimodal folder's config
     config = transformers.AutoConfig.for_model(
         model_type, **(fields if whole else {**HF, **fields})
     )
