@@ -584,20 +584,41 @@ def main() -> None:
             f"suture's built-in `FAMILY:maxtext` recipe, with no rules file, gives each of "
             f"MaxText's parameters its spec from the table's `logical_axes` under suture's copy "
             f"of MaxText's default rules (checked equal to the config's in each run), as "
-            f"`suture convert HF OUT --recipe FAMILY:maxtext --mesh ...` does. MaxText's "
-            f"reports are recorded in `bench/_data/maxtext-sharding/` (`--recorded` reads them "
-            f"back).",
+            f"`suture convert HF OUT --recipe FAMILY:maxtext --mesh ...` does; a whole "
+            f"multimodal model (`use_multimodal=true`, a narrow tower) through its whole recipe, "
+            f"its towers by their tables' axes. The families from `gemma4` on run on both "
+            f"meshes. MaxText's reports are recorded in "
+            f"`bench/_data/maxtext-sharding/` (`--recorded` reads them back).",
             "",
             "| family | mesh | parameters | sharded by MaxText | suture's shard = MaxText's |",
             "| --- | --- | --- | --- | --- |",
             *merged_rows(rows, arguments.families),
             "",
             *(notes or ["- Every parameter's shard is MaxText's own."]),
-            *kept_notes(arguments.families),
+            *(line for line in kept_notes(arguments.families) if line not in NOTES),
+            *NOTES,
         ]
     )
     write_section("maxtext-sharding", body)
     print(body)
+
+
+NOTES = [
+    "- Where MaxText gives a parameter no logical axes (Gated DeltaNet's `A_log`, `dt_bias` and "
+    "`conv1d`, DeepSeek's indexer `k_norm`, DeepSeek-V4's `position_bias` and hash tables, most "
+    "of the towers' norms, biases and MLPs), the tables say null for each axis: replicated, as "
+    "MaxText's. Where it gives a norm only its scan's axis (`[layers]` on a `[dim, layers]` "
+    "scale: Qwen3-Next's and Qwen3.5's norms), the tables put `layers` on the layer axis: the "
+    "same shards wherever the mesh's `stage` axis is 1, as on both meshes here.",
+    "- `deepseek4` runs on `fsdp=8` and `fsdp=4,expert=2`: MaxText 0.2.5 refuses to build its "
+    "one KV head on a mesh with a tensor axis (`IndivisibleError`). `deepseek3.2` is built on "
+    "`deepseek2-16b` with V3.2's settings (the indexer on, `attention=dot_product`), as "
+    "`bench/_maxtext_families.py` does: `deepseek3.2-671b` keeps the router bias in the "
+    "`MoEBiasVar` collection, where MaxText's converter never writes it. `gemma4-small` is "
+    "`gemma4-e2b` unscanned (MaxText has it unscanned only), with KV-shared layers. Qwen3-VL "
+    "and Qwen3-Omni run whole, unscanned with a deepstack merger (MaxText runs deepstack "
+    "unscanned only) and scanned without one; their text tables' axes are the whole model's.",
+]
 
 
 def _section() -> list[str]:
