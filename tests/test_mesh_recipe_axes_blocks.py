@@ -126,13 +126,21 @@ def test_deepseek4s_blocks_first_layers_and_collections_take_maxtexts_shards(
             assert (entry is None) == (shard[axis] == shape[axis]), (path, shard)
 
 
-def test_a_whole_multimodal_recipe_shards_its_tower_as_maxtext(tmp_path: Path):
-    from tests.test_families_gemma3_multimodal import TOWER, _model
+@pytest.fixture(scope="module")
+def gemma3_whole(tmp_path_factory) -> Path:
+    from tests.test_families_gemma3_multimodal import _model
 
-    _model(tmp_path / "hf")
+    hf = tmp_path_factory.mktemp("gemma3mm") / "hf"
+    _model(hf)
+    return hf
+
+
+def test_a_whole_multimodal_recipe_shards_its_tower_as_maxtext(gemma3_whole: Path, tmp_path):
+    from tests.test_families_gemma3_multimodal import TOWER
+
     out = tmp_path / "mt"
     suture.convert(
-        tmp_path / "hf", out, recipe="gemma3:maxtext-multimodal", progress=False,
+        gemma3_whole, out, recipe="gemma3:maxtext-multimodal", progress=False,
         target_sharding=suture.TargetSharding("fsdp=4,tensor=2"),
     )  # fmt: skip
     block = f"{TOWER}/Transformer/encoderblock_1"
@@ -163,3 +171,26 @@ def test_every_builtin_tower_table_with_logical_axes_names_every_leaf():
         paths = {leaf["maxtext-multimodal"] for leaf in table["leaves"]}
         assert missing_leaves(table["logical_axes"], paths) == [], file
     assert carrying >= 2
+
+
+def test_a_whole_recipe_refuses_a_mesh_where_its_tower_has_no_axes(gemma3_whole: Path):
+    import dataclasses
+    import json
+
+    from suture.families import get_recipe
+    from suture.families._logical_axes import recipe_rules
+
+    recipe = get_recipe("gemma3:maxtext-multimodal")
+    bare = dataclasses.replace(  # a tower table as a user's copy without logical_axes
+        recipe, tower_recipe=dataclasses.replace(recipe.tower_recipe, logical_axes=())
+    )
+    config = json.loads((gemma3_whole / "config.json").read_text())
+    tree = bare.to_maxtext(suture.open(gemma3_whole).tree, config)
+    with pytest.raises(suture.SurgeryError, match=r"vision tower's table.*no logical_axes"):
+        recipe_rules(bare, config, tree)
+    from suture._paths import flatten
+
+    rules = recipe_rules(recipe, config, tree)  # with them, a rule for every tower array
+    towers = [path for path in flatten(tree) if "vision_encoder" in path]
+    assert len(towers) > 20
+    assert sum("vision_encoder" in pattern for pattern, _ in rules.leaves) == len(towers)
