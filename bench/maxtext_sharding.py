@@ -9,7 +9,9 @@ suture's copy of MaxText's default rules (`suture.families._logical_axes`), on t
 and over MaxText's own tree: every shard must be MaxText's.
 
 Run from the repository root: `.venv/bin/python -m bench.maxtext_sharding --maxtext-venv
-/tmp/mtvenv [--families qwen3-moe ...]`.
+/tmp/mtvenv [--families qwen3-moe ...]`. MaxText's reports are recorded in
+``bench/_data/maxtext-sharding/``; `bench/maxtext_axes_table.py` writes a table's
+``logical_axes`` from them.
 """
 
 from __future__ import annotations
