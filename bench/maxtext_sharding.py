@@ -204,6 +204,14 @@ FAMILIES |= {
         BOTH,
     ),
     "qwen3-next": ("qwen3-next-80b-a3b", GDN, "qwen3_next", GDN_HF, BOTH),
+    # 6 layers: a block of 4 and a remainder of 2 Gated DeltaNet layers, nested on local_layers
+    "qwen3-next-remainder": (
+        "qwen3-next-80b-a3b",
+        [*GDN, "base_num_decoder_layers=6"],
+        "qwen3_next",
+        dict(GDN_HF, num_hidden_layers=6),
+        BOTH,
+    ),
     "qwen3.5": (
         "qwen3.5-35b-a3b",
         [*GDN, "use_mrope=false"],
@@ -274,8 +282,14 @@ FAMILIES |= {
         ("fsdp=8", "fsdp=4,expert=2"),
     ),
 }
+# What tells a row from another of the same table and model.
+VARIANTS = {
+    "qwen3-next-remainder": "6 layers: a remainder",
+    "qwen3-vl": "deepstack",
+    "qwen3-omni": "deepstack",
+}
 # A row named other than its table, and the recipe of a table MaxText has unscanned only.
-TABLES = {"gemma4-31b": "gemma4"}
+TABLES = {"gemma4-31b": "gemma4", "qwen3-next-remainder": "qwen3-next"}
 LAYOUTS = {"gemma4-small": "maxtext-unscanned"}
 # Whole multimodal models (use_multimodal=true, a narrow tower): the recipe, and the HF config
 # as the folder's (text_config and vision_config)
@@ -569,8 +583,10 @@ def main() -> None:
                 for axis in axes
             )
             label = f"`{family}`" if table == family else f"`{table}`"
+            variant = f", {VARIANTS[family]}" if family in VARIANTS else ""
             rows.append(
-                f"| {label} ({model}, small, {'scanned' if scanned else 'unscanned'}) | {mesh} | {count} "
+                f"| {label} ({model}, small, {'scanned' if scanned else 'unscanned'}{variant}) "
+                f"| {mesh} | {count} "
                 f"| {sharded} | {count - len(differ)} of {count} |"
             )
             notes += [f"- `{family}` on {mesh}: {line}" for line in differ]
@@ -594,7 +610,7 @@ def main() -> None:
             "",
             "| family | mesh | parameters | sharded by MaxText | suture's shard = MaxText's |",
             "| --- | --- | --- | --- | --- |",
-            *merged_rows(rows, arguments.families),
+            *merged_rows(rows),
             "",
             *(notes or ["- Every parameter's shard is MaxText's own."]),
             *(line for line in kept_notes(arguments.families) if line not in NOTES),
@@ -635,20 +651,19 @@ def _family_of(row: str) -> str:
     return row.split("`")[1] if row.count("`") >= 2 else ""
 
 
-def _run_of(row: str) -> tuple[str, str]:
-    """(table, MaxText model) of a row: ``| `gemma4` (gemma4-31b, small) | ...``."""
-    return _family_of(row), row.partition("(")[2].partition(",")[0]
+def _key(row: str) -> tuple[str, str]:
+    """(what ran, mesh) of a row: its first two cells."""
+    cells = [cell.strip() for cell in row.split("|")]
+    return cells[1], cells[2]
 
 
-def merged_rows(rows: list[str], families: list[str]) -> list[str]:
-    """The section's rows of the runs not made this time (in RESULTS.md), then `rows`."""
-    ran = {(TABLES.get(family, family), FAMILIES[family][0]) for family in families}
-    kept = [
-        row
-        for row in _section()
-        if row.startswith("| `") and _family_of(row) != "family" and _run_of(row) not in ran
-    ]
-    return kept + rows
+def merged_rows(rows: list[str]) -> list[str]:
+    """The section's rows (in RESULTS.md), each replaced by its new one from `rows`, then the
+    rows not there before."""
+    new = {_key(row): row for row in rows}
+    old = [row for row in _section() if row.startswith("| `") and _family_of(row) != "family"]
+    kept = [new.pop(_key(row), row) for row in old]
+    return kept + [row for row in rows if _key(row) in new]
 
 
 def kept_notes(families: list[str]) -> list[str]:
