@@ -14,7 +14,10 @@ With MaxText's default ``logical_axis_rules`` (`MAXTEXT_AXIS_RULES`) they give e
 `PartitionSpec` on a mesh, so ``suture convert HF OUT --recipe llama3.1:maxtext --mesh
 fsdp=8,tensor=2`` needs no ``--sharding`` file. An array whose layers are not stacked (the
 unscanned layout, a layout's remainder layers) has the same axes without the layer axis, as
-MaxText's unscanned model does.
+MaxText's unscanned model does; a block's nested stack (Gemma 4's, Qwen3-Next's) has
+MaxText's ``local_layers`` after the layer axis. A tower table (``target: maxtext-multimodal``)
+gives its leaves' axes as MaxText has them, a tower being never scanned; a whole multimodal
+recipe on a mesh needs them (`tower_axes`).
 
 Example:
     >>> schema_problems({"a/kernel": ["embed", "mlp", "mlp"]})
@@ -264,7 +267,7 @@ def tower_axes(recipe: Any, config: dict[str, Any], flat: dict[str, Any]) -> dic
         listed = ", ".join(repr(path) for path in missing[:3])
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise ArgumentError(
-            f"Recipe {recipe.name!r}: its vision tower's table ({tower.name!r}) has no "
+            f"Recipe {recipe.name!r}: its tower table ({tower.name!r}) has no "
             f"logical_axes for {listed}{more}, so their shards on the mesh are unknown. Give "
             f"the sharding with --sharding FILE, or convert the language model alone with its "
             f"text recipe."
