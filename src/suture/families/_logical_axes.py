@@ -14,7 +14,10 @@ With MaxText's default ``logical_axis_rules`` (`MAXTEXT_AXIS_RULES`) they give e
 `PartitionSpec` on a mesh, so ``suture convert HF OUT --recipe llama3.1:maxtext --mesh
 fsdp=8,tensor=2`` needs no ``--sharding`` file. An array whose layers are not stacked (the
 unscanned layout, a layout's remainder layers) has the same axes without the layer axis, as
-MaxText's unscanned model does.
+MaxText's unscanned model does; a block's nested stack (Gemma 4's, Qwen3-Next's) has
+MaxText's ``local_layers`` after the layer axis. A tower table (``target: maxtext-multimodal``)
+gives its leaves' axes as MaxText has them, a tower being never scanned; a whole multimodal
+recipe on a mesh needs them (`tower_axes`).
 
 Example:
     >>> schema_problems({"a/kernel": ["embed", "mlp", "mlp"]})
@@ -32,6 +35,8 @@ from typing import Any
 from .._errors import ArgumentError
 from .._paths import flatten
 from .._sharding import ShardingRules
+from ._collections import root_of
+from ._layout import REMAINDER
 
 # MaxText 0.2.5's logical_axis_rules as its config has them for a model of its own (base.yml,
 # after pyconfig): bench/maxtext_sharding.py reads them from MaxText and checks these are they.
@@ -122,12 +127,17 @@ MAXTEXT_AXIS_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
+# The logical axis of the layers stacked within each block of a nested scan (MaxText 0.2.5's
+# models/gemma4.py and models/qwen3.py, nnx_scan metadata_axis_name).
+INNER_AXIS = "local_layers"
+
+
 def schema_problems(value: Any, target: str = "maxtext") -> list[tuple[str, str]]:
     """(entry, rule) for each way `value` (a table's ``logical_axes``) breaks the format: a
     mapping of the table's leaf paths to lists of axis names or nulls. An entry of no leaf
     is left alone (a copied table with leaves taken out); a leaf without an entry (a copied
     table with leaves added) matters only on a mesh, where `recipe_rules` names it."""
-    if target != "maxtext":
+    if target not in ("maxtext", "maxtext-multimodal"):
         return [("logical_axes", f"are MaxText's; a table of target {target!r} has none")]
     if not isinstance(value, Mapping):
         return [("logical_axes", f"must be a mapping (leaf path: [axes]); got {value!r:.60}")]
@@ -153,14 +163,30 @@ def missing_leaves(value: Mapping[str, Any], leaf_paths: set[str]) -> list[str]:
     return sorted(leaf_paths - set(value))
 
 
-def leaf_axes(axes: tuple[Any, ...], stacked: int, layer_axis: int) -> tuple[Any, ...] | None:
+def leaf_axes(
+    axes: tuple[Any, ...], stacked: int, layer_axis: int, inner: bool = False
+) -> tuple[Any, ...] | None:
     """The axes of a per-layer array with `stacked` stacked layer axes (1 scanned, 0 one
-    layer), from the table's scanned `axes` whose layer axis is `layer_axis`; None where
-    the table's axes cannot say."""
+    layer, 2 a block's nested stack: blocks, then the layers of each), from the table's
+    scanned `axes` whose layer axis is `layer_axis`; None where the table's axes cannot say.
+    A nested stack's inner axis is MaxText's ``local_layers`` (Gemma 4's and Qwen3-Next's
+    blocks), which alone (`inner`) stacks a remainder's layers of a nested place.
+
+    Example:
+        >>> leaf_axes(("embed", "layers", "mlp"), 2, 1)
+        ('embed', 'layers', 'local_layers', 'mlp')
+        >>> leaf_axes(("embed", "layers", "mlp"), 1, 1, inner=True)
+        ('embed', 'local_layers', 'mlp')
+    """
+    if layer_axis >= len(axes):
+        return axes if stacked == 1 and not inner else None
+    before, after = axes[:layer_axis], axes[layer_axis + 1 :]
     if stacked == 1:
-        return axes
-    if stacked == 0 and layer_axis < len(axes):
-        return axes[:layer_axis] + axes[layer_axis + 1 :]
+        return before + (INNER_AXIS,) + after if inner else axes
+    if stacked == 0:
+        return before + after
+    if stacked == 2:
+        return before + (axes[layer_axis], INNER_AXIS) + after
     return None
 
 
@@ -194,22 +220,73 @@ def recipe_rules(recipe: Any, config: dict[str, Any], tree: Any) -> ShardingRule
         )
     for leaf in active:
         axes = tuple(table[leaf.maxtext])
+        base = root_of(leaf.collection) if leaf.collection else root  # a collection's own
         if leaf.group is None:
             slots = [(leaf.maxtext, 1)]  # as the table has it
         else:
             slots = [(slot.path, len(slot.grid)) for slot in recipe._slots(leaf, names)]
         for path, stacked in slots:
-            array = flat.get(root + path)
+            array = flat.get(base + path)
             if array is None or not hasattr(array, "shape"):
                 continue
-            found = leaf_axes(axes, stacked, leaf.layer_axis)
+            # a remainder's one stacked axis is a nested place's inner one (unnested, none)
+            inner = stacked == 1 and path.startswith(REMAINDER)
+            found = leaf_axes(axes, stacked, leaf.layer_axis, inner)
             if found is None or len(found) != len(array.shape):
                 raise ArgumentError(
                     f"Recipe {recipe.name!r}: leaf {path!r} has shape {tuple(array.shape)}, "
                     f"but its table's logical_axes {list(axes)} (scanned) do not fit it in "
                     f"this layout. Give the sharding with --sharding FILE."
                 )
-            leaves[re.escape(root + path)] = found
+            leaves[re.escape(base + path)] = found
+    leaves.update(tower_axes(recipe, config, flat))
     return ShardingRules(
         tuple(leaves.items()), MAXTEXT_AXIS_RULES, f"Recipe {recipe.name!r}'s logical axes"
     )
+
+
+def tower_axes(recipe: Any, config: dict[str, Any], flat: dict[str, Any]) -> dict[str, tuple]:
+    """{escaped path: axes} of a whole multimodal recipe's tower arrays in `flat`, from the
+    tower table's ``logical_axes`` as they are (MaxText never scans a tower); {} for a
+    recipe without a tower.
+
+    Raises:
+        ArgumentError: the tower's table has no axes, or not for every leaf, or they do not
+            fit an array (its arrays would otherwise be replicated, unlike MaxText's).
+    """
+    tower = getattr(recipe, "tower_recipe", None)
+    if tower is None:
+        return {}
+    from ._recipe import MAXTEXT_ROOT
+
+    table = dict(getattr(tower, "logical_axes", ()) or ())
+    names = tower.config_names(recipe._vision(config))
+    active = tower._active(names)
+    missing = missing_leaves(table, {leaf.maxtext for leaf in active})
+    if missing:
+        listed = ", ".join(repr(path) for path in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ArgumentError(
+            f"Recipe {recipe.name!r}: its tower table ({tower.name!r}) has no "
+            f"logical_axes for {listed}{more}, so their shards on the mesh are unknown. Give "
+            f"the sharding with --sharding FILE, or convert the language model alone with its "
+            f"text recipe."
+        )
+    leaves = {}
+    for leaf in active:
+        axes = tuple(table[leaf.maxtext])
+        paths = (
+            [leaf.maxtext] if leaf.group is None else [s.path for s in tower._slots(leaf, names)]
+        )
+        for path in paths:
+            array = flat.get(f"{MAXTEXT_ROOT}/{path}")
+            if array is None or not hasattr(array, "shape"):
+                continue
+            if len(axes) != len(array.shape):
+                raise ArgumentError(
+                    f"Recipe {recipe.name!r}: tower leaf {path!r} has shape "
+                    f"{tuple(array.shape)}, but its table's logical_axes {list(axes)} do not fit "
+                    f"it. Give the sharding with --sharding FILE."
+                )
+            leaves[re.escape(f"{MAXTEXT_ROOT}/{path}")] = axes
+    return leaves
