@@ -71,3 +71,18 @@ def test_short_runs_go_a_strip_of_whole_rows_at_a_time(fused) -> None:
     assert source.read_cost(selection, into=True).disk == EXPERTS * row
     selection = (range(EXPERTS), range(0, 32), range(COLUMNS))
     assert source.read_cost(selection, into=True).disk == EXPERTS * row // 2
+
+
+def test_a_map_of_the_gate_half_reads_that_half_once(fused, tmp_path: Path) -> None:
+    """A map reads its input with `read`, not `read_into`: it reads the runs too, as the
+    plan counts them (it read whole rows, twice the plan's bytes)."""
+    path, values = fused
+    gate = suture.open(path)["gate_up"][:, :32].transpose(0, 2, 1)
+    negated = suture.map(np.negative, gate, elementwise=True)
+    planned = suture.plan(lambda tree: tree, {"wi_0": negated})
+    with count_bytes_read() as counter:
+        suture.save({"wi_0": negated}, tmp_path / "out", progress=False)
+    assert planned.bytes_to_read == values.nbytes // 2
+    assert values.nbytes // 2 <= counter.bytes < values.nbytes // 2 + 4096  # and the header
+    restored = np.asarray(suture.load(tmp_path / "out")["wi_0"])
+    assert restored.tobytes() == (-values[:, :32].transpose(0, 2, 1)).tobytes()

@@ -78,6 +78,10 @@ class FileRangeSource(SourceNode):
             result = aligned_empty((rows[1] - rows[0], *self.shape[1:]), self.dtype)
             return self._read_rows(*rows, result)
         result = aligned_empty(selection_shape(selection), self.dtype)
+        runs = self._runs(selection)
+        if runs is not None:  # as `read_into` reads (and the plan counts): a run of each row
+            self._read_runs(selection[0], runs, result)
+            return result
         for target, block, local in self._strips(selection):
             result[target] = outer_index(block, local)
         return result
@@ -116,10 +120,12 @@ class FileRangeSource(SourceNode):
         if _whole_rows(selection, self.shape) is not None:
             tile = result if self.remote else min(result, TILE_BYTES)  # see `read_into`
             return ReadCost(result, tile if into else result)
-        runs = self._runs(selection) if into else None
-        if runs is not None:  # see `read_into`: each row's run, one at a time
+        runs = self._runs(selection)
+        if runs is not None:  # see `read_into`: each row's run, one at a time (`read` too)
             run_bytes = (runs[1] - runs[0]) * self._inner_bytes
-            return ReadCost(len(selection[0]) * run_bytes, min(result, run_bytes))
+            return ReadCost(
+                len(selection[0]) * run_bytes, min(result, run_bytes) if into else result
+            )
         spans = [stop - start for start, stop, _ in _row_groups(selection[0], self._strip_rows)]
         strip = max(spans, default=0) * self._row_bytes
         if into and self._strips_into(selection):  # a strip (and a copy of the part selected
