@@ -131,6 +131,18 @@ def test_a_stack_of_parts_of_one_source_reads_every_part(stored: tuple[Path, dic
         assert planned == 8 * 16 * COLUMNS * 4
 
 
+def test_one_source_in_two_places_of_a_leaf_is_read_twice(stored: tuple[Path, dict]) -> None:
+    """Each place reads it: the plan counts both reads (it counted one, half the read)."""
+    path, x = stored
+
+    def surgery(t: Any) -> dict:
+        return {"c": suture.concatenate([t["a"][:16], t["a"][:16]])}
+
+    planned = _check(path, surgery, {"c": np.concatenate([x["a"][:16], x["a"][:16]])})
+    if path.suffix == ".safetensors":
+        assert planned == 2 * 16 * COLUMNS * 4
+
+
 def test_concat_across_members(stored: tuple[Path, dict]) -> None:
     path, x = stored
     both = np.concatenate([x["a"], x["b"]], axis=1)

@@ -33,39 +33,27 @@ def bytes_read(node: Node, selection: Selection) -> int:
 
 
 def _costs(node: Node, selection: Selection) -> dict[int, tuple[SourceNode, ReadCost]]:
-    reads: dict[int, tuple[SourceNode, dict[tuple, ReadCost]]] = {}
+    reads: dict[int, tuple[SourceNode, list[ReadCost]]] = {}
     _estimate(node, selection, reads)
     return {
-        key: (
-            source,
-            ReadCost(sum(c.disk for c in parts.values()), max(c.memory for c in parts.values())),
-        )
+        key: (source, ReadCost(sum(c.disk for c in parts), max(c.memory for c in parts)))
         for key, (source, parts) in reads.items()
     }
 
 
 def _estimate(
-    node: Node, selection: Selection, reads: dict[int, tuple[SourceNode, dict[tuple, ReadCost]]]
+    node: Node, selection: Selection, reads: dict[int, tuple[SourceNode, list[ReadCost]]]
 ) -> None:
     """Adds to `reads` each source's reads when `node` reads `selection`.
 
-    The same part of a source read twice (one leaf in two places) counts once; different
-    parts of one source (each expert of a fused tensor, stacked on its own) add up, as their
-    reads do (parts that share an Orbax chunk each read it).
+    Every read of a source counts, as the read reads it: different parts of one source
+    (each expert of a fused tensor, stacked on its own; parts that share an Orbax chunk
+    each read it) add up, and so does the same part read twice (one source in two places
+    of a leaf: ``concatenate([a, a])`` reads `a` twice).
     """
     if isinstance(node, SourceNode):
-        parts = reads.setdefault(id(node), (node, {}))[1]
-        key = _key(selection)
-        if key not in parts:
-            # as the streamed reads read (into their block): a run of each row, not the row
-            parts[key] = node.read_cost(selection, into=True)
+        # as the streamed reads read (into their block): a run of each row, not the row
+        reads.setdefault(id(node), (node, []))[1].append(node.read_cost(selection, into=True))
         return
     for member, part in node.input_selections(selection):
         _estimate(member, part, reads)
-
-
-def _key(selection: Selection) -> tuple:
-    return tuple(
-        (axis.start, axis.stop, axis.step) if isinstance(axis, range) else axis.tobytes()
-        for axis in selection
-    )
