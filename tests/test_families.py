@@ -410,6 +410,19 @@ def test_convert_dry_run_prints_a_family_recipes_plan_both_ways(tmp_path):
     assert not (tmp_path / "back").exists()
 
 
+def test_convert_dry_run_refuses_a_mesh_as_the_run_does(tmp_path):
+    """A family recipe without MaxText's logical axes (a Tunix one) refuses --mesh alone:
+    the dry run says so too, where it printed a plan with no problems."""
+    _save_model("llama3.1", tmp_path / "hf")
+    common = ["--recipe", "llama3:tunix", "--mesh", "fsdp=2", "--no-progress"]
+    dry = _cli("convert", str(tmp_path / "hf"), str(tmp_path / "out"), *common, "--dry-run")
+    run = _cli("convert", str(tmp_path / "hf"), str(tmp_path / "out"), *common)
+    assert dry.exit_code == run.exit_code == 2
+    assert "does not know MaxText's logical axes" in dry.output
+    assert dry.output == run.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_python_convert_takes_built_in_recipe_names(tmp_path):
     _save_model("qwen3", tmp_path / "hf")
     suture.convert(

@@ -653,6 +653,8 @@ def convert(
                 like=like,
                 dequantize=dequantize,
                 lora_alpha=lora_alpha,
+                # resolved as the run resolves it: a recipe without logical axes is refused
+                target_sharding=target_of(mesh, sharding, recipe, takes_recipe=True),
                 save_with=lambda tree, *_, **__: make_plan(None, tree, strict_casts=strict_casts),
             )
             typer.echo(for_command_line(str(planned)))
