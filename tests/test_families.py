@@ -423,6 +423,26 @@ def test_convert_dry_run_refuses_a_mesh_as_the_run_does(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "options",
+    [["--quantize", "W8A16"], ["--group-size", "64"], ["--format", "safetensors"]],
+    ids=str,
+)
+def test_a_family_recipe_refuses_options_it_would_leave_unused(tmp_path, options):
+    """A family recipe writes its layout unquantized, Orbax forward: --quantize (or a format
+    it does not write) wrote an unquantized Orbax checkpoint and said nothing."""
+    _save_model("llama3.1", tmp_path / "hf")
+    common = ["--recipe", "llama3.1:maxtext", "--no-progress", *options]
+    for dry in ([], ["--dry-run"]):
+        done = _cli("convert", str(tmp_path / "hf"), str(tmp_path / "mt"), *common, *dry)
+        assert done.exit_code == 2 and "does not go with the family recipe" in done.output
+        assert options[0] in done.output
+    assert not (tmp_path / "mt").exists()
+    back = ["--recipe", "llama3.1:maxtext", "--reverse", "--format", "orbax"]
+    done = _cli("convert", str(tmp_path / "hf"), str(tmp_path / "back"), *back)
+    assert done.exit_code == 2 and "which writes safetensors" in done.output
+
+
 def test_python_convert_takes_built_in_recipe_names(tmp_path):
     _save_model("qwen3", tmp_path / "hf")
     suture.convert(

@@ -28,7 +28,7 @@ from ._quant.tensors import dequantized_config, dequantized_files
 from ._save.api import SaveResult, save
 from ._surgery.build import transform
 from ._surgery.recipes import forward_record, load_recipe
-from .families._convert import DEFAULT_SHARD_SIZE, convert_with_recipe
+from .families._convert import DEFAULT_SHARD_SIZE, check_options, convert_with_recipe
 from .families._file import is_family_recipe
 from .families._names import unknown_name
 from .sources.open import open as open_checkpoint
@@ -134,6 +134,7 @@ def convert(
                 )  # fmt: skip
         edit = None if merge_adapter is None else hooks.adapter_merge(merge_adapter)
         if recipe is not None and is_family_recipe(str(recipe)):
+            check_options(str(recipe), reverse, format, quantize, keep_unquantized, group_size)
             return convert_with_recipe(
                 source,
                 destination,

@@ -40,7 +40,7 @@ from .._surgery.build import transform
 from .._surgery.plan import lossy_casts, lossy_lines
 from .._surgery.plan import plan as make_plan
 from .._surgery.recipes import forward_record, load_recipe, reversed_rules, with_cast
-from ..families._convert import convert_with_recipe, read_config
+from ..families._convert import check_options, convert_with_recipe, read_config
 from ..families._file import family_recipe, is_family_recipe
 from ..sources.open import open as open_checkpoint
 from .chunks import render_chunks
@@ -643,6 +643,7 @@ def convert(
         if adapter_only or merge_adapter is not None:
             raise ArgumentError("--dry-run does not plan --adapter-only or --merge-adapter.")
         if recipe is not None and is_family_recipe(recipe):
+            check_options(recipe, reverse, format, quantize, keep_unquantized, group_size)
             planned = convert_with_recipe(
                 source,
                 destination,

@@ -49,6 +49,45 @@ PREFIX_KEY = "hf_prefix"  # and where a multimodal source keeps its language mod
 DEFAULT_SHARD_SIZE = "5GB"  # save_pretrained's default
 
 
+def check_options(
+    name: str,
+    reverse: bool,
+    format: str | None = None,  # noqa: A002
+    quantize: str | None = None,
+    keep_unquantized: Any = None,
+    group_size: int | None = None,
+) -> None:
+    """Refuses options a family recipe's run would leave unused: it writes Orbax forward and
+    a safetensors folder back, unquantized (an output quantized as asked, or not at all).
+
+    Example:
+        >>> check_options("qwen3:maxtext", False, quantize="W8A16")
+        Traceback (most recent call last):
+        ...
+        suture._errors.ArgumentError: quantize='W8A16' (--quantize) does not go with the family recipe 'qwen3:maxtext', which writes its layout unquantized. Convert first, then quantize its Hugging Face folder: suture convert FOLDER OUT --quantize W8A16.
+    """
+    written = "safetensors" if reverse else "orbax"
+    if format is not None and format != written:
+        raise ArgumentError(
+            f"format={format!r} (--format) does not go with the family recipe {name!r}"
+            f"{' run backwards' if reverse else ''}, which writes {written}: leave --format "
+            f"out{'' if reverse else ', or run the recipe backwards (--reverse) for an HF folder'}."
+        )
+    given = {
+        "quantize": quantize,
+        "keep_unquantized": keep_unquantized or None,
+        "group_size": group_size,
+    }
+    for option, value in given.items():
+        if value is not None:
+            flag = "--" + option.replace("_", "-")
+            raise ArgumentError(
+                f"{option}={value!r} ({flag}) does not go with the family recipe {name!r}, "
+                f"which writes its layout unquantized. Convert first, then quantize its Hugging "
+                f"Face folder: suture convert FOLDER OUT --quantize {quantize or 'SCHEME'}."
+            )
+
+
 def convert_with_recipe(
     source: str | os.PathLike,
     destination: str | os.PathLike,
