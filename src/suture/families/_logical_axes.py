@@ -163,6 +163,17 @@ def missing_leaves(value: Mapping[str, Any], leaf_paths: set[str]) -> list[str]:
     return sorted(leaf_paths - set(value))
 
 
+def _few(paths: list[str]) -> str:
+    """The first three `paths`, and how many more.
+
+    Example:
+        >>> _few(["a", "b", "c", "d", "e"])
+        "'a', 'b', 'c' and 2 more"
+    """
+    more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+    return ", ".join(repr(path) for path in paths[:3]) + more
+
+
 def leaf_axes(
     axes: tuple[Any, ...], stacked: int, layer_axis: int, inner: bool = False
 ) -> tuple[Any, ...] | None:
@@ -211,10 +222,8 @@ def recipe_rules(recipe: Any, config: dict[str, Any], tree: Any) -> ShardingRule
     active = recipe._active(names)
     missing = missing_leaves(table, {leaf.maxtext for leaf in active})
     if missing:
-        listed = ", ".join(repr(path) for path in missing[:3])
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise ArgumentError(
-            f"Recipe {recipe.name!r}: its table's logical_axes have no entry for {listed}{more}, "
+            f"Recipe {recipe.name!r}: its table's logical_axes have no entry for {_few(missing)}, "
             f"so their shards on the mesh are unknown. Add each leaf's MaxText axes to "
             f"logical_axes ([] for none), or give the sharding with --sharding FILE."
         )
@@ -264,11 +273,9 @@ def tower_axes(recipe: Any, config: dict[str, Any], flat: dict[str, Any]) -> dic
     active = tower._active(names)
     missing = missing_leaves(table, {leaf.maxtext for leaf in active})
     if missing:
-        listed = ", ".join(repr(path) for path in missing[:3])
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise ArgumentError(
             f"Recipe {recipe.name!r}: its tower table ({tower.name!r}) has no "
-            f"logical_axes for {listed}{more}, so their shards on the mesh are unknown. Give "
+            f"logical_axes for {_few(missing)}, so their shards on the mesh are unknown. Give "
             f"the sharding with --sharding FILE, or convert the language model alone with its "
             f"text recipe."
         )
