@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -34,6 +35,7 @@ from suture._exec.blocks import (
     plan_blocks,
 )
 from suture._iostats import count_bytes_read
+from suture._save.verify import DigestingWriter
 from suture.sinks.orbax import OrbaxArrayWriter
 from suture.sinks.safetensors import SafetensorsTensorWriter
 
@@ -224,6 +226,22 @@ def test_a_matrix_chunked_by_columns_is_cut_into_blocks_of_columns(
         run(blocks)
     assert counted.bytes == stored.nbytes
     np.testing.assert_array_equal(store.read().result(), stored.T)
+
+
+def test_a_writer_that_takes_no_blocks_along_the_last_axis_gets_rows(tmp_path: Path) -> None:
+    """`unit_along` may say None (no blocks along that axis), as a writer wrapping one
+    without it does: the leaf is cut into rows, where the planner failed on a TypeError."""
+    stored = values((256, 16))
+    save_file({"lm_head": stored}, str(tmp_path / "model.safetensors"))
+    leaf = suture.open(tmp_path / "model.safetensors")["lm_head"].T  # (16, 256)
+    output = SafetensorsOutput(tmp_path / "out.safetensors", leaf)
+    writer = DigestingWriter(output.writer, ("t", ()), {}, threading.Lock())
+    assert writer.unit_along(1) is None
+    blocks = list(plan_blocks("t", leaf, writer, KIB, max_memory=1 << 20))
+    assert all(block.axis == 0 for block in blocks)
+    covered(blocks, 16, 1)
+    run(blocks)
+    np.testing.assert_array_equal(output.read(), stored.T)
 
 
 def row_writers(tmp_path: Path, array: Any) -> Iterator[tuple[str, Any, Any]]:

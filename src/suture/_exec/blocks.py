@@ -162,9 +162,9 @@ def _other_axes(array: LazyArray, writer: LeafWriter) -> list[int]:
     stacked = stack_axis(array.node)
     if stacked and unit_along(stacked):
         axes.append(stacked)
-    last = array.ndim - 1
-    if last > 0 and last != stacked and (unit_along(last) or 0) < array.shape[last]:
-        axes.append(last)
+    last, unit = array.ndim - 1, unit_along(array.ndim - 1)
+    if last > 0 and last != stacked and unit is not None and unit < array.shape[last]:
+        axes.append(last)  # (None: the writer takes no blocks along it)
     return axes
 
 
