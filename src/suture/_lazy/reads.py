@@ -18,33 +18,24 @@ Example:
 
 from __future__ import annotations
 
-from .graph import Node, ReadCost, SourceNode
+from .graph import Node, SourceNode
 from .selection import Selection
 
 
 def estimate_reads(node: Node, selection: Selection) -> dict[int, tuple[SourceNode, int]]:
     """``{id(source): (source, bytes from storage)}`` that reading `selection` of `node` takes."""
-    return {key: (source, cost.disk) for key, (source, cost) in _costs(node, selection).items()}
+    reads: dict[int, tuple[SourceNode, int]] = {}
+    _estimate(node, selection, reads)
+    return reads
 
 
 def bytes_read(node: Node, selection: Selection) -> int:
     """Total bytes that reading `selection` of `node` takes from storage."""
-    return sum(cost.disk for _, cost in _costs(node, selection).values())
+    return sum(disk for _, disk in estimate_reads(node, selection).values())
 
 
-def _costs(node: Node, selection: Selection) -> dict[int, tuple[SourceNode, ReadCost]]:
-    reads: dict[int, tuple[SourceNode, list[ReadCost]]] = {}
-    _estimate(node, selection, reads)
-    return {
-        key: (source, ReadCost(sum(c.disk for c in parts), max(c.memory for c in parts)))
-        for key, (source, parts) in reads.items()
-    }
-
-
-def _estimate(
-    node: Node, selection: Selection, reads: dict[int, tuple[SourceNode, list[ReadCost]]]
-) -> None:
-    """Adds to `reads` each source's reads when `node` reads `selection`.
+def _estimate(node: Node, selection: Selection, reads: dict[int, tuple[SourceNode, int]]) -> None:
+    """Adds to `reads` the bytes each source's reads take when `node` reads `selection`.
 
     Every read of a source counts, as the read reads it: different parts of one source
     (each expert of a fused tensor, stacked on its own; parts that share an Orbax chunk
@@ -53,7 +44,8 @@ def _estimate(
     """
     if isinstance(node, SourceNode):
         # as the streamed reads read (into their block): a run of each row, not the row
-        reads.setdefault(id(node), (node, []))[1].append(node.read_cost(selection, into=True))
+        disk = node.read_cost(selection, into=True).disk
+        reads[id(node)] = (node, reads.get(id(node), (node, 0))[1] + disk)
         return
     for member, part in node.input_selections(selection):
         _estimate(member, part, reads)
