@@ -250,7 +250,7 @@ def main() -> None:
 
 def report(
     args, config, size, generated_s, floor, copies, suture_run, difference, maxtext_line
-) -> None:  # noqa: PLR0913
+) -> None:
     copied, durable = copies
     wall = suture_run["wall_s"]
     rss = suture_run["peak_rss_bytes"] / GIB

@@ -116,7 +116,7 @@ def plan_blocks(
         return
     axis, step = 0, _rows_per_block(array, writer, 0, block_budget)
     if _one_block_over(array, writer, step, block_budget):
-        # its chunks span the first axis (a transposed matrix chunked by its columns)
+        # its chunks span the first axis (chunks of whole columns, as a mesh's may be)
         axis, step = _along_another_axis(array, writer, block_budget) or (axis, step)
     elif max_memory is not None and rereads(array, 0, step):
         axis, step = _without_rereads(array, writer, step, block_budget, max_memory)

@@ -20,7 +20,7 @@ Arrays are chunked along their first axis (rows per chunk so that a chunk holds 
 `chunk_bytes`; a row longer than that is cut along its own axes); a stacked array gets one
 member per chunk, so reading one layer back reads about one layer's bytes (a layer larger
 than a chunk is cut along its first axis too). A transposed matrix whose rows would each be
-a column strip of its source is chunked by its columns instead (see `_chunk_shape`).
+a column strip of its source is chunked in tiles of its columns instead (see `_chunk_shape`).
 Each chunk is zstd-compressed and carries a crc32c checksum.
 """
 
@@ -511,11 +511,13 @@ def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
     as fit along the next axis, and 1 along the axes before it (so a row longer than a
     chunk is cut along its own axes). A stacked array gets one member per chunk.
 
-    A transposed matrix (MaxText's `logits_dense`, HF's `lm_head` turned around) is cut
-    along its last axis instead, where its leading axes fit in a chunk: chunks of its rows
-    would each be a column strip of the source, whose every row a block of them reads, so
-    blocks of rows would read the source many times over (or run alone, as one block of the
-    whole budget); a chunk of its columns reads whole rows of the source, once.
+    A transposed matrix (MaxText's `logits_dense`, HF's `lm_head` turned around) is cut into
+    tiles instead: a quarter of its rows (`TILE_ROW_PARTS`) by as many columns as fit. Chunks
+    of whole rows would each be a column strip of the source, whose every row a block of them
+    reads, so blocks of rows would read the source many times over (or run alone, as one
+    block of the whole budget); a block of tile columns holds every row of a few source rows,
+    and reads them once. A quarter, not all, of the rows: a restore that splits the rows over
+    a mesh (fsdp) reads about as much beyond its shard as from chunks of whole rows.
     """
     if array.ndim == 0:
         return ()
@@ -524,12 +526,20 @@ def _chunk_shape(array: LazyArray, chunk_bytes: int) -> tuple[int, ...]:
     if stacked is not None:
         shape[stacked] = 1
     by_rows = _chunk_from_last_axis(shape, array.dtype.itemsize, chunk_bytes)
-    leading = array.dtype.itemsize * math.prod(shape[:-1])
-    if stacked is None and len(shape) >= 2 and by_rows[0] < shape[0] and leading <= chunk_bytes:
-        columns = _even_length(shape[-1], max(1, chunk_bytes // leading))
-        if rereads(array, 0, by_rows[0]) and not rereads(array, len(shape) - 1, columns):
-            return (*shape[:-1], columns)
+    if stacked is None and len(shape) >= 2 and by_rows[0] < shape[0]:
+        rows = _even_length(shape[0], -(-shape[0] // TILE_ROW_PARTS))
+        inner = array.dtype.itemsize * rows * math.prod(shape[1:-1])
+        columns = _even_length(shape[-1], max(1, chunk_bytes // inner))
+        if (
+            inner <= chunk_bytes
+            and rereads(array, 0, by_rows[0])
+            and not rereads(array, len(shape) - 1, columns)
+        ):
+            return (rows, *shape[1:-1], columns)
     return by_rows
+
+
+TILE_ROW_PARTS = 4  # a transposed matrix's tiles: this many along its rows (`_chunk_shape`)
 
 
 def _chunk_from_last_axis(shape: list[int], itemsize: int, chunk_bytes: int) -> tuple[int, ...]:
