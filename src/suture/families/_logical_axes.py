@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._errors import ArgumentError
+from .._format import first_and_more
 from .._paths import flatten
 from .._sharding import ShardingRules
 
@@ -185,10 +186,9 @@ def recipe_rules(recipe: Any, config: dict[str, Any], tree: Any) -> ShardingRule
     active = recipe._active(names)
     missing = missing_leaves(table, {leaf.maxtext for leaf in active})
     if missing:
-        listed = ", ".join(repr(path) for path in missing[:3])
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise ArgumentError(
-            f"Recipe {recipe.name!r}: its table's logical_axes have no entry for {listed}{more}, "
+            f"Recipe {recipe.name!r}: its table's logical_axes have no entry for "
+            f"{first_and_more(missing, 3, repr)}, "
             f"so their shards on the mesh are unknown. Add each leaf's MaxText axes to "
             f"logical_axes ([] for none), or give the sharding with --sharding FILE."
         )
