@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dis
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -120,3 +121,23 @@ def test_a_bad_leaf_after_the_arrays_leaves_no_temporary_folder(tmp_path: Path) 
             suture.save(tree, tmp_path / "out", progress=False)
     time.sleep(0.2)  # what TensorStore still created after the abort shows by now
     assert _left_beside(tmp_path) == []
+
+
+STOPPED_WHILE_FILTERING = """
+import signal
+from suture._starting import _stop_at_once
+from suture.cli.quiet import quiet_native_logs
+quiet_native_logs()  # what the command line does first, before it installs its own handlers
+_stop_at_once(signal.SIGINT, None)  # Ctrl-C in between, as the start-up handler takes it
+"""
+
+
+def test_ctrl_c_before_the_command_line_handlers_is_said_once_stderr_is_filtered() -> None:
+    """Between the filtering of descriptor 2 and the command line's own handlers, the
+    start-up handler wrote its line into the filter's pipe and exited before the thread that
+    forwards it ran: exit 130 with nothing said (the cold-start test's empty stderr)."""
+    ran = subprocess.run(
+        [sys.executable, "-c", STOPPED_WHILE_FILTERING], capture_output=True, text=True, timeout=60
+    )
+    assert ran.returncode == 130
+    assert ran.stderr.startswith("Stopped by Ctrl-C (SIGINT)"), ran.stderr
