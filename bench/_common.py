@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -235,3 +238,53 @@ def write_hf_shards(
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": dtype}, indent=2))
     return total
+
+
+def write_safetensors_shards(
+    folder: Path,
+    entries: Iterable[tuple[str, tuple[int, ...], str]],
+    itemsize: Mapping[str, int],
+    shard_bytes: int,
+    values: Callable[[str, tuple[int, ...], str, int], Any],
+    config: dict,
+) -> None:
+    """Writes a sharded Hugging Face folder a tensor at a time with the safetensors layout
+    (header, then bytes), tensors of any dtypes: `entries` are ``(name, shape, dtype)`` in
+    safetensors' dtype names, a new shard starts where the next tensor would take one past
+    `shard_bytes`, and ``values(name, shape, dtype, seed)`` gives each tensor's array (the
+    seed is its place in the shard plus 1000 times the shard's number). The folder is
+    replaced; the index and `config` are written beside the shards."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    shards: list[list[tuple[str, tuple[int, ...], str]]] = [[]]
+    size = 0
+    for entry in entries:
+        nbytes = math.prod(entry[1]) * itemsize[entry[2]]
+        if size + nbytes > shard_bytes and shards[-1]:
+            shards.append([])
+            size = 0
+        shards[-1].append(entry)
+        size += nbytes
+    weight_map, total = {}, 0
+    for number, shard in enumerate(shards, 1):
+        filename = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for name, shape, dtype in shard:
+            nbytes = math.prod(shape) * itemsize[dtype]
+            header[name] = {
+                "dtype": dtype,
+                "shape": list(shape),
+                "data_offsets": [offset, offset + nbytes],
+            }
+            offset += nbytes
+            weight_map[name] = filename
+        total += offset
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        with open(folder / filename, "wb") as file:
+            file.write(len(text).to_bytes(8, "little") + text)
+            for seed, (name, shape, dtype) in enumerate(shard):
+                file.write(values(name, shape, dtype, seed + 1000 * number).tobytes())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))

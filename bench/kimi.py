@@ -39,7 +39,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench._common import DATA_DIR, REPO_ROOT, drop_caches, machine, write_section
+from bench._common import (
+    DATA_DIR,
+    REPO_ROOT,
+    drop_caches,
+    machine,
+    write_safetensors_shards,
+    write_section,
+)
 
 HIDDEN, MOE, DENSE, VOCAB, HEADS = 7168, 2048, 256, 1024, 64
 Q_RANK, KV_RANK, NOPE, ROPE, V = 1536, 512, 128, 64, 128
@@ -188,39 +195,6 @@ def text_config(experts: int) -> dict:
 
 def write_source(experts: int) -> None:
     """Shards written a tensor at a time with the safetensors layout (header, then bytes)."""
-    shutil.rmtree(SOURCE, ignore_errors=True)
-    SOURCE.mkdir(parents=True)
-    shards: list[list[tuple[str, tuple[int, ...], str]]] = [[]]
-    size = 0
-    for entry in tensors(experts):
-        nbytes = math.prod(entry[1]) * ITEMSIZE[entry[2]]
-        if size + nbytes > SHARD_BYTES and shards[-1]:
-            shards.append([])
-            size = 0
-        shards[-1].append(entry)
-        size += nbytes
-    weight_map, total = {}, 0
-    for number, shard in enumerate(shards, 1):
-        filename = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-        header, offset = {"__metadata__": {"format": "pt"}}, 0
-        for name, shape, dtype in shard:
-            nbytes = math.prod(shape) * ITEMSIZE[dtype]
-            header[name] = {
-                "dtype": dtype,
-                "shape": list(shape),
-                "data_offsets": [offset, offset + nbytes],
-            }
-            offset += nbytes
-            weight_map[name] = filename
-        total += offset
-        text = json.dumps(header).encode()
-        text += b" " * (-len(text) % 8)
-        with open(SOURCE / filename, "wb") as file:
-            file.write(len(text).to_bytes(8, "little") + text)
-            for seed, (name, shape, dtype) in enumerate(shard):
-                file.write(values(name, shape, dtype, seed + 1000 * number).tobytes())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (SOURCE / "model.safetensors.index.json").write_text(json.dumps(index))
     config = {
         "model_type": "kimi_k25",
         "architectures": ["KimiK25ForConditionalGeneration"],
@@ -228,7 +202,7 @@ def write_source(experts: int) -> None:
         "text_config": text_config(experts),
         "vision_config": {"hidden_size": 1152, "patch_size": 14},
     }
-    (SOURCE / "config.json").write_text(json.dumps(config, indent=2))
+    write_safetensors_shards(SOURCE, tensors(experts), ITEMSIZE, SHARD_BYTES, values, config)
 
 
 def folder_bytes(folder: Path) -> int:

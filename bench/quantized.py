@@ -41,7 +41,14 @@ import sys
 import time
 from pathlib import Path
 
-from bench._common import DATA_DIR, drop_caches, machine, peak_rss_bytes, write_section
+from bench._common import (
+    DATA_DIR,
+    drop_caches,
+    machine,
+    peak_rss_bytes,
+    write_safetensors_shards,
+    write_section,
+)
 
 HIDDEN, INTERMEDIATE, BLOCK = 7168, 2048, 128
 SHARD_BYTES = 4 << 30  # DeepSeek-V3's shards hold about 4.3 GB
@@ -88,39 +95,6 @@ def write_source(experts: int) -> None:
     """Shards written a tensor at a time with the safetensors layout (header, then bytes)."""
     if (SOURCE / "model.safetensors.index.json").exists():
         return
-    shutil.rmtree(SOURCE, ignore_errors=True)
-    SOURCE.mkdir(parents=True)
-    shards: list[list[tuple[str, tuple[int, ...], str]]] = [[]]
-    size = 0
-    for entry in tensors(experts):
-        nbytes = math.prod(entry[1]) * ITEMSIZE[entry[2]]
-        if size + nbytes > SHARD_BYTES and shards[-1]:
-            shards.append([])
-            size = 0
-        shards[-1].append(entry)
-        size += nbytes
-    weight_map, total = {}, 0
-    for number, shard in enumerate(shards, 1):
-        filename = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-        header, offset = {"__metadata__": {"format": "pt"}}, 0
-        for name, shape, dtype in shard:
-            nbytes = math.prod(shape) * ITEMSIZE[dtype]
-            header[name] = {
-                "dtype": dtype,
-                "shape": list(shape),
-                "data_offsets": [offset, offset + nbytes],
-            }
-            offset += nbytes
-            weight_map[name] = filename
-        total += offset
-        text = json.dumps(header).encode()
-        text += b" " * (-len(text) % 8)
-        with open(SOURCE / filename, "wb") as file:
-            file.write(len(text).to_bytes(8, "little") + text)
-            for seed, (_, shape, dtype) in enumerate(shard):
-                file.write(values(shape, dtype, seed + 1000 * number).tobytes())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (SOURCE / "model.safetensors.index.json").write_text(json.dumps(index))
     config = {
         "model_type": "deepseek_v3",
         "hidden_size": HIDDEN,
@@ -134,7 +108,14 @@ def write_source(experts: int) -> None:
             "weight_block_size": [BLOCK, BLOCK],
         },
     }
-    (SOURCE / "config.json").write_text(json.dumps(config, indent=2))
+    write_safetensors_shards(
+        SOURCE,
+        tensors(experts),
+        ITEMSIZE,
+        SHARD_BYTES,
+        lambda name, shape, dtype, seed: values(shape, dtype, seed),
+        config,
+    )
 
 
 def reference_dequantize() -> None:

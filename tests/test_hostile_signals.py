@@ -109,7 +109,10 @@ def test_an_interrupt_during_the_lazy_imports_of_a_cold_start_is_one_line(tmp_pa
             suture._location.publish.LocalLocation(tmp_path / "out").remove()
             continue
         assert ran.returncode == 130, f"after {delay} s: {ran.returncode} {ran.stderr}"
-        assert ran.stderr.strip().splitlines()[-1].startswith("Stopped by Ctrl-C (SIGINT)")
+        lines = ran.stderr.strip().splitlines()
+        assert lines and lines[-1].startswith("Stopped by Ctrl-C (SIGINT)"), (
+            f"after {delay} s: stderr {ran.stderr!r}, stdout {ran.stdout!r}"
+        )
         assert sorted(p.name for p in tmp_path.iterdir()) == ["src"], f"after {delay} s"
 
 

@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 
 from ._errors import ArgumentError
 
@@ -40,6 +41,19 @@ def human_bytes(count: float) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def first_and_more(names: Sequence[str], first: int, show: Callable[[str], str] = str) -> str:
+    """The first `first` of `names` (each as `show` gives it), and how many more there are.
+
+    Example:
+        >>> first_and_more(["a", "b", "c", "d"], 2, repr)
+        "'a', 'b' and 2 more"
+        >>> first_and_more(["a"], 1)
+        'a'
+    """
+    shown = ", ".join(show(name) for name in names[:first])
+    return shown + (f" and {len(names) - first} more" if len(names) > first else "")
 
 
 def human_count(count: int) -> str:

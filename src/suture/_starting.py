@@ -49,5 +49,14 @@ def stopped_status(signum: int) -> int:
 
 
 def _stop_at_once(signum: int, frame: object) -> None:
-    os.write(2, (stopped_line(signum) + "\n").encode())
+    os.write(_standard_error(), (stopped_line(signum) + "\n").encode())
     os._exit(stopped_status(signum))
+
+
+def _standard_error() -> int:
+    """Where `sys.stderr` writes: once the command line filters descriptor 2 through a pipe
+    (`suture.cli.quiet`), a line written there would die with the process unforwarded."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # no stderr, or not a file
+        return 2

@@ -20,6 +20,7 @@ from .._errors import (
 )
 from .._exec.distributed import global_array
 from .._exec.progress import leaf_progress, wants_progress
+from .._format import first_and_more
 from .._jaxtypes import is_jax_array, loaded_jax
 from .._lazy.array import LazyArray
 from .._lazy.combine import fit_shape
@@ -206,11 +207,9 @@ def _check_left_out(flat_target: dict[str, LeafTarget], flat_source: dict, parti
         return
     left_out = [path for path in flat_source if path not in flat_target]
     if left_out:
-        shown = ", ".join(repr(path) for path in left_out[:5])
-        more = f" and {len(left_out) - 5} more" if len(left_out) > 5 else ""
         raise TreeMismatchError(
             f"The target leaves out {len(left_out)} leaf path(s) that the checkpoint holds: "
-            f"{shown}{more}. Pass partial=True to skip them (they are not read), or put "
+            f"{first_and_more(left_out, 5, repr)}. Pass partial=True to skip them (they are not read), or put "
             f"suture.PLACEHOLDER (...) on them (suture.placeholders(ckpt, skip=...))."
         )
 

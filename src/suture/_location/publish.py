@@ -54,6 +54,7 @@ from .._errors import (
     SurgeryError,
     SutureWarning,
 )
+from .._interrupts import native_call
 from .base import MAX_METADATA_BYTES, LocalLocation, Location
 
 TMP_MARKER = ".orbax-checkpoint-tmp-suture-"
@@ -265,44 +266,53 @@ def exclusive(destination: Location) -> Iterator[Held]:
     start = _process_start(os.getpid())
     owner = f"{os.getpid()}@{socket.gethostname()} {token}" + (f" start={start}" if start else "")
     reclaimed = None
-    for _ in range(3):
-        if _try_create(lock, owner):
-            break
-        text = _read_written_lock(lock)
-        if text is None:
-            continue  # removed meanwhile: try again
-        pid, host, started = _parse_lock(text, lock)
-        if host != socket.gethostname():
+    try:  # from before the lock exists: an interrupt at any moment leaves no lock of ours
+        for _ in range(3):
+            if _try_create(lock, owner):
+                break
+            text = _read_written_lock(lock)
+            if text is None:
+                continue  # removed meanwhile: try again
+            pid, host, started = _parse_lock(text, lock)
+            if host != socket.gethostname():
+                raise DestinationError(
+                    f"Another process (pid {pid} on host {host!r}) is writing "
+                    f"{str(destination)!r}. Wait for it to finish, or write elsewhere; if that "
+                    f"writer is gone, remove {str(lock)!r}."
+                )
+            if _writer_alive(pid, started):
+                raise DestinationError(
+                    f"Another process (pid {pid}) is writing {str(destination)!r}. Wait for it to "
+                    f"finish, or write elsewhere."
+                )
+            if _read_lock(lock) == text:  # still the dead writer's: take it over
+                lock.remove()
+                reclaimed = f"pid {pid} on this host"
+                warnings.warn(
+                    f"Took over the lock {str(lock)!r} of a writer that is gone (pid {pid}, "
+                    f"{'now a different process' if _alive(pid) else 'no longer running'}); "
+                    f"the unfinished output it left for {str(destination)!r} is removed.",
+                    StaleLockWarning,
+                    stacklevel=3,
+                )
+        else:
             raise DestinationError(
-                f"Another process (pid {pid} on host {host!r}) is writing {str(destination)!r}. "
-                f"Wait for it to finish, or write elsewhere; if that writer is gone, remove "
-                f"{str(lock)!r}."
+                f"Could not lock {str(destination)!r} for writing; remove {str(lock)!r}."
             )
-        if _writer_alive(pid, started):
-            raise DestinationError(
-                f"Another process (pid {pid}) is writing {str(destination)!r}. Wait for it to "
-                f"finish, or write elsewhere."
-            )
-        if _read_lock(lock) == text:  # still the dead writer's: take it over
-            lock.remove()
-            reclaimed = f"pid {pid} on this host"
-            warnings.warn(
-                f"Took over the lock {str(lock)!r} of a writer that is gone (pid {pid}, "
-                f"{'now a different process' if _alive(pid) else 'no longer running'}); "
-                f"the unfinished output it left for {str(destination)!r} is removed.",
-                StaleLockWarning,
-                stacklevel=3,
-            )
-    else:
-        raise DestinationError(
-            f"Could not lock {str(destination)!r} for writing; remove {str(lock)!r}."
-        )
-    try:
         yield Held(reclaimed)
     finally:
-        with contextlib.suppress(SurgeryError, OSError):
-            if _read_lock(lock) == owner:  # never remove a lock that is not this writer's
-                lock.remove_file()
+        try:
+            _release(lock, owner)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM while releasing: release, then stop
+            _release(lock, owner)
+            raise
+
+
+def _release(lock: Location, owner: str) -> None:
+    """Removes `lock` if it is `owner`'s (never a lock that is not this writer's)."""
+    with contextlib.suppress(SurgeryError, OSError):
+        if _read_lock(lock) == owner:
+            lock.remove_file()
 
 
 # pid@host token start=boot:ticks; locks of older versions lack the start, token or host
@@ -315,14 +325,15 @@ _LOCK_READ_LIMIT = 1024
 
 def _try_create(lock: Location, owner: str) -> bool:
     if isinstance(lock, LocalLocation):
-        try:  # O_EXCL fails on any existing name, a link included: nothing is followed
-            descriptor = os.open(lock.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        except OSError as error:  # the first thing a save writes: say why it cannot
-            raise unwritable(lock, error) from None
-        os.write(descriptor, owner.encode())
-        os.close(descriptor)
+        with native_call():  # an interrupt between would leave an empty lock, no one's
+            try:  # O_EXCL fails on any existing name, a link included: nothing is followed
+                descriptor = os.open(lock.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            except OSError as error:  # the first thing a save writes: say why it cannot
+                raise unwritable(lock, error) from None
+            os.write(descriptor, owner.encode())
+            os.close(descriptor)
         return True
     if lock.is_file():
         return False

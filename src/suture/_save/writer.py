@@ -160,10 +160,24 @@ def orbax_blocks(
     its own database (each process syncs its own), and the finish (for the primary, after
     every process has written) also merges the processes' databases.
     """
-    max_memory, metadata = options.max_memory, options.metadata
     chunk_of = chunking(options.shards, options.chunk_bytes) if options.shards else None
     process = None if group is None else group.index
     sink = OrbaxSink(folder, options.chunk_bytes, process, chunk_of)
+    try:
+        return _sink_blocks(sink, tree, options, group)
+    except BaseException:
+        # Each array is created in TensorStore's threads from its `add_array` on: an error
+        # or Ctrl-C before the caller holds `settle` must wait for those here, or they
+        # write into the folder after its abort removed it.
+        call_collecting_error(sink.settle)
+        raise
+
+
+def _sink_blocks(
+    sink: OrbaxSink, tree: Any, options: SaveOptions, group: Group | None
+) -> tuple[list[Block], Any, Any]:
+    """`orbax_blocks` once its sink exists."""
+    max_memory, metadata = options.max_memory, options.metadata
     if group is None:
         sink.start()
     arrays: list[tuple[str, LazyArray, Any]] = []
@@ -199,7 +213,7 @@ def orbax_blocks(
     sink.opened()
     blocks = owned + share_blocks(arrays, block_budget(max_memory), group.count, group.index)
     sink.drop_behind(sum(block.nbytes for block in blocks))
-    return blocks, lambda: (sink.finish(metadata), merge_process_databases(folder)), sink.sync
+    return blocks, lambda: (sink.finish(metadata), merge_process_databases(sink.folder)), sink.sync
 
 
 def copying_beside(extra_files: Mapping[str, Location], folder: Location | Path) -> Future:

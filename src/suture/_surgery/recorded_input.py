@@ -28,6 +28,7 @@ import numpy as np
 
 from .._dtypes import to_dtype
 from .._errors import CorruptCheckpointError, SurgeryError, TreeMismatchError, check_shape
+from .._format import first_and_more
 from .._paths import flatten, unflatten
 from .rule_set import Rule, apply_rules
 
@@ -176,12 +177,11 @@ def _difference(
     """The first difference between two signatures, in words; None when they are equal."""
     missing = [path for path in wanted if path not in found]
     if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        return f"{wanted_name} has leaf {missing[0]!r}{more}, which {found_name} lacks"
+        leaves = first_and_more(missing, 1, repr)
+        return f"{wanted_name} has leaf {leaves}, which {found_name} lacks"
     extra = [path for path in found if path not in wanted]
     if extra:
-        more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
-        return f"{found_name} has leaf {extra[0]!r}{more}, which {wanted_name} lacks"
+        return f"{found_name} has leaf {first_and_more(extra, 1, repr)}, which {wanted_name} lacks"
     for path, (shape, kind) in found.items():
         if (shape, kind) != wanted[path]:
             return (

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._errors import ArgumentError
+from .._format import first_and_more
 from .._paths import flatten
 from .._sharding import ShardingRules
 from ._collections import root_of
@@ -163,17 +164,6 @@ def missing_leaves(value: Mapping[str, Any], leaf_paths: set[str]) -> list[str]:
     return sorted(leaf_paths - set(value))
 
 
-def _few(paths: list[str]) -> str:
-    """The first three `paths`, and how many more.
-
-    Example:
-        >>> _few(["a", "b", "c", "d", "e"])
-        "'a', 'b', 'c' and 2 more"
-    """
-    more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
-    return ", ".join(repr(path) for path in paths[:3]) + more
-
-
 def leaf_axes(
     axes: tuple[Any, ...], stacked: int, layer_axis: int, inner: bool = False
 ) -> tuple[Any, ...] | None:
@@ -223,7 +213,8 @@ def recipe_rules(recipe: Any, config: dict[str, Any], tree: Any) -> ShardingRule
     missing = missing_leaves(table, {leaf.maxtext for leaf in active})
     if missing:
         raise ArgumentError(
-            f"Recipe {recipe.name!r}: its table's logical_axes have no entry for {_few(missing)}, "
+            f"Recipe {recipe.name!r}: its table's logical_axes have no entry for "
+            f"{first_and_more(missing, 3, repr)}, "
             f"so their shards on the mesh are unknown. Add each leaf's MaxText axes to "
             f"logical_axes ([] for none), or give the sharding with --sharding FILE."
         )
@@ -275,7 +266,7 @@ def tower_axes(recipe: Any, config: dict[str, Any], flat: dict[str, Any]) -> dic
     if missing:
         raise ArgumentError(
             f"Recipe {recipe.name!r}: its tower table ({tower.name!r}) has no "
-            f"logical_axes for {_few(missing)}, so their shards on the mesh are unknown. Give "
+            f"logical_axes for {first_and_more(missing, 3, repr)}, so their shards on the mesh are unknown. Give "
             f"the sharding with --sharding FILE, or convert the language model alone with its "
             f"text recipe."
         )

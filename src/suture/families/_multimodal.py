@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import RecipeFormatError, SutureWarning
+from .._format import first_and_more
 from .._patterns import compile_pattern, fullmatch
 
 TEXT_PREFIX = "model."  # the tables' names: a language-model folder's
@@ -107,8 +108,7 @@ class LanguageModel:
                 name for name in left if fullmatch(compile_pattern(pattern, "leave_out"), name)
             ]
             if names:
-                more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-                parts.append(f"{names[0]}{more}")
+                parts.append(first_and_more(names, 1))
         return "; ".join(parts)
 
     def from_text(self, tensors: dict[str, Any], prefix: str) -> dict[str, Any]:
@@ -168,7 +168,7 @@ def warn_left_out(
     `doing` leaves out the tensors `left` (sorted), which `place` has no place for; `shown`
     says which (default: the first and how many more)."""
     if shown is None:
-        shown = left[0] + (f" and {len(left) - 1} more" if len(left) > 1 else "")
+        shown = first_and_more(left, 1)
     warnings.warn(
         f"{doing} leaves out {len(left)} tensor(s) {place} has no place for ({shown}); "
         "`suture convert ... --reverse --like ORIGINAL` restores them.",

@@ -323,15 +323,23 @@ class OrbaxSink:
         }
         # Opened together, the arrays' creations share OCDBT commits (one each is a few
         # round trips on a bucket); `opened` waits for them all.
-        opening = ts.open(spec, context=self._context)
-        self._openings.append(opening)
+        with native_call():  # an interrupt between the two would lose the creation going on
+            opening = ts.open(spec, context=self._context)
+            self._openings.append(opening)
         return opening
 
     def opened(self) -> None:
-        """Waits until every array added so far is created."""
+        """Waits until every array added so far is created (all of them, also when one
+        failed: its error is raised once none goes on writing into the folder)."""
+        failures = []
         with native_call():  # interrupted, the opens would go on writing into the folder
             for opening in self._openings:
-                opening.result()
+                try:
+                    opening.result()
+                except Exception as error:  # each creation waited for, failed or not
+                    failures.append(error)
+        if failures:
+            raise failures[0]
 
     def add_value(
         self, keys: tuple[str, ...], kinds: tuple[int, ...], value: Any
