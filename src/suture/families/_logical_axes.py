@@ -214,9 +214,9 @@ def recipe_rules(recipe: Any, config: dict[str, Any], tree: Any) -> ShardingRule
     if missing:
         raise ArgumentError(
             f"Recipe {recipe.name!r}: its table's logical_axes have no entry for "
-            f"{first_and_more(missing, 3, repr)}, "
-            f"so their shards on the mesh are unknown. Add each leaf's MaxText axes to "
-            f"logical_axes ([] for none), or give the sharding with --sharding FILE."
+            f"{first_and_more(missing, 3, repr)}, so their shards on the mesh are unknown. Add "
+            f"each leaf's MaxText axes to logical_axes ([] for none), or give the sharding with "
+            f"--sharding FILE."
         )
     for leaf in active:
         axes = tuple(table[leaf.maxtext])
@@ -265,10 +265,10 @@ def tower_axes(recipe: Any, config: dict[str, Any], flat: dict[str, Any]) -> dic
     missing = missing_leaves(table, {leaf.maxtext for leaf in active})
     if missing:
         raise ArgumentError(
-            f"Recipe {recipe.name!r}: its tower table ({tower.name!r}) has no "
-            f"logical_axes for {first_and_more(missing, 3, repr)}, so their shards on the mesh are unknown. Give "
-            f"the sharding with --sharding FILE, or convert the language model alone with its "
-            f"text recipe."
+            f"Recipe {recipe.name!r}: its tower table ({tower.name!r}) has no logical_axes "
+            f"for {first_and_more(missing, 3, repr)}, so their shards on the mesh are unknown. "
+            f"Give the sharding with --sharding FILE, or convert the language model alone with "
+            f"its text recipe."
         )
     leaves = {}
     for leaf in active:
