@@ -107,3 +107,31 @@ def test_a_transposed_read_assigns_into_a_contiguous_target(dtype):
         out = np.empty(values.shape, BF16)
         assign(out, values)
         np.testing.assert_array_equal(out.view(np.uint16), _expected(np.ascontiguousarray(values)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_transposed_reads_into_a_stack_cast_with_the_fast_kernels(dtype, monkeypatch):
+    """The dense route's query kernels: a transposed (H*D, E) projection into layer 1 of an
+    (E, layers, H, D) stack, and a row slice of a transposed matrix (its columns lie apart);
+    both bit for bit ml_dtypes, neither through its element-by-element cast."""
+    import suture._casts
+
+    def refused(out, values):
+        raise AssertionError(f"element by element: {out.shape} {values.strides}")
+
+    monkeypatch.setattr(suture._casts, "cast_elementwise", refused)
+    rng = np.random.default_rng(4)
+    projection = (rng.standard_normal((8 * 64, 512)) * 0.02).astype(dtype)  # (H*D, E)
+    stack = np.zeros((512, 3, 8, 64), BF16)
+    values = projection.T.reshape(512, 8, 64)  # the read: (E, H, D), columns first
+    assign(stack[:, 1], values)
+    np.testing.assert_array_equal(
+        stack[:, 1].view(np.uint16), _expected(np.ascontiguousarray(values))
+    )
+    assert not stack[:, 0].view(np.uint16).any() and not stack[:, 2].view(np.uint16).any()
+
+    wide = (rng.standard_normal((1024, 300)) * 0.02).astype(dtype)
+    rows = wide.T[100:228]  # (128, 1024): a block of rows of the transposed read
+    out = np.empty(rows.shape, BF16)
+    assign(out, rows)
+    np.testing.assert_array_equal(out.view(np.uint16), _expected(np.ascontiguousarray(rows)))

@@ -48,13 +48,18 @@ def scratch_buffer(name: str, nbytes: int) -> np.ndarray:
 
 def assign(out: np.ndarray, values: np.ndarray) -> None:
     """``out[...] = values``, cast as ``astype`` casts, fast when `out` is a transposed view
-    (or `values` is, into a contiguous `out`)."""
-    if out.flags.c_contiguous and out.ndim >= 2 and out.size >= _TILE * _TILE:
+    (or `values` is: a transposed read, whole or a slice of one, into a layer of a stack)."""
+    if out.ndim > 2 and out.shape == values.shape:
+        matrices = _as_matrix(out), _as_matrix(values)
+        if matrices[0] is not None and matrices[1] is not None:
+            assign(*matrices)
+            return
+    if out.ndim == 2 and out.strides[-1] == out.itemsize and out.size >= _TILE * _TILE:
         columns_first = _transposed_matrix(values)
         if columns_first is not None:  # a transposed read: the same copy, seen the other way
-            assign(out.reshape(out.shape[0], -1).T, columns_first)
+            assign(out.T, columns_first)
             return
-    if out.ndim != 2 or out.flags.c_contiguous or out.size < _TILE * _TILE:
+    if out.ndim != 2 or out.strides[-1] == out.itemsize or out.size < _TILE * _TILE:
         if out.ndim > 2 and not out.flags.c_contiguous and out.shape[0] <= _TILE:
             for index in range(out.shape[0]):  # a stack of transposed matrices
                 assign(out[index], values[index])
@@ -74,22 +79,38 @@ def assign(out: np.ndarray, values: np.ndarray) -> None:
         _transpose_into(out[row : row + height], tile)
 
 
-def _transposed_matrix(values: np.ndarray) -> np.ndarray | None:
-    """``values.reshape(len(values), -1).T`` when that is a C-contiguous view (values read
-    through a transpose), else None; never a copy."""
-    if values.flags.c_contiguous or values.ndim < 2:
-        return None
-    rows = values.shape[0]
-    rest = math.prod(values.shape[1:])
-    # columns first: axis 0 is the fastest, and the other axes merge into one stride
-    merged = values.strides[0] == values.itemsize and all(
-        values.strides[axis] == values.strides[axis + 1] * values.shape[axis + 1]
-        for axis in range(1, values.ndim - 1)
+def _as_matrix(array: np.ndarray) -> np.ndarray | None:
+    """`array` as a (len(array), -1) view when its other axes merge into one, else None."""
+    merged = all(
+        array.strides[axis] == array.strides[axis + 1] * array.shape[axis + 1]
+        for axis in range(1, array.ndim - 1)
     )
-    if not merged or values.strides[-1] != rows * values.itemsize:
+    if not merged:
         return None
     return np.lib.stride_tricks.as_strided(
-        values, shape=(rest, rows), strides=(values.strides[-1], values.itemsize), writeable=False
+        array,
+        shape=(array.shape[0], math.prod(array.shape[1:])),
+        strides=(array.strides[0], array.strides[-1]),
+        writeable=array.flags.writeable,
+    )
+
+
+def _transposed_matrix(values: np.ndarray) -> np.ndarray | None:
+    """``values.T`` for a 2-D `values` read through a transpose (its columns lie in memory
+    one after the other, as rows of a wider matrix may), else None; never a copy."""
+    if values.ndim != 2 or values.flags.c_contiguous:
+        return None
+    itemsize = values.itemsize
+    row_stride = values.strides[1]
+    if values.strides[0] != itemsize or row_stride < values.shape[0] * itemsize:
+        return None
+    if row_stride % itemsize:
+        return None
+    return np.lib.stride_tricks.as_strided(
+        values,
+        shape=(values.shape[1], values.shape[0]),
+        strides=(row_stride, itemsize),
+        writeable=False,
     )
 
 

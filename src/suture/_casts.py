@@ -42,24 +42,33 @@ _casting = threading.BoundedSemaphore(max(2, os.cpu_count() or 1))
 
 
 def cast_into(out: np.ndarray, values: np.ndarray) -> None:
-    """``out[...] = values`` with ``astype``'s casting; fast for float32/float16 -> bfloat16."""
+    """``out[...] = values`` with ``astype``'s casting; fast for float32/float16 -> bfloat16
+    where both arrays' rows are contiguous (`assign` turns transposed reads around first)."""
     kernel = _KERNELS.get((np.dtype(values.dtype), np.dtype(out.dtype)))
     fast = (
         kernel is not None
         and out.shape == values.shape
         and out.size >= _SMALL
         and values.dtype.isnative
-        and values.flags.c_contiguous  # `assign` turns transposed reads around first
     )
-    if fast and out.flags.c_contiguous:
+    if fast and out.flags.c_contiguous and values.flags.c_contiguous:
         with _pooled():
             _cast_flat(kernel, values.reshape(-1), out.reshape(-1).view(np.uint16))
-    elif fast and out.ndim >= 2 and out.strides[-1] == out.itemsize:  # a layer of a stack
-        with _pooled():
+    elif fast and out.ndim >= 2 and _rows_contiguous(out) and _rows_contiguous(values):
+        with _pooled():  # a layer of a stack, or a slice of a wider matrix
             for index in np.ndindex(out.shape[:-2]):
                 _cast_rows(kernel, out[index], values[index])
     else:
-        np.copyto(out, values, casting="unsafe")
+        cast_elementwise(out, values)
+
+
+def cast_elementwise(out: np.ndarray, values: np.ndarray) -> None:
+    """``out[...] = values`` by numpy (ml_dtypes element by element for bfloat16)."""
+    np.copyto(out, values, casting="unsafe")
+
+
+def _rows_contiguous(array: np.ndarray) -> bool:
+    return array.strides[-1] == array.itemsize
 
 
 def cast_bytes_into(out: np.ndarray, raw: np.ndarray, dtype: np.dtype) -> None:
@@ -116,13 +125,18 @@ def _cast_flat(kernel: Callable, source: np.ndarray, target: np.ndarray) -> None
 
 
 def _cast_rows(kernel: Callable, out: np.ndarray, values: np.ndarray) -> None:
-    """A 2-D `out` whose rows lie apart: cast a tile of rows contiguously, then copy it."""
+    """2-D arrays whose rows lie apart: gather a tile of rows, cast it, then copy it out."""
     rows, columns = out.shape
     height = max(1, _TILE // columns)
     staging = _buffer("rows", np.uint16, height * columns)
     bits = out.view(np.uint16)
     for row in range(0, rows, height):
-        source = values[row : row + height].reshape(-1)
+        source = values[row : row + height]
+        if not source.flags.c_contiguous:  # its rows are: copied at memory speed
+            gathered = _buffer("rows_in", source.dtype, source.size).reshape(source.shape)
+            gathered[...] = source
+            source = gathered
+        source = source.reshape(-1)
         tile = staging[: source.size]
         _cast_flat(kernel, source, tile)
         bits[row : row + height] = tile.reshape(-1, columns)
