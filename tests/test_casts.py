@@ -135,3 +135,26 @@ def test_transposed_reads_into_a_stack_cast_with_the_fast_kernels(dtype, monkeyp
     out = np.empty(rows.shape, BF16)
     assign(out, rows)
     np.testing.assert_array_equal(out.view(np.uint16), _expected(np.ascontiguousarray(rows)))
+
+
+def test_a_transposed_target_off_its_lanes_copies_all_but_its_edges_in_lanes(monkeypatch):
+    """A block of rows of a transposed bfloat16 result that starts between 8-byte lanes (a
+    dequantized tile's rows, say): only the rows before the first lane and after the last
+    go one by one, the rest in 64-bit lanes; every value lands where it belongs."""
+    import suture._buffers as buffers
+
+    one_by_one = []
+    by_squares = buffers._copy_in_squares
+
+    def counted(out, tile):
+        one_by_one.append(out.shape[0])
+        by_squares(out, tile)
+
+    monkeypatch.setattr(buffers, "_copy_in_squares", counted)
+    stored = np.zeros((300, 1000), BF16)  # (columns, rows): the target is its transpose
+    tile = (np.random.default_rng(5).standard_normal((800, 300)) * 0.02).astype(BF16)
+    target = stored.T[3:803]  # starts 6 bytes into a lane: one row before the next one
+    buffers._transpose_into(target, tile)
+    np.testing.assert_array_equal(stored.T[3:803].view(np.uint16), tile.view(np.uint16))
+    assert not stored.T[:3].view(np.uint16).any() and not stored.T[803:].view(np.uint16).any()
+    assert sum(one_by_one) == 1 + 3  # the head before the lane, the 3 rows after the last

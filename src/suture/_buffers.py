@@ -121,38 +121,50 @@ def _transpose_into(out: np.ndarray, tile: np.ndarray) -> None:
     8 // itemsize rows are first interleaved into 64-bit lanes (contiguous passes), and the
     lanes are then copied in squares: a quarter of the strided element copies for 2-byte
     types, which made a bfloat16 transpose 2.6x faster (0.78 against 2.05 ns per element).
+    Rows before the first 8-byte boundary and after the last whole lane go one by one.
     """
     rows, columns = out.shape
     itemsize = out.dtype.itemsize
     lanes = 8 // itemsize if itemsize in (1, 2, 4) else 1
-    packed_rows = rows - rows % lanes if lanes > 1 and _lanes_aligned(out) else 0
-    if packed_rows:
-        bits = np.dtype(f"u{itemsize}")
-        groups = packed_rows // lanes
-        packed = scratch_buffer("lanes", packed_rows * columns * itemsize)
-        packed = packed.view(bits).reshape(groups, columns, lanes)
-        source = tile.view(bits)
-        for lane in range(lanes):
-            packed[:, :, lane] = source[lane:packed_rows:lanes]
-        wide = packed.view(np.uint64).reshape(groups, columns)
-        target = out[:packed_rows].T.view(np.uint64).T  # (groups, columns), 8-byte aligned
-        for column in range(0, columns, _TILE):
-            target[:, column : column + _TILE] = wide[:, column : column + _TILE]
-    if packed_rows < rows:
-        rest, source = out[packed_rows:], tile[packed_rows:]
-        if itemsize in (1, 2, 4, 8):  # as unsigned ints: numpy copies them, not ml_dtypes
-            rest, source = rest.view(f"u{itemsize}"), source.view(f"u{itemsize}")
-        for column in range(0, columns, _TILE):
-            rest[:, column : column + _TILE] = source[:, column : column + _TILE]
+    head = _rows_before_alignment(out) if lanes > 1 else None
+    if head is None or rows - head < lanes:
+        _copy_in_squares(out, tile)
+        return
+    packed_rows = (rows - head) - (rows - head) % lanes
+    _copy_in_squares(out[:head], tile[:head])
+    bits = np.dtype(f"u{itemsize}")
+    groups = packed_rows // lanes
+    packed = scratch_buffer("lanes", packed_rows * columns * itemsize)
+    packed = packed.view(bits).reshape(groups, columns, lanes)
+    source = tile[head : head + packed_rows].view(bits)
+    for lane in range(lanes):
+        packed[:, :, lane] = source[lane::lanes]
+    wide = packed.view(np.uint64).reshape(groups, columns)
+    # (groups, columns), 8-byte aligned
+    target = out[head : head + packed_rows].T.view(np.uint64).T
+    for column in range(0, columns, _TILE):
+        target[:, column : column + _TILE] = wide[:, column : column + _TILE]
+    _copy_in_squares(out[head + packed_rows :], tile[head + packed_rows :])
 
 
-def _lanes_aligned(out: np.ndarray) -> bool:
-    """Whether `out`'s rows are adjacent in memory, starting and striding on 8 bytes."""
-    return (
-        out.strides[0] == out.dtype.itemsize
-        and out.ctypes.data % 8 == 0
-        and out.strides[1] % 8 == 0
-    )
+def _copy_in_squares(out: np.ndarray, tile: np.ndarray) -> None:
+    if not out.size:
+        return
+    itemsize = out.dtype.itemsize
+    if itemsize in (1, 2, 4, 8):  # as unsigned ints: numpy copies them, not ml_dtypes
+        out, tile = out.view(f"u{itemsize}"), tile.view(f"u{itemsize}")
+    for column in range(0, out.shape[1], _TILE):
+        out[:, column : column + _TILE] = tile[:, column : column + _TILE]
+
+
+def _rows_before_alignment(out: np.ndarray) -> int | None:
+    """How many of `out`'s first rows lie before an 8-byte boundary, where its rows are
+    adjacent in memory and its columns stride on 8 bytes; else None."""
+    itemsize = out.dtype.itemsize
+    if out.strides[0] != itemsize or out.strides[1] % 8:
+        return None
+    gap = -out.ctypes.data % 8
+    return None if gap % itemsize else gap // itemsize
 
 
 # below this many elements left, `read_cast_into` reads the rest into a buffer of its own

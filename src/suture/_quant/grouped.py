@@ -325,7 +325,8 @@ class GroupedDequantNode(Node):
             return False
         table, table_rows = made
         cols = out.shape[-1]
-        step = max(1, TILE_OUT_BYTES // (cols * self.dtype.itemsize))
+        # whole 8-byte lanes of rows a tile (see `_buffers.assign`'s transposes)
+        step = max(8, TILE_OUT_BYTES // (cols * self.dtype.itemsize) // 8 * 8)
         for lead in np.ndindex(*packed.shape[:-2]):
             target = out[lead]
             if target.flags.c_contiguous:
