@@ -6,7 +6,9 @@ proxy (`bench/_latency_proxy.py`: ``--latency-ms`` per request, 30 by default, a
 The data is uploaded to the servers directly; every measured route goes through a proxy
 (``TENSORSTORE_GCS_HTTP_URL``, ``STORAGE_EMULATOR_HOST`` and ``AWS_ENDPOINT_URL_S3`` name it).
 Each route runs in a fresh process (wall: from before opening to the result being ready or
-committed, imports excluded), after one discarded run of it.
+committed, imports excluded), after one discarded run of it. suture's writing routes (b)
+and (c) run with ``SUTURE_TUNE_ALLOCATOR=1``: the process is theirs, as the command line's
+is, which tunes the allocator itself (a load runs inside the caller's program: not tuned).
 
 (a) params-only load of a stock Orbax checkpoint (params + Adam mu and nu, float32) from
     gs://: ``suture.load(url, suture.placeholders(url, skip="opt_state"))`` against Orbax v1
@@ -290,11 +292,15 @@ def _measure(route: str, source: str, destination: str, proxy: str) -> dict:
     the CPU time of the route's store server meanwhile."""
     store = source.split("://", 1)[0]
     before, load_before, cpu_before = stats_of(proxy), os.getloadavg()[0], _server_cpu(store)
+    env = dict(os.environ)
+    if route in ("suture-surgery", "suture-convert"):  # its own process, as the CLI's is
+        env["SUTURE_TUNE_ALLOCATOR"] = "1"
     done = subprocess.run(
         [sys.executable, "-m", "bench.remote", "--worker", route, source, destination],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
+        env=env,
     )
     if done.returncode:
         raise RuntimeError(f"{route} failed:\n{done.stderr[-3000:]}")
@@ -468,7 +474,8 @@ def report(
 the benchmark's proxy ({args.latency_ms:g} ms per request, {args.bandwidth_mbs:g} MB/s per
 connection, requests and bytes counted by it). Median of {args.repeats} runs per route, each
 a fresh process after one discarded run (wall: from before opening to the arrays being
-ready or the checkpoint committed, imports excluded). CPU: the route's process meanwhile
+ready or the checkpoint committed, imports excluded; suture's writes with
+`SUTURE_TUNE_ALLOCATOR=1`, the command line's allocator tuning). CPU: the route's process meanwhile
 (its threads together; the machine has 2 cores, shared with the proxies and the servers).
 Server CPU: what the route's store
 server (fake-gcs-server, or moto, one Python process) used meanwhile; moto reads a whole
