@@ -26,15 +26,18 @@ from safetensors.numpy import load_file, save_file
 
 import suture
 from suture._exec.blocks import (
+    REMOTE_BLOCK_SHARE,
     WRITE_THREADS,
     Block,
     block_budget,
+    block_budget_for,
     check_blocks_fit,
     chunk_rows,
     leaf_blocks,
     plan_blocks,
 )
 from suture._iostats import count_bytes_read
+from suture._location import location_of
 from suture._save.verify import DigestingWriter
 from suture.sinks.orbax import OrbaxArrayWriter
 from suture.sinks.safetensors import SafetensorsTensorWriter
@@ -112,6 +115,10 @@ def test_chunk_rows_and_block_budget() -> None:
     assert block_budget(1000, 4) == 250
     assert block_budget(1000) == 1000 // WRITE_THREADS
     assert block_budget(3, 4) == 1  # never zero
+    # a local folder: a share per thread; a bucket: larger blocks than its many threads'
+    assert block_budget_for(location_of(Path("out")), 1 << 30) == (1 << 30) // WRITE_THREADS
+    bucket = location_of("gs://bucket/out")
+    assert block_budget_for(bucket, 1 << 30) == (1 << 30) // REMOTE_BLOCK_SHARE
 
 
 @pytest.mark.parametrize("budget", [2 * KIB, 6 * KIB, 13 * KIB, 1 << 20])

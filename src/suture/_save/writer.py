@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ArgumentError, DestinationError, PathConflictError, UnsupportedError
-from .._exec.blocks import Block, block_budget, check_blocks_fit, leaf_blocks, write_threads
+from .._exec.blocks import (
+    Block,
+    block_budget,
+    block_budget_for,
+    check_blocks_fit,
+    leaf_blocks,
+    write_threads,
+)
 from .._exec.distributed import Group, global_array, share, share_blocks
 from .._exec.progress import progress_bar
 from .._exec.runner import Budget, run_blocks
@@ -206,7 +213,7 @@ def _sink_blocks(
         blocks = [
             block
             for leaf in arrays
-            for block in leaf_blocks(*leaf, block_budget(max_memory), max_memory)
+            for block in leaf_blocks(*leaf, block_budget_for(sink.folder, max_memory), max_memory)
         ]
         sink.drop_behind(sum(block.nbytes for block in blocks))
         return blocks, lambda: sink.finish(metadata), sink.settle
