@@ -443,6 +443,24 @@ def test_a_family_recipe_refuses_options_it_would_leave_unused(tmp_path, options
     assert done.exit_code == 2 and "which writes safetensors" in done.output
 
 
+def test_a_family_recipe_refuses_an_output_named_as_one_safetensors_file(tmp_path):
+    """`convert` writes one safetensors file to a name ending in .safetensors; a family
+    recipe wrote an Orbax folder (or an HF folder back) under that name and exit 0."""
+    _save_model("llama3.1", tmp_path / "hf")
+    named = str(tmp_path / "model.safetensors")
+    for dry in ([], ["--dry-run"]):
+        done = _cli("convert", str(tmp_path / "hf"), named, "--recipe", "llama3.1:maxtext", *dry)
+        assert done.exit_code == 2, done.output
+        assert "model.safetensors" in done.output and "writes an Orbax folder" in done.output
+        assert "without .safetensors" in done.output
+    with pytest.raises(suture.SurgeryError, match="writes a Hugging Face folder"):
+        suture.convert(tmp_path / "hf", named, recipe="llama3.1:maxtext", reverse=True)
+    assert not (tmp_path / "model.safetensors").exists()
+    suture.convert(tmp_path / "hf", named, recipe="llama3.1:maxtext", format="orbax",
+                   progress=False)  # fmt: skip
+    assert suture.open(named).format == "orbax"  # asked for by name: written
+
+
 def test_python_convert_takes_built_in_recipe_names(tmp_path):
     _save_model("qwen3", tmp_path / "hf")
     suture.convert(

@@ -134,7 +134,9 @@ def convert(
                 )  # fmt: skip
         edit = None if merge_adapter is None else hooks.adapter_merge(merge_adapter)
         if recipe is not None and is_family_recipe(str(recipe)):
-            check_options(str(recipe), reverse, format, quantize, keep_unquantized, group_size)
+            check_options(
+                str(recipe), reverse, format, quantize, keep_unquantized, group_size, destination
+            )
             return convert_with_recipe(
                 source,
                 destination,

@@ -643,7 +643,9 @@ def convert(
         if adapter_only or merge_adapter is not None:
             raise ArgumentError("--dry-run does not plan --adapter-only or --merge-adapter.")
         if recipe is not None and is_family_recipe(recipe):
-            check_options(recipe, reverse, format, quantize, keep_unquantized, group_size)
+            check_options(
+                recipe, reverse, format, quantize, keep_unquantized, group_size, destination
+            )
             planned = convert_with_recipe(
                 source,
                 destination,

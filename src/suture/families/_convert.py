@@ -56,9 +56,11 @@ def check_options(
     quantize: str | None = None,
     keep_unquantized: Any = None,
     group_size: int | None = None,
+    destination: str | os.PathLike | None = None,
 ) -> None:
     """Refuses options a family recipe's run would leave unused: it writes Orbax forward and
-    a safetensors folder back, unquantized (an output quantized as asked, or not at all).
+    a safetensors folder back, unquantized (an output quantized as asked, or not at all);
+    and a `destination` named as one safetensors file, which `convert` otherwise writes.
 
     Example:
         >>> check_options("qwen3:maxtext", False, quantize="W8A16")
@@ -67,6 +69,14 @@ def check_options(
         suture._errors.ArgumentError: quantize='W8A16' (--quantize) does not go with the family recipe 'qwen3:maxtext', which writes its layout unquantized. Convert first, then quantize its Hugging Face folder: suture convert FOLDER OUT --quantize W8A16.
     """
     written = "safetensors" if reverse else "orbax"
+    if format is None and destination is not None and str(destination).endswith(".safetensors"):
+        writes = "a Hugging Face folder (shards and config.json)" if reverse else "an Orbax folder"
+        raise ArgumentError(
+            f"{str(destination)!r} names one safetensors file, but the family recipe {name!r}"
+            f"{' run backwards' if reverse else ''} writes {writes}: give the output a name "
+            f"without .safetensors"
+            f"{'' if reverse else ', or run the recipe backwards (--reverse) for an HF folder'}."
+        )
     if format is not None and format != written:
         raise ArgumentError(
             f"format={format!r} (--format) does not go with the family recipe {name!r}"
