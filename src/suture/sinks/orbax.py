@@ -313,8 +313,9 @@ class OrbaxSink:
                 "codecs": [
                     {"name": "bytes", "configuration": {"endian": "little"}},
                     # zstd's own checksum (xxhash64 of the chunk) catches a damaged chunk as
-                    # a crc32c codec would, at a third of the CPU (TensorStore's crc32c
-                    # is not hardware-accelerated: 7% of a conversion's CPU)
+                    # a crc32c codec would, at 0.4 of its CPU (TensorStore's crc32c is not
+                    # hardware-accelerated: 7% of a conversion's CPU; 2.5 ms against 6.1 ms
+                    # on top of zstd's 26 ms per 16 MiB of bfloat16)
                     {"name": "zstd", "configuration": {"level": 1, "checksum": True}},
                 ],
                 "fill_value": False if array.dtype.kind == "b" else 0,
