@@ -185,6 +185,7 @@ def _sink_blocks(
 ) -> tuple[list[Block], Any, Any]:
     """`orbax_blocks` once its sink exists."""
     max_memory, metadata = options.max_memory, options.metadata
+    budget = block_budget_for(sink.folder, max_memory)  # a block's share of max_memory
     if group is None:
         sink.start()
     arrays: list[tuple[str, LazyArray, Any]] = []
@@ -210,15 +211,11 @@ def _sink_blocks(
         # On a bucket the creation takes a few round trips in a row: the blocks start
         # reading meanwhile, each block's write waits for its array, and `finish` (or
         # the settling before an abort) for every array.
-        blocks = [
-            block
-            for leaf in arrays
-            for block in leaf_blocks(*leaf, block_budget_for(sink.folder, max_memory), max_memory)
-        ]
+        blocks = [block for leaf in arrays for block in leaf_blocks(*leaf, budget, max_memory)]
         sink.drop_behind(sum(block.nbytes for block in blocks))
         return blocks, lambda: sink.finish(metadata), sink.settle
     sink.opened()
-    blocks = owned + share_blocks(arrays, block_budget(max_memory), group.count, group.index)
+    blocks = owned + share_blocks(arrays, budget, group.count, group.index)
     sink.drop_behind(sum(block.nbytes for block in blocks))
     return blocks, lambda: (sink.finish(metadata), merge_process_databases(sink.folder)), sink.sync
 
