@@ -272,6 +272,53 @@ def test_a_killed_writer_leaves_a_lock_the_next_run_takes_over(tmp_path: Path) -
     result = _cli("convert", str(source), "out", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "Warning: Took over the lock" in result.stderr
+    assert not lock.exists() and not list(tmp_path.glob(".out.suture-lock-*.draft"))
+
+
+def test_a_lock_appears_with_its_writers_name_in_one_step(tmp_path: Path) -> None:
+    """CI caught a SIGKILL between creating the lock and writing its name: the empty lock
+    it left was nobody's, and the next run refused it as foreign. The name is now written to
+    a draft that is linked into place, so a kill leaves a whole lock or none, and a draft
+    left by a writer that is gone is removed by the next one."""
+    destination = tmp_path / "out"
+    lock = lock_of(location_of(destination)).path
+    dead_draft = lock.with_name(f"{lock.name}-{uuid.uuid4().hex}.draft")
+    dead_draft.write_text(f"{_dead_pid()}@{socket.gethostname()} {uuid.uuid4().hex}")
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live_draft = lock.with_name(f"{lock.name}-{uuid.uuid4().hex}.draft")
+        live_draft.write_text(f"{live.pid}@{socket.gethostname()} {uuid.uuid4().hex}")
+        seen = []
+        real_link = os.link
+
+        def link_and_look(draft, target, **options):
+            real_link(draft, target, **options)
+            seen.append(Path(target).read_text())  # the lock as any reader first finds it
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "link", link_and_look)
+            suture.save({"w": np.ones(2)}, destination, progress=False)
+        assert len(seen) == 1 and f"{os.getpid()}@{socket.gethostname()} " in seen[0]
+        assert float(suture.open(destination)["w"].read().sum()) == 2.0
+        assert not dead_draft.exists() and not lock.exists()
+        assert live_draft.exists()  # a live writer's draft is its own business
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_filesystem_without_hard_links_still_gets_a_lock(tmp_path: Path) -> None:
+    def no_links(*arguments, **options):
+        raise PermissionError(1, "Operation not permitted")
+
+    destination = tmp_path / "out"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "link", no_links)
+        with exclusive(location_of(destination)):
+            text = lock_of(location_of(destination)).path.read_text()
+            assert text.startswith(f"{os.getpid()}@{socket.gethostname()} ")
+    assert not lock_of(location_of(destination)).path.exists()
+    assert not list(tmp_path.glob(".out.suture-lock-*.draft"))
 
 
 def test_an_output_inside_the_source_folder_is_refused(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ import ctypes
 import ctypes.util
 import datetime
 import errno
+import glob
 import json
 import os
 import re
@@ -325,16 +326,13 @@ _LOCK_READ_LIMIT = 1024
 
 def _try_create(lock: Location, owner: str) -> bool:
     if isinstance(lock, LocalLocation):
-        with native_call():  # an interrupt between would leave an empty lock, no one's
-            try:  # O_EXCL fails on any existing name, a link included: nothing is followed
-                descriptor = os.open(lock.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return False
-            except OSError as error:  # the first thing a save writes: say why it cannot
-                raise unwritable(lock, error) from None
-            os.write(descriptor, owner.encode())
-            os.close(descriptor)
-        return True
+        with native_call():  # Ctrl-C lands after: no draft, and a lock only if it is whole
+            created = _link_lock(lock.path, owner)
+            if created is None:  # a filesystem without hard links
+                created = _create_lock_in_place(lock.path, owner)
+        if created:
+            _remove_dead_drafts(lock.path)
+        return created
     if lock.is_file():
         return False
     # padded to the bytes a read asks for (the lock's pattern allows trailing blanks), so
@@ -342,6 +340,77 @@ def _try_create(lock: Location, owner: str) -> bool:
     lock.write_bytes(owner.encode().ljust(_LOCK_READ_LIMIT))
     # Object stores have no exclusive create everywhere: read back, the last writer wins.
     return _read_lock(lock) == owner
+
+
+def _link_lock(lock: Path, owner: str) -> bool | None:
+    """Creates `lock` whole: `owner` is written to a draft of its own, which is then linked
+    to the lock's name. A link, like ``O_EXCL``, fails on any existing name (a link included,
+    and nothing is followed), and the lock appears with its text, so a writer killed at any
+    moment leaves no lock or a whole one, never an empty lock no one can claim. A draft a
+    kill leaves behind is removed by the next writer (`_remove_dead_drafts`).
+
+    Returns:
+        Whether the lock was created; None where the filesystem has no hard links.
+    """
+    draft = lock.with_name(f"{lock.name}-{uuid.uuid4().hex}.draft")
+    try:
+        descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError as error:  # the first thing a save writes: say why it cannot
+        raise unwritable(LocalLocation(lock), error) from None
+    try:
+        try:
+            os.write(descriptor, owner.encode())
+        finally:
+            os.close(descriptor)
+        os.link(draft, lock, follow_symlinks=False)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as error:
+        if error.errno in _NO_HARD_LINKS:
+            return None
+        raise unwritable(LocalLocation(lock), error) from None
+    finally:
+        with contextlib.suppress(OSError):
+            draft.unlink()
+
+
+# what link() says on filesystems that have no hard links (FAT, some network and FUSE mounts)
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK}
+
+
+def _create_lock_in_place(lock: Path, owner: str) -> bool:
+    """``O_EXCL`` and then the text: a kill in between leaves an empty lock (no hard links)."""
+    try:  # O_EXCL fails on any existing name, a link included: nothing is followed
+        descriptor = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    except OSError as error:
+        raise unwritable(LocalLocation(lock), error) from None
+    os.write(descriptor, owner.encode())
+    os.close(descriptor)
+    return True
+
+
+def _remove_dead_drafts(lock: Path) -> None:
+    """Removes the drafts of `lock` that writers killed on this host left behind: those
+    naming a writer that is gone, and empty ones older than a minute."""
+    with contextlib.suppress(OSError):
+        for draft in lock.parent.glob(f"{glob.escape(lock.name)}-*.draft"):
+            with contextlib.suppress(OSError, SurgeryError):
+                text = _read_lock(LocalLocation(draft))
+                if text is None:
+                    continue
+                if not text.strip():
+                    if time.time() - draft.lstat().st_mtime > _EMPTY_DRAFT_AGE_S:
+                        draft.unlink()
+                    continue  # another writer's, just created
+                pid, host, started = _parse_lock(text, LocalLocation(draft))
+                if host == socket.gethostname() and not _writer_alive(pid, started):
+                    draft.unlink()
+
+
+_EMPTY_DRAFT_AGE_S = 60
 
 
 def unwritable(place: Location, error: OSError) -> DestinationError:
