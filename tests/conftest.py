@@ -7,6 +7,22 @@ os.environ["XLA_FLAGS"] = " ".join(
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# JAX compiles the same small functions again and again: in test after test (each model built
+# anew is traced anew), in the suite's workers, and in the processes the tests start (the
+# command line, Tunix's workers, jax.distributed processes), which inherit these variables.
+# One persistent compilation cache, in pytest's own cache folder, compiles each once across
+# all of them and across runs (`make clean` empties it). Its entries are keyed by JAX's version
+# and the compile's flags and devices, so each environment finds only its own. Setting
+# JAX_COMPILATION_CACHE_DIR picks another folder; JAX_ENABLE_COMPILATION_CACHE=0 turns it off.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache", "jax"
+    ),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 
 import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
