@@ -161,6 +161,15 @@ def check_values(hf: Path, out: Path, config: dict) -> float:
     return worst
 
 
+def suture_command(hf: Path, out: Path) -> list[str]:
+    suture_cli = str(Path(sys.executable).with_name("suture"))
+    return [suture_cli, "convert", str(hf), str(out), "--recipe", "llama2:maxtext"] + [
+        "--dtype",
+        "bfloat16",
+        "--no-progress",
+    ]
+
+
 def maxtext_needs(model_bytes: int) -> float:
     return 0.8e9 + 1.7 * model_bytes
 
@@ -214,20 +223,14 @@ def main() -> None:
         shards = sorted(str(p) for p in hf.glob("*.safetensors"))
         floor = timed(["sh", "-c", 'cat "$@" > /dev/null', "sh", *shards])
         copies = cold_copies(hf, WORK / "copy")
-        suture_run = timed(
-            [
-                str(Path(sys.executable).with_name("suture")),
-                "convert",
-                str(hf),
-                str(out),
-                "--recipe",
-                "llama2:maxtext",
-                "--dtype",
-                "bfloat16",
-                "--no-progress",
-            ]
-        )
+        suture_run = timed(suture_command(hf, out))
         difference = check_values(hf, out, config)
+        written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+        shutil.rmtree(out)  # room for the same conversion with chunks stored as they are
+        plain_run = timed(suture_command(hf, out) + ["--compression", "none"])
+        difference = max(difference, check_values(hf, out, config))
+        plain_written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+        suture_run.update(written=written, plain=plain_run, plain_written=plain_written)
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         needed = maxtext_needs(size)
         # MaxText 0.2.5's to_maxtext converts llama3.1 but not llama2; its Llama 2 route is
@@ -254,6 +257,7 @@ def report(
     copied, durable = copies
     wall = suture_run["wall_s"]
     rss = suture_run["peak_rss_bytes"] / GIB
+    plain = suture_run["plain"]
     body = f"""## Model families: HF Llama -> MaxText layout (`python -m bench.families --dtype {args.dtype}`)
 
 {machine()}. A random Llama-2-7B-shaped HF folder ({config["num_hidden_layers"]} layers, hidden
@@ -267,7 +271,11 @@ def report(
 | cold copy (`cp -r` of the folder) | {copied["wall_s"]:.1f} s | {copied["cpu_s"]:.1f} | {copied["peak_rss_bytes"] / 2**20:.0f} MiB |
 | cold copy, fsync'd (`cp -r`, then `sync` of its files) | {durable["wall_s"]:.1f} s | {durable["cpu_s"]:.1f} | {durable["peak_rss_bytes"] / 2**20:.0f} MiB |
 | suture convert --recipe llama2:maxtext | {wall:.1f} s ({wall / floor["wall_s"]:.2f}x the floor, **{wall / copied["wall_s"]:.2f}x the cold copy**, {wall / durable["wall_s"]:.2f}x the fsync'd copy) | {suture_run["cpu_s"]:.1f} | {rss:.2f} GiB |
+| suture, the same with `--compression none` (chunks stored as they are) | {plain["wall_s"]:.1f} s ({plain["wall_s"] / floor["wall_s"]:.2f}x the floor, **{plain["wall_s"] / copied["wall_s"]:.2f}x the cold copy**, {plain["wall_s"] / durable["wall_s"]:.2f}x the fsync'd copy) | {plain["cpu_s"]:.1f} | {plain["peak_rss_bytes"] / GIB:.2f} GiB |
 | MaxText `to_maxtext` | {maxtext_line} | | |
+
+Written: {suture_run["written"] / GIB:.2f} GiB with zstd (level 1, Orbax's default and
+suture's), {suture_run["plain_written"] / GIB:.2f} GiB with `--compression none`.
 
 Values checked against the HF tensors (query and MLP-out kernels of the first and last layer,
 in bfloat16): max abs difference {difference:g}. Page cache dropped before each route:

@@ -124,6 +124,17 @@ def run(layers: int, maxtext: Path | None = None) -> dict:
         wi_0 = suture.open(out)["params/params/decoder/layers/moe_block/wi_0"]
         expected = suture.open(hf)[f"model/layers/{layers - 1}/mlp/experts/127/gate_proj/weight"]
         same = np.array_equal(wi_0[127, layers - 1].read(), expected.read().T)
+        written = _folder_bytes(out)
+        # the same conversion with chunks stored as they are (--compression none)
+        plain_out = WORK / "maxtext-plain"
+        plain = timed(
+            [suture_cli, "convert", str(hf), str(plain_out), "--recipe", "qwen3-moe:maxtext"]
+            + ["--no-progress", "--compression", "none"]
+        )
+        plain_leaf = suture.open(plain_out)["params/params/decoder/layers/moe_block/wi_0"]
+        same = same and np.array_equal(plain_leaf[127, layers - 1].read(), expected.read().T)
+        plain_written = _folder_bytes(plain_out)
+        shutil.rmtree(plain_out)
         row = dict(
             layers=layers,
             size=size,
@@ -133,6 +144,9 @@ def run(layers: int, maxtext: Path | None = None) -> dict:
             suture=converted,
             leaf=wi_0.nbytes,
             same=same,
+            written=written,
+            plain=plain,
+            plain_written=plain_written,
         )
         if maxtext is not None:
             theirs = WORK / "maxtext-own"
@@ -143,6 +157,10 @@ def run(layers: int, maxtext: Path | None = None) -> dict:
         return row
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def _route(name: str, run: dict, floor: dict) -> str:
@@ -173,6 +191,14 @@ def main() -> None:
         f"**{r['suture']['wall_s'] / r['copy']['wall_s']:.2f}x** | {r['durable']['wall_s']:.1f} s | "
         f"{r['suture']['wall_s'] / r['durable']['wall_s']:.2f}x | {r['suture']['cpu_s']:.1f} | "
         f"{r['suture']['peak_rss_bytes'] / GIB:.2f} GiB | {'yes' if r['same'] else 'NO'} |"
+        for r in rows
+    )
+    plain_table = "\n".join(
+        f"| {r['layers']} | {r['suture']['wall_s']:.1f} s ({r['suture']['wall_s'] / r['copy']['wall_s']:.2f}x), "
+        f"{r['suture']['cpu_s']:.1f} CPU s, {r['written'] / GIB:.2f} GiB | "
+        f"{r['plain']['wall_s']:.1f} s (**{r['plain']['wall_s'] / r['copy']['wall_s']:.2f}x**), "
+        f"{r['plain']['cpu_s']:.1f} CPU s, {r['plain_written'] / GIB:.2f} GiB | "
+        f"{r['plain']['peak_rss_bytes'] / GIB:.2f} GiB |"
         for r in rows
     )
     beside = "\n\n".join(
@@ -210,6 +236,14 @@ every file before publishing the checkpoint), so "fsync'd copy" is `cp -r` follo
 | layers | source | stacked leaf | floor (cold read) | cold copy | suture wall | suture / cold copy | fsync'd copy | suture / fsync'd copy | suture CPU s | suture peak RSS | last expert checked |
 | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
 {table}
+
+The same conversions with `--compression none` (chunks stored as they are, each with a crc32c)
+in the same run, against the cold copy: zstd level 1, Orbax's default and suture's, is most of
+the CPU of the route above.
+
+| layers | suture (zstd, the default): wall (/ cold copy), CPU, written | `--compression none`: wall (/ cold copy), CPU, written | its peak RSS |
+| --- | --- | --- | --- |
+{plain_table}
 
 {beside}
 """

@@ -321,6 +321,61 @@ def test_a_filesystem_without_hard_links_still_gets_a_lock(tmp_path: Path) -> No
     assert not list(tmp_path.glob(".out.suture-lock-*.draft"))
 
 
+# `suture ARGS` with Ctrl-C sent to itself at the instant its output is put in place (right
+# after the rename, the commit marker or the last upload), the worst moment for the message
+INTERRUPTED_AT_THE_COMMIT = """
+import os, signal, sys
+from suture._location import publish
+from suture.cli import main
+
+finished = publish.record_finished
+
+
+def and_then_ctrl_c(output):
+    finished(output)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+publish.record_finished = and_then_ctrl_c
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("where", ["local", "local-replaced", "gcs", "s3-staged"])
+def test_ctrl_c_as_the_output_is_put_in_place_keeps_it_and_says_so(
+    tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    """It said "no output was written" of a finished output; on a bucket, where the save
+    writes in place, its clean-up then deleted the finished checkpoint."""
+    save_file({"w": np.arange(6, dtype=np.float32)}, tmp_path / "s.safetensors")
+    if where.startswith("local"):
+        out = str(tmp_path / "out")
+        if where == "local-replaced":
+            suture.save({"old": np.zeros(2)}, out, progress=False)
+    else:
+        bucket = request.getfixturevalue(where.split("-")[0])
+        out = f"{bucket}/committed-{uuid.uuid4().hex[:8]}"
+        out += ".safetensors" if where.endswith("staged") else ""
+    extra = ["--overwrite"] if where == "local-replaced" else []
+    ran = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_AT_THE_COMMIT, "convert", "s.safetensors", out]
+        + [*extra, "--no-progress"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 130, ran.stderr
+    assert "Traceback" not in ran.stderr, ran.stderr
+    assert ran.stderr.strip().splitlines()[-1] == (
+        f"Stopped by Ctrl-C (SIGINT) after {out!r} was written in full; it is kept."
+    ), ran.stderr
+    assert suture.open(out)["w"].read().tolist() == [0, 1, 2, 3, 4, 5]
+    assert "old" not in suture.open(out)
+    if where.startswith("local"):  # no temporary output, lock or replaced result is left
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "s.safetensors"]
+
+
 def test_an_output_inside_the_source_folder_is_refused(tmp_path: Path) -> None:
     """Item 15: hf/out.safetensors would become a second shard of hf."""
     (tmp_path / "hf").mkdir()

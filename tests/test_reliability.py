@@ -119,11 +119,13 @@ def test_apply_verify_on_the_command_line(tmp_path: Path) -> None:
     assert "verified" in result.output
 
 
-def test_damaged_output_data_is_an_error_not_garbage(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_damaged_output_data_is_an_error_not_garbage(tmp_path: Path, compression: str) -> None:
     suture.save(
         {"w": np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)},
         tmp_path / "out",
         progress=False,
+        compression=compression,
     )
     data_files = [p for p in (tmp_path / "out" / "d").iterdir()]
     target = max(data_files, key=lambda p: p.stat().st_size)

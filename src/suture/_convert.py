@@ -51,6 +51,7 @@ def convert(
     allow_pickle: bool = False,
     progress: bool | None = None,
     verify: bool = False,
+    compression: str = "zstd",
     keep_value_keys: bool = False,
     strict_casts: bool = False,
     dequantize: bool = False,
@@ -79,6 +80,8 @@ def convert(
         config: the model's ``config.json`` (path or dict) for a family recipe; default: the
             one in the source folder, or the one the forward conversion recorded.
         verify: read the output back and check it before publishing it (`suture.save`).
+        compression: Orbax output: ``"zstd"`` (Orbax's, the default) or ``"none"``
+            (`suture.save`).
         keep_value_keys: safetensors output of a Flax NNX state (``nnx.state(model)``, whose
             arrays are ``.../value``) names tensors without that key (``linear.kernel``, not
             ``linear.kernel.value``) unless this is true.
@@ -127,6 +130,11 @@ def convert(
             from ._adapters import hooks
 
             hooks.check_adapter_arguments(adapter_only, merge_adapter, format, quantize)
+            if adapter_only and compression != "zstd":
+                raise ArgumentError(
+                    "An adapter-only export is a PEFT folder of safetensors, which are not "
+                    "compressed: drop compression=/--compression."
+                )
             if adapter_only:
                 return hooks.convert_adapter(
                     source, destination, recipe, reverse=reverse, config=config, like=like,
@@ -150,6 +158,7 @@ def convert(
                 progress=progress,
                 dequantize=dequantize,
                 verify=verify,
+                compression=compression,
                 like=like,
                 lora_alpha=lora_alpha,
                 edit_hf=edit,
@@ -184,6 +193,7 @@ def convert(
             max_memory=max_memory,
             progress=progress,
             verify=verify,
+            compression=compression,
             quantize=quantize,
             keep_unquantized=keep_unquantized,
             group_size=group_size,

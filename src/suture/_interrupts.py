@@ -41,6 +41,18 @@ def install() -> None:
 
 
 _done: dict[str, int | None] = {"code": None}
+_finished: list[str] = []
+
+
+def record_finished(output: str) -> None:
+    """Notes that `output` is written in full and in place (a save's commit): an interruption
+    after it says so on the command line, instead of that nothing was written."""
+    _finished.append(output)
+
+
+def finished_outputs() -> tuple[str, ...]:
+    """The outputs this process finished (`record_finished`), oldest first."""
+    return tuple(_finished)
 
 
 def exit_promptly_when_done() -> None:

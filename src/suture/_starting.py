@@ -38,9 +38,20 @@ def install_while_starting() -> None:
             return
 
 
-def stopped_line(signum: int) -> str:
-    """The one line the command line prints when `signum` stops it."""
-    return STOPPED.format("SIGTERM" if signum == _signal.SIGTERM else "Ctrl-C (SIGINT)")
+def stopped_line(signum: int, finished: tuple[str, ...] = ()) -> str:
+    """The one line the command line prints when `signum` stops it, after the outputs
+    `finished` were put in place whole, if any.
+
+    Example:
+        >>> stopped_line(_signal.SIGINT, ("out",))
+        "Stopped by Ctrl-C (SIGINT) after 'out' was written in full; it is kept."
+    """
+    name = "SIGTERM" if signum == _signal.SIGTERM else "Ctrl-C (SIGINT)"
+    if not finished:
+        return STOPPED.format(name)
+    named = ", ".join(repr(output) for output in finished)
+    kept = "it is kept" if len(finished) == 1 else "they are kept"
+    return f"Stopped by {name} after {named} was written in full; {kept}."
 
 
 def stopped_status(signum: int) -> int:

@@ -45,7 +45,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .._errors import (
@@ -55,7 +55,7 @@ from .._errors import (
     SurgeryError,
     SutureWarning,
 )
-from .._interrupts import native_call
+from .._interrupts import native_call, record_finished
 from .base import MAX_METADATA_BYTES, LocalLocation, Location
 
 TMP_MARKER = ".orbax-checkpoint-tmp-suture-"
@@ -68,23 +68,46 @@ class Publication:
 
     def __init__(self, destination: Location, temporary: Location, staged: bool) -> None:
         self.destination, self.temporary, self.staged = destination, temporary, staged
+        self.committed = False
 
     def commit(self, overwrite: bool) -> None:
-        """Makes the written result the destination's finished content."""
+        """Makes the written result the destination's finished content.
+
+        The step that finishes it (the rename; the commit marker or the last upload on an
+        object store) and the note that it is finished (`committed`, and
+        `suture._interrupts.record_finished` for the command line's last line) happen
+        together: Ctrl-C or SIGTERM landing at that instant waits until both are done, so
+        nothing after it takes a finished result for an unfinished one.
+        """
         if isinstance(self.destination, LocalLocation):
             assert isinstance(self.temporary, LocalLocation)
-            rename_into_place(self.temporary.path, self.destination.path, overwrite)
+            old = None
+            try:
+                with native_call():
+                    old = rename_into_place(self.temporary.path, self.destination.path, overwrite)
+                    self._finished()
+            finally:  # the result it replaced goes, also when an interrupt was held
+                if old is not None:
+                    _remove_replaced(old, self.destination.path)
         elif self.staged:
             assert isinstance(self.temporary, LocalLocation)
-            _upload(self.temporary.path, self.destination)
+            _upload(self.temporary.path, self.destination, self._finished)
             self.temporary.remove()
         else:
             marker = f"Checkpoint commit was successful to {self.destination}"
-            (self.destination / COMMIT_SUCCESS_FILE).write_bytes(marker.encode())
+            with native_call():  # one small object
+                (self.destination / COMMIT_SUCCESS_FILE).write_bytes(marker.encode())
+                self._finished()
+
+    def _finished(self) -> None:
+        self.committed = True
+        record_finished(str(self.destination))
 
     def abort(self) -> None:
-        """Removes everything this save wrote (never a finished destination)."""
-        self.temporary.remove()
+        """Removes everything this save wrote, unless it is committed: a finished result
+        (the temporary place is the destination itself on an object store) is kept."""
+        if not self.committed:
+            self.temporary.remove()
 
 
 def begin(
@@ -186,18 +209,17 @@ def is_unfinished(folder: Location) -> bool:
     return recorded.get("commit_timestamp_nsecs") is None and "init_timestamp_nsecs" in recorded
 
 
-def rename_into_place(temporary: Path, destination: Path, overwrite: bool) -> None:
-    """Moves a finished local result into place, atomically replacing an old one (`replace`)."""
+def rename_into_place(temporary: Path, destination: Path, overwrite: bool) -> Path | None:
+    """Moves a finished local result into place, atomically replacing an old one (`replace`);
+    returns where the old result now is, for the caller to delete, if there was one."""
     if destination.exists() or destination.is_symlink():
         if not overwrite:
             raise DestinationExistsError(
                 f"{str(destination)!r} appeared while writing; the new result was discarded."
             )
-        old = replace(temporary, destination)
-        if old is not None:
-            _remove_replaced(old, destination)
-        return
+        return replace(temporary, destination)
     os.rename(temporary, destination)
+    return None
 
 
 def _remove_replaced(old: Path, destination: Path) -> None:
@@ -219,18 +241,30 @@ def _remove_replaced(old: Path, destination: Path) -> None:
         )
 
 
-def _upload(staged: Path, destination: Location) -> None:
-    """Uploads a staged file, or a staged folder's files with any index last."""
+def _upload(staged: Path, destination: Location, finished: Callable[[], None]) -> None:
+    """Uploads a staged file, or a staged folder's files with any index last; `finished` is
+    called with the last upload, which makes the destination whole (held over Ctrl-C)."""
     if staged.is_file():
-        destination.write_bytes(staged.read_bytes())
-        return
-    files = sorted(p for p in staged.rglob("*") if p.is_file())
-    files.sort(key=lambda p: p.name.endswith(".index.json"))  # an index after its shards
-    for file in files:
-        destination_file = destination
-        for part in file.relative_to(staged).parts:
-            destination_file = destination_file / part
-        destination_file.write_bytes(file.read_bytes())
+        files, targets = [staged], [destination]
+    else:
+        files = sorted(p for p in staged.rglob("*") if p.is_file())
+        files.sort(key=lambda p: p.name.endswith(".index.json"))  # an index after its shards
+        targets = []
+        for file in files:
+            target = destination
+            for part in file.relative_to(staged).parts:
+                target = target / part
+            targets.append(target)
+    for number, (file, target) in enumerate(zip(files, targets, strict=True), start=1):
+        if number < len(files):
+            target.write_bytes(file.read_bytes())
+            continue
+        data = file.read_bytes()
+        with native_call():
+            target.write_bytes(data)
+            finished()
+    if not files:
+        finished()
 
 
 class Held:

@@ -138,7 +138,7 @@ def write_collective(
             group.fail(error)
             if group.is_primary:
                 _wait_for_others_to_stop(group, error)
-                if publication:
+                if publication and not publication[0].committed:
                     publication[0].abort()
                     if publication[0].staged:  # the other processes' uploaded shards
                         with contextlib.suppress(Exception):

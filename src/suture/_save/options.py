@@ -16,7 +16,7 @@ from .._errors import ArgumentError
 from .._exec.blocks import DEFAULT_MAX_MEMORY
 from .._format import parse_bytes
 from .._location import Location, location_of
-from ..sinks.orbax import DEFAULT_CHUNK_BYTES
+from ..sinks.orbax import COMPRESSIONS, DEFAULT_CHUNK_BYTES
 
 FORMATS = ("orbax", "safetensors")
 
@@ -41,6 +41,7 @@ class SaveOptions:
     extra_files: Mapping[str, Location] = field(default_factory=dict)
     verify: bool = False
     tune_allocator: bool | None = None  # None: as SUTURE_TUNE_ALLOCATOR says
+    compression: str = "zstd"
     # {leaf path: shard shape} on the target mesh (`target_sharding`): chunks tile them
     shards: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
@@ -60,6 +61,7 @@ class SaveOptions:
         extra_files: Mapping[str, Any] | None = None,
         verify: bool = False,
         tune_allocator: bool | None = None,
+        compression: str = "zstd",
     ) -> SaveOptions:
         """Options from the public keywords: sizes such as ``"4GiB"`` parsed, defaults set.
 
@@ -68,6 +70,16 @@ class SaveOptions:
         if format not in FORMATS:
             raise ArgumentError(
                 f"Unknown output format {format!r}: use one of {', '.join(FORMATS)}."
+            )
+        if compression not in COMPRESSIONS:
+            raise ArgumentError(
+                f"Unknown compression {compression!r}: use one of {', '.join(COMPRESSIONS)} "
+                f"(zstd, Orbax's, is the default; none writes chunks as they are)."
+            )
+        if compression != "zstd" and format != "orbax":
+            raise ArgumentError(
+                f"compression={compression!r} applies to Orbax output only; {format} files "
+                f"are not compressed. Leave it out, or write format='orbax'."
             )
         budget = parse_bytes(max_memory) if max_memory is not None else DEFAULT_MAX_MEMORY
         chunk = parse_bytes(chunk_bytes) if chunk_bytes is not None else default_chunk_bytes(budget)
@@ -84,6 +96,7 @@ class SaveOptions:
             extra_files={name: location_of(file) for name, file in (extra_files or {}).items()},
             verify=verify,
             tune_allocator=tune_allocator,
+            compression=compression,
         )
 
     def under_budget(self, max_memory: int) -> SaveOptions:

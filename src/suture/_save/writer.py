@@ -169,7 +169,7 @@ def orbax_blocks(
     """
     chunk_of = chunking(options.shards, options.chunk_bytes) if options.shards else None
     process = None if group is None else group.index
-    sink = OrbaxSink(folder, options.chunk_bytes, process, chunk_of)
+    sink = OrbaxSink(folder, options.chunk_bytes, process, chunk_of, options.compression)
     try:
         return _sink_blocks(sink, tree, options, group)
     except BaseException:

@@ -27,6 +27,7 @@ def run_merge(
     dry_run: bool = False,
     verify: bool = False,
     progress: bool | None = None,
+    compression: str = "zstd",
 ) -> Any:
     """Merges as `config_path` says and writes `output`; returns the `SaveResult` (or, for a
     dry run, the plan as text).
@@ -81,5 +82,6 @@ def run_merge(
             max_memory=max_memory,
             progress=progress,
             verify=verify,
+            compression=compression,
             **options,
         )

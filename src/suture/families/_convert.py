@@ -113,6 +113,7 @@ def convert_with_recipe(
     progress: bool | None = None,
     dequantize: bool = False,
     verify: bool = False,
+    compression: str = "zstd",
     lora_alpha: float | None = None,
     edit_hf: Callable[[Any], Any] | None = None,
     target_sharding: Any = None,
@@ -193,6 +194,7 @@ def convert_with_recipe(
             max_memory=max_memory,
             progress=progress,
             verify=verify,
+            compression=compression,
             target_sharding=target_sharding,
             **options,
         )
@@ -264,6 +266,7 @@ def convert_with_recipe(
             max_memory=max_memory,
             progress=progress,
             verify=verify,
+            compression=compression,
             separator=".",
             extra_files=extra,
             target_sharding=target_sharding,

@@ -60,6 +60,28 @@ WRITE_RESOURCES = {
 # they go (`OrbaxSink.drop_behind`); smaller ones are often read back at once.
 DROP_BEHIND_BYTES = 1 << 30
 DATA_FOLDER = "d"  # where an OCDBT database keeps its data files
+# How chunks are stored: zstd level 1, as Orbax stores them, or as they are (no compression).
+# Either way each chunk carries a checksum of its contents, so damage is an error, not garbage:
+# zstd's own (xxhash64), or a crc32c codec where nothing is compressed.
+COMPRESSIONS = ("zstd", "none")
+
+
+def chunk_codecs(compression: str) -> list[dict]:
+    """The zarr3 codecs of every chunk for `compression` (one of `COMPRESSIONS`).
+
+    Example:
+        >>> [codec["name"] for codec in chunk_codecs("none")]
+        ['bytes', 'crc32c']
+    """
+    stored = {"name": "bytes", "configuration": {"endian": "little"}}
+    if compression == "zstd":
+        # zstd's own checksum (xxhash64 of the chunk) catches a damaged chunk as a crc32c
+        # codec would, at 0.4 of its CPU (TensorStore's crc32c is not hardware-accelerated:
+        # 2.5 ms against 6.1 ms on top of zstd's 26 ms per 16 MiB of bfloat16)
+        return [stored, {"name": "zstd", "configuration": {"level": 1, "checksum": True}}]
+    if compression == "none":  # a tenth of zstd's CPU, about a quarter more bytes (bfloat16)
+        return [stored, {"name": "crc32c"}]
+    raise ValueError(f"unknown compression {compression!r}")
 
 
 class OrbaxArrayWriter:
@@ -195,6 +217,7 @@ class OrbaxSink:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         process: int | None = None,
         chunk_of: Any = None,
+        compression: str = "zstd",
     ) -> None:
         import tensorstore as ts  # heavy: loaded on first use, not at import
 
@@ -204,6 +227,7 @@ class OrbaxSink:
             self.folder if process is None else self.folder / f"{PROCESS_PREFIX}{process}"
         )
         self.chunk_bytes = chunk_bytes
+        self._codecs = chunk_codecs(compression)
         # ``chunk_of(path, array)``: a chunk of the caller's choosing (None: the default),
         # e.g. one that tiles the array's shards on a target mesh (`suture._save.mesh`)
         self._chunk_of = chunk_of
@@ -310,14 +334,7 @@ class OrbaxSink:
                 "shape": list(array.shape),
                 "data_type": _zarr_dtype(array.dtype, keys),
                 "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk)}},
-                "codecs": [
-                    {"name": "bytes", "configuration": {"endian": "little"}},
-                    # zstd's own checksum (xxhash64 of the chunk) catches a damaged chunk as
-                    # a crc32c codec would, at 0.4 of its CPU (TensorStore's crc32c is not
-                    # hardware-accelerated: 7% of a conversion's CPU; 2.5 ms against 6.1 ms
-                    # on top of zstd's 26 ms per 16 MiB of bfloat16)
-                    {"name": "zstd", "configuration": {"level": 1, "checksum": True}},
-                ],
+                "codecs": self._codecs,
                 "fill_value": False if array.dtype.kind == "b" else 0,
             },
             "create": True,
