@@ -22,7 +22,7 @@ from ._hf import (
     with_config_edited,
 )
 from ._lazy.views import strict_casts as strict_casts_on
-from ._location import location_of
+from ._location import location_of, names_one_safetensors_file
 from ._paths import VALUE_KEYS, flatten, strip_variable_keys
 from ._quant.tensors import dequantized_config, dequantized_files
 from ._save.api import SaveResult, save
@@ -229,7 +229,7 @@ def converted(
         )
     serving = quantize is not None or edit is not None  # a Hugging Face folder's layout
     target_format = format or (
-        "safetensors" if serving or str(destination).endswith(".safetensors") else "orbax"
+        "safetensors" if serving or names_one_safetensors_file(destination) else "orbax"
     )
     if dequantize and quantize is not None:
         raise ArgumentError("Pass dequantize= or quantize=, not both.")
@@ -270,7 +270,7 @@ def converted(
     elif target_format == "safetensors" and max_shard_size is None and reformatted:
         options["max_shard_size"] = DEFAULT_SHARD_SIZE
     elif target_format == "safetensors" and max_shard_size is None and not renamed:
-        one_file = str(destination).endswith(".safetensors")
+        one_file = names_one_safetensors_file(destination)
         options = reuse_safetensors_layout(ckpt, location_of(source), separator, one_file)
     if recipe is not None:  # what the recipe read, for `suture apply --reverse`
         record = forward_record(
@@ -278,7 +278,7 @@ def converted(
         )
         if record is not None:
             options["metadata"] = record
-    folder_output = target_format == "orbax" or not str(destination).endswith(".safetensors")
+    folder_output = target_format == "orbax" or not names_one_safetensors_file(destination)
     if folder_output and "extra_files" not in options:
         options["extra_files"] = model_folder_side_files(source)
     if dequantize and "extra_files" in options:

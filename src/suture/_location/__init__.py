@@ -59,6 +59,7 @@ __all__ = [
     "is_remote",
     "location_of",
     "metadata_read_once",
+    "names_one_safetensors_file",
     "probe_ahead",
     "read_ahead",
     "remote_context",
@@ -101,6 +102,18 @@ def location_of(path: Any) -> Location:
             f"{text!r} names no bucket or host. Write it as {scheme}://BUCKET/PATH."
         )
     return RemoteLocation.from_url(scheme, host, key)
+
+
+def names_one_safetensors_file(path: Any) -> bool:
+    """Whether the output `path` (a path, URL or `Location`) names one safetensors file (its
+    name ends in ``.safetensors``); any other name is a folder (Orbax, or a Hugging Face
+    folder of shards).
+
+    Example:
+        >>> names_one_safetensors_file("out/model.safetensors"), names_one_safetensors_file("gs://b/ckpt")
+        (True, False)
+    """
+    return str(path).rstrip("/").endswith(".safetensors")
 
 
 def is_remote(path: Any) -> bool:

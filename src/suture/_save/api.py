@@ -23,7 +23,7 @@ from .._exec.memory import tune_if_asked
 from .._exec.progress import wants_progress
 from .._hf import model_folder_side_files, with_config_edited, with_output_dtype
 from .._lazy.array import LazyArray
-from .._location import Location, location_of
+from .._location import Location, location_of, names_one_safetensors_file
 from .._location.publish import (
     destination_exists,
     is_unfinished,
@@ -236,7 +236,7 @@ def save(
         compression=compression,
     )
     destination.require_writable()
-    folder_output = format == "orbax" or not destination.name.endswith(".safetensors")
+    folder_output = format == "orbax" or not names_one_safetensors_file(destination)
     if extra_files is None and folder_output:
         options = replace(options, extra_files=_side_files_of(tree))
     tree = _tree_of(tree)

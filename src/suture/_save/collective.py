@@ -40,7 +40,7 @@ from .._exec.blocks import Block, write_threads
 from .._exec.distributed import Group, global_array
 from .._exec.progress import progress_bar
 from .._exec.runner import run_blocks
-from .._location import LocalLocation, Location
+from .._location import LocalLocation, Location, names_one_safetensors_file
 from .._location.publish import Publication, begin, exclusive, staging
 from .._paths import flatten
 from ..sinks.orbax import OrbaxSink
@@ -76,7 +76,7 @@ def write_collective(
             lock = held.enter_context(exclusive(destination))
             publication.append(begin(destination, overwrite, staged, lock.reclaimed))
             if isinstance(destination, LocalLocation):
-                if format == "orbax" or not destination.name.endswith(".safetensors"):
+                if format == "orbax" or not names_one_safetensors_file(destination):
                     publication[0].temporary.path.mkdir()  # type: ignore[attr-defined]
                 # each host may mount the storage elsewhere: send the name only
                 return publication[0].temporary.name
@@ -94,7 +94,7 @@ def write_collective(
                 blocks, finish, sync = orbax_blocks(tree, temporary, options, group)
             else:
                 sync = None
-                one_file = destination.name.endswith(".safetensors")  # else a folder
+                one_file = names_one_safetensors_file(destination)  # else a folder
                 _refuse_spanning_arrays(tree)
                 assert isinstance(temporary, LocalLocation)
                 blocks, finish = safetensors_blocks(tree, temporary.path, one_file, options, group)
@@ -182,7 +182,7 @@ def _refuse_spanning_arrays(tree: Any) -> None:
 
 def _upload_shards(staged: LocalLocation, destination: Location) -> None:
     """Uploads this process's shard files (not the index, which the primary commits last)."""
-    if destination.name.endswith(".safetensors"):
+    if names_one_safetensors_file(destination):
         return  # one file: the primary's, uploaded by its commit
     for file in sorted(staged.path.glob("*.safetensors")):
         (destination / file.name).write_bytes(file.read_bytes())

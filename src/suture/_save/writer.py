@@ -31,7 +31,7 @@ from .._exec.distributed import Group, global_array, share, share_blocks
 from .._exec.progress import progress_bar
 from .._exec.runner import Budget, run_blocks
 from .._lazy.array import LazyArray, as_lazy
-from .._location import LocalLocation, Location, location_of
+from .._location import LocalLocation, Location, location_of, names_one_safetensors_file
 from .._location.publish import begin, exclusive
 from .._paths import flatten
 from ..sinks.orbax import OrbaxSink, keys_and_kinds, merge_process_databases
@@ -65,13 +65,13 @@ def write(tree: Any, destination: Location, options: SaveOptions) -> SaveResult:
         temporary = publication.temporary
         settle: Any = lambda: None  # noqa: E731 (replaced by the Orbax sink's)
         try:
+            one_file = names_one_safetensors_file(destination)
             if format == "orbax":
                 blocks, finish, settle = orbax_blocks(tree, temporary, options)
             else:
                 assert isinstance(temporary, LocalLocation)
-                one_file = destination.name.endswith(".safetensors")
                 blocks, finish = safetensors_blocks(tree, temporary.path, one_file, options)
-            check_blocks_fit(blocks, max_memory, _cost_at(tree, options, one_file_of(destination)))
+            check_blocks_fit(blocks, max_memory, _cost_at(tree, options, one_file))
             side_files = copying_beside(options.extra_files, temporary)
             settle = _also_waiting_for(side_files, settle)
             if options.verify:
@@ -116,10 +116,6 @@ def write(tree: Any, destination: Location, options: SaveOptions) -> SaveResult:
         time.perf_counter() - started,
         budget[0].peak if budget else 0,
     )
-
-
-def one_file_of(destination: Location) -> bool:
-    return destination.name.endswith(".safetensors")
 
 
 def _cost_at(tree: Any, options: SaveOptions, one_file: bool) -> Any:

@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .._location import names_one_safetensors_file
 from .._merge.api import merge
 from .._merge.config import read_config, suture_arguments
 from .._merge.hf_output import hf_side_files, is_hf_folder
@@ -56,7 +57,7 @@ def run_merge(
         return str(make_plan(None, tree))
     options: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="suture-merge-") as staging:
-        folder_output = chosen_format == "orbax" or not str(output).endswith(".safetensors")
+        folder_output = chosen_format == "orbax" or not names_one_safetensors_file(output)
         if chosen_format == "safetensors" and is_hf_folder(donor):
             options["max_shard_size"] = MERGEKIT_SHARD_SIZE
             options["extra_files"] = hf_side_files(

@@ -31,7 +31,12 @@ from .._hf import (
     with_config_edited,
     with_config_fetched,
 )
-from .._location import LocalLocation, location_of, metadata_read_once
+from .._location import (
+    LocalLocation,
+    location_of,
+    metadata_read_once,
+    names_one_safetensors_file,
+)
 from .._paths import unflatten
 from .._quant.tensors import dequantized_config, dequantized_files
 from .._save.api import SaveResult, save
@@ -69,7 +74,7 @@ def check_options(
         suture._errors.ArgumentError: quantize='W8A16' (--quantize) does not go with the family recipe 'qwen3:maxtext', which writes its layout unquantized. Convert first, then quantize its Hugging Face folder: suture convert FOLDER OUT --quantize W8A16.
     """
     written = "safetensors" if reverse else "orbax"
-    if format is None and destination is not None and str(destination).endswith(".safetensors"):
+    if format is None and destination is not None and names_one_safetensors_file(destination):
         writes = "a Hugging Face folder (shards and config.json)" if reverse else "an Orbax folder"
         raise ArgumentError(
             f"{str(destination)!r} names one safetensors file, but the family recipe {name!r}"
