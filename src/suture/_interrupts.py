@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import os
 import signal
@@ -35,13 +36,15 @@ class Terminated(KeyboardInterrupt):
 
 def install() -> None:
     """Routes SIGINT and SIGTERM through the handler (main thread only; the CLI calls it)."""
+    _finished.clear()  # a command's own outputs only
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _handler)
         signal.signal(signal.SIGTERM, _handler)
 
 
 _done: dict[str, int | None] = {"code": None}
-_finished: list[str] = []
+# the latest outputs finished; bounded, as a program may save many times in one process
+_finished: collections.deque[str] = collections.deque(maxlen=16)
 
 
 def record_finished(output: str) -> None:
