@@ -22,6 +22,20 @@ os.environ.setdefault(
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# JAX writes an entry in place, so a process may read one that another is still writing; JAX
+# then compiles anew and warns (pyproject.toml ignores the warning in this process). The
+# processes the tests start ignore it too: it says nothing about suture, and a command's
+# stderr is part of what the tests check.
+os.environ["PYTHONWARNINGS"] = ",".join(
+    filter(
+        None,
+        [
+            os.environ.get("PYTHONWARNINGS", ""),
+            "ignore:Error reading persistent compilation cache entry",
+            "ignore:Error writing persistent compilation cache entry",
+        ],
+    )
+)
 
 
 import subprocess  # noqa: E402
