@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -357,6 +358,7 @@ def test_ctrl_c_as_the_output_is_put_in_place_keeps_it_and_says_so(
         out = f"{bucket}/committed-{uuid.uuid4().hex[:8]}"
         out += ".safetensors" if where.endswith("staged") else ""
     extra = ["--overwrite"] if where == "local-replaced" else []
+    staged_before = set(Path(tempfile.gettempdir()).glob("suture-upload-*"))
     ran = subprocess.run(
         [sys.executable, "-c", INTERRUPTED_AT_THE_COMMIT, "convert", "s.safetensors", out]
         + [*extra, "--no-progress"],
@@ -374,6 +376,9 @@ def test_ctrl_c_as_the_output_is_put_in_place_keeps_it_and_says_so(
     assert "old" not in suture.open(out)
     if where.startswith("local"):  # no temporary output, lock or replaced result is left
         assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "s.safetensors"]
+    else:  # nor the local folder a staged upload was written in
+        staging = Path(tempfile.gettempdir())
+        assert staged_before == set(staging.glob("suture-upload-*")), "a staging folder is left"
 
 
 def test_an_output_inside_the_source_folder_is_refused(tmp_path: Path) -> None:

@@ -91,8 +91,10 @@ class Publication:
                     _remove_replaced(old, self.destination.path)
         elif self.staged:
             assert isinstance(self.temporary, LocalLocation)
-            _upload(self.temporary.path, self.destination, self._finished)
-            self.temporary.remove()
+            try:
+                _upload(self.temporary.path, self.destination, self._finished)
+            finally:  # also when an interrupt was held over the last upload
+                remove_staged(self.temporary)
         else:
             marker = f"Checkpoint commit was successful to {self.destination}"
             with native_call():  # one small object
@@ -105,8 +107,11 @@ class Publication:
 
     def abort(self) -> None:
         """Removes everything this save wrote, unless it is committed: a finished result
-        (the temporary place is the destination itself on an object store) is kept."""
-        if not self.committed:
+        (the temporary place is the destination itself on an object store) is kept. A
+        staged upload's local files go either way: they are never the destination."""
+        if self.staged:
+            remove_staged(self.temporary)
+        elif not self.committed:
             self.temporary.remove()
 
 
@@ -142,8 +147,15 @@ def begin(
 
 
 def staging(destination: Location) -> LocalLocation:
-    """A new local place to write `destination`'s files before they are uploaded."""
+    """A new local place to write `destination`'s files before they are uploaded, in a
+    folder of its own (`remove_staged` removes both)."""
     return LocalLocation(Path(tempfile.mkdtemp(prefix="suture-upload-")) / destination.name)
+
+
+def remove_staged(staged: Location) -> None:
+    """Removes what `staging` made: the staged files and the folder made for them."""
+    assert isinstance(staged, LocalLocation)
+    LocalLocation(staged.path.parent).remove()
 
 
 def _remove_temporaries(destination: LocalLocation) -> None:

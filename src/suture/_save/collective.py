@@ -41,7 +41,7 @@ from .._exec.distributed import Group, global_array
 from .._exec.progress import progress_bar
 from .._exec.runner import run_blocks
 from .._location import LocalLocation, Location, names_one_safetensors_file
-from .._location.publish import Publication, begin, exclusive, staging
+from .._location.publish import Publication, begin, exclusive, remove_staged, staging
 from .._paths import flatten
 from ..sinks.orbax import OrbaxSink
 from ..sources.filesource import reading_directly
@@ -132,7 +132,7 @@ def write_collective(
             if group.is_primary:
                 publication[0].commit(overwrite)
             elif staged:
-                temporary.remove()
+                remove_staged(temporary)
             group.barrier("committed")
         except BaseException as error:
             group.fail(error)
@@ -148,7 +148,7 @@ def write_collective(
                     group.arrive("stopped")
             if staged and not publication:
                 with contextlib.suppress(Exception):
-                    temporary.remove()
+                    remove_staged(temporary)
             # A DestinationError (the destination appeared meanwhile) is an OSError but
             # already says what went wrong: raised as it is, not wrapped as a failed write.
             if (
