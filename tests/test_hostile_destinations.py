@@ -381,6 +381,21 @@ def test_ctrl_c_as_the_output_is_put_in_place_keeps_it_and_says_so(
         assert staged_before == set(staging.glob("suture-upload-*")), "a staging folder is left"
 
 
+@pytest.mark.parametrize("name", ["m.safetensors", "hf_folder"])
+def test_a_failed_local_safetensors_save_leaves_its_folder_alone(tmp_path: Path, name: str) -> None:
+    """A local safetensors save is written aside and renamed, with no upload staging: its
+    clean-up once took the temporary output's parent for a staging folder and deleted the
+    folder the output was going into, with everything in it (caught by CI before landing)."""
+    (tmp_path / "precious.txt").write_text("years of work")
+    with pytest.raises(suture.SurgeryError, match="metadata must map strings to strings"):
+        suture.save(
+            {"w": np.ones(2)}, tmp_path / name, format="safetensors", metadata={"a": 1},
+            progress=False,
+        )  # fmt: skip
+    assert (tmp_path / "precious.txt").read_text() == "years of work"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.txt"]
+
+
 def test_an_output_inside_the_source_folder_is_refused(tmp_path: Path) -> None:
     """Item 15: hf/out.safetensors would become a second shard of hf."""
     (tmp_path / "hf").mkdir()

@@ -109,8 +109,8 @@ class Publication:
         """Removes everything this save wrote, unless it is committed: a finished result
         (the temporary place is the destination itself on an object store) is kept. A
         staged upload's local files go either way: they are never the destination."""
-        if self.staged:
-            remove_staged(self.temporary)
+        if self.staged and not isinstance(self.destination, LocalLocation):
+            remove_staged(self.temporary)  # local files of an upload, never the destination
         elif not self.committed:
             self.temporary.remove()
 
@@ -146,16 +146,24 @@ def begin(
     return Publication(destination, destination, staged)
 
 
+_STAGING_PREFIX = "suture-upload-"
+
+
 def staging(destination: Location) -> LocalLocation:
     """A new local place to write `destination`'s files before they are uploaded, in a
     folder of its own (`remove_staged` removes both)."""
-    return LocalLocation(Path(tempfile.mkdtemp(prefix="suture-upload-")) / destination.name)
+    return LocalLocation(Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX)) / destination.name)
 
 
 def remove_staged(staged: Location) -> None:
-    """Removes what `staging` made: the staged files and the folder made for them."""
+    """Removes what `staging` made: the staged files, and the folder made for them. Only a
+    folder `staging` made goes: for any other place, only `staged` itself."""
     assert isinstance(staged, LocalLocation)
-    LocalLocation(staged.path.parent).remove()
+    folder = staged.path.parent
+    if folder.name.startswith(_STAGING_PREFIX) and folder.parent == Path(tempfile.gettempdir()):
+        LocalLocation(folder).remove()
+    else:
+        staged.remove()
 
 
 def _remove_temporaries(destination: LocalLocation) -> None:
