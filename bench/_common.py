@@ -78,6 +78,11 @@ def disk_bytes_read() -> int:
         return int(next(line for line in io if line.startswith("read_bytes:")).split()[1])
 
 
+def folder_bytes(folder: Path) -> int:
+    """The bytes of every file under `folder`."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
 def peak_rss_bytes() -> int:
     """This process's peak RSS. (ru_maxrss would carry over the parent's peak across fork+exec.)"""
     with open("/proc/self/status") as status:

@@ -42,6 +42,7 @@ from bench._common import (
     DATA_DIR,
     REPO_ROOT,
     drop_caches,
+    folder_bytes,
     machine,
     write_hf_shards,
     write_section,
@@ -225,11 +226,11 @@ def main() -> None:
         copies = cold_copies(hf, WORK / "copy")
         suture_run = timed(suture_command(hf, out))
         difference = check_values(hf, out, config)
-        written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+        written = folder_bytes(out)
         shutil.rmtree(out)  # room for the same conversion with chunks stored as they are
         plain_run = timed(suture_command(hf, out) + ["--compression", "none"])
         difference = max(difference, check_values(hf, out, config))
-        plain_written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+        plain_written = folder_bytes(out)
         suture_run.update(written=written, plain=plain_run, plain_written=plain_written)
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         needed = maxtext_needs(size)

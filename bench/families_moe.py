@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import _maxtext
-from bench._common import DATA_DIR, machine, write_hf_shards, write_section
+from bench._common import DATA_DIR, folder_bytes, machine, write_hf_shards, write_section
 from bench.families import cold_copies, timed
 
 WORK = DATA_DIR / "families-moe"
@@ -124,7 +124,7 @@ def run(layers: int, maxtext: Path | None = None) -> dict:
         wi_0 = suture.open(out)["params/params/decoder/layers/moe_block/wi_0"]
         expected = suture.open(hf)[f"model/layers/{layers - 1}/mlp/experts/127/gate_proj/weight"]
         same = np.array_equal(wi_0[127, layers - 1].read(), expected.read().T)
-        written = _folder_bytes(out)
+        written = folder_bytes(out)
         # the same conversion with chunks stored as they are (--compression none)
         plain_out = WORK / "maxtext-plain"
         plain = timed(
@@ -133,7 +133,7 @@ def run(layers: int, maxtext: Path | None = None) -> dict:
         )
         plain_leaf = suture.open(plain_out)["params/params/decoder/layers/moe_block/wi_0"]
         same = same and np.array_equal(plain_leaf[127, layers - 1].read(), expected.read().T)
-        plain_written = _folder_bytes(plain_out)
+        plain_written = folder_bytes(plain_out)
         shutil.rmtree(plain_out)
         row = dict(
             layers=layers,
@@ -157,10 +157,6 @@ def run(layers: int, maxtext: Path | None = None) -> dict:
         return row
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
-
-
-def _folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def _route(name: str, run: dict, floor: dict) -> str:

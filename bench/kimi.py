@@ -43,6 +43,7 @@ from bench._common import (
     DATA_DIR,
     REPO_ROOT,
     drop_caches,
+    folder_bytes,
     machine,
     write_safetensors_shards,
     write_section,
@@ -203,10 +204,6 @@ def write_source(experts: int) -> None:
         "vision_config": {"hidden_size": 1152, "patch_size": 14},
     }
     write_safetensors_shards(SOURCE, tensors(experts), ITEMSIZE, SHARD_BYTES, values, config)
-
-
-def folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 _TIMED = r"""

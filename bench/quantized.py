@@ -44,6 +44,7 @@ from pathlib import Path
 from bench._common import (
     DATA_DIR,
     drop_caches,
+    folder_bytes,
     machine,
     peak_rss_bytes,
     write_safetensors_shards,
@@ -189,10 +190,6 @@ def run(route: str) -> dict:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["cold"] = cold
     return result
-
-
-def folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def timed(command: list[str]) -> tuple[float, float]:
