@@ -265,26 +265,25 @@ def _upload(staged: Path, destination: Location, finished: Callable[[], None]) -
     """Uploads a staged file, or a staged folder's files with any index last; `finished` is
     called with the last upload, which makes the destination whole (held over Ctrl-C)."""
     if staged.is_file():
-        files, targets = [staged], [destination]
+        uploads = [(staged, destination)]
     else:
         files = sorted(p for p in staged.rglob("*") if p.is_file())
         files.sort(key=lambda p: p.name.endswith(".index.json"))  # an index after its shards
-        targets = []
-        for file in files:
-            target = destination
-            for part in file.relative_to(staged).parts:
-                target = target / part
-            targets.append(target)
-    for number, (file, target) in enumerate(zip(files, targets, strict=True), start=1):
-        if number < len(files):
-            target.write_bytes(file.read_bytes())
-            continue
-        data = file.read_bytes()
-        with native_call():
+        uploads = [(file, _under(destination, file.relative_to(staged))) for file in files]
+    for file, target in uploads[:-1]:
+        target.write_bytes(file.read_bytes())
+    last = [(target, file.read_bytes()) for file, target in uploads[-1:]]  # read before holding
+    with native_call():
+        for target, data in last:
             target.write_bytes(data)
-            finished()
-    if not files:
         finished()
+
+
+def _under(destination: Location, relative: Path) -> Location:
+    """`destination` / each part of `relative` (a `Location` joins one name at a time)."""
+    for part in relative.parts:
+        destination = destination / part
+    return destination
 
 
 class Held:
