@@ -211,6 +211,9 @@ def test_compression_none_on_an_adapter_export_is_refused(tmp_path: Path, model:
         ["convert", str(model), str(tmp_path / "a"), "--adapter-only", "--compression", "none"],
     )
     assert done.exit_code == 2
+    assert "An adapter-only export is a PEFT folder of safetensors" in done.output
+    assert "drop compression=/--compression" in done.output
+    assert not (tmp_path / "a").exists()
 
 
 def test_apply_python_recipe_with_several_sources_and_dtype(tmp_path: Path) -> None:
