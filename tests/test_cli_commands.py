@@ -9,7 +9,9 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
+import tensorstore as ts
 from typer.testing import CliRunner
 
 import suture
@@ -160,8 +162,6 @@ def test_apply_dry_run_then_apply(tmp_path: Path, model: Path, recipe: Path) -> 
 
 def _codecs(folder: Path, leaf: str) -> list[str]:
     """The zarr3 codecs suture wrote for `leaf`, as stock Orbax's TensorStore reads them."""
-    import tensorstore as ts
-
     spec = {
         "driver": "zarr3",
         "kvstore": {"driver": "ocdbt", "base": f"file://{folder}", "path": leaf},
@@ -177,8 +177,6 @@ def test_every_writing_command_takes_compression_none(
 ) -> None:
     """--compression none writes chunks as they are (with a checksum) from each command that
     writes Orbax output; stock Orbax restores the same values as from the default's."""
-    import orbax.checkpoint as ocp
-
     out = tmp_path / "out"
     if command == "apply":
         arguments = ["apply", str(recipe), str(model), "-o", str(out)]
