@@ -305,9 +305,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
         "--compression",
-        default="zstd",
-        choices=["zstd", "none"],
-        help="suture's --compression (none: a section of its own, kimi-none)",
+        default="auto",
+        choices=["auto", "zstd", "none"],
+        help="suture's --compression (zstd and none: sections of their own, kimi-zstd and "
+        "kimi-none)",
     )
     parser.add_argument("--maxtext-venv", type=Path, help="MaxText 0.2.5's environment (torch)")
     parser.add_argument(
@@ -446,10 +447,10 @@ MaxText 0.2.5's own route for Kimi's INT4 checkpoints, `convert_deepseek_family_
   2.3 TB on a 128 GB host), and take about {theirs["wall_s"] * peer_scale / 3600:.1f} h here at this run's rate (suture: about
   {ours["wall_s"] * peer_scale / 3600:.1f} h at its rate on this source). suture's peak stays at its budget."""
     peer_flags = "" if peer is None else f" --maxtext-venv DIR --peer-experts {peer['experts']}"
-    plain = arguments.compression == "none"
-    if plain:
-        peer_flags += " --compression none"
-        lines[0] = lines[0].replace("--dequantize`", "--dequantize --compression none`")
+    compression = arguments.compression
+    if compression != "auto":
+        peer_flags += f" --compression {compression}"
+        lines[0] = lines[0].replace("--dequantize`", f"--dequantize --compression {compression}`")
     body = f"""## kimi: one Kimi-K2.6 MoE layer, compressed-tensors INT4 -> bfloat16 MaxText in one pass (issue 39)
 
 `python -m bench.kimi --experts {arguments.experts} --repeats {arguments.repeats}{peer_flags}` — {machine()};
@@ -470,7 +471,7 @@ heads, MLA); before it the dense layer 0 MaxText's converter needs (full attenti
   {floor["write_s"]:.1f} s = {floor_s:.1f} s. suture: **{wall / floor_s:.2f}x** the floor (goal: within 1.3x),
   peak RSS **{rss:.2f} GiB** (goal: under 1.5 GiB). Runs (wall s): {", ".join(f"{r['wall_s']:.1f}" for r in runs)}.
 - CPU: the pass spends {cpu:.0f} s of CPU ({cpu / (output_bytes / GiB):.1f} s per GiB written: INT4
-  decode, bfloat16 rounding, Orbax's zstd and checksums), {cpu / cores:.0f} s of wall on these {cores} cores
+  decode, bfloat16 rounding, bit-shuffled LZ4 and checksums), {cpu / cores:.0f} s of wall on these {cores} cores
   if it had them to itself ({cpu / cores / floor_s:.2f}x the floor); the floor's `cat` and `dd` do none of
   that work (bench/write_floor.py measures Orbax's write alone against the read).
 - Values: expert {CHECKED_EXPERT}'s `gate_proj` in suture's output equals compressed-tensors' decompressor
@@ -481,11 +482,15 @@ heads, MLA); before it the dense layer 0 MaxText's converter needs (full attenti
   {floor_s * scale / 3600:.1f} h), {2 * full_params / 1e12:.2f} TB of bfloat16 written.
 {fitted}
 """
-    if plain:
-        body = body.replace(
-            "in one pass (issue 39)", "in one pass, chunks stored uncompressed (issue 39)", 1
-        ).replace("Orbax's zstd and checksums", "crc32c checksums, no compression")
-    write_section("kimi-none" if plain else "kimi", body)
+    stored = {
+        "zstd": ("chunks zstd-compressed as Orbax writes them", "zstd and its checksums"),
+        "none": ("chunks stored uncompressed", "crc32c checksums, no compression"),
+    }
+    if compression in stored:
+        chunks, work = stored[compression]
+        body = body.replace("in one pass (issue 39)", f"in one pass, {chunks} (issue 39)", 1)
+        body = body.replace("bit-shuffled LZ4 and checksums", work)
+    write_section("kimi" if compression == "auto" else f"kimi-{compression}", body)
     print(body)
 
 

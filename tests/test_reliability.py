@@ -119,7 +119,7 @@ def test_apply_verify_on_the_command_line(tmp_path: Path) -> None:
     assert "verified" in result.output
 
 
-@pytest.mark.parametrize("compression", ["zstd", "none"])
+@pytest.mark.parametrize("compression", ["auto", "zstd", "none"])
 def test_damaged_output_data_is_an_error_not_garbage(tmp_path: Path, compression: str) -> None:
     suture.save(
         {"w": np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)},

@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+import tensorstore as ts
 from orbax.checkpoint import v1 as ocp_v1
 from safetensors.numpy import load_file
 
@@ -60,31 +61,53 @@ def assert_same(actual: dict, expected: dict) -> None:
         np.testing.assert_array_equal(got, np.asarray(value), err_msg=path)
 
 
-def test_uncompressed_orbax_output_is_read_by_stock_orbax_and_costs_its_bytes(
+def stored_codecs(folder: Path, leaf: str) -> list[str]:
+    """The zarr3 codec names of one leaf of an Orbax checkpoint, as TensorStore reads them."""
+    array = ts.open(
+        {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{folder}", "path": leaf}}
+    ).result()
+    return [codec["name"] for codec in array.spec().to_json()["metadata"]["codecs"]]
+
+
+def test_every_compression_is_read_by_stock_orbax_and_costs_what_it_says(
     tmp_path: Path,
 ) -> None:
-    """compression="none": every dtype round-trips through stock Orbax (v0 and v1) and suture;
-    the chunks are the arrays' bytes (and a crc32c each), where zstd's are smaller."""
-    weights = np.random.default_rng(1).standard_normal((256, 512)).astype(ml_dtypes.bfloat16)
-    tree = {**every_dtype_tree(), "weights": weights}
-    suture.save(tree, tmp_path / "plain", progress=False, compression="none")
-    suture.save(tree, tmp_path / "zstd", progress=False)
-    assert_same(ocp.PyTreeCheckpointer().restore(tmp_path / "plain"), tree)
-    assert_same(ocp_v1.load(tmp_path / "plain"), tree)
-    assert_same(suture.load(tmp_path / "plain"), tree)
+    """compression="auto" (the default), "zstd" and "none": every dtype round-trips through
+    stock Orbax (v0 and v1) and suture; "none" stores the arrays' bytes (and a crc32c each);
+    "auto" stores bfloat16 weights bit-shuffled and LZ4'd, smaller than zstd, and 1-byte
+    types as zstd."""
+    # at a trained model's scale (values near 1 spread over two exponents and shuffle worse)
+    weights = (np.random.default_rng(1).standard_normal((256, 512)) * 0.02).astype(
+        ml_dtypes.bfloat16
+    )
+    codes = np.random.default_rng(2).standard_normal((256, 512)).astype(ml_dtypes.float8_e4m3fn)
+    tree = {**every_dtype_tree(), "weights": weights, "codes": codes}
+    for compression in ("auto", "zstd", "none"):
+        suture.save(tree, tmp_path / compression, progress=False, compression=compression)
+        assert_same(ocp.PyTreeCheckpointer().restore(tmp_path / compression), tree)
+        assert_same(ocp_v1.load(tmp_path / compression), tree)
+        assert_same(suture.load(tmp_path / compression), tree)
+    suture.save(tree, tmp_path / "default", progress=False)
 
     def data_bytes(folder: Path) -> int:
         return sum(p.stat().st_size for p in (folder / "d").iterdir())
 
     array_bytes = sum(np.asarray(value).nbytes for value in jax.tree.leaves(tree))
-    assert array_bytes <= data_bytes(tmp_path / "plain") <= array_bytes * 1.05 + 65536
-    assert data_bytes(tmp_path / "zstd") < 0.9 * data_bytes(tmp_path / "plain")
+    assert array_bytes <= data_bytes(tmp_path / "none") <= array_bytes * 1.05 + 65536
+    assert data_bytes(tmp_path / "zstd") < 0.9 * data_bytes(tmp_path / "none")
+    assert data_bytes(tmp_path / "auto") < data_bytes(tmp_path / "zstd")
+    assert stored_codecs(tmp_path / "auto", "weights") == ["bytes", "blosc", "crc32c"]
+    assert stored_codecs(tmp_path / "default", "weights") == ["bytes", "blosc", "crc32c"]
+    assert stored_codecs(tmp_path / "auto", "codes") == ["bytes", "zstd"]
+    assert stored_codecs(tmp_path / "auto", "int8") == ["bytes", "zstd"]
+    assert stored_codecs(tmp_path / "zstd", "weights") == ["bytes", "zstd"]
+    assert stored_codecs(tmp_path / "none", "weights") == ["bytes", "crc32c"]
 
 
 @pytest.mark.parametrize(
     ("keywords", "message"),
     [
-        ({"compression": "gzip"}, "Unknown compression 'gzip': use one of zstd, none"),
+        ({"compression": "gzip"}, "Unknown compression 'gzip': use one of auto, zstd, none"),
         ({"compression": "none", "format": "safetensors"}, "applies to Orbax output only"),
     ],
 )

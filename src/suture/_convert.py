@@ -32,6 +32,7 @@ from .families._convert import DEFAULT_SHARD_SIZE, check_options, convert_with_r
 from .families._file import is_family_recipe
 from .families._names import unknown_name
 from .sources.open import open as open_checkpoint
+from .sinks.orbax import DEFAULT_COMPRESSION
 
 
 def convert(
@@ -51,7 +52,7 @@ def convert(
     allow_pickle: bool = False,
     progress: bool | None = None,
     verify: bool = False,
-    compression: str = "zstd",
+    compression: str = DEFAULT_COMPRESSION,
     keep_value_keys: bool = False,
     strict_casts: bool = False,
     dequantize: bool = False,
@@ -80,8 +81,8 @@ def convert(
         config: the model's ``config.json`` (path or dict) for a family recipe; default: the
             one in the source folder, or the one the forward conversion recorded.
         verify: read the output back and check it before publishing it (`suture.save`).
-        compression: Orbax output: ``"zstd"`` (Orbax's, the default) or ``"none"``
-            (`suture.save`).
+        compression: Orbax output: ``"auto"`` (the default), ``"zstd"`` (Orbax's) or
+            ``"none"`` (`suture.save`).
         keep_value_keys: safetensors output of a Flax NNX state (``nnx.state(model)``, whose
             arrays are ``.../value``) names tensors without that key (``linear.kernel``, not
             ``linear.kernel.value``) unless this is true.
@@ -130,7 +131,7 @@ def convert(
             from ._adapters import hooks
 
             hooks.check_adapter_arguments(adapter_only, merge_adapter, format, quantize)
-            if adapter_only and compression != "zstd":
+            if adapter_only and compression != DEFAULT_COMPRESSION:
                 raise ArgumentError(
                     "An adapter-only export is a PEFT folder of safetensors, which are not "
                     "compressed: drop compression=/--compression."

@@ -16,7 +16,7 @@ from .._errors import ArgumentError
 from .._exec.blocks import DEFAULT_MAX_MEMORY
 from .._format import parse_bytes
 from .._location import Location, location_of
-from ..sinks.orbax import COMPRESSIONS, DEFAULT_CHUNK_BYTES
+from ..sinks.orbax import COMPRESSIONS, DEFAULT_CHUNK_BYTES, DEFAULT_COMPRESSION
 
 FORMATS = ("orbax", "safetensors")
 
@@ -41,7 +41,7 @@ class SaveOptions:
     extra_files: Mapping[str, Location] = field(default_factory=dict)
     verify: bool = False
     tune_allocator: bool | None = None  # None: as SUTURE_TUNE_ALLOCATOR says
-    compression: str = "zstd"
+    compression: str = DEFAULT_COMPRESSION
     # {leaf path: shard shape} on the target mesh (`target_sharding`): chunks tile them
     shards: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
@@ -61,7 +61,7 @@ class SaveOptions:
         extra_files: Mapping[str, Any] | None = None,
         verify: bool = False,
         tune_allocator: bool | None = None,
-        compression: str = "zstd",
+        compression: str = DEFAULT_COMPRESSION,
     ) -> SaveOptions:
         """Options from the public keywords: sizes such as ``"4GiB"`` parsed, defaults set.
 
@@ -74,9 +74,10 @@ class SaveOptions:
         if compression not in COMPRESSIONS:
             raise ArgumentError(
                 f"Unknown compression {compression!r}: use one of {', '.join(COMPRESSIONS)} "
-                f"(zstd, Orbax's, is the default; none writes chunks as they are)."
+                f"({DEFAULT_COMPRESSION} is the default; zstd is Orbax's own; none writes chunks as "
+                f"they are)."
             )
-        if compression != "zstd" and format != "orbax":
+        if compression != DEFAULT_COMPRESSION and format != "orbax":
             raise ArgumentError(
                 f"compression={compression!r} applies to Orbax output only; {format} files "
                 f"are not compressed. Leave it out, or write format='orbax'."

@@ -63,6 +63,7 @@ from .outcome import interruption_in, surgery_error_in
 from .panels import ADAPTERS, FAMILIES, MEMORY_AND_SAFETY, OUTPUT, QUANTIZATION, in_panel
 from .quiet import quiet_native_logs
 from .reshard import Mesh, Sharding, run_reshard, target_of
+from ..sinks.orbax import DEFAULT_COMPRESSION
 
 app = typer.Typer(
     name="suture",
@@ -119,8 +120,10 @@ Compression = Annotated[
     str,
     typer.Option(
         "--compression",
-        help="Orbax output: zstd (Orbax's, the default) or none (chunks as they are: a tenth "
-        "of zstd's CPU, about a quarter more bytes for bfloat16).",
+        help="Orbax output: auto (the default: bit-shuffled LZ4 for 2-byte and wider "
+        "numbers, as small as zstd for half its CPU; zstd for 1-byte types), zstd (Orbax's "
+        "own, for every array) or none (chunks as they are: the least CPU, about a third "
+        "more bytes for bfloat16).",
     ),
 ]
 Dequantize = Annotated[
@@ -363,7 +366,7 @@ def apply(
     overwrite: Overwrite = False,
     dry_run: DryRun = False,
     verify: Verify = False,
-    compression: Compression = "zstd",
+    compression: Compression = DEFAULT_COMPRESSION,
     allow_pickle: AllowPickle = False,
     progress: Progress = None,
     reverse: Annotated[
@@ -473,7 +476,7 @@ def merge_command(
     overwrite: Overwrite = False,
     dry_run: DryRun = False,
     verify: Verify = False,
-    compression: Compression = "zstd",
+    compression: Compression = DEFAULT_COMPRESSION,
     progress: Progress = None,
 ) -> None:
     """Merge several models (linear, slerp, ties, dare_ties, della ...) and stream the result.
@@ -556,7 +559,7 @@ def convert(
     overwrite: in_panel(Overwrite, OUTPUT) = False,
     dry_run: in_panel(DryRun, MEMORY_AND_SAFETY) = False,
     verify: in_panel(Verify, MEMORY_AND_SAFETY) = False,
-    compression: in_panel(Compression, OUTPUT) = "zstd",
+    compression: in_panel(Compression, OUTPUT) = DEFAULT_COMPRESSION,
     keep_value_keys: Annotated[
         bool,
         typer.Option(
@@ -750,7 +753,7 @@ def reshard(
     ] = None,
     overwrite: Overwrite = False,
     verify: Verify = False,
-    compression: Compression = "zstd",
+    compression: Compression = DEFAULT_COMPRESSION,
     progress: Progress = None,
 ) -> None:
     """Rewrite an Orbax checkpoint with chunks that tile each array's shards on a mesh.

@@ -13,6 +13,7 @@ from .._merge.hf_output import hf_side_files, is_hf_folder
 from .._merge.mergekit_config import load_mergekit
 from .._save.api import save
 from .._surgery.plan import plan as make_plan
+from ..sinks.orbax import DEFAULT_COMPRESSION
 
 MERGEKIT_SHARD_SIZE = "5GB"
 MERGEKIT_CONFIG = "mergekit_config.yml"  # the name mergekit gives the config in its output
@@ -28,7 +29,7 @@ def run_merge(
     dry_run: bool = False,
     verify: bool = False,
     progress: bool | None = None,
-    compression: str = "zstd",
+    compression: str = DEFAULT_COMPRESSION,
 ) -> Any:
     """Merges as `config_path` says and writes `output`; returns the `SaveResult` (or, for a
     dry run, the plan as text).

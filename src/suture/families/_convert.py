@@ -46,6 +46,7 @@ from ..sources.open import open as open_checkpoint
 from . import _tunix as tunix
 from ._file import family_recipe
 from ._logical_axes import recipe_rules
+from ..sinks.orbax import DEFAULT_COMPRESSION
 
 FAMILY_KEY = "suture.family"
 MAX_CONFIG_BYTES = 1 << 20  # as a recipe: a config.json is a few KB; more is a mistake or hostile
@@ -118,7 +119,7 @@ def convert_with_recipe(
     progress: bool | None = None,
     dequantize: bool = False,
     verify: bool = False,
-    compression: str = "zstd",
+    compression: str = DEFAULT_COMPRESSION,
     lora_alpha: float | None = None,
     edit_hf: Callable[[Any], Any] | None = None,
     target_sharding: Any = None,

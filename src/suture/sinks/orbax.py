@@ -21,7 +21,7 @@ Arrays are chunked along their first axis (rows per chunk so that a chunk holds 
 member per chunk, so reading one layer back reads about one layer's bytes (a layer larger
 than a chunk is cut along its first axis too). A transposed matrix whose rows would each be
 a column strip of its source is chunked in tiles of its columns instead (see `_chunk_shape`).
-Each chunk is zstd-compressed with zstd's checksum of its contents.
+Each chunk is compressed as `chunk_codecs` says and carries a checksum of its contents.
 """
 
 from __future__ import annotations
@@ -60,27 +60,49 @@ WRITE_RESOURCES = {
 # they go (`OrbaxSink.drop_behind`); smaller ones are often read back at once.
 DROP_BEHIND_BYTES = 1 << 30
 DATA_FOLDER = "d"  # where an OCDBT database keeps its data files
-# How chunks are stored: zstd level 1, as Orbax stores them, or as they are (no compression).
-# Either way each chunk carries a checksum of its contents, so damage is an error, not garbage:
-# zstd's own (xxhash64), or a crc32c codec where nothing is compressed.
-COMPRESSIONS = ("zstd", "none")
+# How chunks are stored (`chunk_codecs`): "auto" (the default) picks per dtype whichever of
+# a bit shuffle then LZ4 (blosc) or zstd level 1 is as small for less CPU; "zstd" is zstd
+# level 1 everywhere, as Orbax stores chunks; "none" stores them as they are. Every chunk
+# carries a checksum of its contents, so damage is an error, not garbage: zstd's own
+# (xxhash64) or a crc32c codec.
+COMPRESSIONS = ("auto", "zstd", "none")
+DEFAULT_COMPRESSION = "auto"
 
 
-def chunk_codecs(compression: str) -> list[dict]:
-    """The zarr3 codecs of every chunk for `compression` (one of `COMPRESSIONS`).
+def chunk_codecs(compression: str, dtype: np.dtype) -> list[dict]:
+    """The zarr3 codecs of every chunk of a `dtype` array for `compression` (`COMPRESSIONS`).
+
+    "auto" stores 2-byte and wider numbers bit-shuffled, then LZ4-compressed (blosc), plus a
+    crc32c: on bfloat16 weights that is smaller than zstd level 1 (0.755 of the raw bytes
+    against 0.780) for about half of zstd's CPU on top of the write, and reads back at about
+    half of zstd's CPU too; on float32 it is smaller still (0.88 against 0.92). Bytes-sized
+    types (FP8, int8, bool) stay zstd: there bit-shuffling groups nothing, and LZ4 has no
+    entropy coder (FP8 weights: 0.97 against zstd's 0.81). Orbax, TensorStore and suture
+    read all three (TensorStore decodes any zarr3 codec chain).
 
     Example:
-        >>> [codec["name"] for codec in chunk_codecs("none")]
+        >>> [codec["name"] for codec in chunk_codecs("auto", np.dtype("float32"))]
+        ['bytes', 'blosc', 'crc32c']
+        >>> [codec["name"] for codec in chunk_codecs("auto", np.dtype("int8"))]
+        ['bytes', 'zstd']
+        >>> [codec["name"] for codec in chunk_codecs("none", np.dtype("float32"))]
         ['bytes', 'crc32c']
     """
     stored = {"name": "bytes", "configuration": {"endian": "little"}}
-    if compression == "zstd":
+    checksum = {"name": "crc32c"}
+    itemsize = np.dtype(dtype).itemsize
+    if compression == "auto" and itemsize >= 2:
+        # clevel 5: zarr's long-time blosc default; for LZ4 it sets the block size, and
+        # measured no larger and no slower than 1 or 9 here
+        shuffled = {"cname": "lz4", "clevel": 5, "shuffle": "bitshuffle", "typesize": itemsize}
+        return [stored, {"name": "blosc", "configuration": {**shuffled, "blocksize": 0}}, checksum]
+    if compression in ("auto", "zstd"):
         # zstd's own checksum (xxhash64 of the chunk) catches a damaged chunk as a crc32c
         # codec would, at 0.4 of its CPU (TensorStore's crc32c is not hardware-accelerated:
         # 2.5 ms against 6.1 ms on top of zstd's 26 ms per 16 MiB of bfloat16)
         return [stored, {"name": "zstd", "configuration": {"level": 1, "checksum": True}}]
     if compression == "none":  # a tenth of zstd's CPU, about a quarter more bytes (bfloat16)
-        return [stored, {"name": "crc32c"}]
+        return [stored, checksum]
     raise ValueError(f"unknown compression {compression!r}")
 
 
@@ -217,7 +239,7 @@ class OrbaxSink:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         process: int | None = None,
         chunk_of: Any = None,
-        compression: str = "zstd",
+        compression: str = DEFAULT_COMPRESSION,
     ) -> None:
         import tensorstore as ts  # heavy: loaded on first use, not at import
 
@@ -227,7 +249,9 @@ class OrbaxSink:
             self.folder if process is None else self.folder / f"{PROCESS_PREFIX}{process}"
         )
         self.chunk_bytes = chunk_bytes
-        self._codecs = chunk_codecs(compression)
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"unknown compression {compression!r}")
+        self._compression = compression
         # ``chunk_of(path, array)``: a chunk of the caller's choosing (None: the default),
         # e.g. one that tiles the array's shards on a target mesh (`suture._save.mesh`)
         self._chunk_of = chunk_of
@@ -334,7 +358,7 @@ class OrbaxSink:
                 "shape": list(array.shape),
                 "data_type": _zarr_dtype(array.dtype, keys),
                 "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk)}},
-                "codecs": self._codecs,
+                "codecs": chunk_codecs(self._compression, array.dtype),
                 "fill_value": False if array.dtype.kind == "b" else 0,
             },
             "create": True,
