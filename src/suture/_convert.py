@@ -31,8 +31,8 @@ from ._surgery.recipes import forward_record, load_recipe
 from .families._convert import DEFAULT_SHARD_SIZE, check_options, convert_with_recipe
 from .families._file import is_family_recipe
 from .families._names import unknown_name
-from .sources.open import open as open_checkpoint
 from .sinks.orbax import DEFAULT_COMPRESSION
+from .sources.open import open as open_checkpoint
 
 
 def convert(

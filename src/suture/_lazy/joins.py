@@ -24,6 +24,7 @@ from .selection import (
     AxisSelection,
     Selection,
     as_range,
+    indices,
     positions,
     selection_shape,
     to_slice,
@@ -114,7 +115,7 @@ class ConcatNode(Node):
     def _parts(self, selection: Selection) -> list[tuple[Node, Selection, AxisSelection]]:
         """``(member, its selection, positions of the result along the axis)`` for each
         member the selection touches, in member order: one read per member."""
-        wanted = np.asarray(positions(selection[self.axis]), dtype=np.int64)
+        wanted = indices(selection[self.axis])
         if len(wanted) == 0:
             return []
         owners = np.searchsorted(self._offsets[1:], wanted, side="right")
@@ -196,7 +197,7 @@ class PadNode(Node):
             if all(isinstance(place, range) for place in places):
                 result[tuple(to_slice(place) for place in places)] = self.base.read(base)
             else:
-                where = np.ix_(*(np.asarray(positions(place), np.int64) for place in places))
+                where = np.ix_(*(indices(place) for place in places))
                 result[where] = self.base.read(base)
         return result
 

@@ -45,6 +45,34 @@ def positions(axis: AxisSelection) -> Sequence[int]:
     return axis if isinstance(axis, range) else axis.tolist()
 
 
+def indices(axis: AxisSelection, dtype: Any = np.int64) -> np.ndarray:
+    """The indices an axis selection picks, as an array (`np.arange` for a range, which
+    ``np.asarray`` would convert element by element).
+
+    Example:
+        >>> indices(range(6, 0, -2)).tolist()
+        [6, 4, 2]
+    """
+    if isinstance(axis, range):
+        return np.arange(axis.start, axis.stop, axis.step, dtype=dtype)
+    return np.asarray(axis, dtype=dtype)
+
+
+def extent(axis: AxisSelection) -> tuple[int, int] | None:
+    """The smallest and largest index an axis selection picks (None where it picks none);
+    O(1) for a range, which `np.min` would first turn into an array element by element.
+
+    Example:
+        >>> extent(range(10, 0, -3)), extent(np.array([4, 1, 7])), extent(range(0))
+        ((1, 10), (1, 7), None)
+    """
+    if len(axis) == 0:
+        return None
+    if isinstance(axis, range):
+        return min(axis[0], axis[-1]), max(axis[0], axis[-1])
+    return int(np.min(axis)), int(np.max(axis))
+
+
 def to_slice(axis: range) -> slice:
     """The slice that selects `axis` (a normalized range) from a sequence."""
     if len(axis) == 0:

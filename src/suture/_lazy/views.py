@@ -22,6 +22,7 @@ from .selection import (
     Selection,
     compose,
     full,
+    indices,
     is_full,
     outer_index,
     positions,
@@ -90,7 +91,7 @@ class IndexNode(Node):
             values = np.expand_dims(values, position)
             wanted = selection[position]
             if not (isinstance(wanted, range) and wanted == range(1)):  # x[None][[0, 0]]
-                picked = np.asarray(positions(wanted), dtype=np.int64)
+                picked = indices(wanted)
                 values = np.take(values, picked, axis=position)
         return values
 

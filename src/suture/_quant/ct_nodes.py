@@ -29,7 +29,7 @@ import numpy as np
 
 from .._errors import LossyCastError
 from .._lazy.graph import MemorySource, Node
-from .._lazy.selection import Selection, full, outer_index, positions, selection_shape
+from .._lazy.selection import Selection, full, indices, outer_index, positions, selection_shape
 from .ct_math import (
     FP8,
     largest_magnitude,
@@ -121,7 +121,7 @@ class _RowQuantizer:
             assert self.global_scale is not None
             values, scales = quantize_nvfp4(weight, self.global_scale.value())
             stored = pack_fp4(values)
-        picked = np.asarray(positions(rows), np.int64)
+        picked = indices(rows)
         self.scales[picked] = scales
         self.done[picked] = True
         return stored, scales
@@ -186,7 +186,7 @@ class CTPartNode(Node):
 
     def read(self, selection: Selection) -> np.ndarray:
         rows = selection[0]
-        picked = np.asarray(positions(rows), np.int64)
+        picked = indices(rows)
         if self.part == "scale" and self.quantizer.done[picked].all():
             result = self.quantizer.scales[picked]
         else:

@@ -30,7 +30,7 @@ import numpy as np
 from .._buffers import aligned_empty, assign, scratch_buffer
 from .._errors import CorruptCheckpointError
 from .._lazy.graph import Node
-from .._lazy.selection import Selection, positions, selection_shape
+from .._lazy.selection import Selection, extent, indices, positions, selection_shape
 from . import bytetable
 from .e2m1 import E2M1, dequantize_e2m1
 from .formats import MXFP4_BLOCK, dequantize_mxfp4, scale_values
@@ -42,11 +42,12 @@ TILE_OUT_BYTES = 1 << 20  # a tile decoded before it is copied into a transposed
 
 def _aligned(axis: Any, align: int, length: int) -> range:
     """The range of columns, from and to multiples of `align` (or `length`), covering `axis`."""
-    picked = positions(axis)
-    if len(picked) == 0:
+    ends = extent(axis)
+    if ends is None:
         return range(0)
-    low = int(np.min(picked)) // align * align
-    return range(low, min(length, -(-(int(np.max(picked)) + 1) // align) * align))
+    first, last = ends
+    low = first // align * align
+    return range(low, min(length, -(-(last + 1) // align) * align))
 
 
 def _exponents(raw: np.ndarray) -> bool:
@@ -218,11 +219,10 @@ class IntCodec(Codec):
 
     def _zero_words(self, rows: Any) -> range:
         """The words of the zero points (packed down the rows) that hold `rows`' values."""
-        picked = positions(rows)
-        if len(picked) == 0:
+        ends = extent(rows)
+        if ends is None:
             return range(0)
-        low, high = int(np.min(picked)), int(np.max(picked)) + 1
-        return range(low * self.bits // 32, packed_words(high, self.bits))
+        return range(ends[0] * self.bits // 32, packed_words(ends[1] + 1, self.bits))
 
     def decode(
         self, arrays: list[np.ndarray], rows: Any, columns: range
@@ -235,7 +235,7 @@ class IntCodec(Codec):
         if self.zero_points is not None:
             along_rows = np.swapaxes(arrays[2], -1, -2)  # (..., groups, words)
             first = self._zero_words(rows).start * 32  # the bit the words read start at
-            picked = np.asarray(positions(rows), dtype=np.intp)
+            picked = indices(rows, np.intp)
             low = int(picked.min())
             count = int(picked.max()) + 1 - low
             unpacked = unpack_signed(along_rows, self.bits, count, low * self.bits - first)
@@ -351,7 +351,7 @@ class GroupedDequantNode(Node):
         limit = float(ml_dtypes.finfo(self.dtype).max)
         if scales.size and float(np.abs(scales).max()) * self.codec.largest > limit:
             self._say_overflow(values, selection, columns)
-        wanted = np.asarray(positions(selection[-1]), dtype=np.intp) - columns.start
+        wanted = indices(selection[-1], np.intp) - columns.start
         if len(wanted) != values.shape[-1] or (len(wanted) and wanted[0] != 0):
             values = np.take(values, wanted, axis=-1)
         with np.errstate(over="ignore"):  # an overflow was said above

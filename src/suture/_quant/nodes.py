@@ -30,7 +30,14 @@ import numpy as np
 from .._buffers import aligned_empty, scratch_buffer
 from .._errors import LossyCastError, SutureWarning
 from .._lazy.graph import Node
-from .._lazy.selection import Selection, outer_index, positions, selection_shape
+from .._lazy.selection import (
+    Selection,
+    extent,
+    indices,
+    outer_index,
+    positions,
+    selection_shape,
+)
 from .._lazy.views import checking_casts
 from .formats import (
     FLOAT32_MAX,
@@ -50,23 +57,23 @@ VALUES_STRIP_BYTES = 8 << 20  # stored FP8 values read at a time
 
 def _span(axis: Any, block: int, length: int) -> range:
     """The block-aligned range of indices covering every index `axis` selects."""
-    picked = positions(axis)
-    if len(picked) == 0:
+    ends = extent(axis)
+    if ends is None:
         return range(0)
-    low, high = int(np.min(picked)) // block, int(np.max(picked)) // block + 1
+    low, high = ends[0] // block, ends[1] // block + 1
     return range(low * block, min(high * block, length))
 
 
 def _block_span(axis: Any, block: int) -> range:
     """The range of block numbers that the indices `axis` selects fall in."""
-    picked = positions(axis)
-    if len(picked) == 0:
+    ends = extent(axis)
+    if ends is None:
         return range(0)
-    return range(int(np.min(picked)) // block, int(np.max(picked)) // block + 1)
+    return range(ends[0] // block, ends[1] // block + 1)
 
 
 def _numbers(axis: Any) -> np.ndarray:
-    return np.asarray(positions(axis), dtype=np.int64)
+    return indices(axis)
 
 
 class FP8DequantNode(Node):

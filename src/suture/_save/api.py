@@ -33,6 +33,7 @@ from .._location.publish import (
 from .._paths import flatten
 from .._quant.export import quantize_for_serving
 from .._quant.tensors import quantized_config
+from ..sinks.orbax import DEFAULT_COMPRESSION
 from ..sources.checkpoint import Checkpoint
 from ..sources.open import open as open_checkpoint
 from .collective import write_collective
@@ -41,7 +42,6 @@ from .options import SaveOptions
 from .overwrite import check_replaceable
 from .steps import save_step
 from .writer import SaveResult, write
-from ..sinks.orbax import DEFAULT_COMPRESSION
 
 
 class SaveHandle:

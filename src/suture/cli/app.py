@@ -43,6 +43,7 @@ from .._surgery.plan import plan as make_plan
 from .._surgery.recipes import forward_record, load_recipe, reversed_rules, with_cast
 from ..families._convert import check_options, convert_with_recipe, read_config
 from ..families._file import family_recipe, is_family_recipe
+from ..sinks.orbax import DEFAULT_COMPRESSION
 from ..sources.open import open as open_checkpoint
 from .chunks import render_chunks
 from .demo import run_demo
@@ -63,7 +64,6 @@ from .outcome import interruption_in, surgery_error_in
 from .panels import ADAPTERS, FAMILIES, MEMORY_AND_SAFETY, OUTPUT, QUANTIZATION, in_panel
 from .quiet import quiet_native_logs
 from .reshard import Mesh, Sharding, run_reshard, target_of
-from ..sinks.orbax import DEFAULT_COMPRESSION
 
 app = typer.Typer(
     name="suture",

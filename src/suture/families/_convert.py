@@ -42,11 +42,11 @@ from .._quant.tensors import dequantized_config, dequantized_files
 from .._save.api import SaveResult, save
 from .._save.mesh import TargetSharding
 from .._surgery.recipes import read_limited
+from ..sinks.orbax import DEFAULT_COMPRESSION
 from ..sources.open import open as open_checkpoint
 from . import _tunix as tunix
 from ._file import family_recipe
 from ._logical_axes import recipe_rules
-from ..sinks.orbax import DEFAULT_COMPRESSION
 
 FAMILY_KEY = "suture.family"
 MAX_CONFIG_BYTES = 1 << 20  # as a recipe: a config.json is a few KB; more is a mistake or hostile
