@@ -2,12 +2,13 @@
 
 ml_dtypes converts float32 and float16 to bfloat16 one element at a time (about 1.2 ns per
 element here); these casts are most of the CPU a save that changes the dtype spends outside
-compression. `cast_into` does the common cases with whole-array integer operations on
-cache-sized tiles: round to nearest even on the bit pattern, as ml_dtypes rounds. The values
-that rule does not cover (NaN from float32; zeros, subnormals, infinities and NaN from
-float16) are few and go through ml_dtypes itself, so the result is identical to
-``values.astype(bfloat16)`` for every input (tests/test_casts.py checks all 65536 float16
-values and the float32 edge cases). Every other pair of dtypes is ``np.copyto``.
+compression. `cast_into` does the common cases on cache-sized tiles. float32 is rounded with
+whole-array integer operations: round to nearest even on the bit pattern, as ml_dtypes
+rounds; the values that rule does not cover (NaN) are few and go through ml_dtypes itself.
+float16 has only 65536 values, so it is one lookup an element in a table of ml_dtypes' own
+results. Either way the result is identical to ``values.astype(bfloat16)`` for every input
+(tests/test_casts.py checks all 65536 float16 values and the float32 edge cases). Every
+other pair of dtypes is ``np.copyto``.
 
 The temporaries of a cast (a few tiles) come from a pool, not from each thread: a load
 reads on 64 threads, and a set of tiles kept by each of them was 14 MiB of its peak. At
@@ -25,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -158,25 +160,19 @@ def _float32_to_bfloat16(values: np.ndarray, out: np.ndarray) -> None:
 
 
 def _float16_to_bfloat16(values: np.ndarray, out: np.ndarray) -> None:
-    """For normal numbers: rebias the exponent (15 -> 127) and round 10 mantissa bits to 7."""
-    bits = values.view(np.uint16)
-    magnitude = _buffer("mag", np.uint16, bits.size)
-    work = _buffer("work", np.uint16, bits.size)
-    np.bitwise_and(bits, 0x7FFF, out=magnitude)
-    np.right_shift(magnitude, 3, out=work)
-    np.bitwise_and(work, 1, out=work)
-    np.add(work, 3, out=work)
-    np.add(work, magnitude, out=work)
-    np.right_shift(work, 3, out=out)
-    np.add(out, (127 - 15) << 7, out=out)
-    np.bitwise_and(bits, 0x8000, out=work)
-    np.bitwise_or(out, work, out=out)
-    # zero and subnormals (exponent 0) and infinity and NaN (exponent 31) are not normal:
-    # magnitude - 0x400 wraps below 0x400 and reaches 0x7800 from 0x7C00 on
-    np.subtract(magnitude, 0x400, out=magnitude)
-    odd = _buffer("odd", np.bool_, bits.size)
-    np.greater_equal(magnitude, 0x7800, out=odd)
-    _patch(odd, values, out)
+    """One lookup an element in a table of ml_dtypes' own result for each of the 65536
+    float16 bit patterns: a third less CPU than rounding the bits with integer operations
+    (1.2 against 1.8 ns an element), and every value, subnormals and NaN payloads
+    included, is ml_dtypes' by construction."""
+    # clip: every uint16 is an index of the table; and it writes `out` unbuffered
+    np.take(_float16_table(), values.view(np.uint16), out=out, mode="clip")
+
+
+@functools.cache
+def _float16_table() -> np.ndarray:
+    every = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    with np.errstate(invalid="ignore"):
+        return every.astype(BFLOAT16).view(np.uint16)
 
 
 def _patch(odd: np.ndarray, values: np.ndarray, out: np.ndarray) -> None:
