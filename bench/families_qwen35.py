@@ -209,7 +209,9 @@ def main() -> None:
                 "cold copy, fsync'd (`cp -r`, then `sync` of its files)", r["durable"], r["floor"]
             ),
             _route("suture `convert --recipe qwen3.5:maxtext`", r["suture"], r["floor"]),
-            _route("suture, the same with `--compression zstd` (Orbax's codec)", r["plain"], r["floor"]),
+            _route(
+                "suture, the same with `--compression zstd` (Orbax's codec)", r["plain"], r["floor"]
+            ),
         ]
         if "maxtext" in r:
             routes.append(

@@ -374,7 +374,7 @@ def report(runs: dict[str, list[dict]], layers: int) -> str:
         )
     lines += [
         "",
-        "- Bytes read are the stored (zstd-compressed) bytes, hence under 1x where a process "
+        "- Bytes read are the stored (compressed) bytes, hence under 1x where a process "
         "reads only its shards; from the default layout (chunks of up to 16 MiB, across "
         "several processes' rows) each process reads whole chunks for its quarter of the rows.",
         "- Runs (wall s): "

@@ -106,8 +106,9 @@ def main() -> None:
 {machine()}. Stock Orbax (`StandardCheckpointer().save`) writing {size / GIB:.2f} GiB of
 bfloat16 arrays already in memory (3 stacked expert weights of shape (128, {layers}, 2048, 768),
 random normal x 0.02), in Orbax's default layout (OCDBT, zarr chunks, zstd level 1):
-{written / GIB:.2f} GiB on disk; `suture.save` writes the same database with zarr3 chunks, zstd
-level 1 and zstd's checksum of each chunk. Beside it, a cold read (`cat`, page cache dropped)
+{written / GIB:.2f} GiB on disk; `suture.save` writes the same database with zarr3 chunks in its
+default codecs (bfloat16 bit-shuffled, then LZ4, with a crc32c; `compression="zstd"` would
+write Orbax's). Beside it, a cold read (`cat`, page cache dropped)
 of a raw file of the same {size / GIB:.2f} GiB, in the same run. Each in a fresh process; the
 write's time and CPU exclude making the arrays.
 

@@ -64,7 +64,10 @@ def assert_same(actual: dict, expected: dict) -> None:
 def stored_codecs(folder: Path, leaf: str) -> list[str]:
     """The zarr3 codec names of one leaf of an Orbax checkpoint, as TensorStore reads them."""
     array = ts.open(
-        {"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": f"file://{folder}", "path": leaf}}
+        {
+            "driver": "zarr3",
+            "kvstore": {"driver": "ocdbt", "base": f"file://{folder}", "path": leaf},
+        }
     ).result()
     return [codec["name"] for codec in array.spec().to_json()["metadata"]["codecs"]]
 
