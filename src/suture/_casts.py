@@ -161,9 +161,8 @@ def _float32_to_bfloat16(values: np.ndarray, out: np.ndarray) -> None:
 
 def _float16_to_bfloat16(values: np.ndarray, out: np.ndarray) -> None:
     """One lookup an element in a table of ml_dtypes' own result for each of the 65536
-    float16 bit patterns: a third less CPU than rounding the bits with integer operations
-    (1.2 against 1.8 ns an element), and every value, subnormals and NaN payloads
-    included, is ml_dtypes' by construction."""
+    float16 bit patterns: a third less CPU than the integer rounding it replaced, and
+    every value, subnormals and NaN payloads included, is ml_dtypes' by construction."""
     # clip: every uint16 is an index of the table; and it writes `out` unbuffered
     np.take(_float16_table(), values.view(np.uint16), out=out, mode="clip")
 
@@ -172,7 +171,9 @@ def _float16_to_bfloat16(values: np.ndarray, out: np.ndarray) -> None:
 def _float16_table() -> np.ndarray:
     every = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
     with np.errstate(invalid="ignore"):
-        return every.astype(BFLOAT16).view(np.uint16)
+        table = every.astype(BFLOAT16).view(np.uint16)
+    table.flags.writeable = False  # shared by every cast
+    return table
 
 
 def _patch(odd: np.ndarray, values: np.ndarray, out: np.ndarray) -> None:

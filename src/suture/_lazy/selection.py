@@ -47,7 +47,8 @@ def positions(axis: AxisSelection) -> Sequence[int]:
 
 def indices(axis: AxisSelection, dtype: Any = np.int64) -> np.ndarray:
     """The indices an axis selection picks, as an array (`np.arange` for a range, which
-    ``np.asarray`` would convert element by element).
+    ``np.asarray`` would convert element by element); an index array of `dtype` comes back
+    as it is, not copied, so callers must not change it.
 
     Example:
         >>> indices(range(6, 0, -2)).tolist()

@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .._dtypes import to_dtype
@@ -185,36 +186,57 @@ def _even_half(array: LazyArray) -> int:
 
 
 def _tabulated(function: Any) -> Any:
-    """`function` (elementwise, dtype-preserving), computed for 16-bit arrays as a lookup in
-    its own results for all 65536 bit patterns, made on first use: the same bits, for a
-    third of the CPU of a float32 round trip (a float16 query kernel scaled by
-    1/sqrt(head_dim) spent most of it rounding back to float16).
+    """`function` (elementwise, dtype-preserving), computed for float16 and bfloat16 arrays
+    as a lookup in its own results for all 65536 bit patterns, made on first use: the same
+    bits, for a third of the CPU of a float32 round trip (a float16 query kernel scaled by
+    1/sqrt(head_dim) spent most of it rounding back to float16). A block holding a value
+    large enough to overflow is computed as it is, so that numpy says so, as it did.
 
     Example:
         >>> halve = _tabulated(lambda v: (v.astype(np.float32) / 2).astype(v.dtype))
         >>> halve(np.full(1 << 16, 3.0, np.float16))[:2].tolist()
         [1.5, 1.5]
     """
-    tables: dict[np.dtype, np.ndarray] = {}  # two threads may both make one: the same table
+    tables: dict[np.dtype, tuple[np.ndarray, int] | None] = {}  # None: not dtype-preserving
 
     def looked_up(values: np.ndarray) -> np.ndarray:
-        if values.dtype.itemsize != 2 or values.size < _TABLE_FROM:
+        if values.dtype not in _TABULATED or values.size < _TABLE_FROM:
             return function(values)
-        table = tables.get(values.dtype)
-        if table is None:
-            every = np.arange(1 << 16, dtype=np.uint16).view(values.dtype)
-            with np.errstate(all="ignore"):
-                results = np.asarray(function(every))
-            if results.dtype != values.dtype or results.shape != every.shape:
-                return function(values)  # not dtype-preserving: computed as it is
-            table = tables[values.dtype] = results.view(np.uint16)
+        if values.dtype not in tables:  # two threads may both make it: the same table
+            tables[values.dtype] = _table_of(function, values.dtype)
+        made = tables[values.dtype]
+        bits = values.view(np.uint16)
+        # the largest magnitude (as bits: they order as the values do) against the smallest
+        # that does not come out finite; infinities and NaN are past it too
+        if made is None or int(np.bitwise_and(bits, 0x7FFF).max()) >= made[1]:
+            return function(values)
         out = np.empty(values.shape, values.dtype)
-        np.take(table, values.view(np.uint16), out=out.view(np.uint16), mode="clip")
+        np.take(made[0], bits, out=out.view(np.uint16), mode="clip")
         return out
 
     return looked_up
 
 
+def _table_of(function: Any, dtype: np.dtype) -> tuple[np.ndarray, int] | None:
+    """`function` of every `dtype` bit pattern (read-only uint16), and the smallest
+    magnitude, as bits, of a finite value whose result is not finite (0x10000: none);
+    None where `function` does not keep `dtype`."""
+    every = np.arange(1 << 16, dtype=np.uint16).view(dtype)
+    with np.errstate(all="ignore"):
+        results = np.asarray(function(every))
+    if results.dtype != dtype or results.shape != every.shape:
+        return None
+    with np.errstate(invalid="ignore"):
+        finite_in = np.isfinite(every.astype(np.float32))
+        lost = finite_in & ~np.isfinite(results.astype(np.float32))
+    magnitudes = np.arange(1 << 16, dtype=np.int64) & 0x7FFF
+    smallest = int(magnitudes[lost].min()) if lost.any() else 1 << 16
+    table = results.view(np.uint16)
+    table.flags.writeable = False
+    return table, smallest
+
+
+_TABULATED = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 _TABLE_FROM = 1 << 16  # smaller arrays: computing them costs less than making the table
 MAX_FACTOR = 2.0**24  # a scale is 1/sqrt(head_dim) or sqrt(hidden_size): far inside it
 

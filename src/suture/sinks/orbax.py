@@ -60,25 +60,29 @@ WRITE_RESOURCES = {
 # they go (`OrbaxSink.drop_behind`); smaller ones are often read back at once.
 DROP_BEHIND_BYTES = 1 << 30
 DATA_FOLDER = "d"  # where an OCDBT database keeps its data files
-# How chunks are stored (`chunk_codecs`): "auto" (the default) picks per dtype whichever of
-# a bit shuffle then LZ4 (blosc) or zstd level 1 is as small for less CPU; "zstd" is zstd
+# How chunks are stored (`chunk_codecs`): "auto" (the default) by element size: 2-byte and
+# wider numbers bit-shuffled, then LZ4 (blosc), byte-sized ones zstd level 1; "zstd" is zstd
 # level 1 everywhere, as Orbax stores chunks; "none" stores them as they are. Every chunk
 # carries a checksum of its contents, so damage is an error, not garbage: zstd's own
 # (xxhash64) or a crc32c codec.
 COMPRESSIONS = ("auto", "zstd", "none")
 DEFAULT_COMPRESSION = "auto"
+# blosc encodes at most INT_MAX bytes less its header at once; a larger chunk gets zstd
+BLOSC_LARGEST_CHUNK = (1 << 31) - (1 << 16)
 
 
-def chunk_codecs(compression: str, dtype: np.dtype) -> list[dict]:
-    """The zarr3 codecs of every chunk of a `dtype` array for `compression` (`COMPRESSIONS`).
+def chunk_codecs(compression: str, dtype: np.dtype, chunk_bytes: int = 0) -> list[dict]:
+    """The zarr3 codecs of every chunk (of `chunk_bytes`) of a `dtype` array for
+    `compression` (one of `COMPRESSIONS`).
 
     "auto" stores 2-byte and wider numbers bit-shuffled, then LZ4-compressed (blosc), plus a
     crc32c: on bfloat16 weights that is smaller than zstd level 1 (0.755 of the raw bytes
     against 0.780) for about half of zstd's CPU on top of the write, and reads back at about
-    half of zstd's CPU too; on float32 it is smaller still (0.88 against 0.92). Bytes-sized
+    half of zstd's CPU too; on float32 it is smaller still (0.88 against 0.92). Byte-sized
     types (FP8, int8, bool) stay zstd: there bit-shuffling groups nothing, and LZ4 has no
-    entropy coder (FP8 weights: 0.97 against zstd's 0.81). Orbax, TensorStore and suture
-    read all three (TensorStore decodes any zarr3 codec chain).
+    entropy coder (FP8 weights: 0.97 against zstd's 0.81). So do chunks over blosc's limit
+    (`BLOSC_LARGEST_CHUNK`). Orbax, TensorStore and suture read all three (TensorStore
+    decodes any zarr3 codec chain).
 
     Example:
         >>> [codec["name"] for codec in chunk_codecs("auto", np.dtype("float32"))]
@@ -90,18 +94,20 @@ def chunk_codecs(compression: str, dtype: np.dtype) -> list[dict]:
     """
     stored = {"name": "bytes", "configuration": {"endian": "little"}}
     checksum = {"name": "crc32c"}
-    itemsize = np.dtype(dtype).itemsize
-    if compression == "auto" and itemsize >= 2:
+    dtype = np.dtype(dtype)
+    # a complex number shuffles as its two parts
+    element = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    if compression == "auto" and element >= 2 and chunk_bytes <= BLOSC_LARGEST_CHUNK:
         # clevel 5: zarr's long-time blosc default; for LZ4 it sets the block size, and
         # measured no larger and no slower than 1 or 9 here
-        shuffled = {"cname": "lz4", "clevel": 5, "shuffle": "bitshuffle", "typesize": itemsize}
+        shuffled = {"cname": "lz4", "clevel": 5, "shuffle": "bitshuffle", "typesize": element}
         return [stored, {"name": "blosc", "configuration": {**shuffled, "blocksize": 0}}, checksum]
     if compression in ("auto", "zstd"):
         # zstd's own checksum (xxhash64 of the chunk) catches a damaged chunk as a crc32c
         # codec would, at 0.4 of its CPU (TensorStore's crc32c is not hardware-accelerated:
         # 2.5 ms against 6.1 ms on top of zstd's 26 ms per 16 MiB of bfloat16)
         return [stored, {"name": "zstd", "configuration": {"level": 1, "checksum": True}}]
-    if compression == "none":  # a tenth of zstd's CPU, about a quarter more bytes (bfloat16)
+    if compression == "none":  # the least CPU; for bfloat16 weights a third more than "auto"
         return [stored, checksum]
     raise ValueError(f"unknown compression {compression!r}")
 
@@ -358,7 +364,9 @@ class OrbaxSink:
                 "shape": list(array.shape),
                 "data_type": _zarr_dtype(array.dtype, keys),
                 "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk)}},
-                "codecs": chunk_codecs(self._compression, array.dtype),
+                "codecs": chunk_codecs(
+                    self._compression, array.dtype, math.prod(chunk) * array.dtype.itemsize
+                ),
                 "fill_value": False if array.dtype.kind == "b" else 0,
             },
             "create": True,
