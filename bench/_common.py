@@ -64,10 +64,17 @@ def write_section(name: str, body: str) -> None:
     )
     section = f"{start}\n{body.strip()}\n{end}"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    found = pattern.search(text)
+    if found and "<!-- bench:" in found.group(0)[len(start) :]:
+        # another section's markers sit inside this one's: replacing it would delete theirs
+        sys.stderr.write(body + "\n")
+        raise RuntimeError(
+            f"RESULTS.md: the section {name!r} encloses another section's markers; its new "
+            f"body is printed above. Put each section's markers around its own text, then "
+            f"run the benchmark again."
+        )
     text = (
-        pattern.sub(lambda _: section, text)
-        if pattern.search(text)
-        else text.rstrip() + "\n\n" + section + "\n"
+        pattern.sub(lambda _: section, text) if found else text.rstrip() + "\n\n" + section + "\n"
     )
     RESULTS.write_text(text)
 
