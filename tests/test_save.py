@@ -21,6 +21,7 @@ from safetensors.numpy import load_file
 import suture
 from suture import rules
 from suture._iostats import count_bytes_read
+from suture.sinks.orbax import BLOSC_LARGEST_CHUNK, chunk_codecs
 from tests.orbax_writers import save_standard
 
 DTYPES = [
@@ -441,8 +442,6 @@ def test_disk_full_gives_a_surgery_error_and_cleans_up(small_tmpfs: Path) -> Non
 def test_chunks_past_blosc_s_limit_and_complex_numbers_get_fitting_codecs() -> None:
     """blosc encodes at most about 2 GiB at once: a larger chunk is zstd's; a complex number
     is bit-shuffled as its two parts."""
-    from suture.sinks.orbax import BLOSC_LARGEST_CHUNK, chunk_codecs
-
     names = [c["name"] for c in chunk_codecs("auto", np.dtype("bfloat16"), 4 << 30)]
     assert names == ["bytes", "zstd"]
     fits = chunk_codecs("auto", np.dtype("bfloat16"), BLOSC_LARGEST_CHUNK)

@@ -72,10 +72,6 @@ def _block_span(axis: Any, block: int) -> range:
     return range(ends[0] // block, ends[1] // block + 1)
 
 
-def _numbers(axis: Any) -> np.ndarray:
-    return indices(axis)
-
-
 class FP8DequantNode(Node):
     """An FP8 `weight` times `scale` (``scale_inv``) of its `block`, read as `dtype`."""
 
@@ -124,8 +120,8 @@ class FP8DequantNode(Node):
     def read_into(self, selection: Selection, out: np.ndarray) -> None:
         scale_selection = self._scale_selection(selection)
         scales = self.scale.read(scale_selection)
-        rows = _numbers(selection[-2]) // self.block[0] - scale_selection[-2].start
-        cols = _numbers(selection[-1]) // self.block[1] - scale_selection[-1].start
+        rows = indices(selection[-2]) // self.block[0] - scale_selection[-2].start
+        cols = indices(selection[-1]) // self.block[1] - scale_selection[-1].start
         shape = selection_shape(selection)
         row_bytes = math.prod(shape[:-2]) * shape[-1] * self.weight.dtype.itemsize
         step = max(1, VALUES_STRIP_BYTES // max(1, row_bytes))
@@ -191,7 +187,7 @@ class MXFP4DequantNode(Node):
         blocks_part, scales_part, groups = self._parts(selection)
         blocks, scales = self.blocks.read(blocks_part), self.scales.read(scales_part)
         values = dequantize_mxfp4(blocks, scales, self.dtype)  # cast in its table: same bits
-        columns = _numbers(selection[-2]) - groups.start * MXFP4_BLOCK
+        columns = indices(selection[-2]) - groups.start * MXFP4_BLOCK
         lead = tuple(range(n) for n in values.shape[:-2])
         values = outer_index(values, (*lead, range(values.shape[-2]), columns))
         raw = scales.view(np.uint8)
@@ -435,7 +431,7 @@ class FP8QuantNode(Node):
         span = self.quantizer.span(selection)
         values, _ = self.quantizer.quantize(span)
         local = tuple(
-            _numbers(axis) - part.start
+            indices(axis) - part.start
             if not isinstance(axis, range)
             else range(axis.start - part.start, axis.stop - part.start, axis.step)
             for axis, part in zip(selection, span, strict=True)
@@ -456,15 +452,14 @@ class FP8ScaleNode(Node):
     def _source_span(self, selection: Selection) -> Selection:
         rows, cols = self.quantizer.source.shape
         block = self.quantizer.block
-        picked = [_numbers(axis) for axis in selection]
         spans = []
-        for numbers, size, length in zip(picked, block, (rows, cols), strict=True):
-            if len(numbers) == 0:
-                spans.append(range(0))
-            else:
-                spans.append(
-                    range(int(numbers.min()) * size, min(length, (int(numbers.max()) + 1) * size))
-                )
+        for axis, size, length in zip(selection, block, (rows, cols), strict=True):
+            ends = extent(axis)
+            spans.append(
+                range(0)
+                if ends is None
+                else range(ends[0] * size, min(length, (ends[1] + 1) * size))
+            )
         return tuple(spans)
 
     def input_selections(self, selection: Selection) -> list[tuple[Node, Selection]]:
@@ -475,7 +470,7 @@ class FP8ScaleNode(Node):
         return f"fp8 scales of {block[0]}x{block[1]} blocks"
 
     def read(self, selection: Selection) -> np.ndarray:
-        wanted = _numbers(selection[0])
+        wanted = indices(selection[0])
         return outer_index(self.quantizer.scales_of(wanted), (range(len(wanted)), selection[1]))
 
 

@@ -125,9 +125,10 @@ class OrbaxArrayWriter:
 
     A block (rows of the first axis, or positions of a stacking axis) is handed to
     TensorStore one chunk at a time: TensorStore holds what it is given and its compressed
-    bytes (`encoding_copies`), so this keeps what it holds to that many chunks. On an object store (`together`) all
-    of a block's chunks are handed over before any is waited for, so that they go up in
-    the same OCDBT commit, side by side; TensorStore then holds the block's compressed bytes.
+    bytes (`encoding_copies`), so this keeps what it holds to that many chunks. On an object
+    store (`together`) all of a block's chunks are handed over before any is waited for, so
+    that they go up in the same OCDBT commit, side by side; TensorStore then holds the
+    block's compressed bytes.
     """
 
     def __init__(
