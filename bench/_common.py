@@ -56,27 +56,44 @@ def machine() -> str:
 
 def write_section(name: str, body: str) -> None:
     """Replaces (or appends) the section of RESULTS.md between this benchmark's markers."""
-    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     text = (
         RESULTS.read_text()
         if RESULTS.exists()
         else "# Benchmark results\n\nWritten by the scripts in `bench/`; each section is replaced when its script runs.\n"
     )
+    try:
+        RESULTS.write_text(with_section(text, name, body))
+    except ValueError as error:  # nothing written: the new body is printed to be kept
+        sys.stderr.write(body + "\n")
+        raise RuntimeError(f"RESULTS.md: {error}; the new body is printed above.") from None
+
+
+def with_section(text: str, name: str, body: str) -> str:
+    r"""`text` with the section `name` (between its markers) replaced by `body`, or appended.
+
+    Raises ValueError, changing nothing, where the markers are not one pair around the
+    section's own text: a section opened twice, or enclosing another section's markers
+    (replacing it would delete the other's results).
+
+    Example:
+        >>> with_section("<!-- bench:a -->\nold\n<!-- /bench:a -->\n", "a", "new")
+        '<!-- bench:a -->\nnew\n<!-- /bench:a -->\n'
+    """
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     section = f"{start}\n{body.strip()}\n{end}"
+    if text.count(start) > 1 or text.count(end) > 1:
+        raise ValueError(f"the section {name!r} appears more than once; keep one")
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     found = pattern.search(text)
-    if found and "<!-- bench:" in found.group(0)[len(start) :]:
-        # another section's markers sit inside this one's: replacing it would delete theirs
-        sys.stderr.write(body + "\n")
-        raise RuntimeError(
-            f"RESULTS.md: the section {name!r} encloses another section's markers; its new "
-            f"body is printed above. Put each section's markers around its own text, then "
-            f"run the benchmark again."
+    inner = found.group(0)[len(start) : -len(end)] if found else ""
+    if "<!-- bench:" in inner or "<!-- /bench:" in inner:
+        raise ValueError(
+            f"the section {name!r} encloses another section's markers; put each section's "
+            f"markers around its own text"
         )
-    text = (
-        pattern.sub(lambda _: section, text) if found else text.rstrip() + "\n\n" + section + "\n"
-    )
-    RESULTS.write_text(text)
+    if found:
+        return pattern.sub(lambda _: section, text)
+    return text.rstrip() + "\n\n" + section + "\n"
 
 
 def disk_bytes_read() -> int:
