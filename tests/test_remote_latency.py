@@ -299,3 +299,39 @@ def test_a_conversion_between_buckets_reads_the_config_once(gcs: str, tmp_path: 
     assert len(asked) == 2, asked  # the probe of the size cap and the read, once
     copied = location_of(f"{out}/config.json").read_bytes()
     assert copied == (tmp_path / "hf" / "config.json").read_bytes()  # byte for byte
+
+
+def test_opening_remote_shards_asks_index_config_and_headers_at_once(
+    gcs: str, tmp_path: Path
+) -> None:
+    # One after another these were six round trips before the first tensor: the index's
+    # size probe and read, each header, then config.json's probe and read.
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    shards = {"model-00001-of-00002.safetensors": "a", "model-00002-of-00002.safetensors": "b"}
+    for name, tensor in shards.items():
+        save_file({tensor: np.full((4, 4), ord(tensor), np.float32)}, hf / name)
+    index = {"metadata": {}, "weight_map": {tensor: name for name, tensor in shards.items()}}
+    (hf / "model.safetensors.index.json").write_text(json.dumps(index))
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    url = upload(hf, f"{gcs}/latency/open-ahead")
+    firsts: dict[str, int] = {}  # file -> the thread of its first read
+    together = threading.Barrier(4, timeout=30)  # broken unless all four are asked at once
+    read_now = RemoteLocation._read_now
+
+    def counted(self: RemoteLocation, key: str, byte_range: slice | None = None):
+        name = key.rsplit("/", 1)[-1]
+        bounds = None if byte_range is None else (byte_range.start, byte_range.stop)
+        first = bounds in ((MAX_METADATA_BYTES, MAX_METADATA_BYTES + 1), (0, HEADER_GUESS))
+        if first and name not in firsts:  # a file's size probe, or a shard's header
+            firsts[name] = threading.get_ident()
+            together.wait()
+        return read_now(self, key, byte_range)  # the real read
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RemoteLocation, "_read_now", counted)
+        ckpt = suture.open(url)
+    assert set(firsts) == {"model.safetensors.index.json", "config.json", *shards}
+    assert threading.get_ident() not in firsts.values()
+    for tensor in "ab":
+        np.testing.assert_array_equal(ckpt[tensor].read(), np.full((4, 4), ord(tensor)))

@@ -42,6 +42,7 @@ from .hub_cache import cached_location
 from .remote import (
     WRITABLE_SCHEMES,
     RemoteLocation,
+    head_ahead,
     metadata_read_once,
     probe_ahead,
     read_ahead,
@@ -56,6 +57,7 @@ __all__ = [
     "LocalLocation",
     "Location",
     "RemoteLocation",
+    "head_ahead",
     "is_remote",
     "location_of",
     "metadata_read_once",

@@ -588,6 +588,13 @@ def read_ahead(files: list[Location], limit: int) -> None:
     _ask_at_once(files, lambda place: place.read_bytes(limit))
 
 
+def head_ahead(files: list[Location], count: int, at_once: int) -> None:
+    """Within `metadata_read_once`, reads the first `count` bytes of each remote file, up to
+    `at_once` at a time, as ``read_head(count)`` reads them (safetensors headers), so that
+    those reads are answered without a round trip each; outside it, nothing."""
+    _ask_at_once(files, lambda place: place.read_head(count), at_once)
+
+
 def probe_ahead(files: list[Location]) -> None:
     """Within `metadata_read_once`, asks at once whether each remote file is there (as
     ``is_file`` asks), so that the probes that follow are answered without a round trip
@@ -607,17 +614,19 @@ def probe_ahead(files: list[Location]) -> None:
     )
 
 
-def _ask_at_once(files: list[Location], ask: Callable[[RemoteLocation], Any]) -> None:
+def _ask_at_once(
+    files: list[Location], ask: Callable[[RemoteLocation], Any], at_once: int | None = None
+) -> None:
     answers = _answers.get()
     remote = [place for place in files if isinstance(place, RemoteLocation)]
-    if answers is None or len(remote) < 2:
+    if answers is None or not remote or (len(remote) < 2 and at_once is None):
         return
 
     def asked(place: RemoteLocation) -> None:
         with contextlib.suppress(SurgeryError, OSError):
             ask(place)
 
-    with ThreadPoolExecutor(max_workers=len(remote)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(remote), at_once or len(remote))) as pool:
         # each in a copy of this context: the same answers, filled from every thread
         calls = [pool.submit(contextvars.copy_context().run, asked, place) for place in remote]
         for done in calls:

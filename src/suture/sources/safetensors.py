@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import math
@@ -36,7 +37,14 @@ from .._errors import (
 )
 from .._hf import local_side_file
 from .._lazy.array import LazyArray
-from .._location import MAX_METADATA_BYTES, LocalLocation, Location, location_of
+from .._location import (
+    MAX_METADATA_BYTES,
+    LocalLocation,
+    Location,
+    head_ahead,
+    location_of,
+    read_ahead,
+)
 from .._paths import unflatten
 from .._quant.scheme import scheme_of
 from .._quant.tensors import dequantize_tensors
@@ -203,6 +211,8 @@ def _files_of(path: Location) -> tuple[list[Location], dict | None]:
             raise NotACheckpointError(f"{str(path)!r} holds no .safetensors file and no index.")
         return files, None
     if path.name.endswith(INDEX_SUFFIX):
+        if path.is_remote:
+            _open_ahead(path)
         index = _read_index(path)
         names = sorted(set(index["weight_map"].values()))
         present = _each(lambda name: (path.parent / name).is_file(), names, path.is_remote)
@@ -214,6 +224,38 @@ def _files_of(path: Location) -> tuple[list[Location], dict | None]:
             )
         return [path.parent / name for name in names], index
     return [path], None
+
+
+def _open_ahead(index: Location) -> None:
+    """On a bucket, within `metadata_read_once`: what opening a sharded folder reads next,
+    asked at once instead of one round trip after another: the index and the config.json
+    beside it, whole, and the first bytes (the header) of every shard the folder lists.
+
+    A shard listed but not named by the index has its first bytes read for nothing; over
+    HTTP, where a folder cannot be listed, only the two files are asked ahead."""
+    folder = index.parent
+
+    def headers() -> None:
+        with contextlib.suppress(SurgeryError, OSError):  # the reads that follow will say
+            names = [name for name in folder.children() if name.endswith(".safetensors")]
+            head_ahead([folder / name for name in names], HEADER_GUESS, REMOTE_OPENS)
+
+    def side_files() -> None:
+        read_ahead([index, folder / "config.json"], MAX_METADATA_BYTES)
+
+    asks = (
+        [side_files]
+        if getattr(folder, "scheme", "") in ("http", "https")
+        else [
+            side_files,
+            headers,
+        ]
+    )
+    with ThreadPoolExecutor(max_workers=len(asks)) as pool:
+        # in copies of this context: the answers land where `metadata_read_once` keeps them
+        calls = [pool.submit(contextvars.copy_context().run, ask) for ask in asks]
+        for call in calls:
+            call.result()
 
 
 def _each(function: Any, items: list, remote: bool | None = None) -> list:
