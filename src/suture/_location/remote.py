@@ -588,11 +588,18 @@ def read_ahead(files: list[Location], limit: int) -> None:
     _ask_at_once(files, lambda place: place.read_bytes(limit))
 
 
-def head_ahead(files: list[Location], count: int, at_once: int) -> None:
-    """Within `metadata_read_once`, reads the first `count` bytes of each remote file, up to
-    `at_once` at a time, as ``read_head(count)`` reads them (safetensors headers), so that
-    those reads are answered without a round trip each; outside it, nothing."""
-    _ask_at_once(files, lambda place: place.read_head(count), at_once)
+def head_ahead(folder: Location, suffix: str, count: int, at_once: int) -> None:
+    """Within `metadata_read_once`, reads the first `count` bytes of every file of the remote
+    `folder` (as listed) whose name ends with `suffix`, up to `at_once` at a time, as
+    ``read_head(count)`` reads them (safetensors headers), so that those reads are answered
+    without a round trip each; outside it, or for a folder that cannot be listed, nothing."""
+    if _answers.get() is None or not isinstance(folder, RemoteLocation):
+        return
+    if folder.scheme in ("http", "https"):
+        return  # an HTTP server's folders cannot be listed
+    with contextlib.suppress(SurgeryError, OSError):  # the reads that follow will say why
+        files = [folder / name for name in folder.children() if name.endswith(suffix)]
+        _ask_at_once(files, lambda place: place.read_head(count), at_once)
 
 
 def probe_ahead(files: list[Location]) -> None:

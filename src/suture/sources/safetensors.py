@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import json
 import math
@@ -229,28 +228,13 @@ def _files_of(path: Location) -> tuple[list[Location], dict | None]:
 def _open_ahead(index: Location) -> None:
     """On a bucket, within `metadata_read_once`: what opening a sharded folder reads next,
     asked at once instead of one round trip after another: the index and the config.json
-    beside it, whole, and the first bytes (the header) of every shard the folder lists.
-
-    A shard listed but not named by the index has its first bytes read for nothing; over
-    HTTP, where a folder cannot be listed, only the two files are asked ahead."""
+    beside it, whole, and the first bytes (the header) of every shard the folder lists (one
+    listed but not named by the index is read for nothing)."""
     folder = index.parent
-
-    def headers() -> None:
-        with contextlib.suppress(SurgeryError, OSError):  # the reads that follow will say
-            names = [name for name in folder.children() if name.endswith(".safetensors")]
-            head_ahead([folder / name for name in names], HEADER_GUESS, REMOTE_OPENS)
-
-    def side_files() -> None:
-        read_ahead([index, folder / "config.json"], MAX_METADATA_BYTES)
-
-    asks = (
-        [side_files]
-        if getattr(folder, "scheme", "") in ("http", "https")
-        else [
-            side_files,
-            headers,
-        ]
-    )
+    asks = [
+        lambda: read_ahead([index, folder / "config.json"], MAX_METADATA_BYTES),
+        lambda: head_ahead(folder, ".safetensors", HEADER_GUESS, REMOTE_OPENS),
+    ]
     with ThreadPoolExecutor(max_workers=len(asks)) as pool:
         # in copies of this context: the answers land where `metadata_read_once` keeps them
         calls = [pool.submit(contextvars.copy_context().run, ask) for ask in asks]
