@@ -80,11 +80,17 @@ def with_section(text: str, name: str, body: str) -> str:
         '<!-- bench:a -->\nnew\n<!-- /bench:a -->\n'
     """
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
-    section = f"{start}\n{body.strip()}\n{end}"
+    if "<!-- bench:" in body or "<!-- /bench:" in body:
+        raise ValueError(f"the new body of {name!r} holds a section marker")
     if text.count(start) > 1 or text.count(end) > 1:
         raise ValueError(f"the section {name!r} appears more than once; keep one")
+    if text.count(start) != text.count(end):
+        raise ValueError(f"the section {name!r} is opened or closed without the other marker")
+    section = f"{start}\n{body.strip()}\n{end}"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     found = pattern.search(text)
+    if text.count(start) and not found:
+        raise ValueError(f"the section {name!r} closes before it opens")
     inner = found.group(0)[len(start) : -len(end)] if found else ""
     if "<!-- bench:" in inner or "<!-- /bench:" in inner:
         raise ValueError(

@@ -311,17 +311,20 @@ def test_opening_remote_shards_asks_index_config_and_headers_at_once(
     shards = {"model-00001-of-00002.safetensors": "a", "model-00002-of-00002.safetensors": "b"}
     for name, tensor in shards.items():
         save_file({tensor: np.full((4, 4), ord(tensor), np.float32)}, hf / name)
+    save_file({"c": np.zeros(2, np.float32)}, hf / "consolidated.safetensors")  # not a shard
     index = {"metadata": {}, "weight_map": {tensor: name for name, tensor in shards.items()}}
     (hf / "model.safetensors.index.json").write_text(json.dumps(index))
     (hf / "config.json").write_text(json.dumps({"model_type": "llama"}))
     url = upload(hf, f"{gcs}/latency/open-ahead")
     firsts: dict[str, int] = {}  # file -> the thread of its first read
+    asked: list[tuple[str, tuple[int, int] | None]] = []
     together = threading.Barrier(4, timeout=30)  # broken unless all four are asked at once
     read_now = RemoteLocation._read_now
 
     def counted(self: RemoteLocation, key: str, byte_range: slice | None = None):
         name = key.rsplit("/", 1)[-1]
         bounds = None if byte_range is None else (byte_range.start, byte_range.stop)
+        asked.append((name, bounds))
         first = bounds in ((MAX_METADATA_BYTES, MAX_METADATA_BYTES + 1), (0, HEADER_GUESS))
         if first and name not in firsts:  # a file's size probe, or a shard's header
             firsts[name] = threading.get_ident()
@@ -333,5 +336,7 @@ def test_opening_remote_shards_asks_index_config_and_headers_at_once(
         ckpt = suture.open(url)
     assert set(firsts) == {"model.safetensors.index.json", "config.json", *shards}
     assert threading.get_ident() not in firsts.values()
+    assert len(asked) == len(set(asked)), asked  # each read asked once: the later ones kept
+    assert not [name for name, _ in asked if name == "consolidated.safetensors"]
     for tensor in "ab":
         np.testing.assert_array_equal(ckpt[tensor].read(), np.full((4, 4), ord(tensor)))

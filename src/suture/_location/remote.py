@@ -380,6 +380,18 @@ class RemoteLocation(Location):
         prefix = f"{self.key}/" if self.key else ""
         return self._list_from(prefix, prefix[:-1] + "0" if prefix else "")  # '0' follows '/'
 
+    def listed_already(self) -> list[str] | None:
+        """The folder's keys (relative to it) where `metadata_read_once` holds its listing
+        already, else None: never a request."""
+        answers = _answers.get()
+        if answers is None or self.scheme in ("http", "https"):
+            return None
+        prefix = f"{self.key}/" if self.key else ""
+        listed = answers.get(
+            ("list", self.scheme, self.host, prefix, prefix[:-1] + "0" if prefix else "")
+        )
+        return None if listed is None else list(listed)
+
     def _list_from(self, start: str, end: str) -> list[str]:
         """The keys in ``[start, end)`` ("": to the end), each less its first len(start) chars."""
         answers = _answers.get()
@@ -580,26 +592,22 @@ def metadata_read_once() -> Iterator[None]:
         _answers.reset(token)
 
 
-def read_ahead(files: list[Location], limit: int) -> None:
+def read_ahead(files: list[Location], limit: int, what: dict[Location, str] | None = None) -> None:
     """Within `metadata_read_once`, reads the small remote `files` at once, each as
-    ``read_bytes(limit)`` reads it, so that the reads that follow are answered without a
-    round trip each (opening an Orbax folder reads three files one after another).
-    Errors are kept for those reads to raise; outside the scope this does nothing."""
-    _ask_at_once(files, lambda place: place.read_bytes(limit))
+    ``read_bytes(limit, what[file])`` reads it, so that the reads that follow are answered
+    without a round trip each (opening an Orbax folder reads three files one after another).
+    Errors are kept for those reads to raise (`what` names the file in them, as the read
+    that follows would); outside the scope this does nothing."""
+    labels = what or {}
+    _ask_at_once(files, lambda place: place.read_bytes(limit, labels.get(place, "")))
 
 
-def head_ahead(folder: Location, suffix: str, count: int, at_once: int) -> None:
-    """Within `metadata_read_once`, reads the first `count` bytes of every file of the remote
-    `folder` (as listed) whose name ends with `suffix`, up to `at_once` at a time, as
-    ``read_head(count)`` reads them (safetensors headers), so that those reads are answered
-    without a round trip each; outside it, or for a folder that cannot be listed, nothing."""
-    if _answers.get() is None or not isinstance(folder, RemoteLocation):
-        return
-    if folder.scheme in ("http", "https"):
-        return  # an HTTP server's folders cannot be listed
-    with contextlib.suppress(SurgeryError, OSError):  # the reads that follow will say why
-        files = [folder / name for name in folder.children() if name.endswith(suffix)]
-        _ask_at_once(files, lambda place: place.read_head(count), at_once)
+def head_ahead(files: list[Location], count: int, at_once: int) -> None:
+    """Within `metadata_read_once`, reads the first `count` bytes of each remote file, up to
+    `at_once` at a time, as ``read_head(count)`` reads them (safetensors headers), so that
+    those reads are answered without a round trip each; outside it, nothing. Even a single
+    file is read here: the point is to read it beside other questions, not after them."""
+    _ask_at_once(files, lambda place: place.read_head(count), at_once, fewest=1)
 
 
 def probe_ahead(files: list[Location]) -> None:
@@ -622,18 +630,23 @@ def probe_ahead(files: list[Location]) -> None:
 
 
 def _ask_at_once(
-    files: list[Location], ask: Callable[[RemoteLocation], Any], at_once: int | None = None
+    files: list[Location],
+    ask: Callable[[RemoteLocation], Any],
+    at_once: int | None = None,
+    fewest: int = 2,
 ) -> None:
+    """Asks `ask` of the remote `files` on up to `at_once` threads (None: one each), where
+    there are at least `fewest` of them and `metadata_read_once` keeps the answers."""
     answers = _answers.get()
     remote = [place for place in files if isinstance(place, RemoteLocation)]
-    if answers is None or not remote or (len(remote) < 2 and at_once is None):
+    if answers is None or len(remote) < max(1, fewest):
         return
 
     def asked(place: RemoteLocation) -> None:
         with contextlib.suppress(SurgeryError, OSError):
             ask(place)
 
-    with ThreadPoolExecutor(max_workers=min(len(remote), at_once or len(remote))) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(remote), max(1, at_once or len(remote)))) as pool:
         # each in a copy of this context: the same answers, filled from every thread
         calls = [pool.submit(contextvars.copy_context().run, asked, place) for place in remote]
         for done in calls:

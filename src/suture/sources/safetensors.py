@@ -40,6 +40,7 @@ from .._location import (
     MAX_METADATA_BYTES,
     LocalLocation,
     Location,
+    RemoteLocation,
     head_ahead,
     location_of,
     read_ahead,
@@ -78,6 +79,7 @@ REMOTE_OPENS = 16  # remote shards whose headers are read at once (each waits on
 # Bytes read first from a file: its header's length and, for most files, the header itself
 # (a shard of a few hundred tensors has a header of a few tens of KiB), in one round trip.
 HEADER_GUESS = 64 << 10
+MAX_SHARDS_AHEAD = 1024  # headers read ahead at most (64 KiB each, kept while opening)
 
 
 def open_safetensors(
@@ -226,14 +228,26 @@ def _files_of(path: Location) -> tuple[list[Location], dict | None]:
 
 
 def _open_ahead(index: Location) -> None:
-    """On a bucket, within `metadata_read_once`: what opening a sharded folder reads next,
-    asked at once instead of one round trip after another: the index and the config.json
-    beside it, whole, and the first bytes (the header) of every shard the folder lists (one
-    listed but not named by the index is read for nothing)."""
+    """On remote storage, within `metadata_read_once`: what opening a sharded folder reads
+    next, asked at once instead of one round trip after another: the index and the
+    config.json beside it, whole, and where the folder's listing is known already (it was
+    opened as a folder), the header of each shard named as the index names its shards
+    (``model-00001-of-00005.safetensors`` beside ``model.safetensors.index.json``)."""
+    if not isinstance(index, RemoteLocation):
+        return
     folder = index.parent
+    config = folder / "config.json"
+    labels = {index: "the index", config: "the model's config"}
+    stem = index.name.removesuffix(f".safetensors{INDEX_SUFFIX}")
+    listed = folder.listed_already()
+    shards = [
+        folder / name
+        for name in listed or []
+        if "/" not in name and name.startswith(f"{stem}-") and name.endswith(".safetensors")
+    ]
     asks = [
-        lambda: read_ahead([index, folder / "config.json"], MAX_METADATA_BYTES),
-        lambda: head_ahead(folder, ".safetensors", HEADER_GUESS, REMOTE_OPENS),
+        lambda: read_ahead([index, config], MAX_METADATA_BYTES, labels),
+        lambda: head_ahead(shards[:MAX_SHARDS_AHEAD], HEADER_GUESS, REMOTE_OPENS),
     ]
     with ThreadPoolExecutor(max_workers=len(asks)) as pool:
         # in copies of this context: the answers land where `metadata_read_once` keeps them
