@@ -200,6 +200,32 @@ def test_pytorch_files_open_only_locally(gcs: str, tmp_path: Path) -> None:
         suture.open(f"{gcs}/torch/model.pt", allow_pickle=True)
 
 
+def test_a_lock_created_just_after_the_probe_is_not_overwritten(s3: str, monkeypatch) -> None:
+    # Two writers start together and both find no lock; the later create must not replace
+    # the earlier one's lock. S3 and GCS refuse a create where an object is (moto does;
+    # fake-gcs-server ignores the condition, so this is tested on S3).
+    from suture._location.publish import exclusive, lock_of
+    from suture._location.remote import RemoteLocation
+
+    destination = suture._location.location_of(f"{s3}/racing/out")
+    lock = lock_of(destination)
+    theirs = b"12345@another-host"
+    probe = RemoteLocation.is_file
+
+    def probed_before_theirs(self: RemoteLocation) -> bool:
+        found = probe(self)
+        if self == lock and not found:  # the other writer creates its lock right after
+            lock.write_bytes(theirs)
+        return found
+
+    monkeypatch.setattr(RemoteLocation, "is_file", probed_before_theirs)
+    refused = pytest.raises(suture.SurgeryError, match=r"pid 12345 on host 'another-host'")
+    with refused, exclusive(destination):
+        pass
+    assert lock.read_bytes() == theirs  # theirs still, not overwritten by ours
+    lock.remove_file()
+
+
 def test_a_lock_held_on_another_machine_is_respected(gcs: str) -> None:
     lock = suture._location.location_of(f"{gcs}/locked/.out.suture-lock")
     lock.write_bytes(b"12345@another-host")

@@ -127,6 +127,11 @@ class Location:
     def write_bytes(self, data: bytes) -> None:
         raise NotImplementedError
 
+    def create_bytes(self, data: bytes) -> bool:
+        """Writes `data` only where nothing is there yet; returns whether it was written
+        (object stores: in one conditional request, where the store honours it)."""
+        raise NotImplementedError
+
     def remove(self) -> None:
         """Deletes this file, or this folder with everything in it; absent is fine."""
         raise NotImplementedError

@@ -389,9 +389,11 @@ def _try_create(lock: Location, owner: str) -> bool:
     if lock.is_file():
         return False
     # padded to the bytes a read asks for (the lock's pattern allows trailing blanks), so
-    # that each read of it is one ranged request, not a short one refused and a second
-    lock.write_bytes(owner.encode().ljust(_LOCK_READ_LIMIT))
-    # Object stores have no exclusive create everywhere: read back, the last writer wins.
+    # that each read of it is one ranged request, not a short one refused and a second;
+    # created only where no lock is (a writer that probed just before another created its
+    # lock does not overwrite it), then read back where a server ignores that condition
+    if not lock.create_bytes(owner.encode().ljust(_LOCK_READ_LIMIT)):
+        return False
     return _read_lock(lock) == owner
 
 

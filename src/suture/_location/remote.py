@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import http.client
 import io
 import math
@@ -533,6 +534,22 @@ class RemoteLocation(Location):
         except ValueError as error:
             raise _remote_error(self, error) from None
 
+    def create_bytes(self, data: bytes) -> bool:
+        """Writes `data` only if nothing is there yet (a conditional write: GCS's
+        ``ifGenerationMatch=0``, S3's ``If-None-Match``); returns whether it was written. A
+        server that ignores the condition (fake-gcs-server does) writes it as `write_bytes`
+        would, and so does a TensorStore whose "no value" condition is not known here."""
+        self.require_writable()
+        _forget_answers()
+        store, key = self._store_and_key()
+        self._generation, self._size = None, None
+        absent = _absent_generation()
+        try:
+            written = wait(store.write(key, data, if_equal=absent), self, len(data))
+        except ValueError as error:
+            raise _remote_error(self, error) from None
+        return absent is None or bool(written.generation)  # refused: no new generation
+
     def remove(self) -> None:
         import tensorstore as ts  # heavy: loaded on first use, not at import
 
@@ -651,6 +668,26 @@ def _ask_at_once(
         calls = [pool.submit(contextvars.copy_context().run, asked, place) for place in remote]
         for done in calls:
             done.result()
+
+
+@functools.cache
+def _absent_generation() -> bytes | None:
+    """TensorStore's encoding of the condition "no value is stored" for ``if_equal``, as
+    this TensorStore writes it (its encoding of generations changed between versions):
+    the candidate under which a write to an in-memory store succeeds once and is refused
+    the second time; None where none does."""
+    import tensorstore as ts  # heavy: loaded on first use, not at import
+
+    for candidate in (b"\x02", b"\x05", b"\x04"):
+        store = ts.KvStore.open({"driver": "memory"}).result()
+        try:
+            first = store.write("k", b"1", if_equal=candidate).result()
+            second = store.write("k", b"2", if_equal=candidate).result()
+        except ValueError:  # not a generation this version reads
+            continue
+        if first.generation and not second.generation and store.read("k").result().value == b"1":
+            return candidate
+    return None
 
 
 def _forget_answers() -> None:
