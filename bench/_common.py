@@ -82,14 +82,15 @@ def with_section(text: str, name: str, body: str) -> str:
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     if "<!-- bench:" in body or "<!-- /bench:" in body:
         raise ValueError(f"the new body of {name!r} holds a section marker")
-    if text.count(start) > 1 or text.count(end) > 1:
+    opened, closed = text.count(start), text.count(end)
+    if opened > 1 or closed > 1:
         raise ValueError(f"the section {name!r} appears more than once; keep one")
-    if text.count(start) != text.count(end):
+    if opened != closed:
         raise ValueError(f"the section {name!r} is opened or closed without the other marker")
     section = f"{start}\n{body.strip()}\n{end}"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     found = pattern.search(text)
-    if text.count(start) and not found:
+    if opened and not found:
         raise ValueError(f"the section {name!r} closes before it opens")
     inner = found.group(0)[len(start) : -len(end)] if found else ""
     if "<!-- bench:" in inner or "<!-- /bench:" in inner:

@@ -197,10 +197,7 @@ class RemoteLocation(Location):
         if self.scheme in ("http", "https"):
             return None
         folder, _, name = key.rpartition("/")
-        prefix = f"{folder}/" if folder else ""
-        listed = answers.get(
-            ("list", self.scheme, self.host, prefix, prefix[:-1] + "0" if prefix else "")
-        )
+        listed = answers.get(self._listing(*_folder_range(folder)))
         if listed is None:
             return None
         return ts.KvStore.ReadResult(state="value" if name in listed else "missing")
@@ -378,8 +375,7 @@ class RemoteLocation(Location):
                 f"or an Orbax checkpoint folder holding _METADATA rather than a CheckpointManager "
                 f"root."
             )
-        prefix = f"{self.key}/" if self.key else ""
-        return self._list_from(prefix, prefix[:-1] + "0" if prefix else "")  # '0' follows '/'
+        return self._list_from(*_folder_range(self.key))
 
     def listed_already(self) -> list[str] | None:
         """The folder's keys (relative to it) where `metadata_read_once` holds its listing
@@ -387,16 +383,17 @@ class RemoteLocation(Location):
         answers = _answers.get()
         if answers is None or self.scheme in ("http", "https"):
             return None
-        prefix = f"{self.key}/" if self.key else ""
-        listed = answers.get(
-            ("list", self.scheme, self.host, prefix, prefix[:-1] + "0" if prefix else "")
-        )
+        listed = answers.get(self._listing(*_folder_range(self.key)))
         return None if listed is None else list(listed)
+
+    def _listing(self, start: str, end: str) -> tuple:
+        """The question a listing of ``[start, end)`` is kept under in `metadata_read_once`."""
+        return ("list", self.scheme, self.host, start, end)
 
     def _list_from(self, start: str, end: str) -> list[str]:
         """The keys in ``[start, end)`` ("": to the end), each less its first len(start) chars."""
         answers = _answers.get()
-        asked = ("list", self.scheme, self.host, start, end)
+        asked = self._listing(start, end)
         if answers is not None and asked in answers:
             return list(answers[asked])
         found = self._list_now(start, end)
@@ -525,30 +522,27 @@ class RemoteLocation(Location):
 
     # --- writing ------------------------------------------------------------------------
     def write_bytes(self, data: bytes) -> None:
-        self.require_writable()
-        _forget_answers()
-        store, key = self._store_and_key()
-        self._generation, self._size = None, None  # the next version is this one
-        try:
-            wait(store.write(key, data), self, len(data))
-        except ValueError as error:
-            raise _remote_error(self, error) from None
+        self._write(data)
 
     def create_bytes(self, data: bytes) -> bool:
         """Writes `data` only if nothing is there yet (a conditional write: GCS's
         ``ifGenerationMatch=0``, S3's ``If-None-Match``); returns whether it was written. A
         server that ignores the condition (fake-gcs-server does) writes it as `write_bytes`
         would, and so does a TensorStore whose "no value" condition is not known here."""
+        absent = _absent_generation()
+        written = self._write(data, if_equal=absent)
+        return absent is None or bool(written.generation)  # refused: no new generation
+
+    def _write(self, data: bytes, if_equal: bytes | None = None) -> Any:
+        """One kvstore write (conditional with `if_equal`); its new generation, if any."""
         self.require_writable()
         _forget_answers()
         store, key = self._store_and_key()
-        self._generation, self._size = None, None
-        absent = _absent_generation()
+        self._generation, self._size = None, None  # the next version is this one
         try:
-            written = wait(store.write(key, data, if_equal=absent), self, len(data))
+            return wait(store.write(key, data, if_equal=if_equal), self, len(data))
         except ValueError as error:
             raise _remote_error(self, error) from None
-        return absent is None or bool(written.generation)  # refused: no new generation
 
     def remove(self) -> None:
         import tensorstore as ts  # heavy: loaded on first use, not at import
@@ -688,6 +682,18 @@ def _absent_generation() -> bytes | None:
         if first.generation and not second.generation and store.read("k").result().value == b"1":
             return candidate
     return None
+
+
+def _folder_range(key: str) -> tuple[str, str]:
+    """The keys under `key` as a folder, ``[key/, key0)`` ('0' sorts right after '/');
+    the whole store for the empty key.
+
+    Example:
+        >>> _folder_range("ckpt"), _folder_range("")
+        (('ckpt/', 'ckpt0'), ('', ''))
+    """
+    prefix = f"{key}/" if key else ""
+    return prefix, prefix[:-1] + "0" if prefix else ""
 
 
 def _forget_answers() -> None:

@@ -249,11 +249,7 @@ def _open_ahead(index: Location) -> None:
         lambda: read_ahead([index, config], MAX_METADATA_BYTES, labels),
         lambda: head_ahead(shards[:MAX_SHARDS_AHEAD], HEADER_GUESS, REMOTE_OPENS),
     ]
-    with ThreadPoolExecutor(max_workers=len(asks)) as pool:
-        # in copies of this context: the answers land where `metadata_read_once` keeps them
-        calls = [pool.submit(contextvars.copy_context().run, ask) for ask in asks]
-        for call in calls:
-            call.result()
+    _each(lambda ask: ask(), asks, remote=True)  # side by side, in this context's copies
 
 
 def _each(function: Any, items: list, remote: bool | None = None) -> list:
