@@ -193,10 +193,16 @@ def check_shape(shape: tuple[int, ...], dtype: Any, where: str) -> None:
         >>> check_shape((2, 3), "float32", "x")
     """
 
-    size = math.prod(shape) if shape else 1
-    nbytes = max(size, max(shape, default=0)) * np.dtype(dtype).itemsize
+    # the sizes other than 0 too: numpy and safetensors refuse their product's overflow even
+    # where a 0 makes the array empty, so such a shape fails every reshape and read
+    nonzero = math.prod(n for n in shape if n > 0)
+    nbytes = nonzero * np.dtype(dtype).itemsize
     if any(n < 0 for n in shape) or nbytes >= MAX_ARRAY_BYTES:
-        problem = "a negative size" if any(n < 0 for n in shape) else "more than 2**62 bytes"
+        problem = (
+            "a negative size"
+            if any(n < 0 for n in shape)
+            else "sizes multiplying to more than 2**62 bytes"
+        )
         raise CorruptCheckpointError(
             f"{where}: declares shape {shape} of {np.dtype(dtype).name}, which has {problem}; no "
             f"array can. The checkpoint is damaged or hostile; restore it from a copy."

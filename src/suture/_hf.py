@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import CorruptCheckpointError, SurgeryError, SutureWarning
+from ._json import loads as loads_json
 from ._location import MAX_METADATA_BYTES, LocalLocation, Location, location_of, too_large
 from ._location.hub_cache import trusted_cache_link
 from ._paths import flatten
@@ -83,7 +84,7 @@ def _module_folders(folder: Path) -> list[str]:
     if listed is None:
         return []
     try:
-        modules = json.loads(listed.read_text(encoding="utf-8"))
+        modules = loads_json(listed.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
     names = (
@@ -267,7 +268,7 @@ def with_output_dtype(extra_files: Mapping[str, Any], tree: Any) -> dict[str, An
         return dict(extra_files)
     try:
         raw = _read_capped(source)
-        config = json.loads(raw)
+        config = loads_json(raw)
     except (OSError, ValueError, SurgeryError):
         return dict(extra_files)  # not JSON: copied as it is
     # copied from the bytes read here: a remote config.json is not fetched a second time
@@ -448,7 +449,7 @@ def with_config_edited(
         return dict(side)
     source = side["config.json"]
     try:
-        config = json.loads(_read_capped(location_of(source)))
+        config = loads_json(_read_capped(location_of(source)))
     except (OSError, ValueError, SurgeryError) as error:
         raise CorruptCheckpointError(f"Cannot read {where} as JSON: {error}.") from error
     if not isinstance(config, dict):

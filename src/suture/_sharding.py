@@ -44,7 +44,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ArgumentError
+from ._json import loads as loads_json
 from ._patterns import compile_pattern, fullmatch
 from ._yaml import parse
 
@@ -107,7 +107,7 @@ class ShardingRules:
             ) from None
         if str(path).endswith(".json"):
             try:
-                data = json.loads(text)
+                data = loads_json(text)
             except ValueError as error:
                 raise ArgumentError(f"{label} is not valid JSON: {error}.") from None
         else:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import ArgumentError, CheckpointNotFoundError, NotACheckpointError, UnsupportedError
+from .._json import loads as loads_json
 from .._location import LocalLocation, location_of
 from .._paths import flatten
 
@@ -196,7 +197,7 @@ def read(source: str | os.PathLike) -> Adapter:
         NotACheckpointError,
     )
     try:
-        config = json.loads(raw)
+        config = loads_json(raw)
     except ValueError as error:
         raise NotACheckpointError(
             f"{str(folder / CONFIG_NAME)!r} is not JSON ({error}). Write it again with peft."

@@ -10,12 +10,12 @@ rather than placing the array somewhere else without a word.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 
 from .._errors import CorruptCheckpointError, UnsupportedError
+from .._json import loads as loads_json
 
 
 def recorded_sharding(description: str | dict, path: str) -> Any:
@@ -27,7 +27,7 @@ def recorded_sharding(description: str | dict, path: str) -> Any:
     import jax  # heavy: loaded on first use, not at import
 
     try:
-        fields = json.loads(description) if isinstance(description, str) else description
+        fields = loads_json(description) if isinstance(description, str) else description
         kind = fields["sharding_type"]
     except (ValueError, TypeError, KeyError) as error:
         raise CorruptCheckpointError(

@@ -35,7 +35,6 @@ import ctypes.util
 import datetime
 import errno
 import glob
-import json
 import os
 import re
 import socket
@@ -56,6 +55,7 @@ from .._errors import (
     SutureWarning,
 )
 from .._interrupts import native_call, record_finished
+from .._json import loads as loads_json
 from .base import MAX_METADATA_BYTES, LocalLocation, Location
 
 TMP_MARKER = ".orbax-checkpoint-tmp-suture-"
@@ -193,7 +193,7 @@ def unfinished_elsewhere(destination: Location) -> DestinationError:
 def _describe_unfinished(destination: Location) -> str:
     """Whose an unfinished save looks like: Orbax's metadata says when it started."""
     try:
-        recorded = json.loads((destination / CHECKPOINT_METADATA).read_bytes(MAX_METADATA_BYTES))
+        recorded = loads_json((destination / CHECKPOINT_METADATA).read_bytes(MAX_METADATA_BYTES))
         started_ns = int(recorded["init_timestamp_nsecs"])
         started = datetime.datetime.fromtimestamp(started_ns / 1e9, datetime.UTC)
         return f"an Orbax save started at {started:%Y-%m-%d %H:%M:%S} UTC with no commit yet"
@@ -221,7 +221,7 @@ def is_unfinished(folder: Location) -> bool:
     if not metadata.is_file():
         return False
     try:
-        recorded = json.loads(metadata.read_bytes(MAX_METADATA_BYTES))
+        recorded = loads_json(metadata.read_bytes(MAX_METADATA_BYTES))
     except (ValueError, SurgeryError):
         return False
     if not isinstance(recorded, dict):

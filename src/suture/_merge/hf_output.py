@@ -17,6 +17,7 @@ from typing import Any
 from .._dtypes import to_dtype
 from .._errors import MergeError
 from .._hf import side_file
+from .._json import loads as loads_json
 from .._location import MAX_METADATA_BYTES, LocalLocation, location_of
 
 TOKENIZER_FILES = (
@@ -66,7 +67,18 @@ def hf_side_files(
             f"the file itself."
         )
     raw = location_of(source_config).read_bytes(MAX_METADATA_BYTES, "the model's config")
-    config = json.loads(raw.decode("utf-8"))
+    try:
+        config = loads_json(raw.decode("utf-8"))
+    except ValueError as error:  # UnicodeDecodeError is one
+        raise MergeError(
+            f"{str(source_config)!r} is not valid JSON ({error}); the merge copies the donor's "
+            f"config.json beside its output. Mend or replace the donor's config.json."
+        ) from error
+    if not isinstance(config, dict):
+        raise MergeError(
+            f"{str(source_config)!r} holds {type(config).__name__}, not a JSON object; the "
+            f"merge copies the donor's config.json beside its output. Mend or replace it."
+        )
     if layers and "num_hidden_layers" in config:
         config["num_hidden_layers"] = layers
     if out_dtype:  # transformers 5 reads `dtype`, 4 `torch_dtype`; both by numpy's name

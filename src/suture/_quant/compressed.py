@@ -172,6 +172,15 @@ def dequantize_compressed(
     consumed: set[str] = set()
     made: dict[str, LazyArray] = {}
     for module in modules:
+        plain = tensors.get(module + ".weight")
+        if plain is not None:
+            raise CorruptCheckpointError(
+                f"{where}: {module + '.weight_packed'!r} dequantizes to {module + '.weight'!r}, "
+                f"but the checkpoint also holds a tensor {module + '.weight'!r} "
+                f"({plain.dtype.name} of shape {plain.shape}): one would silently replace the "
+                f"other. Expected one of them; the checkpoint holds a packed and a plain copy "
+                f"of the same weight."
+            )
         group = config.group_of(module, where)
         if group.format == "nvfp4-pack-quantized":
             made[module + ".weight"], used = _nvfp4(tensors, module, group, dtype, where)

@@ -28,7 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from .._buffers import aligned_empty, scratch_buffer
-from .._errors import LossyCastError, SutureWarning
+from .._errors import CorruptCheckpointError, LossyCastError, SutureWarning
 from .._lazy.graph import Node
 from .._lazy.selection import (
     Selection,
@@ -49,6 +49,7 @@ from .formats import (
     dequantize_mxfp4,
     mxfp4_overflow_scale,
     quantize_fp8,
+    scale_values,
     unheld_values,
 )
 
@@ -83,9 +84,11 @@ class FP8DequantNode(Node):
         dtype: np.dtype,
         name: str,
         tensor: str = "",
+        scale_name: str = "",
     ) -> None:
         self.weight, self.scale, self.block, self.name = weight, scale, block, name
         self.shape, self.dtype = weight.shape, np.dtype(dtype)
+        self.tensor, self.scale_name = tensor, scale_name or f"{tensor}_scale_inv"
         self.overflow = _OverflowWarning(tensor, self.dtype)
 
     def inputs(self) -> tuple[Node, ...]:
@@ -120,6 +123,7 @@ class FP8DequantNode(Node):
     def read_into(self, selection: Selection, out: np.ndarray) -> None:
         scale_selection = self._scale_selection(selection)
         scales = self.scale.read(scale_selection)
+        self._refuse_damaged_scales(scales, scale_selection)
         rows = indices(selection[-2]) // self.block[0] - scale_selection[-2].start
         cols = indices(selection[-1]) // self.block[1] - scale_selection[-1].start
         shape = selection_shape(selection)
@@ -145,6 +149,23 @@ class FP8DequantNode(Node):
                     where = (*at[:-2], start + at[-2], at[-1])
                     index = tuple(positions(a)[i] for a, i in zip(selection, where, strict=True))
                     self.overflow.say(int(bad.sum()), index, f"scale_inv {scale}", scale)
+
+    def _refuse_damaged_scales(self, scales: np.ndarray, scale_selection: Selection) -> None:
+        """A stored scale that is not finite (NaN or inf, UE8M0's byte 255) is damage, as in
+        the grouped formats: refused naming the block, not read as NaN or inf values."""
+        finite = np.isfinite(scale_values(scales))
+        if finite.all():
+            return
+        at = tuple(int(i) for i in np.argwhere(~finite)[0])
+        block = [positions(axis)[i] for axis, i in zip(scale_selection, at, strict=True)]
+        raw = np.asarray(scales[at])
+        shown = f"byte {int(raw.view(np.uint8))}" if raw.dtype.itemsize == 1 else repr(float(raw))
+        raise CorruptCheckpointError(
+            f"Tensor {self.tensor or '(unnamed)'!r} ({self.name}): the scale of block {block} "
+            f"({self.scale_name!r}, stored {shown}) is not finite; expected a finite scale "
+            f"({int((~finite).sum())} such scale(s) in this read). The checkpoint's scales are "
+            f"damaged: take the tensor from an intact copy."
+        )
 
 
 class MXFP4DequantNode(Node):

@@ -62,20 +62,101 @@ def is_quantized_name(name: str) -> bool:
 
 
 def dequantize_tensors(
-    tensors: dict[str, LazyArray], scheme: Scheme, dtype: np.dtype, where: str
+    tensors: dict[str, LazyArray],
+    scheme: Scheme,
+    dtype: np.dtype,
+    where: str,
+    packed_fp4: frozenset[str] = frozenset(),
 ) -> dict[str, LazyArray]:
-    """`tensors` with each quantized pair replaced by its lazy dequantized tensor."""
+    """`tensors` with each quantized pair replaced by its lazy dequantized tensor.
+
+    `packed_fp4` names the tensors a safetensors header declares ``F4`` (read as bytes).
+    A tensor still stored quantized after the scheme's pairing (another format's codes,
+    scales or packed words, or a quantized tensor whose pair is missing) is refused: passed
+    on, its codes would be read as values under a config that says they are dequantized.
+    """
     if scheme.method == "compressed-tensors":
-        return dequantize_compressed(tensors, scheme.details, dtype, where)
-    if scheme.method == "modelopt":
-        return dequantize_modelopt(tensors, scheme.details, dtype, where)
-    if scheme.method == "mxfp4":
-        return _dequantize_mxfp4(tensors, dtype, where)
-    return _dequantize_fp8(tensors, scheme, dtype, where)
+        result = dequantize_compressed(tensors, scheme.details, dtype, where)
+    elif scheme.method == "modelopt":
+        result = dequantize_modelopt(tensors, scheme.details, dtype, where)
+    elif scheme.method == "mxfp4":
+        result = _dequantize_mxfp4(tensors, dtype, where)
+    else:
+        result = _dequantize_fp8(tensors, scheme, dtype, where, packed_fp4)
+    for name, array in result.items():
+        if tensors.get(name) is array:  # passed through as stored
+            _refuse_if_stored_quantized(name, array, tensors, scheme.method, where, packed_fp4)
+    return result
+
+
+# the parts of a compressed-tensors module that only its ``weight_packed`` gives a meaning
+COMPRESSED_PARTS = (".weight_zero_point", ".weight_shape", ".weight_g_idx")
+E8M0_DTYPES = ("float8_e8m0fnu", "uint8")
+
+
+def _stored_form(name: str, array: LazyArray, tensors: dict[str, LazyArray]) -> str | None:
+    """What `name` holds when it looks like a quantized format's stored part, else None."""
+    if array.dtype.name in FP8_DTYPES:
+        return f"{array.dtype.name}, FP8 codes"
+    if name.endswith(FP8_SCALE_SUFFIX):
+        return f"{array.dtype.name}, an FP8 block scale"
+    if name.endswith(".weight_packed"):
+        return f"{array.dtype.name}, compressed-tensors' packed values"
+    if name.endswith("_blocks") and name[: -len("_blocks")] + "_scales" in tensors:
+        return f"{array.dtype.name}, MXFP4 blocks"
+    return None
+
+
+def _refuse_if_stored_quantized(
+    name: str,
+    array: LazyArray,
+    tensors: dict[str, LazyArray],
+    method: str,
+    where: str,
+    packed_fp4: frozenset[str],
+) -> None:
+    found = "F4, packed E2M1 values" if name in packed_fp4 else _stored_form(name, array, tensors)
+    if found is None and method == "compressed-tensors" and name.endswith(COMPRESSED_PARTS):
+        packed = name.rsplit(".", 1)[0] + ".weight_packed"
+        if packed in tensors:  # left over by its scheme (a zero point of a symmetric one)
+            raise CorruptCheckpointError(
+                f"{where}: tensor {name!r} sits beside {packed!r}, whose config group stores "
+                f"no such part (a zero point of a symmetric scheme, NVFP4's included): the "
+                f"config and the tensors disagree. Expected the config group the checkpoint "
+                f"was written with (`symmetric: false` where it has zero points)."
+            )
+        raise CorruptCheckpointError(
+            f"{where}: tensor {name!r} belongs to a packed weight {packed!r}, which the "
+            f"checkpoint lacks. The checkpoint is incomplete (a missing shard?)."
+        )
+    ue8m0 = name.endswith(V4_SCALE_SUFFIX) and array.dtype.name in E8M0_DTYPES
+    if found is None and method == "fp8" and ue8m0:
+        weight = name[: -len(V4_SCALE_SUFFIX)] + ".weight"
+        there = tensors.get(weight)
+        beside = "is missing" if there is None else f"is {there.dtype.name}, not FP8 or FP4"
+        raise CorruptCheckpointError(
+            f"{where}: UE8M0 scale tensor {name!r} ({array.dtype.name}) scales no quantized "
+            f"weight: {weight!r} {beside}. Expected an FP8 or FP4 {weight!r} beside it; the "
+            f"checkpoint is incomplete or damaged."
+        )
+    if found is None:
+        return
+    raise CorruptCheckpointError(
+        f"{where}: tensor {name!r} is stored quantized ({found}), and the config's "
+        f"{method!r} quantization_config pairs it with nothing, so it cannot be dequantized: "
+        f"passed on, its codes would be read as values. Expected every quantized tensor in "
+        f"the config's format with its scales beside it; the checkpoint mixes formats, lacks "
+        f"a scale, or its config names the wrong scheme. Open it without dequantize to see "
+        f"the stored tensors."
+    )
 
 
 def _dequantize_fp8(
-    tensors: dict[str, LazyArray], scheme: Scheme, dtype: np.dtype, where: str
+    tensors: dict[str, LazyArray],
+    scheme: Scheme,
+    dtype: np.dtype,
+    where: str,
+    packed_fp4: frozenset[str] = frozenset(),
 ) -> dict[str, LazyArray]:
     result: dict[str, LazyArray] = {}
     scales = {name for name in tensors if name.endswith(FP8_SCALE_SUFFIX)}
@@ -94,6 +175,13 @@ def _dequantize_fp8(
             scale_name = _v4_scale_name(name)
         scale = tensors.get(scale_name)
         if scale is None:
+            if name in packed_fp4:
+                raise CorruptCheckpointError(
+                    f"{where}: tensor {name!r} is F4 (packed E2M1 values) but has no "
+                    f"{_v4_scale_name(name) if name.endswith('.weight') else name + '.scale'!r}: "
+                    f"its values cannot be dequantized. Expected every FP4 tensor to have its "
+                    f"UE8M0 scales (one per {FP4_GROUP} values); the checkpoint is incomplete."
+                )
             if array.dtype.name in FP8_DTYPES:
                 raise CorruptCheckpointError(
                     f"{where}: tensor {name!r} is {array.dtype.name} but has no "
@@ -107,7 +195,7 @@ def _dequantize_fp8(
             continue
         block = _fp8_block(name, array, scale, scheme, where, scale_name)
         label = f"fp8 {block[0]}x{block[1]} blocks"
-        node = FP8DequantNode(array.node, scale.node, block, dtype, label, name)
+        node = FP8DequantNode(array.node, scale.node, block, dtype, label, name, scale_name)
         result[name] = LazyArray(node, path=array.path)
     return result
 
@@ -218,6 +306,13 @@ def _dequantize_mxfp4(
             result[name] = array
             continue
         base = name[: -len("_blocks")]
+        if base in tensors:
+            raise CorruptCheckpointError(
+                f"{where}: MXFP4 tensor {name!r} dequantizes to {base!r}, but the checkpoint also "
+                f"holds a tensor {base!r} ({tensors[base].dtype.name} of shape "
+                f"{tensors[base].shape}): one would silently replace the other. Expected one of "
+                f"them; the checkpoint holds a packed and a plain copy of the same weight."
+            )
         scales = tensors.get(base + "_scales")
         if scales is None:
             raise CorruptCheckpointError(

@@ -24,6 +24,7 @@ from .._errors import (
     DestinationExistsError,
     UnsupportedError,
 )
+from .._json import loads as loads_json
 from .._location import LocalLocation, location_of
 from .._location.publish import unwritable
 from ..sources.orbax_layout import CHECKPOINT_METADATA, TMP_MARKER
@@ -93,7 +94,7 @@ def _record_item(step_dir: Path, name: str) -> None:
     """The step's ``_CHECKPOINT_METADATA``, as a CheckpointManager writes it, with `name`."""
     file = step_dir / CHECKPOINT_METADATA
     try:
-        recorded = json.loads(file.read_text()) if file.is_file() else {}
+        recorded = loads_json(file.read_text()) if file.is_file() else {}
     except (OSError, ValueError):
         recorded = {}
     if not isinstance(recorded, dict):

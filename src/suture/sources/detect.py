@@ -184,9 +184,17 @@ def detect(path: Location) -> str:
         from .orbax_layout import (  # a format plugin: loaded for the format found
             is_orbax_folder,
             resolve,
+            steps_in_name_only,
         )
+        from .safetensors import INDEX_SUFFIX  # a format plugin: loaded for the format found
 
-        if is_orbax_folder(path):
+        safetensors = (".safetensors", f".safetensors{INDEX_SUFFIX}")
+        # a Hugging Face folder beside a subfolder named like a step (``run_2``) is not a
+        # CheckpointManager root; the listing is looked at only where no Orbax file is
+        if is_orbax_folder(path) and not (
+            steps_in_name_only(path)
+            and any(name.endswith(safetensors) for name in _safetensors_probe(path))
+        ):
             # what opening it reads next, read at once (on a bucket, within open_source)
             read_ahead(
                 [
@@ -196,10 +204,7 @@ def detect(path: Location) -> str:
                 MAX_METADATA_BYTES,
             )
             return "orbax"
-        from .safetensors import INDEX_SUFFIX  # a format plugin: loaded for the format found
-
-        names = _safetensors_probe(path)
-        if any(name.endswith((".safetensors", f".safetensors{INDEX_SUFFIX}")) for name in names):
+        if any(name.endswith(safetensors) for name in _safetensors_probe(path)):
             return "safetensors"
         resolve(path)  # raises the Orbax layout's own explanation of what the folder holds
         return "orbax"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import json
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +24,7 @@ from .._errors import (
     check_shape,
     did_you_mean,
 )
+from .._json import loads as loads_json
 from .._lazy.array import LazyArray
 from .._location import (
     MAX_METADATA_BYTES,
@@ -93,7 +93,9 @@ is_orbax_folder = orbax_layout.is_orbax_folder
 class _ItemStore:
     """One pytree item folder: its TensorStore context and how to open each array."""
 
-    def __init__(self, folder: Location, use_ocdbt: bool) -> None:
+    def __init__(self, folder: Location, use_ocdbt: bool, fill_missing: bool = True) -> None:
+        """`fill_missing`: whether a chunk missing from the store reads as the fill value (a
+        checkpoint that stored only chunks unequal to it) rather than failing."""
         import tensorstore as ts  # heavy: loaded on first use, not at import
 
         self.folder = folder.resolve()
@@ -105,7 +107,7 @@ class _ItemStore:
                 f"checkpoints) takes only UTF-8 paths. Rename the folder or link it from a UTF-8 "
                 f"path."
             ) from None
-        self.use_ocdbt = use_ocdbt
+        self.use_ocdbt, self.fill_missing = use_ocdbt, fill_missing
         self.context = ts.Context(
             {
                 "cache_pool": {"total_bytes_limit": 0},
@@ -186,7 +188,12 @@ class _ItemStore:
         return found
 
     def opener(self, name: str, driver: str) -> Any:
-        spec = {"driver": driver, "kvstore": self.kvstore_spec(name), "recheck_cached_data": False}
+        spec = {
+            "driver": driver,
+            "kvstore": self.kvstore_spec(name),
+            "recheck_cached_data": False,
+            "fill_missing_data_reads": self.fill_missing,
+        }
 
         def open_store() -> Any:
             import tensorstore as ts  # heavy: loaded on first use, not at import
@@ -221,7 +228,10 @@ def _read_item_unchecked(folder: Location, prefix: str) -> Any:
             f"supported orbax-checkpoint version (0.5 or newer), or it is damaged."
         )
     use_ocdbt = bool(metadata.get("use_ocdbt", (folder / "manifest.ocdbt").is_file()))
-    store = _ItemStore(folder, use_ocdbt)
+    # Orbax stores every chunk, fill values included, where `_METADATA` says so, and then
+    # restores a missing chunk as an error (its `raise_array_data_missing_error`), not zeros
+    stored_all = bool(metadata.get("store_array_data_equal_to_fill_value", False))
+    store = _ItemStore(folder, use_ocdbt, fill_missing=not stored_all)
     leaves = _parse_entries(entries, folder)
     strings = _read_strings(folder) if any(kind == "string" for _, kind in leaves.values()) else {}
     array_names = [
@@ -295,6 +305,12 @@ def _parse_entries(
                 f"value_metadata ({entry!r:.200}). The checkpoint is damaged."
             ) from error
         check_depth(len(keys), "/".join(keys))
+        if keys in leaves:
+            raise CorruptCheckpointError(
+                f"{str(folder / PYTREE_METADATA)!r} lists the leaf {'/'.join(keys)!r} twice: "
+                f"which entry holds it is ambiguous. The checkpoint is damaged; restore it "
+                f"from a copy."
+            )
         leaves[keys] = (kinds, value_type)
     return leaves
 
@@ -395,8 +411,20 @@ class _TreeBuilder:
     def __init__(self) -> None:
         self.root: dict = {}
         self._sequence_keys: dict[int, set[str]] = {}  # id(node) -> keys Orbax saw as indices
+        self._leaves: set[tuple[str, ...]] = set()
+        self._inner: set[tuple[str, ...]] = set()  # the keys of subtrees
 
     def insert(self, keys: tuple[str, ...], kinds: tuple[int, ...], leaf: Any) -> None:
+        """Places `leaf` at `keys`; a leaf where a subtree is, or under another leaf, is a
+        ValueError (a leaf that is an empty dict is no subtree)."""
+        prefixes = {keys[:end] for end in range(len(keys))}
+        if keys in self._inner or prefixes & self._leaves:
+            shorter = min(prefixes & self._leaves, key=len, default=keys)
+            raise ValueError(
+                f"a leaf and a subtree at one key, {'/'.join(shorter) or '(the root)'!r}"
+            )
+        self._leaves.add(keys)
+        self._inner |= prefixes
         if not keys:
             self.root[_ROOT] = leaf
             return
@@ -430,7 +458,7 @@ _ROOT = "__root__"
 
 def _parse_json(raw: bytes, where: object) -> Any:
     try:
-        return json.loads(raw)
+        return loads_json(raw)
     except ValueError as error:
         raise CorruptCheckpointError(
             f"Cannot parse {str(where)!r} as JSON ({error}). The checkpoint is damaged; "

@@ -22,7 +22,6 @@ Remote folders are read the same way through `suture._location`: known names fir
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from .._errors import (
     UnfinishedCheckpointError,
 )
 from .._hf import SideFileWarning, local_side_file
+from .._json import loads as loads_json
 from .._location import MAX_METADATA_BYTES, LocalLocation, Location, RemoteLocation
 from .._location.publish import COMMIT_SUCCESS_FILE
 
@@ -67,6 +67,20 @@ def is_orbax_folder(path: Location) -> bool:
     if _cannot_list(path) or not path.is_dir():
         return False
     return bool(_steps_of(path))
+
+
+def steps_in_name_only(path: Location) -> bool:
+    """Whether `path` looks like Orbax only by subfolders named like steps (``1``,
+    ``run_2``), none of which holds an Orbax checkpoint: a Hugging Face folder with such a
+    subfolder is not a CheckpointManager root."""
+    if (path / PYTREE_METADATA).is_file() or (path / CHECKPOINT_METADATA).is_file():
+        return False
+    return not any(
+        (step / CHECKPOINT_METADATA).is_file()
+        or (step / PYTREE_METADATA).is_file()
+        or any((step / item / PYTREE_METADATA).is_file() for item in step.subfolders())
+        for step in _steps_of(path).values()
+    )
 
 
 def _cannot_list(path: Location) -> bool:
@@ -309,14 +323,14 @@ def _read_json_if_present(path: Location) -> object:
     except CheckpointNotFoundError:
         return _ABSENT
     try:
-        return json.loads(data)
+        return loads_json(data)
     except ValueError as error:
         raise _unreadable(path, error) from error
 
 
 def _read_json(path: Location) -> object:
     try:
-        return json.loads(path.read_bytes(MAX_METADATA_BYTES))
+        return loads_json(path.read_bytes(MAX_METADATA_BYTES))
     except SurgeryError as error:
         if not isinstance(error, CheckpointNotFoundError):
             raise  # already says what is wrong (too large, no answer, changed)

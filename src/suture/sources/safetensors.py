@@ -18,8 +18,8 @@ Example:
 from __future__ import annotations
 
 import contextvars
-import json
 import math
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -32,9 +32,11 @@ from .._errors import (
     NotACheckpointError,
     PathConflictError,
     SurgeryError,
+    SutureWarning,
     check_shape,
 )
 from .._hf import local_side_file
+from .._json import loads as loads_json
 from .._lazy.array import LazyArray
 from .._location import (
     MAX_METADATA_BYTES,
@@ -93,7 +95,7 @@ def open_safetensors(
     """
     path = location_of(path)
     files, index = _files_of(path)
-    tensors, weight_map, metadata = _read_tensors(files, path)
+    tensors, weight_map, metadata, packed_fp4 = _read_tensors(files, path)
     layout: dict[str, Any] = {}
     if index is not None:
         _check_index(index, tensors, path)
@@ -102,7 +104,7 @@ def open_safetensors(
     if quantization is not None:
         layout["quantization_config"] = quantization
     if dequantize and (quantization is not None or dequantize is True):
-        tensors = _dequantized(tensors, quantization, path, to_dtype(dtype))
+        tensors = _dequantized(tensors, quantization, path, to_dtype(dtype), packed_fp4)
         layout["dequantized"] = True
     tree = _tree(tensors, separator, path)
     return Checkpoint(
@@ -123,7 +125,7 @@ def quantization_config(path: Location) -> Any:
             config_file = LocalLocation(found)
         elif not config_file.is_file():
             return None
-        config = json.loads(config_file.read_bytes(MAX_METADATA_BYTES, "the model's config"))
+        config = loads_json(config_file.read_bytes(MAX_METADATA_BYTES, "the model's config"))
     except (OSError, ValueError, SurgeryError):
         return None  # an unreadable config is the family recipes' to report
     found = config.get("quantization_config") if isinstance(config, dict) else None
@@ -145,7 +147,7 @@ def _modelopt_config(folder: Location) -> Any:
             side = folder / "hf_quant_config.json"
             if not side.is_file():
                 return None
-        config = json.loads(side.read_bytes(MAX_METADATA_BYTES, "hf_quant_config.json"))
+        config = loads_json(side.read_bytes(MAX_METADATA_BYTES, "hf_quant_config.json"))
     except (OSError, ValueError, SurgeryError):
         return None
     if not isinstance(config, dict) or not isinstance(config.get("quantization"), dict):
@@ -154,7 +156,11 @@ def _modelopt_config(folder: Location) -> Any:
 
 
 def _dequantized(
-    tensors: dict[str, LazyArray], quantization: Any, path: Location, dtype: np.dtype
+    tensors: dict[str, LazyArray],
+    quantization: Any,
+    path: Location,
+    dtype: np.dtype,
+    packed_fp4: frozenset[str],
 ) -> dict[str, LazyArray]:
     where = repr(str(path))
     if quantization is None:
@@ -162,7 +168,7 @@ def _dequantized(
             f"{where} has no config.json with a quantization_config, so there is nothing to "
             f"dequantize (suture reads the scheme from it). Open it without dequantize."
         )
-    return dequantize_tensors(tensors, scheme_of(quantization, where), dtype, where)
+    return dequantize_tensors(tensors, scheme_of(quantization, where), dtype, where, packed_fp4)
 
 
 def tensors_by_name(path: Any) -> dict[str, LazyArray]:
@@ -174,10 +180,13 @@ def tensors_by_name(path: Any) -> dict[str, LazyArray]:
 
 def _read_tensors(
     files: list[Location], path: Location
-) -> tuple[dict[str, LazyArray], dict[str, str], dict[str, str]]:
+) -> tuple[dict[str, LazyArray], dict[str, str], dict[str, str], frozenset[str]]:
+    """Every tensor of `files` (lazy), the shard of each, the first file's metadata, and
+    the names of the tensors stored ``F4`` (read as their bytes)."""
     tensors: dict[str, LazyArray] = {}
     weight_map: dict[str, str] = {}
     metadata: dict[str, str] = {}
+    packed_fp4: set[str] = set()
 
     def opened(file: Location) -> tuple[Any, dict[str, Any], int]:
         identity = local_identity(file)  # before the header: a swap in between fails the reads
@@ -197,7 +206,28 @@ def _read_tensors(
                 FileRangeSource(file, data_start + begin, shape, dtype, name, identity), path=name
             )
             weight_map[name] = file.name
-    return tensors, weight_map, metadata
+            if isinstance(entry, dict) and entry.get("dtype") == PACKED_FP4:
+                packed_fp4.add(name)
+    return tensors, weight_map, metadata, frozenset(packed_fp4)
+
+
+def _say_slashed_names(tensors: dict[str, LazyArray], separator: str, path: Location) -> None:
+    """Warns where a name holds a ``/`` that is not the separator: tree paths join levels
+    with ``/``, so the name becomes levels and is written back with the separator."""
+    if separator == "/":
+        return
+    slashed = [name for name in tensors if "/" in name]
+    if not slashed:
+        return
+    written = separator.join(slashed[0].replace(separator, "/").split("/")) if separator else ""
+    warnings.warn(
+        f"Tensor {slashed[0]!r} of {str(path)!r} ({len(slashed)} name(s) with a '/'): a '/' "
+        f"separates the levels of a tree path, so the name becomes levels"
+        + (f" and is written back as {written!r}" if written else "")
+        + ". Open it with separator='/' to keep such names whole.",
+        SutureWarning,
+        stacklevel=4,
+    )
 
 
 def _files_of(path: Location) -> tuple[list[Location], dict | None]:
@@ -206,10 +236,17 @@ def _files_of(path: Location) -> tuple[list[Location], dict | None]:
         names = _folder_names(path)
         indexes = [name for name in names if name.endswith(f".safetensors{INDEX_SUFFIX}")]
         if indexes:
-            return _files_of(path / indexes[0])
+            return _files_of(path / _the_index(indexes, path))
         files = [path / name for name in names if name.endswith(".safetensors")]
         if not files:
             raise NotACheckpointError(f"{str(path)!r} holds no .safetensors file and no index.")
+        for file in files:
+            if not file.is_remote and not file.is_file():  # opening a pipe would wait forever
+                raise NotACheckpointError(
+                    f"{str(file)!r} is named like a safetensors file but is not a regular file "
+                    f"(a pipe, socket, device or folder). Remove or rename it, or open the "
+                    f"shards you mean one by one."
+                )
         return files, None
     if path.name.endswith(INDEX_SUFFIX):
         if path.is_remote:
@@ -266,6 +303,18 @@ def _each(function: Any, items: list, remote: bool | None = None) -> list:
         return [call.result() for call in calls]
 
 
+def _the_index(indexes: list[str], folder: Location) -> str:
+    """The index a folder is read through: Hugging Face's ``model.safetensors.index.json``
+    where there are several (as transformers reads it), else the only one."""
+    if SINGLE_NAMES[0] in indexes or len(indexes) == 1:
+        return SINGLE_NAMES[0] if SINGLE_NAMES[0] in indexes else indexes[0]
+    raise ArgumentError(
+        f"{str(folder)!r} holds {len(indexes)} indexes ({', '.join(indexes[:4])}) and no "
+        f"{SINGLE_NAMES[0]}: which shards make the model is ambiguous. Open the index you "
+        f"mean (suture.open({str(folder / indexes[0])!r}))."
+    )
+
+
 def _folder_names(folder: Location) -> list[str]:
     """The folder's file names, sorted; remote: Hugging Face's usual names first, unlisted."""
     if folder.is_remote:
@@ -281,7 +330,7 @@ def _read_index(path: Location) -> dict:
     except OSError as error:
         raise CorruptCheckpointError(f"Cannot read {str(path)!r}: {error}.") from error
     try:
-        index = json.loads(raw)
+        index = loads_json(raw)
     except ValueError as error:
         raise CorruptCheckpointError(f"Cannot read {str(path)!r} as JSON: {error}.") from error
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
@@ -333,7 +382,7 @@ def read_header(file: Location) -> tuple[dict[str, Any], int]:
     except OSError as error:
         raise CorruptCheckpointError(f"Cannot read {str(file)!r}: {error}.") from error
     try:
-        header = json.loads(raw)
+        header = loads_json(raw)
     except (ValueError, UnicodeDecodeError) as error:
         raise CorruptCheckpointError(
             f"The header of {str(file)!r} is not valid JSON: {error}."
@@ -446,6 +495,7 @@ def _check_layout(header: dict, data_size: int, file: Location) -> None:
 
 
 def _tree(tensors: dict[str, LazyArray], separator: str, path: Location) -> Any:
+    _say_slashed_names(tensors, separator, path)
     flat, named = {}, {}
     for name, array in tensors.items():
         keys = name.split(separator) if separator else [name]
