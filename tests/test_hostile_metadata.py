@@ -167,7 +167,7 @@ def test_of_two_indexes_the_one_hugging_face_reads_is_read(tmp_path: Path) -> No
 def test_two_indexes_neither_hugging_faces_are_refused_as_ambiguous(tmp_path: Path) -> None:
     _indexed(tmp_path, "a.safetensors.index.json", "tok")
     _indexed(tmp_path, "b.safetensors.index.json", "embed")
-    with pytest.raises(suture.ArgumentError, match="holds 2 indexes .* ambiguous"):
+    with pytest.raises(suture.NotACheckpointError, match="holds 2 indexes .* ambiguous"):
         suture.open(tmp_path)
     assert suture.open(tmp_path / "b.safetensors.index.json").paths() == ["embed"]
 

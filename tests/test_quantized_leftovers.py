@@ -261,3 +261,17 @@ def test_a_float_scale_beside_a_float_weight_stays_an_ordinary_tensor(tmp_path: 
     tensors = {"norm.scale": torch.full((4,), 2.0), "norm.weight": torch.ones(4)}
     opened = suture.open(folder(tmp_path / "m", tensors, V4), dequantize=True)
     assert opened["norm/scale"].read().tolist() == [2.0] * 4
+
+
+def test_an_fp8_layer_that_modelopt_excludes_from_nvfp4_is_refused(tmp_path: Path) -> None:
+    """ModelOpt's excluded modules pass through as stored; an FP8 one (a mixed-precision
+    export) would pass its codes as values, so it is refused naming exclude_modules."""
+    path = tmp_path / "m"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    quantization = {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["attn*"]}
+    (path / "hf_quant_config.json").write_text(json.dumps({"quantization": quantization}))
+    save_file(
+        {"attn.weight": fp8_ones((4, 16)), "norm.weight": torch.ones(4)}, path / "model.safetensors"
+    )
+    refused(path, tmp_path, "'attn.weight' is float8_e4m3fn", "exclude_modules")

@@ -340,3 +340,35 @@ def test_opening_remote_shards_asks_index_config_and_headers_at_once(
     assert not [name for name, _ in asked if name == "consolidated.safetensors"]
     for tensor in "ab":
         np.testing.assert_array_equal(ckpt[tensor].read(), np.full((4, 4), ord(tensor)))
+
+
+def test_opening_a_remote_manager_root_asks_nothing_more_of_its_older_steps(gcs: str, monkeypatch):
+    """Telling a Hugging Face folder beside a step-like subfolder from a CheckpointManager
+    root (`detect._beside_step_names`) reads only the listing the steps were found in: it
+    asks no step whether it holds a checkpoint (before this was settled, it asked the oldest
+    step's `_CHECKPOINT_METADATA`, then listed it). The older step's `_METADATA` is probed by
+    the layout's own choice of the newest finished step, as before."""
+    import orbax.checkpoint as ocp
+    from etils import epath
+
+    url = f"{gcs}/latency/manager"
+    with ocp.CheckpointManager(epath.Path(url)) as manager:
+        for step in (1, 2):
+            manager.save(step, args=ocp.args.StandardSave({"w": np.full(2, float(step))}))
+        manager.wait_until_finished()
+    asked: list[str] = []
+    read_now, list_now = RemoteLocation._read_now, RemoteLocation._list_now
+
+    def read(self: RemoteLocation, key: str, byte_range: slice | None = None):
+        asked.append(key)
+        return read_now(self, key, byte_range)
+
+    def listed(self: RemoteLocation, start: str, end: str) -> list[str]:
+        asked.append(start)
+        return list_now(self, start, end)
+
+    monkeypatch.setattr(RemoteLocation, "_read_now", read)
+    monkeypatch.setattr(RemoteLocation, "_list_now", listed)
+    assert suture.open(url)["w"].read().tolist() == [2.0, 2.0]
+    older = [key for key in asked if key.startswith("latency/manager/1")]
+    assert older == ["latency/manager/1/_METADATA"], asked

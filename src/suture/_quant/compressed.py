@@ -36,6 +36,8 @@ from .intpack import packed_words
 FORMATS = ("pack-quantized", "nvfp4-pack-quantized")
 STRATEGIES = ("group", "channel", "tensor")
 DROPPED = ("input_global_scale", "input_scale", "input_zero_point", "output_scale")
+# the parts of a module that only its ``weight_packed`` gives a meaning
+PACKED_PARTS = (".weight_zero_point", ".weight_shape", ".weight_g_idx")
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,8 @@ def dequantize_compressed(
                 f"{where}: scale tensor {name!r} has no {name.rsplit('.', 1)[0] + '.weight_packed'!r} "
                 f"beside it. The checkpoint is incomplete (a missing shard?)."
             )
+        if name.endswith(PACKED_PARTS) and name not in consumed:
+            _refuse_part(name, tensors, where)
     result: dict[str, LazyArray] = {}
     for name, array in tensors.items():
         if name.endswith(".weight_packed"):
@@ -202,6 +206,23 @@ def dequantize_compressed(
         elif name not in consumed:
             result[name] = array
     return result
+
+
+def _refuse_part(name: str, tensors: dict[str, LazyArray], where: str) -> None:
+    """A part of a packed weight that nothing read: its weight is missing, or its config
+    group stores no such part (a zero point of a symmetric scheme, NVFP4's included)."""
+    packed = name.rsplit(".", 1)[0] + ".weight_packed"
+    if packed in tensors:
+        raise CorruptCheckpointError(
+            f"{where}: tensor {name!r} sits beside {packed!r}, whose config group stores no "
+            f"such part (a zero point of a symmetric scheme, NVFP4's included): the config and "
+            f"the tensors disagree. Expected the config group the checkpoint was written with "
+            f"(`symmetric: false` where it has zero points)."
+        )
+    raise CorruptCheckpointError(
+        f"{where}: tensor {name!r} belongs to a packed weight {packed!r}, which the checkpoint "
+        f"lacks. The checkpoint is incomplete (a missing shard?)."
+    )
 
 
 def _needed(tensors: dict[str, LazyArray], name: str, packed: str, where: str) -> LazyArray:

@@ -133,6 +133,14 @@ def dequantize_modelopt(
         stored = array.dtype.name in STORED and name.endswith(".weight")
         if stored and not _excluded(name, config):
             _refuse_stored(name, array, tensors, where)
+        if array.dtype.name == "float8_e4m3fn" and _excluded(name, config):
+            raise CorruptCheckpointError(
+                f"{where}: tensor {name!r} is float8_e4m3fn in a module that "
+                f"hf_quant_config.json's exclude_modules keeps out of NVFP4: a layer of another "
+                f"scheme (FP8) in a mixed-precision export, whose codes would be read as values. "
+                f"suture reads ModelOpt NVFP4 with the excluded layers in high precision; export "
+                f"those layers to real values with ModelOpt first."
+            )
         result[name] = array
     return result
 

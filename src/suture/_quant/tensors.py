@@ -89,8 +89,6 @@ def dequantize_tensors(
     return result
 
 
-# the parts of a compressed-tensors module that only its ``weight_packed`` gives a meaning
-COMPRESSED_PARTS = (".weight_zero_point", ".weight_shape", ".weight_g_idx")
 E8M0_DTYPES = ("float8_e8m0fnu", "uint8")
 
 
@@ -116,29 +114,6 @@ def _refuse_if_stored_quantized(
     packed_fp4: frozenset[str],
 ) -> None:
     found = "F4, packed E2M1 values" if name in packed_fp4 else _stored_form(name, array, tensors)
-    if found is None and method == "compressed-tensors" and name.endswith(COMPRESSED_PARTS):
-        packed = name.rsplit(".", 1)[0] + ".weight_packed"
-        if packed in tensors:  # left over by its scheme (a zero point of a symmetric one)
-            raise CorruptCheckpointError(
-                f"{where}: tensor {name!r} sits beside {packed!r}, whose config group stores "
-                f"no such part (a zero point of a symmetric scheme, NVFP4's included): the "
-                f"config and the tensors disagree. Expected the config group the checkpoint "
-                f"was written with (`symmetric: false` where it has zero points)."
-            )
-        raise CorruptCheckpointError(
-            f"{where}: tensor {name!r} belongs to a packed weight {packed!r}, which the "
-            f"checkpoint lacks. The checkpoint is incomplete (a missing shard?)."
-        )
-    ue8m0 = name.endswith(V4_SCALE_SUFFIX) and array.dtype.name in E8M0_DTYPES
-    if found is None and method == "fp8" and ue8m0:
-        weight = name[: -len(V4_SCALE_SUFFIX)] + ".weight"
-        there = tensors.get(weight)
-        beside = "is missing" if there is None else f"is {there.dtype.name}, not FP8 or FP4"
-        raise CorruptCheckpointError(
-            f"{where}: UE8M0 scale tensor {name!r} ({array.dtype.name}) scales no quantized "
-            f"weight: {weight!r} {beside}. Expected an FP8 or FP4 {weight!r} beside it; the "
-            f"checkpoint is incomplete or damaged."
-        )
     if found is None:
         return
     raise CorruptCheckpointError(
@@ -167,6 +142,20 @@ def _dequantize_fp8(
                 f"beside it. The checkpoint is incomplete (a missing shard?)."
             )
     scales |= {_v4_scale_name(name) for name in tensors if _v4_scale_of(name, tensors)}
+    for name, array in tensors.items():
+        if (
+            name.endswith(V4_SCALE_SUFFIX)
+            and array.dtype.name in E8M0_DTYPES
+            and name not in scales
+        ):
+            weight = name[: -len(V4_SCALE_SUFFIX)] + ".weight"
+            there = tensors.get(weight)
+            beside = "is missing" if there is None else f"is {there.dtype.name}, not FP8 or FP4"
+            raise CorruptCheckpointError(
+                f"{where}: UE8M0 scale tensor {name!r} ({array.dtype.name}) scales no quantized "
+                f"weight: {weight!r} {beside}. Expected an FP8 or FP4 {weight!r} beside it; the "
+                f"checkpoint is incomplete or damaged."
+            )
     for name, array in tensors.items():
         if name in scales:
             continue

@@ -184,17 +184,11 @@ def detect(path: Location) -> str:
         from .orbax_layout import (  # a format plugin: loaded for the format found
             is_orbax_folder,
             resolve,
-            steps_in_name_only,
         )
         from .safetensors import INDEX_SUFFIX  # a format plugin: loaded for the format found
 
         safetensors = (".safetensors", f".safetensors{INDEX_SUFFIX}")
-        # a Hugging Face folder beside a subfolder named like a step (``run_2``) is not a
-        # CheckpointManager root; the listing is looked at only where no Orbax file is
-        if is_orbax_folder(path) and not (
-            steps_in_name_only(path)
-            and any(name.endswith(safetensors) for name in _safetensors_probe(path))
-        ):
+        if is_orbax_folder(path) and not _beside_step_names(path, safetensors):
             # what opening it reads next, read at once (on a bucket, within open_source)
             read_ahead(
                 [
@@ -229,6 +223,20 @@ def detect(path: Location) -> str:
         f"suture reads Orbax folders, safetensors, Flax msgpack, npz and PyTorch files; pass "
         f"format= if the content is one of them."
     )
+
+
+def _beside_step_names(folder: Location, suffixes: tuple[str, ...]) -> bool:
+    """Whether `folder`, taken for a CheckpointManager root by its subfolders' names
+    (``run_2``), holds safetensors of its own and no step that is an Orbax checkpoint: a
+    Hugging Face folder, not a root. Asks nothing more of a root with an Orbax file at its
+    top, and, for other roots, reads the listing the steps were found in first."""
+    from .orbax_layout import CHECKPOINT_METADATA, PYTREE_METADATA, no_step_is_a_checkpoint
+
+    if (folder / PYTREE_METADATA).is_file() or (folder / CHECKPOINT_METADATA).is_file():
+        return False
+    if not any(name.endswith(suffixes) for name in folder.children()):
+        return False
+    return no_step_is_a_checkpoint(folder)
 
 
 def _safetensors_probe(folder: Location) -> list[str]:

@@ -69,12 +69,9 @@ def is_orbax_folder(path: Location) -> bool:
     return bool(_steps_of(path))
 
 
-def steps_in_name_only(path: Location) -> bool:
-    """Whether `path` looks like Orbax only by subfolders named like steps (``1``,
-    ``run_2``), none of which holds an Orbax checkpoint: a Hugging Face folder with such a
-    subfolder is not a CheckpointManager root."""
-    if (path / PYTREE_METADATA).is_file() or (path / CHECKPOINT_METADATA).is_file():
-        return False
+def no_step_is_a_checkpoint(path: Location) -> bool:
+    """Whether none of `path`'s subfolders named like steps (``1``, ``run_2``) holds an
+    Orbax checkpoint (its metadata, or an item's)."""
     return not any(
         (step / CHECKPOINT_METADATA).is_file()
         or (step / PYTREE_METADATA).is_file()

@@ -219,7 +219,8 @@ def _say_slashed_names(tensors: dict[str, LazyArray], separator: str, path: Loca
     slashed = [name for name in tensors if "/" in name]
     if not slashed:
         return
-    written = separator.join(slashed[0].replace(separator, "/").split("/")) if separator else ""
+    levels = slashed[0].replace(separator, "/").split("/") if separator else []
+    written = separator.join(levels) if levels and all(levels) else ""
     warnings.warn(
         f"Tensor {slashed[0]!r} of {str(path)!r} ({len(slashed)} name(s) with a '/'): a '/' "
         f"separates the levels of a tree path, so the name becomes levels"
@@ -242,10 +243,14 @@ def _files_of(path: Location) -> tuple[list[Location], dict | None]:
             raise NotACheckpointError(f"{str(path)!r} holds no .safetensors file and no index.")
         for file in files:
             if not file.is_remote and not file.is_file():  # opening a pipe would wait forever
+                what = (
+                    "a link to nothing (a download that did not finish?)"
+                    if not file.exists()
+                    else "not a regular file (a pipe, socket, device or folder)"
+                )
                 raise NotACheckpointError(
-                    f"{str(file)!r} is named like a safetensors file but is not a regular file "
-                    f"(a pipe, socket, device or folder). Remove or rename it, or open the "
-                    f"shards you mean one by one."
+                    f"{str(file)!r} is named like a safetensors file but is {what}. Remove or "
+                    f"replace it, or open the shards you mean one by one."
                 )
         return files, None
     if path.name.endswith(INDEX_SUFFIX):
@@ -308,7 +313,7 @@ def _the_index(indexes: list[str], folder: Location) -> str:
     where there are several (as transformers reads it), else the only one."""
     if SINGLE_NAMES[0] in indexes or len(indexes) == 1:
         return SINGLE_NAMES[0] if SINGLE_NAMES[0] in indexes else indexes[0]
-    raise ArgumentError(
+    raise NotACheckpointError(
         f"{str(folder)!r} holds {len(indexes)} indexes ({', '.join(indexes[:4])}) and no "
         f"{SINGLE_NAMES[0]}: which shards make the model is ambiguous. Open the index you "
         f"mean (suture.open({str(folder / indexes[0])!r}))."
@@ -495,7 +500,6 @@ def _check_layout(header: dict, data_size: int, file: Location) -> None:
 
 
 def _tree(tensors: dict[str, LazyArray], separator: str, path: Location) -> Any:
-    _say_slashed_names(tensors, separator, path)
     flat, named = {}, {}
     for name, array in tensors.items():
         keys = name.split(separator) if separator else [name]
@@ -513,10 +517,12 @@ def _tree(tensors: dict[str, LazyArray], separator: str, path: Location) -> Any:
         array.node.path = tree_path
         flat[tree_path] = array
     try:
-        return unflatten(flat)
+        tree = unflatten(flat)
     except SurgeryError as error:  # names that collide, or nest too deep: the same kind
         kind = PathConflictError if isinstance(error, PathConflictError) else CorruptCheckpointError
         raise kind(
             f"The tensor names of {str(path)!r} do not form a tree with separator {separator!r} "
             f"({error}). Open it with another separator, e.g. separator='/' to keep names whole."
         ) from error
+    _say_slashed_names(tensors, separator, path)  # once the tree holds together
+    return tree
