@@ -330,3 +330,20 @@ def test_the_worst_block_is_named(tmp_path: Path, source: tuple[dict, Any]) -> N
     assert small.cost < large.cost
     with pytest.raises(suture.SurgeryError, match=r"^Leaf 'large'"):
         check_blocks_fit([small, large, small], small.cost - 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [("one.safetensors", "safetensors"), ("folder", "safetensors"), ("ckpt", "orbax")],
+)
+def test_every_output_over_its_budget_says_the_budget_that_fits(tmp_path: Path, name, fmt) -> None:
+    """A folder of safetensors shards once failed its budget check on its own scratch folder
+    (a FileExistsError that hid the advice); every output now gives the same error."""
+    x = suture.LazyArray.from_array(np.ones((1024, 1024), np.float32))
+    tree = {"w": suture.map(lambda a: np.sort(a, axis=0), x, shape=x.shape, dtype=x.dtype)}
+    with pytest.raises(
+        suture.ArgumentError,
+        match=r"Leaf 'w' cannot be written within max_memory=1.0 MiB.*Pass max_memory=",
+    ):
+        suture.save(tree, tmp_path / name, format=fmt, max_memory="1MiB", progress=False)
+    assert list(tmp_path.iterdir()) == []

@@ -106,6 +106,11 @@ def fit_shape(array: LazyArray, shape: tuple[int, ...], fill: Any = "zeros") -> 
             f"Leaf {array.path!r} has shape {array.shape} and cannot be padded or truncated to "
             f"{shape}: the number of axes differs. Reshape it with a rule first."
         )
+    if any(want < 0 for want in shape):
+        raise ShapeMismatchError(
+            f"Leaf {array.path!r} has shape {array.shape} and cannot be padded or truncated to "
+            f"{shape}, which has a negative size; no array can. Give the sizes it should have."
+        )
     kept = tuple(slice(0, min(have, want)) for have, want in zip(array.shape, shape, strict=True))
     truncated = (
         array[kept]
@@ -141,6 +146,12 @@ def _padded_with(array: LazyArray, shape: tuple[int, ...], fill: Any) -> LazyArr
         if fill != "mean":
             raise ShapeMismatchError(
                 f"Unknown padding {fill!r}: pad with 'zeros', 'mean', or initial values."
+            )
+        if array.shape[axis] == 0 and 0 not in extra:
+            raise ShapeMismatchError(
+                f"Leaf {array.path!r} has no rows along axis {axis} (shape {array.shape}) to "
+                f"average: padding it to {shape} with their mean would fill NaN. Pad with "
+                f"zeros (pad_truncate=True), or give it initial values."
             )
         dtype = array.dtype
 

@@ -23,6 +23,7 @@ from .._exec.progress import leaf_progress, wants_progress
 from .._format import first_and_more
 from .._jaxtypes import is_jax_array, loaded_jax
 from .._lazy.array import LazyArray
+from .._lazy.array import map as lazy_map
 from .._lazy.combine import fit_shape
 from .._lazy.graph import MemorySource, open_all
 from .._paths import flatten, map_leaves_with_path
@@ -72,6 +73,10 @@ def load(
             (``ocp.metadata(path).metadata``), or ``suture.PLACEHOLDER`` (``...``) to skip a
             leaf; `suture.placeholders` builds such a tree from a checkpoint. Empty
             containers (``optax.EmptyState()``) come back as the target's own objects.
+            With jax's 64-bit mode off, a 64-bit leaf (int64, float64) comes back as the
+            stored numpy array for a ShapeDtypeStruct of its stored dtype with no sharding
+            (as `suture.placeholders` gives); other jax targets get it in jax's 32-bit dtype,
+            only where that changes no value.
         partial: skip (never read) source leaves that `target` leaves out, and keep the
             target's own value for a concrete target leaf the source lacks (Orbax's
             ``partial_restore``). Without it, either is an error.
@@ -98,7 +103,9 @@ def load(
     Raises:
         SurgeryError: a placeholder on a subtree, source leaves left out without
             ``partial=True``, target leaves no source or `init` provides, shapes that
-            differ without ``pad_truncate=True``.
+            differ without ``pad_truncate=True``, a target shape with a negative size or a
+            sharding that does not divide the leaf's shape, a 64-bit value that jax (64-bit
+            mode off) would change.
 
     Example:
         >>> import numpy as np, suture
@@ -270,12 +277,80 @@ def _materialize(
     if wanted.kind == "stored" and leaf.stored_as == "scalar":
         return array.item()
     if wanted.kind == "jax" and not _saved_as_numpy(leaf, wanted):
-        return _to_jax(array, _concrete(_sharding(path, leaf, wanted), mesh, path))
+        narrow = _jax_dtype(array.dtype)
+        if narrow != array.dtype:  # 64-bit, and jax's 64-bit mode is off
+            if wanted.numpy_if_saved_as_numpy and array.dtype == leaf.dtype:
+                return array.read()  # as stored (suture.placeholders): jax would narrow it
+            array = _narrowed(path, array, narrow)
+        sharding = _concrete(_sharding(path, leaf, wanted), mesh, path)
+        _check_divides(path, array.shape, sharding)
+        return _to_jax(array, sharding)
     return array.read()
 
 
 def _saved_as_numpy(leaf: LazyArray, wanted: LeafTarget) -> bool:
     return wanted.numpy_if_saved_as_numpy and leaf.stored_as in ("np.ndarray", "scalar")
+
+
+def _jax_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype jax holds `dtype` in: int64 as int32 (and so on) while 64-bit mode is off."""
+    import jax  # heavy: loaded on first use, not at import
+
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+
+
+def _narrowed(path: str, array: LazyArray, narrow: np.dtype) -> LazyArray:
+    """`array` in `narrow`, as jax holds it with 64-bit mode off, lazily; reading a block
+    where that changes a value (2**40 + 5 to int32 is 5, 1 + 2**-40 to float32 is 1) is an
+    error: only what jax holds exactly is loaded, as jax and Orbax would load it."""
+    wide = array.dtype
+
+    def as_jax_holds_it(values: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):  # an overflow is refused below
+            result = values.astype(narrow)
+            changed = result.astype(wide) != values
+        if wide.kind in "fc":
+            changed &= ~np.isnan(values)
+        if changed.any():
+            where = np.flatnonzero(changed.reshape(-1))[0]
+            stored, held = values.reshape(-1)[where].item(), result.reshape(-1)[where].item()
+            raise UnsupportedError(
+                f"Leaf {path!r} is {wide.name}, which jax holds only in 64-bit mode; with it "
+                f"off (the default) jax holds it as {narrow.name}, which changes {stored!r} to "
+                f'{held!r}. Turn it on before loading (jax.config.update("jax_enable_x64", '
+                f"True)), or target np.ndarray for this leaf to keep the stored values on the host."
+            )
+        return result
+
+    as_jax_holds_it.__name__ = f"as_jax_holds_{wide.name}"
+    return lazy_map(as_jax_holds_it, array, shape=array.shape, dtype=narrow, elementwise=True)
+
+
+def _check_divides(path: str, shape: tuple[int, ...], sharding: Any) -> None:
+    """Refuses a sharding that splits an axis of `shape` into unequal parts, as jax does."""
+    if sharding is None:
+        return
+    try:
+        sharding.shard_shape(shape)
+    except ValueError as error:  # jax's IndivisibleError
+        spec = getattr(sharding, "spec", None)
+        mesh = getattr(sharding, "mesh", None)
+        where = ""
+        for axis, entry in enumerate(tuple(spec or ())[: len(shape)]):
+            names = (entry,) if isinstance(entry, str) else tuple(entry or ())
+            ways = math.prod(mesh.shape[name] for name in names) if mesh is not None else 1
+            if names and shape[axis] % ways:
+                where = (
+                    f": axis {axis} (size {shape[axis]}) would be split {ways} ways over mesh "
+                    f"axis {' x '.join(map(repr, names))}"
+                )
+                break
+        raise ShapeMismatchError(
+            f"Leaf {path!r} of shape {shape} cannot be laid out as the target's sharding "
+            f"{spec if spec is not None else sharding} asks{where}, which does not divide it. "
+            f"Shard that axis over mesh axes whose sizes divide it (or not at all: None in the "
+            f"PartitionSpec), or pad the target's shape to a multiple (pad_truncate=True)."
+        ) from error
 
 
 def _sharding(path: str, leaf: LazyArray, wanted: LeafTarget) -> Any:
@@ -349,6 +424,12 @@ def _plain_value(path: str, leaf: Any, wanted: LeafTarget) -> Any:
 
 
 def _fitted(path: str, array: LazyArray, wanted: LeafTarget, pad_truncate: bool | str) -> LazyArray:
+    if wanted.shape is not None and any(size < 0 for size in wanted.shape):
+        raise ShapeMismatchError(
+            f"Leaf {path!r}: the target wants shape {wanted.shape}, which has a negative size; "
+            f"no array can. Give the target the sizes it should have (the checkpoint has "
+            f"{array.shape})."
+        )
     shape_applies = pad_truncate or not wanted.shape_needs_pad_truncate
     if wanted.shape is not None and wanted.shape != array.shape and shape_applies:
         if not pad_truncate:
@@ -459,6 +540,7 @@ def _reshard(
         )
     dtype = array.dtype if wanted.dtype is None else wanted.dtype
     target = sharding if sharding is not None else array.sharding
+    _check_divides(path, shape, target)
     if shape == tuple(array.shape) and dtype == array.dtype:
         return jax.device_put(array, target)
     kept = tuple(slice(0, min(old, new)) for old, new in zip(array.shape, shape, strict=True))

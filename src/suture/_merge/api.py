@@ -258,22 +258,17 @@ def merge_leaf(
 
     Leaves that are not arrays (names), and integer and boolean arrays (a TrainState's
     ``step``, Adam's ``count``, token ids: an average of 2 and 3 would be 2, truncated), are
-    not merged: they come from the base model when there is one, else from the first.
+    not merged: they come from the base model when there is one, else from the first. They
+    must still have one shape in every model; a leaf that is floating-point in some models
+    and not in others, and complex leaves, are refused.
     """
-    if not all(isinstance(leaf, LazyArray) for leaf in leaves):
-        return leaves[0]
-    if not all(np.issubdtype(leaf.dtype, np.inexact) or _extended_float(leaf) for leaf in leaves):
+    inputs = list(leaves) + ([base] if base is not None else [])
+    _check_alike(path, inputs, base is not None)
+    if not isinstance(leaves[0], LazyArray) or _kind(leaves[0]) == "other":
         return base if base is not None else leaves[0]
     method = plan.method
     if method.base == "required" and base is None:
         raise MergeError(f"Leaf {path!r}: {method.name} needs a base model.")
-    inputs = list(leaves) + ([base] if base is not None else [])
-    shapes = {leaf.shape for leaf in inputs}
-    if len(shapes) > 1:
-        raise ShapeMismatchError(
-            f"Leaf {path!r} has different shapes in the models: {sorted(shapes)}. Only equally "
-            f"shaped leaves can be merged; drop or reshape it first."
-        )
     out_dtype = to_dtype(dtype) if dtype is not None else leaves[0].dtype
     work = leaves[0].dtype if compute_dtype == "input" else to_dtype(compute_dtype)
     check_magnitudes(path, method, plan.params, plan.weights, plan.model_params, work)
@@ -338,6 +333,56 @@ def check_finite(
             f"weights, or another method for this leaf (per_leaf)."
         )
     raise MergeError(f"{found}: {cause}")
+
+
+def _check_alike(path: str, inputs: list[Any], has_base: bool) -> None:
+    """Refuses leaf `path` unless every model holds it as the same kind of thing: arrays of
+    one shape, all floating-point or all not (integer, bool), and never complex."""
+
+    def who(index: int) -> str:
+        return "the base" if has_base and index == len(inputs) - 1 else f"model {index}"
+
+    def listing(describe: Any) -> str:
+        return ", ".join(f"{who(i)}: {describe(leaf)}" for i, leaf in enumerate(inputs))
+
+    arrays = [isinstance(leaf, LazyArray) for leaf in inputs]
+    if any(arrays) and not all(arrays):
+        raise MergeError(
+            f"Leaf {path!r} is an array in some models and not in others "
+            f"({listing(lambda leaf: type(leaf).__name__)}). Make it the same in every model, "
+            f"or take it from one (per_leaf={{{path!r}: {{'take': K}}}})."
+        )
+    if not any(arrays):
+        return
+    shapes = {leaf.shape for leaf in inputs}
+    if len(shapes) > 1:
+        raise ShapeMismatchError(
+            f"Leaf {path!r} has different shapes in the models: {sorted(shapes)} "
+            f"({listing(lambda leaf: leaf.shape)}). Only equally shaped leaves can be merged "
+            f"or taken; drop or reshape it first."
+        )
+    kinds = {_kind(leaf) for leaf in inputs}
+    if "complex" in kinds:
+        raise MergeError(
+            f"Leaf {path!r} is complex ({listing(lambda leaf: leaf.dtype.name)}); merges "
+            f"compute on real floating-point values and would drop the imaginary part. Take "
+            f"it from one model (per_leaf={{{path!r}: {{'take': K}}}}), or store its real and "
+            f"imaginary parts as two float leaves and merge those."
+        )
+    if len(kinds) > 1:
+        raise MergeError(
+            f"Leaf {path!r} is floating-point in some models and not in others "
+            f"({listing(lambda leaf: leaf.dtype.name)}): floats are merged, integers and "
+            f"booleans taken from one model, so it can be neither. Cast it to one dtype in "
+            f"every model first, or take it from one (per_leaf={{{path!r}: {{'take': K}}}})."
+        )
+
+
+def _kind(leaf: LazyArray) -> str:
+    """``"float"`` (merged), ``"complex"`` (refused) or ``"other"`` (integers, bools: taken)."""
+    if np.issubdtype(leaf.dtype, np.floating) or _extended_float(leaf):
+        return "float"
+    return "complex" if np.issubdtype(leaf.dtype, np.complexfloating) else "other"
 
 
 def _extended_float(leaf: LazyArray) -> bool:

@@ -134,7 +134,8 @@ def _cost_at(tree: Any, options: SaveOptions, one_file: bool) -> Any:
                 blocks, _, settle = orbax_blocks(leaves, Path(scratch) / "trial", trial)
                 call_collecting_error(settle)  # a trial starts no thread that outlives it
             else:
-                where = Path(scratch) / "scratch.safetensors" if one_file else Path(scratch)
+                # a folder of shards is created by its sink: one that does not exist yet
+                where = Path(scratch) / ("scratch.safetensors" if one_file else "trial")
                 blocks, closing = safetensors_blocks(leaves, where, one_file, trial)
                 call_collecting_error(closing)
         return max((block.cost for block in blocks), default=0)

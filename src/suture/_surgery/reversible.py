@@ -29,14 +29,19 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
-from .._dtypes import cast_loss
+from .._dtypes import _real as _real_dtype
+from .._dtypes import cast_changes, cast_loss, inexact
+from .._errors import ArgumentError, LossyCastError, SutureWarning
 from .._lazy.array import LazyArray, elementwise
+from .._lazy.views import checking_casts
 from .._paths import flatten
 from .rules import (
     Cast,
@@ -135,15 +140,54 @@ class Permute(_ArrayRule):
 
 @dataclass(frozen=True, repr=False)
 class Scale(_ArrayRule):
+    """Multiplies floating-point leaves by `factor`, in their own dtype (see `scale`)."""
+
     pattern: str
     factor: float
     optional: bool = False
 
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.factor):
+            raise ArgumentError(
+                f"scale({self.pattern!r}, {self.factor}): the factor must be a finite number; "
+                f"{self.factor} would make every value inf or NaN."
+            )
+
     def change(self, array: LazyArray) -> LazyArray:
-        factor = self.factor
-        return elementwise(
-            lambda x: (x * np.asarray(factor, x.dtype)).astype(x.dtype), array, name="scale"
-        )
+        factor = self._factor_in(array)
+        check = _OverflowCheck(self, array, checking_casts()) if abs(self.factor) > 1 else None
+
+        def scaled(x: np.ndarray) -> np.ndarray:
+            with np.errstate(over="ignore", invalid="ignore"):
+                result = (x * factor).astype(x.dtype)
+            if check is not None:
+                check(x, result, factor)
+            return result
+
+        return elementwise(scaled, array, name=f"scale {self.factor:g}")
+
+    def _factor_in(self, array: LazyArray) -> np.ndarray:
+        """The factor in the leaf's dtype; a RuleError for an integer leaf, or a factor the
+        dtype turns into another sign, zero, inf or NaN."""
+        dtype = np.dtype(array.dtype)
+        if not inexact(dtype):
+            raise RuleError(
+                f"{self!r}: leaf {array.path!r} is {dtype.name}; scale multiplies floating-point "
+                f"leaves only (in an integer dtype a fractional factor is cut, 0.5 to 0, and "
+                f"products beyond its range wrap around). Narrow the pattern to the float "
+                f"leaves, or cast this one to a float first: rules.cast({array.path!r}, "
+                f"'float32', floating_only=False)."
+            )
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            factor = np.asarray(self.factor, dtype)
+        held = complex(factor).real
+        if not math.isfinite(held) or (held == 0) != (self.factor == 0) or held * self.factor < 0:
+            raise RuleError(
+                f"{self!r}: leaf {array.path!r} is {dtype.name}, which holds the factor "
+                f"{self.factor:g} as {held:g}. Cast the leaf to a float that holds it first "
+                f"(rules.cast({array.path!r}, 'float32')), or scale by another factor."
+            )
+        return factor
 
     @property
     def exact(self) -> bool:
@@ -152,6 +196,46 @@ class Scale(_ArrayRule):
 
     def __repr__(self) -> str:
         return describe_rule("scale", self.pattern, self.factor)
+
+
+class _OverflowCheck:
+    """Finds the values a scale took beyond the leaf dtype's largest (to inf, NaN, or clamped):
+    a `LossyCastError` with strict casts (as the graph was built), else one `SutureWarning`."""
+
+    def __init__(self, rule: Scale, array: LazyArray, strict: bool) -> None:
+        self.rule, self.path, self.strict, self.warned = rule, array.path, strict, False
+        self.largest = float(ml_dtypes.finfo(_real_dtype(array.dtype)).max)
+        # Only values near the largest over the factor can overflow; the margin covers the
+        # rounding of this bound in the leaf's dtype (float4 and float8 included).
+        self.bound = self.largest / abs(rule.factor) / 4
+
+    def __call__(self, x: np.ndarray, result: np.ndarray, factor: np.ndarray) -> None:
+        near = np.abs(x) > self.bound
+        if not near.any():
+            return
+        values, scaled = x[near], result[near]
+        wide = np.complex128 if np.iscomplexobj(x) else np.float64
+        with np.errstate(over="ignore", invalid="ignore"):
+            exact = values.astype(wide) * factor.astype(wide)
+            changed = cast_changes(exact, scaled) | (np.isfinite(values) & ~np.isfinite(scaled))
+        if changed.any():
+            at = int(np.argmax(changed))
+            self._report(values[at], scaled[at], int(changed.sum()), x.dtype)
+
+    def _report(self, value: Any, became: Any, count: int, dtype: np.dtype) -> None:
+        what = (
+            f"Leaf {self.path or '(unnamed)'!r}: {self.rule!r} takes {value} beyond "
+            f"{dtype.name}'s largest value ±{self.largest:g}: it becomes {became} ({count} "
+            f"value(s) of a block)."
+        )
+        fix = "Scale by a smaller factor, or cast the leaf to a wider float first"
+        if self.strict:
+            raise LossyCastError(f"{what} {fix}; without strict_casts=True it is only a warning.")
+        if not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"{what} {fix}, or pass strict_casts=True to refuse it.", SutureWarning, 2
+            )
 
 
 def transpose(pattern: str, axes: Sequence[int] | None = None, *, optional: bool = False) -> Rule:
@@ -170,7 +254,13 @@ def permute(pattern: str, order: Sequence[int], axis: int = -1, *, optional: boo
 
 
 def scale(pattern: str, factor: float, *, optional: bool = False) -> Rule:
-    """Multiplies matching arrays by `factor`, in their own dtype."""
+    """Multiplies matching arrays by `factor`, in their own dtype.
+
+    Only floating-point (and complex) leaves: an integer leaf the pattern matches is a
+    `RuleError` naming it (cast it to a float first). A value the product takes beyond the
+    dtype's largest (float16's 65504) is a `SutureWarning`, and a `LossyCastError` with
+    ``strict_casts=True``.
+    """
     return Scale(pattern, float(factor), optional)
 
 
@@ -414,6 +504,11 @@ def _inverse(rule: Rule, leaves: dict[str, Any] | None) -> list[Rule]:
             )
         ]
     if isinstance(rule, Scale):
+        if rule.factor == 0 or not math.isfinite(1.0 / rule.factor):
+            raise RuleError(
+                f"{rule!r} has no inverse: 1/{rule.factor:g} is not a finite number (what a "
+                f"scale by 0 makes 0 is gone). Reverse the recipe without it."
+            )
         return [Scale(rule.pattern, 1.0 / rule.factor, rule.optional)]
     if isinstance(rule, Reshape):
         found = _need(leaves, rule, "the shapes it reshapes from")

@@ -71,6 +71,18 @@ DEFAULT_COMPRESSION = "auto"
 BLOSC_LARGEST_CHUNK = (1 << 31) - (1 << 16)
 
 
+def _fill_value(dtype: np.dtype) -> Any:
+    """zarr3's fill value of zero for `dtype`: a complex number is a pair of parts.
+
+    Example:
+        >>> [_fill_value(np.dtype(t)) for t in ("bool", "int8", "complex64")]
+        [False, 0, [0, 0]]
+    """
+    if dtype.kind == "b":
+        return False
+    return [0, 0] if dtype.kind == "c" else 0
+
+
 def chunk_codecs(compression: str, dtype: np.dtype, chunk_bytes: int = 0) -> list[dict]:
     """The zarr3 codecs of every chunk (of `chunk_bytes`) of a `dtype` array for
     `compression` (one of `COMPRESSIONS`).
@@ -393,7 +405,7 @@ class OrbaxSink:
                 "data_type": _zarr_dtype(array.dtype, keys),
                 "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk)}},
                 "codecs": codecs,
-                "fill_value": False if array.dtype.kind == "b" else 0,
+                "fill_value": _fill_value(array.dtype),
             },
             "create": True,
             # Orbax readers expect every chunk, zeros included (its _METADATA says so below).

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import CorruptCheckpointError, check_shape
+from .._errors import CorruptCheckpointError, UnsupportedError, check_shape
 from .._iostats import record_read
 from .._lazy.array import LazyArray
 from .._lazy.graph import Node, ReadCost, SourceNode
@@ -125,12 +125,13 @@ def open_npz(path: Location) -> Checkpoint:
             zipfile.ZipFile(reader) as archive,
             path.open_reader() as raw,
         ):
+            ends = _data_ends(archive)
             for info in archive.infolist():
                 if not info.filename.endswith(".npy"):
                     continue
                 name = info.filename[: -len(".npy")]
-                flat[name] = _member(path, archive, raw, info, name)
-    except CorruptCheckpointError:
+                flat[name] = _member(path, archive, raw, info, name, ends[info.header_offset])
+    except (CorruptCheckpointError, UnsupportedError):
         raise
     except Exception as error:  # zipfile, struct and numpy raise many kinds on damage
         raise CorruptCheckpointError(
@@ -139,8 +140,20 @@ def open_npz(path: Location) -> Checkpoint:
     return Checkpoint(unflatten(flat), location=str(path), format="npz")
 
 
+def _data_ends(archive: zipfile.ZipFile) -> dict[int, int]:
+    """Where each entry's data must end, by its header offset: at the next entry's header,
+    or at the central directory after the last."""
+    starts = sorted({info.header_offset for info in archive.infolist()})
+    return dict(zip(starts, [*starts[1:], archive.start_dir], strict=True))
+
+
 def _member(
-    path: Location, archive: zipfile.ZipFile, raw: Any, info: zipfile.ZipInfo, name: str
+    path: Location,
+    archive: zipfile.ZipFile,
+    raw: Any,
+    info: zipfile.ZipInfo,
+    name: str,
+    data_end: int,
 ) -> LazyArray:
     with archive.open(info) as stream:
         major, minor = np.lib.format.read_magic(stream)
@@ -161,6 +174,12 @@ def _member(
         raise CorruptCheckpointError(
             f"Member {name!r} of {str(path)!r} is Fortran-ordered, which suture does not read."
         )
+    if dtype.itemsize == 0:  # a view of bytes as such elements fails; there is nothing to read
+        raise UnsupportedError(
+            f"Member {name!r} of {str(path)!r} has dtype {dtype} of zero bytes per element: it "
+            f"holds a shape {tuple(shape)} but no values, and suture reads arrays of values. "
+            f"Remove it from the archive (np.load reads it as empty records)."
+        )
     declared = header_size + math.prod(shape) * dtype.itemsize
     if info.file_size != declared:
         raise CorruptCheckpointError(
@@ -174,6 +193,7 @@ def _member(
         name_length = int.from_bytes(local_header[26:28], "little")
         extra_length = int.from_bytes(local_header[28:30], "little")
         data_offset = info.header_offset + 30 + name_length + extra_length + header_size
+        _check_stored(info, data_offset - header_size, data_end, name, path)
         identity = local_identity(path)
         return LazyArray(
             FileRangeSource(path, data_offset, tuple(shape), dtype, name, identity), path=name
@@ -182,3 +202,15 @@ def _member(
         path, info.filename, header_size, tuple(shape), dtype, name, info.compress_size
     )
     return LazyArray(member, path=name)
+
+
+def _check_stored(info: zipfile.ZipInfo, start: int, end: int, name: str, path: Location) -> None:
+    """An uncompressed member must hold, before the next entry, the bytes it declares."""
+    if info.compress_size == info.file_size and start + info.file_size <= end:
+        return
+    raise CorruptCheckpointError(
+        f"Member {name!r} of {str(path)!r} is stored uncompressed and declares {info.file_size} "
+        f"bytes, but the archive holds {min(info.compress_size, end - start)} bytes of it before "
+        f"the next entry. The archive is damaged or hostile (numpy refuses it too); write it "
+        f"again with np.savez."
+    )

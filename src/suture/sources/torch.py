@@ -2,33 +2,66 @@
 
 A PyTorch file is a pickle, and unpickling can run code, so it is opened only with
 ``allow_pickle=True`` (CLI ``--allow-pickle``), and then with ``weights_only=True``, PyTorch's
-restricted unpickler, and ``mmap=True``, so tensors are paged in as they are read. Tensor
-names split into tree paths on a separator, as for safetensors. Needs the ``torch`` extra.
+restricted unpickler. Tensor names split into tree paths on a separator, as for safetensors.
+Needs the ``torch`` extra.
+
+A zip file (what ``torch.save`` writes) is unpickled onto the meta device, which reads no
+data, only each tensor's shape and the place of its storage's record. Every record is
+checked against its storage (uncompressed, exactly the bytes the storage needs, before the
+next entry) and each tensor is then read from its record like a safetensors tensor, just
+the rows a view needs. A compressed record (``torch.save`` never writes one) is inflated up
+to the end of the tensor at each read. A legacy file (``_use_new_zipfile_serialization=False``)
+has no records, and torch cannot unpickle onto meta a file written in the other byte order:
+such files are read whole into memory by ``torch.load``, which checks them itself.
+Storages are matched to their records in the order torch places them, the order
+``torch.save`` writes: a hand-made pickle that names storages out of that order could have
+two tensors of the same size read from each other's records (bytes of the file, no code).
 """
 
 from __future__ import annotations
 
+import math
+import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .._dtypes import to_dtype
-from .._errors import ArgumentError, CorruptCheckpointError, UnsupportedError
+from .._errors import (
+    ArgumentError,
+    CorruptCheckpointError,
+    PathConflictError,
+    SurgeryError,
+    UnsupportedError,
+)
 from .._lazy.array import LazyArray
-from .._lazy.graph import Node, SourceNode
-from .._lazy.selection import Selection, outer_index
-from .._paths import flatten, unflatten
+from .._lazy.graph import Node, ReadCost, SourceNode
+from .._lazy.selection import Selection, outer_index, selection_shape
+from .._location import LocalLocation
+from .._paths import iter_leaves, unflatten
 from .checkpoint import Checkpoint
+from .filesource import FileRangeSource, local_identity
 
-_VIEWED = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
+# numpy has no such dtypes: their raw bits move through an integer of the same size
+_VIEWED = {
+    "bfloat16": "int16",
+    "float8_e4m3fn": "uint8",
+    "float8_e5m2": "uint8",
+    "float8_e4m3fnuz": "uint8",
+    "float8_e5m2fnuz": "uint8",
+    "float8_e8m0fnu": "uint8",
+}
+_NATIVE = {"bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64"}
+_NATIVE |= {"float16", "float32", "float64", "complex64", "complex128"}
 
 
 class TorchTensorSource(SourceNode):
-    """A CPU tensor (memory-mapped from its file) read as a numpy array."""
+    """A CPU tensor of a file read whole (in memory), read as a numpy array."""
 
     def __init__(self, tensor: Any, dtype: np.dtype, path: str, origin: str) -> None:
-        self.tensor, self.dtype = tensor, dtype
+        self.tensor, self.dtype = tensor.detach(), dtype  # a Parameter refuses .numpy()
         self.shape = tuple(int(n) for n in tensor.shape)
         self.path, self.origin = path, origin
 
@@ -46,6 +79,89 @@ class TorchTensorSource(SourceNode):
         return ()
 
 
+class TorchRecordSource(SourceNode):
+    """A tensor that is not a C-contiguous run of an uncompressed record: a strided view
+    (a transpose), or in a compressed record. Each read takes the bytes from the view's
+    first element to its last (memory-mapped, or inflated), then picks the selection."""
+
+    def __init__(self, record: _Record, view: _View, dtype: np.dtype, path: str) -> None:
+        self.record, self.view, self.dtype = record, view, dtype
+        self.shape = view.shape
+        self.path, self.origin = path, str(record.file)
+
+    def read_cost(self, selection: Selection, into: bool = False) -> ReadCost:
+        selected = math.prod(selection_shape(selection)) * self.dtype.itemsize
+        if not self.record.compressed:
+            return ReadCost(selected, selected)
+        spanned = self.view.span * self.dtype.itemsize  # inflated whole, whatever the selection
+        return ReadCost(spanned, spanned + selected)
+
+    def read(self, selection: Selection) -> np.ndarray:
+        if self.view.span == 0:
+            return np.empty(selection_shape(selection), self.dtype)
+        start = self.view.offset * self.dtype.itemsize
+        raw = self.record.read(start, self.view.span * self.dtype.itemsize, self.path)
+        array = np.lib.stride_tricks.as_strided(
+            raw.view(self.dtype),
+            self.view.shape,
+            tuple(step * self.dtype.itemsize for step in self.view.stride),
+            writeable=False,
+        )
+        return np.array(outer_index(array, selection), copy=True)
+
+    def inputs(self) -> tuple[Node, ...]:
+        return ()
+
+
+class _View:
+    """Where a tensor lies in its storage, in elements: offset, shape, strides, and span
+    (from its first element to its last, inclusive; 0 when it has none)."""
+
+    def __init__(self, tensor: Any) -> None:
+        self.offset = int(tensor.storage_offset())
+        self.shape = tuple(int(n) for n in tensor.shape)
+        self.stride = tuple(int(step) for step in tensor.stride())
+        reach = sum((n - 1) * step for n, step in zip(self.shape, self.stride, strict=True))
+        self.span = 0 if 0 in self.shape else 1 + reach
+
+
+class _Record:
+    """A storage's entry in the zip: where its data starts and must end, how it is stored."""
+
+    def __init__(self, file: LocalLocation, info: zipfile.ZipInfo, data: int, end: int) -> None:
+        self.file, self.info, self.data, self.end = file, info, data, end
+        self.compressed = info.compress_type != zipfile.ZIP_STORED
+
+    def read(self, start: int, count: int, name: str) -> np.ndarray:
+        """Bytes ``[start, start + count)`` of the record."""
+        try:
+            if not self.compressed:
+                return np.memmap(self.file.path, np.uint8, "r", self.data + start, (count,))
+            with zipfile.ZipFile(self.file.path) as archive, archive.open(self.info) as stream:
+                _skip(stream, start)
+                raw = stream.read(count)
+                if start + count == self.info.file_size and stream.read(1):  # checks the CRC
+                    raise ValueError("it holds more than it declares")
+            if len(raw) != count:
+                raise ValueError(f"it ends {count - len(raw)} bytes early")
+            return np.frombuffer(raw, np.uint8)
+        except Exception as error:  # zipfile, zlib and mmap raise many kinds on damage
+            raise CorruptCheckpointError(
+                f"Tensor {name!r} of {str(self.file)!r} cannot be read from its record "
+                f"{self.info.filename!r}: {error}. The file is damaged or was changed after "
+                f"it was opened."
+            ) from error
+
+
+def _skip(stream: Any, count: int) -> None:
+    """Inflates and drops `count` bytes, a piece at a time."""
+    while count > 0:
+        piece = stream.read(min(count, 1 << 20))
+        if not piece:
+            raise ValueError("it ends before the tensor's first element")
+        count -= len(piece)
+
+
 def open_torch(path: Path, allow_pickle: bool, separator: str = ".") -> Checkpoint:
     if not allow_pickle:
         raise ArgumentError(
@@ -59,19 +175,210 @@ def open_torch(path: Path, allow_pickle: bool, separator: str = ".") -> Checkpoi
         raise UnsupportedError(
             "Reading PyTorch files needs the torch extra: pip install 'suture[torch]'."
         ) from error
+    records = _records(LocalLocation(path)) if _is_zip(path) else None
+    state = _load(torch, path, "meta" if records is not None else "cpu")
+    if records is not None and not _placed(torch, state):
+        # a torch that no longer places storages on meta (a private detail): read it whole
+        records, state = None, _load(torch, path, "cpu")
+    storages = _storage_records(state, records) if records is not None else {}
+    flat: dict[str, Any] = {}
+    named: dict[str, str] = {}
+    for keys, value in iter_leaves(state):
+        name = separator.join(keys)
+        tree_path = _tree_path(name, separator, named, path)
+        if isinstance(value, torch.Tensor):
+            value = _leaf(value, name, tree_path, path, records, storages)
+        flat[tree_path] = value
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        tree = unflatten(flat)
+    except SurgeryError as error:  # a leaf and a subtree at one path, or nested too deep
+        kind = PathConflictError if isinstance(error, PathConflictError) else CorruptCheckpointError
+        raise kind(
+            f"The tensor names of {str(path)!r} do not form a tree with separator {separator!r} "
+            f"({error}). Open it with another separator, e.g. separator='/' to keep names whole."
+        ) from error
+    return Checkpoint(tree, location=str(path), format="torch")
+
+
+def _placed(torch: Any, state: Any) -> bool:
+    """Whether torch's load onto meta gave every dense tensor's storage its place in the
+    file (``_checkpoint_offset``, which torch 2.13 sets; a private attribute)."""
+    return all(
+        getattr(value.untyped_storage(), "_checkpoint_offset", None) is not None
+        for _, value in iter_leaves(state)
+        if isinstance(value, torch.Tensor)
+        and value.layout == torch.strided
+        and value.device.type == "meta"
+    )
+
+
+def _is_zip(path: Path) -> bool:
+    """Whether `path` starts as a zip does (how torch tells its two formats apart)."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(4) == b"PK\x03\x04"
+    except OSError as error:
+        raise CorruptCheckpointError(f"Cannot read {str(path)!r}: {error}.") from error
+
+
+def _load(torch: Any, path: Path, device: str) -> Any:
+    """The unpickled file; onto "meta", it holds shapes and record places but reads no data.
+    Onto "cpu" (a legacy file, or one in the other byte order) it is read whole."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
     except Exception as error:  # torch raises many kinds on damaged or unsafe input
         raise CorruptCheckpointError(
             f"{str(path)!r} could not be loaded as a PyTorch state dict with weights_only=True: "
             f"{type(error).__name__}: {error}."
         ) from error
-    flat: dict[str, Any] = {}
-    for key, value in flatten(state, sep="\\x00").items():
-        name = separator.join(part for part in key.split("\\x00"))
-        tree_path = "/".join(name.split(separator)) if separator else name
-        if isinstance(value, torch.Tensor):
-            dtype = to_dtype(str(value.dtype).removeprefix("torch."))
-            value = LazyArray(TorchTensorSource(value, dtype, tree_path, str(path)), path=tree_path)
-        flat[tree_path] = value
-    return Checkpoint(unflatten(flat), location=str(path), format="torch")
+
+
+def _tree_path(name: str, separator: str, named: dict[str, str], path: Path) -> str:
+    """`name` split on `separator` into a tree path no other name has taken."""
+    keys = name.split(separator) if separator else [name]
+    if any(key == "" for key in keys):
+        keys = [name]  # "a..b" or ".x": keep the name whole rather than invent empty keys
+    tree_path = "/".join(keys)
+    if tree_path in named:
+        raise PathConflictError(
+            f"Tensors {named[tree_path]!r} and {name!r} of {str(path)!r} both become the tree "
+            f"path {tree_path!r} with separator {separator!r}. Open it with another separator, "
+            f"e.g. separator='/' to keep names whole."
+        )
+    named[tree_path] = name
+    return tree_path
+
+
+def _leaf(
+    tensor: Any,
+    name: str,
+    tree_path: str,
+    path: Path,
+    records: dict[str, _Record] | None,
+    storages: dict[int, str],
+) -> LazyArray:
+    where = f"Tensor {name!r} of {str(path)!r}"
+    dtype = _dtype(tensor, where)
+    if records is None:  # a file read whole: the tensor is in memory
+        if tensor.device.type != "cpu":
+            raise _no_data(where, tensor)
+        return LazyArray(TorchTensorSource(tensor, dtype, tree_path, str(path)), path=tree_path)
+    storage = tensor.untyped_storage()
+    place = getattr(storage, "_checkpoint_offset", None)  # set by torch.load onto meta
+    if place is None:
+        raise _no_data(where, tensor)
+    record = _checked_record(records, storages[place], storage.nbytes(), where)
+    view = _View(tensor)
+    if view.offset + view.span > storage.nbytes() // dtype.itemsize:
+        raise CorruptCheckpointError(
+            f"{where} reaches element {view.offset + view.span} of a storage of "
+            f"{storage.nbytes()} bytes. The file is damaged or hostile."
+        )
+    if record.compressed or not tensor.is_contiguous():
+        source: SourceNode = TorchRecordSource(record, view, dtype, tree_path)
+    else:
+        start = record.data + view.offset * dtype.itemsize
+        identity = local_identity(record.file)
+        source = FileRangeSource(record.file, start, view.shape, dtype, tree_path, identity)
+    return LazyArray(source, path=tree_path)
+
+
+def _dtype(tensor: Any, where: str) -> np.dtype:
+    """The numpy dtype of a dense tensor; sparse tensors and dtypes numpy lacks are refused."""
+    import torch  # heavy: loaded on first use, not at import
+
+    if tensor.layout != torch.strided:
+        raise UnsupportedError(
+            f"{where} is a sparse tensor ({str(tensor.layout).removeprefix('torch.')}); suture "
+            f"reads dense tensors only. In torch, save it as tensor.to_dense()."
+        )
+    name = str(tensor.dtype).removeprefix("torch.")
+    if name not in _NATIVE and name not in _VIEWED:
+        raise UnsupportedError(
+            f"{where} has dtype {name}, which suture cannot read as a numpy array. In torch, "
+            f"cast it to a dtype numpy holds (complex32 to tensor.to(torch.complex64), others "
+            f"to torch.float32) and save it again."
+        )
+    return to_dtype(name)
+
+
+def _no_data(where: str, tensor: Any) -> UnsupportedError:
+    return UnsupportedError(
+        f"{where} holds no data: it was saved on the {tensor.device.type} device, which keeps "
+        f"its shape {tuple(tensor.shape)} but no values. Save it from a real device (after "
+        f"materializing it, e.g. with model.to_empty(device='cpu') and loading weights)."
+    )
+
+
+def _records(file: LocalLocation) -> dict[str, _Record] | None:
+    """Every entry of the zip by name, each to end before the next entry's header. None for
+    a file written in the other byte order: torch's load onto meta crashes on it."""
+    try:
+        with zipfile.ZipFile(file.path) as archive, open(file.path, "rb") as raw:
+            infos = sorted(archive.infolist(), key=lambda info: info.header_offset)
+            if _byte_order(archive, infos) != sys.byteorder:
+                return None
+            ends = [info.header_offset for info in infos[1:]] + [archive.start_dir]
+            records = {}
+            for info, end in zip(infos, ends, strict=True):
+                raw.seek(info.header_offset + 26)  # the local header's name and extra lengths
+                lengths = raw.read(4)
+                data = info.header_offset + 30 + int.from_bytes(lengths[:2], "little")
+                data += int.from_bytes(lengths[2:], "little")
+                records[info.filename] = _Record(file, info, data, end)
+            return records
+    except (zipfile.BadZipFile, OSError, ValueError) as error:
+        raise CorruptCheckpointError(
+            f"{str(file)!r} is not a readable PyTorch zip file: {error}."
+        ) from error
+
+
+def _storage_records(state: Any, records: dict[str, _Record]) -> dict[int, str]:
+    """The record of each storage, by the place torch gave it on meta.
+
+    torch.save names storages ``data/0``, ``data/1``, ... in the order the pickle meets
+    them, and torch's load onto meta places them in that order: the k-th place is
+    ``data/k``. The places themselves are computed for the layout torch.save writes, so
+    they are wrong for a zip written again otherwise (compressed); their order is not.
+    """
+    import torch  # heavy: loaded on first use, not at import
+
+    places = set()
+    for _, value in iter_leaves(state):
+        if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+            place = getattr(value.untyped_storage(), "_checkpoint_offset", None)
+            if place is not None:
+                places.add(place)
+    archive = next(iter(records), "").partition("/")[0]  # torch's: the first entry's folder
+    return {place: f"{archive}/data/{key}" for key, place in enumerate(sorted(places))}
+
+
+def _byte_order(archive: zipfile.ZipFile, infos: list[zipfile.ZipInfo]) -> str:
+    """The byte order the file was written in (its ``byteorder`` record; this machine's if
+    it has none, as torch assumes)."""
+    for info in infos:
+        if info.filename.rpartition("/")[2] == "byteorder":
+            with archive.open(info) as stream:
+                return stream.read(16).decode("ascii", "replace").strip()
+    return sys.byteorder
+
+
+def _checked_record(records: dict[str, _Record], name: str, nbytes: int, where: str) -> _Record:
+    """The record `name`, which must hold exactly the storage's `nbytes` bytes."""
+    record = records.get(name)
+    if record is None:
+        raise CorruptCheckpointError(
+            f"{where}: its storage's record {name!r} is not in the zip. The file is damaged or "
+            f"hostile (torch.load refuses it too)."
+        )
+    info = record.info
+    fits = record.data + info.compress_size <= record.end
+    if info.file_size == nbytes and fits and (record.compressed or info.compress_size == nbytes):
+        return record
+    how = "compressed" if record.compressed else "uncompressed"
+    raise CorruptCheckpointError(
+        f"{where}: its storage needs {nbytes} bytes, but its record {name!r} declares "
+        f"{info.file_size} bytes, stored {how} in {info.compress_size} bytes of the "
+        f"{record.end - record.data} before the next entry. The file is damaged or truncated "
+        f"(torch.load without mmap refuses it too); save it again from the model."
+    )
