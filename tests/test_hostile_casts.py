@@ -152,16 +152,22 @@ def test_cast_changes_marks_only_inf_and_nan_that_did_not_stay():
 # rules.scale -------------------------------------------------------------------------------
 
 
-def test_scale_refuses_an_integer_leaf_naming_it_and_the_fix():
+def test_scale_leaves_integer_leaves_as_they_are_and_refuses_them_when_asked():
+    """0.5 once made every integer leaf under the pattern 0 (and 127 * 2 wrapped to -2):
+    as `cast` does, integer leaves are left as they are; floating_only=False refuses them."""
     tree = {
         "params": {"w": np.array([2.0, 4.0], np.float32), "ids": np.array([2, 4], np.int32)},
         "q": np.array([1, 127], np.int8),
         "u": np.array([1, 2], np.uint8),
     }
+    out = suture.load_and_transform([rules.scale("params", 0.5)], tree)
+    assert out["params"]["w"].tolist() == [1.0, 2.0]
+    assert out["params"]["ids"].tolist() == [2, 4] and out["params"]["ids"].dtype == np.int32
+    assert suture.load_and_transform([rules.scale("q", 2)], tree)["q"].tolist() == [1, 127]
     for recipe, leaf, dtype in [
-        ([rules.scale("params", 0.5)], "params/ids", "int32"),
-        ([rules.scale("q", 2)], "q", "int8"),
-        ([rules.scale("u", -1)], "u", "uint8"),
+        ([rules.scale("params", 0.5, floating_only=False)], "params/ids", "int32"),
+        ([rules.scale("q", 2, floating_only=False)], "q", "int8"),
+        ([rules.scale("u", -1, floating_only=False)], "u", "uint8"),
     ]:
         with pytest.raises(suture.SurgeryError) as caught:
             suture.load_and_transform(recipe, tree)
@@ -170,9 +176,9 @@ def test_scale_refuses_an_integer_leaf_naming_it_and_the_fix():
         assert f"rules.cast({leaf!r}, 'float32', floating_only=False)" in message
         assert not suture.plan(recipe, tree).ok
     with pytest.raises(suture.RuleError, match="leaf 'q' is int8"):
-        rules.apply_rules([rules.scale("q", 2)], tree)
-    out = suture.load_and_transform([rules.scale("params/w", 0.5)], tree)
-    assert out["params"]["w"].tolist() == [1.0, 2.0]
+        rules.apply_rules([rules.scale("q", 2, floating_only=False)], tree)
+    with pytest.raises(suture.SurgeryError, match="matches no path"):
+        suture.load_and_transform([rules.scale("nothing/here", 2)], tree)
 
 
 @pytest.mark.parametrize(

@@ -313,3 +313,24 @@ def test_npz_members_of_zero_byte_elements_are_refused_at_the_open(
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         assert peak < 8 << 20
+
+
+def test_a_file_of_torch_before_2_7_reads_each_tensor_from_its_own_record(tmp_path: Path) -> None:
+    """torch before 2.7 wrote the records in the text order of their names (data/0, data/1,
+    data/10, data/11, data/2, ...) and no .format_version: more than ten storages of one size
+    once read each other's records, in order. Each is matched by where its data starts."""
+    tensors = {f"layer{i}.w": torch.full((4, 4), float(i)) for i in range(12)}
+    torch.save(tensors, tmp_path / "new.bin")
+    with zipfile.ZipFile(tmp_path / "new.bin") as new:
+        names = new.namelist()
+        data = sorted((n for n in names if "/data/" in n), key=lambda n: n.rpartition("/")[2])
+        rest = [n for n in names if "/data/" not in n and not n.endswith("_version")]
+        rest = [n for n in rest if not n.endswith(".storage_alignment")]
+        with zipfile.ZipFile(tmp_path / "old.bin", "w", zipfile.ZIP_STORED) as old:
+            for name in rest + data:
+                old.writestr(name, new.read(name))
+    reference = torch.load(tmp_path / "old.bin", weights_only=True)
+    opened = suture.open(tmp_path / "old.bin", allow_pickle=True)
+    for name, values in tensors.items():
+        assert torch.equal(reference[name], values)
+        np.testing.assert_array_equal(opened[name.replace(".", "/")].read(), values.numpy())

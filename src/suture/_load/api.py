@@ -300,17 +300,18 @@ def _jax_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def _narrowed(path: str, array: LazyArray, narrow: np.dtype) -> LazyArray:
-    """`array` in `narrow`, as jax holds it with 64-bit mode off, lazily; reading a block
-    where that changes a value (2**40 + 5 to int32 is 5, 1 + 2**-40 to float32 is 1) is an
-    error: only what jax holds exactly is loaded, as jax and Orbax would load it."""
+    """`array` in `narrow`, as jax holds it with 64-bit mode off, lazily, as jax and Orbax
+    load it: floats rounded, but a block where that changes an integer (2**40 + 5 to int32
+    is 5) or takes a finite float past the range (1e300 to inf) is an error."""
     wide = array.dtype
 
     def as_jax_holds_it(values: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):  # an overflow is refused below
             result = values.astype(narrow)
-            changed = result.astype(wide) != values
-        if wide.kind in "fc":
-            changed &= ~np.isnan(values)
+            if wide.kind in "fc":  # rounding is what jax and Orbax do; past the range is not
+                changed = np.isinf(result) & np.isfinite(values)
+            else:
+                changed = result.astype(wide) != values
         if changed.any():
             where = np.flatnonzero(changed.reshape(-1))[0]
             stored, held = values.reshape(-1)[where].item(), result.reshape(-1)[where].item()

@@ -145,6 +145,7 @@ class Scale(_ArrayRule):
     pattern: str
     factor: float
     optional: bool = False
+    floating_only: bool = True
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.factor):
@@ -152,6 +153,21 @@ class Scale(_ArrayRule):
                 f"scale({self.pattern!r}, {self.factor}): the factor must be a finite number; "
                 f"{self.factor} would make every value inf or NaN."
             )
+
+    def edit(self, leaves: dict[str, Any]) -> Edit:
+        """As `cast`: with `floating_only` (the default), integer and bool leaves the pattern
+        matches (a step counter, token ids, BatchNorm's count) are left as they are."""
+        if not self.floating_only:
+            return super().edit(leaves)
+        kept = {
+            path: leaf
+            for path, leaf in leaves.items()
+            if not hasattr(leaf, "dtype") or inexact(np.dtype(leaf.dtype))
+        }
+        matched = {m.path for m in self.matches(leaves)}
+        if matched and not matched & set(kept):
+            return Edit()  # only integer leaves matched: nothing to scale, as cast does
+        return super().edit(kept)
 
     def change(self, array: LazyArray) -> LazyArray:
         factor = self._factor_in(array)
@@ -174,9 +190,9 @@ class Scale(_ArrayRule):
             raise RuleError(
                 f"{self!r}: leaf {array.path!r} is {dtype.name}; scale multiplies floating-point "
                 f"leaves only (in an integer dtype a fractional factor is cut, 0.5 to 0, and "
-                f"products beyond its range wrap around). Narrow the pattern to the float "
-                f"leaves, or cast this one to a float first: rules.cast({array.path!r}, "
-                f"'float32', floating_only=False)."
+                f"products beyond its range wrap around). Leave it out (floating_only=True, "
+                f"the default, leaves integer leaves as they are), or cast it to a float "
+                f"first: rules.cast({array.path!r}, 'float32', floating_only=False)."
             )
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             factor = np.asarray(self.factor, dtype)
@@ -253,15 +269,18 @@ def permute(pattern: str, order: Sequence[int], axis: int = -1, *, optional: boo
     return Permute(pattern, tuple(int(i) for i in order), axis, optional)
 
 
-def scale(pattern: str, factor: float, *, optional: bool = False) -> Rule:
+def scale(
+    pattern: str, factor: float, *, floating_only: bool = True, optional: bool = False
+) -> Rule:
     """Multiplies matching arrays by `factor`, in their own dtype.
 
-    Only floating-point (and complex) leaves: an integer leaf the pattern matches is a
-    `RuleError` naming it (cast it to a float first). A value the product takes beyond the
-    dtype's largest (float16's 65504) is a `SutureWarning`, and a `LossyCastError` with
-    ``strict_casts=True``.
+    Floating-point (and complex) leaves only: integer and bool leaves the pattern matches are
+    left as they are, as `cast` leaves them; with ``floating_only=False`` such a leaf is a
+    `RuleError` naming it (in its own dtype 0.5 would be cut to 0 and products would wrap).
+    A value the product takes beyond the dtype's largest (float16's 65504) is a
+    `SutureWarning`, and a `LossyCastError` with ``strict_casts=True``.
     """
-    return Scale(pattern, float(factor), optional)
+    return Scale(pattern, float(factor), optional, floating_only)
 
 
 # Turning patterns and templates around ---------------------------------------------------------
@@ -509,7 +528,7 @@ def _inverse(rule: Rule, leaves: dict[str, Any] | None) -> list[Rule]:
                 f"{rule!r} has no inverse: 1/{rule.factor:g} is not a finite number (what a "
                 f"scale by 0 makes 0 is gone). Reverse the recipe without it."
             )
-        return [Scale(rule.pattern, 1.0 / rule.factor, rule.optional)]
+        return [Scale(rule.pattern, 1.0 / rule.factor, rule.optional, rule.floating_only)]
     if isinstance(rule, Reshape):
         found = _need(leaves, rule, "the shapes it reshapes from")
         return [

@@ -13,9 +13,8 @@ the rows a view needs. A compressed record (``torch.save`` never writes one) is 
 to the end of the tensor at each read. A legacy file (``_use_new_zipfile_serialization=False``)
 has no records, and torch cannot unpickle onto meta a file written in the other byte order:
 such files are read whole into memory by ``torch.load``, which checks them itself.
-Storages are matched to their records in the order torch places them, the order
-``torch.save`` writes: a hand-made pickle that names storages out of that order could have
-two tensors of the same size read from each other's records (bytes of the file, no code).
+Each storage is matched to the record whose data starts where torch places it; a file whose
+storages start elsewhere (its zip written again) is read whole by ``torch.load`` as well.
 """
 
 from __future__ import annotations
@@ -177,10 +176,9 @@ def open_torch(path: Path, allow_pickle: bool, separator: str = ".") -> Checkpoi
         ) from error
     records = _records(LocalLocation(path)) if _is_zip(path) else None
     state = _load(torch, path, "meta" if records is not None else "cpu")
-    if records is not None and not _placed(torch, state):
-        # a torch that no longer places storages on meta (a private detail): read it whole
-        records, state = None, _load(torch, path, "cpu")
     storages = _storage_records(state, records) if records is not None else {}
+    if storages is None:  # storages without a record of their own start: torch maps them
+        records, storages, state = None, {}, _load(torch, path, "cpu")
     flat: dict[str, Any] = {}
     named: dict[str, str] = {}
     for keys, value in iter_leaves(state):
@@ -198,18 +196,6 @@ def open_torch(path: Path, allow_pickle: bool, separator: str = ".") -> Checkpoi
             f"({error}). Open it with another separator, e.g. separator='/' to keep names whole."
         ) from error
     return Checkpoint(tree, location=str(path), format="torch")
-
-
-def _placed(torch: Any, state: Any) -> bool:
-    """Whether torch's load onto meta gave every dense tensor's storage its place in the
-    file (``_checkpoint_offset``, which torch 2.13 sets; a private attribute)."""
-    return all(
-        getattr(value.untyped_storage(), "_checkpoint_offset", None) is not None
-        for _, value in iter_leaves(state)
-        if isinstance(value, torch.Tensor)
-        and value.layout == torch.strided
-        and value.device.type == "meta"
-    )
 
 
 def _is_zip(path: Path) -> bool:
@@ -333,24 +319,27 @@ def _records(file: LocalLocation) -> dict[str, _Record] | None:
         ) from error
 
 
-def _storage_records(state: Any, records: dict[str, _Record]) -> dict[int, str]:
-    """The record of each storage, by the place torch gave it on meta.
+def _storage_records(state: Any, records: dict[str, _Record]) -> dict[int, str] | None:
+    """The record of each storage: the one whose data starts at the place torch gave the
+    storage on meta. None where a place is no record's start (a zip written again, its
+    records compressed or moved): such a file is read whole by torch, which maps them itself.
 
-    torch.save names storages ``data/0``, ``data/1``, ... in the order the pickle meets
-    them, and torch's load onto meta places them in that order: the k-th place is
-    ``data/k``. The places themselves are computed for the layout torch.save writes, so
-    they are wrong for a zip written again otherwise (compressed); their order is not.
+    torch reads the places of files older than 2.7 from their records (written in the text
+    order of their names: data/0, data/1, data/10, ...) and computes those of newer ones for
+    the layout torch.save writes; either way, in a file torch.save wrote, each place is where
+    its record's data starts.
     """
     import torch  # heavy: loaded on first use, not at import
 
-    places = set()
+    starts = {record.data: name for name, record in records.items() if "/data/" in name}
+    found: dict[int, str] = {}
     for _, value in iter_leaves(state):
         if isinstance(value, torch.Tensor) and value.layout == torch.strided:
             place = getattr(value.untyped_storage(), "_checkpoint_offset", None)
-            if place is not None:
-                places.add(place)
-    archive = next(iter(records), "").partition("/")[0]  # torch's: the first entry's folder
-    return {place: f"{archive}/data/{key}" for key, place in enumerate(sorted(places))}
+            if place is None or place not in starts:
+                return None
+            found[place] = starts[place]
+    return found
 
 
 def _byte_order(archive: zipfile.ZipFile, infos: list[zipfile.ZipInfo]) -> str:
@@ -379,6 +368,6 @@ def _checked_record(records: dict[str, _Record], name: str, nbytes: int, where: 
     raise CorruptCheckpointError(
         f"{where}: its storage needs {nbytes} bytes, but its record {name!r} declares "
         f"{info.file_size} bytes, stored {how} in {info.compress_size} bytes of the "
-        f"{record.end - record.data} before the next entry. The file is damaged or truncated "
-        f"(torch.load without mmap refuses it too); save it again from the model."
+        f"{record.end - record.data} before the next entry. The file is damaged or truncated; "
+        f"save it again from the model."
     )
