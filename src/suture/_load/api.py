@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .._dtypes import cast_changes
 from .._errors import (
     ArgumentError,
     ShapeMismatchError,
@@ -308,10 +309,7 @@ def _narrowed(path: str, array: LazyArray, narrow: np.dtype) -> LazyArray:
     def as_jax_holds_it(values: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):  # an overflow is refused below
             result = values.astype(narrow)
-            if wide.kind in "fc":  # rounding is what jax and Orbax do; past the range is not
-                changed = np.isinf(result) & np.isfinite(values)
-            else:
-                changed = result.astype(wide) != values
+        changed = cast_changes(values, result)  # floats may round, as jax and Orbax round them
         if changed.any():
             where = np.flatnonzero(changed.reshape(-1))[0]
             stored, held = values.reshape(-1)[where].item(), result.reshape(-1)[where].item()

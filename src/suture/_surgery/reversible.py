@@ -71,9 +71,15 @@ class _ArrayRule(Rule):
     def edit(self, leaves: dict[str, Any]) -> Edit:
         result = Edit()
         for m in self.matches(leaves):
+            if self.leaves_alone(leaves[m.path]):
+                continue
             result.removed.add(m.path)
             result.written[m.path] = (self.change(rule_array(leaves[m.path], m.path, self)), m.path)
         return result
+
+    def leaves_alone(self, leaf: Any) -> bool:
+        """Whether a matched `leaf` stays as it is (none does, unless a rule says so)."""
+        return False
 
     def change(self, array: LazyArray) -> LazyArray:
         raise NotImplementedError
@@ -154,20 +160,10 @@ class Scale(_ArrayRule):
                 f"{self.factor} would make every value inf or NaN."
             )
 
-    def edit(self, leaves: dict[str, Any]) -> Edit:
+    def leaves_alone(self, leaf: Any) -> bool:
         """As `cast`: with `floating_only` (the default), integer and bool leaves the pattern
         matches (a step counter, token ids, BatchNorm's count) are left as they are."""
-        if not self.floating_only:
-            return super().edit(leaves)
-        kept = {
-            path: leaf
-            for path, leaf in leaves.items()
-            if not hasattr(leaf, "dtype") or inexact(np.dtype(leaf.dtype))
-        }
-        matched = {m.path for m in self.matches(leaves)}
-        if matched and not matched & set(kept):
-            return Edit()  # only integer leaves matched: nothing to scale, as cast does
-        return super().edit(kept)
+        return self.floating_only and hasattr(leaf, "dtype") and not inexact(np.dtype(leaf.dtype))
 
     def change(self, array: LazyArray) -> LazyArray:
         factor = self._factor_in(array)

@@ -24,6 +24,7 @@ from .._location import Location
 from .._paths import unflatten
 from .checkpoint import Checkpoint
 from .filesource import FileRangeSource, local_identity
+from .zip_entries import data_ends, data_start
 
 _INFLATE_PIECE = 1 << 20  # bytes inflated at a time while skipping rows a read does not need
 
@@ -125,7 +126,7 @@ def open_npz(path: Location) -> Checkpoint:
             zipfile.ZipFile(reader) as archive,
             path.open_reader() as raw,
         ):
-            ends = _data_ends(archive)
+            ends = data_ends(archive)
             for info in archive.infolist():
                 if not info.filename.endswith(".npy"):
                     continue
@@ -138,13 +139,6 @@ def open_npz(path: Location) -> Checkpoint:
             f"{str(path)!r} is not a readable .npz archive: {error}."
         ) from error
     return Checkpoint(unflatten(flat), location=str(path), format="npz")
-
-
-def _data_ends(archive: zipfile.ZipFile) -> dict[int, int]:
-    """Where each entry's data must end, by its header offset: at the next entry's header,
-    or at the central directory after the last."""
-    starts = sorted({info.header_offset for info in archive.infolist()})
-    return dict(zip(starts, [*starts[1:], archive.start_dir], strict=True))
 
 
 def _member(
@@ -188,12 +182,9 @@ def _member(
             f"{info.file_size} bytes. The archive is damaged or hostile; numpy refuses it too."
         )
     if info.compress_type == zipfile.ZIP_STORED:
-        raw.seek(info.header_offset)
-        local_header = raw.read(30)
-        name_length = int.from_bytes(local_header[26:28], "little")
-        extra_length = int.from_bytes(local_header[28:30], "little")
-        data_offset = info.header_offset + 30 + name_length + extra_length + header_size
-        _check_stored(info, data_offset - header_size, data_end, name, path)
+        start = data_start(raw, info)
+        _check_stored(info, start, data_end, name, path)
+        data_offset = start + header_size
         identity = local_identity(path)
         return LazyArray(
             FileRangeSource(path, data_offset, tuple(shape), dtype, name, identity), path=name

@@ -30,7 +30,6 @@ from .._errors import (
     ArgumentError,
     CorruptCheckpointError,
     NotACheckpointError,
-    PathConflictError,
     SurgeryError,
     SutureWarning,
     check_shape,
@@ -47,11 +46,11 @@ from .._location import (
     location_of,
     read_ahead,
 )
-from .._paths import unflatten
 from .._quant.scheme import scheme_of
 from .._quant.tensors import dequantize_tensors
 from .checkpoint import Checkpoint
 from .filesource import FileRangeSource, local_identity
+from .names import tree_of_paths, tree_path_of
 
 DTYPES = {
     "F64": "float64",
@@ -502,27 +501,10 @@ def _check_layout(header: dict, data_size: int, file: Location) -> None:
 def _tree(tensors: dict[str, LazyArray], separator: str, path: Location) -> Any:
     flat, named = {}, {}
     for name, array in tensors.items():
-        keys = name.split(separator) if separator else [name]
-        if any(key == "" for key in keys):
-            keys = [name]  # "a..b" or ".x": keep the name whole rather than invent empty keys
-        tree_path = "/".join(keys)
-        if tree_path in named:
-            raise PathConflictError(
-                f"Tensors {named[tree_path]!r} and {name!r} of {str(path)!r} both "
-                f"become the tree path {tree_path!r} with separator {separator!r}. Open it with "
-                f"another separator, e.g. separator='/' to keep names whole."
-            )
-        named[tree_path] = name
+        tree_path = tree_path_of(name, separator, named, path)
         array.path = tree_path
         array.node.path = tree_path
         flat[tree_path] = array
-    try:
-        tree = unflatten(flat)
-    except SurgeryError as error:  # names that collide, or nest too deep: the same kind
-        kind = PathConflictError if isinstance(error, PathConflictError) else CorruptCheckpointError
-        raise kind(
-            f"The tensor names of {str(path)!r} do not form a tree with separator {separator!r} "
-            f"({error}). Open it with another separator, e.g. separator='/' to keep names whole."
-        ) from error
+    tree = tree_of_paths(flat, separator, path)
     _say_slashed_names(tensors, separator, path)  # once the tree holds together
     return tree

@@ -31,17 +31,17 @@ from .._dtypes import to_dtype
 from .._errors import (
     ArgumentError,
     CorruptCheckpointError,
-    PathConflictError,
-    SurgeryError,
     UnsupportedError,
 )
 from .._lazy.array import LazyArray
 from .._lazy.graph import Node, ReadCost, SourceNode
 from .._lazy.selection import Selection, outer_index, selection_shape
 from .._location import LocalLocation
-from .._paths import iter_leaves, unflatten
+from .._paths import iter_leaves
 from .checkpoint import Checkpoint
 from .filesource import FileRangeSource, local_identity
+from .names import tree_of_paths, tree_path_of
+from .zip_entries import data_ends, data_start
 
 # numpy has no such dtypes: their raw bits move through an integer of the same size
 _VIEWED = {
@@ -176,25 +176,18 @@ def open_torch(path: Path, allow_pickle: bool, separator: str = ".") -> Checkpoi
         ) from error
     records = _records(LocalLocation(path)) if _is_zip(path) else None
     state = _load(torch, path, "meta" if records is not None else "cpu")
-    storages = _storage_records(state, records) if records is not None else {}
-    if storages is None:  # storages without a record of their own start: torch maps them
-        records, storages, state = None, {}, _load(torch, path, "cpu")
+    storages = _storage_records(state, records) if records is not None else None
+    if records is not None and storages is None:  # places that start no record: torch maps them
+        state = _load(torch, path, "cpu")
     flat: dict[str, Any] = {}
     named: dict[str, str] = {}
     for keys, value in iter_leaves(state):
         name = separator.join(keys)
-        tree_path = _tree_path(name, separator, named, path)
+        tree_path = tree_path_of(name, separator, named, path)
         if isinstance(value, torch.Tensor):
-            value = _leaf(value, name, tree_path, path, records, storages)
+            value = _leaf(value, name, tree_path, path, storages)
         flat[tree_path] = value
-    try:
-        tree = unflatten(flat)
-    except SurgeryError as error:  # a leaf and a subtree at one path, or nested too deep
-        kind = PathConflictError if isinstance(error, PathConflictError) else CorruptCheckpointError
-        raise kind(
-            f"The tensor names of {str(path)!r} do not form a tree with separator {separator!r} "
-            f"({error}). Open it with another separator, e.g. separator='/' to keep names whole."
-        ) from error
+    tree = tree_of_paths(flat, separator, path)
     return Checkpoint(tree, location=str(path), format="torch")
 
 
@@ -219,41 +212,24 @@ def _load(torch: Any, path: Path, device: str) -> Any:
         ) from error
 
 
-def _tree_path(name: str, separator: str, named: dict[str, str], path: Path) -> str:
-    """`name` split on `separator` into a tree path no other name has taken."""
-    keys = name.split(separator) if separator else [name]
-    if any(key == "" for key in keys):
-        keys = [name]  # "a..b" or ".x": keep the name whole rather than invent empty keys
-    tree_path = "/".join(keys)
-    if tree_path in named:
-        raise PathConflictError(
-            f"Tensors {named[tree_path]!r} and {name!r} of {str(path)!r} both become the tree "
-            f"path {tree_path!r} with separator {separator!r}. Open it with another separator, "
-            f"e.g. separator='/' to keep names whole."
-        )
-    named[tree_path] = name
-    return tree_path
-
-
 def _leaf(
     tensor: Any,
     name: str,
     tree_path: str,
     path: Path,
-    records: dict[str, _Record] | None,
-    storages: dict[int, str],
+    storages: dict[int, _Record] | None,
 ) -> LazyArray:
+    """`tensor` as a lazy array: read from its storage's record (`storages`, by the place
+    torch gave it on meta), or from memory where the file was read whole (None)."""
     where = f"Tensor {name!r} of {str(path)!r}"
     dtype = _dtype(tensor, where)
-    if records is None:  # a file read whole: the tensor is in memory
+    if storages is None:  # a file read whole: the tensor is in memory
         if tensor.device.type != "cpu":
             raise _no_data(where, tensor)
         return LazyArray(TorchTensorSource(tensor, dtype, tree_path, str(path)), path=tree_path)
     storage = tensor.untyped_storage()
-    place = getattr(storage, "_checkpoint_offset", None)  # set by torch.load onto meta
-    if place is None:
-        raise _no_data(where, tensor)
-    record = _checked_record(records, storages[place], storage.nbytes(), where)
+    # torch.load onto meta set the place (private); `_storage_records` matched every one
+    record = _checked_record(storages[storage._checkpoint_offset], storage.nbytes(), where)
     view = _View(tensor)
     if view.offset + view.span > storage.nbytes() // dtype.itemsize:
         raise CorruptCheckpointError(
@@ -301,25 +277,21 @@ def _records(file: LocalLocation) -> dict[str, _Record] | None:
     a file written in the other byte order: torch's load onto meta crashes on it."""
     try:
         with zipfile.ZipFile(file.path) as archive, open(file.path, "rb") as raw:
-            infos = sorted(archive.infolist(), key=lambda info: info.header_offset)
+            infos = archive.infolist()
             if _byte_order(archive, infos) != sys.byteorder:
                 return None
-            ends = [info.header_offset for info in infos[1:]] + [archive.start_dir]
-            records = {}
-            for info, end in zip(infos, ends, strict=True):
-                raw.seek(info.header_offset + 26)  # the local header's name and extra lengths
-                lengths = raw.read(4)
-                data = info.header_offset + 30 + int.from_bytes(lengths[:2], "little")
-                data += int.from_bytes(lengths[2:], "little")
-                records[info.filename] = _Record(file, info, data, end)
-            return records
+            ends = data_ends(archive)
+            return {
+                info.filename: _Record(file, info, data_start(raw, info), ends[info.header_offset])
+                for info in infos
+            }
     except (zipfile.BadZipFile, OSError, ValueError) as error:
         raise CorruptCheckpointError(
             f"{str(file)!r} is not a readable PyTorch zip file: {error}."
         ) from error
 
 
-def _storage_records(state: Any, records: dict[str, _Record]) -> dict[int, str] | None:
+def _storage_records(state: Any, records: dict[str, _Record]) -> dict[int, _Record] | None:
     """The record of each storage: the one whose data starts at the place torch gave the
     storage on meta. None where a place is no record's start (a zip written again, its
     records compressed or moved): such a file is read whole by torch, which maps them itself.
@@ -331,8 +303,8 @@ def _storage_records(state: Any, records: dict[str, _Record]) -> dict[int, str] 
     """
     import torch  # heavy: loaded on first use, not at import
 
-    starts = {record.data: name for name, record in records.items() if "/data/" in name}
-    found: dict[int, str] = {}
+    starts = {record.data: record for name, record in records.items() if "/data/" in name}
+    found: dict[int, _Record] = {}
     for _, value in iter_leaves(state):
         if isinstance(value, torch.Tensor) and value.layout == torch.strided:
             place = getattr(value.untyped_storage(), "_checkpoint_offset", None)
@@ -352,21 +324,15 @@ def _byte_order(archive: zipfile.ZipFile, infos: list[zipfile.ZipInfo]) -> str:
     return sys.byteorder
 
 
-def _checked_record(records: dict[str, _Record], name: str, nbytes: int, where: str) -> _Record:
-    """The record `name`, which must hold exactly the storage's `nbytes` bytes."""
-    record = records.get(name)
-    if record is None:
-        raise CorruptCheckpointError(
-            f"{where}: its storage's record {name!r} is not in the zip. The file is damaged or "
-            f"hostile (torch.load refuses it too)."
-        )
+def _checked_record(record: _Record, nbytes: int, where: str) -> _Record:
+    """`record`, which must hold exactly the storage's `nbytes` bytes."""
     info = record.info
     fits = record.data + info.compress_size <= record.end
     if info.file_size == nbytes and fits and (record.compressed or info.compress_size == nbytes):
         return record
     how = "compressed" if record.compressed else "uncompressed"
     raise CorruptCheckpointError(
-        f"{where}: its storage needs {nbytes} bytes, but its record {name!r} declares "
+        f"{where}: its storage needs {nbytes} bytes, but its record {info.filename!r} declares "
         f"{info.file_size} bytes, stored {how} in {info.compress_size} bytes of the "
         f"{record.end - record.data} before the next entry. The file is damaged or truncated; "
         f"save it again from the model."
