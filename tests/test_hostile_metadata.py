@@ -213,3 +213,12 @@ def test_a_name_with_a_slash_is_said_to_become_levels(tmp_path: Path) -> None:
     )
     with safe_open(tmp_path / "copy.safetensors", "np") as copy:
         assert sorted(copy.keys()) == sorted(tensors)
+
+
+def test_a_link_to_nothing_named_like_a_shard_is_said_to_be_one(tmp_path: Path) -> None:
+    save_file({"a": np.ones(2, np.float32)}, tmp_path / "model-1.safetensors")
+    (tmp_path / "model-2.safetensors").symlink_to(tmp_path / "gone.safetensors")
+    with pytest.raises(
+        suture.NotACheckpointError, match=r"model-2.safetensors' .* a link to nothing"
+    ):
+        suture.open(tmp_path)

@@ -295,3 +295,24 @@ def test_suture_config_with_hugging_face_inputs_and_safetensors_output(tmp_path:
     merged = load_file(out / "model.safetensors")
     name = "model.layers.1.mlp.up_proj.weight"
     np.testing.assert_allclose(merged[name], (a[name] + 3 * b[name]) / 4, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [("{not json", "is not valid JSON"), ("[1, 2]", "holds list, not a JSON object")],
+)
+def test_a_donor_config_that_is_not_a_json_object_is_refused(tmp_path: Path, text, said) -> None:
+    """The donor's config.json is copied beside a merged Hugging Face folder: a broken one
+    is a MergeError naming it (a raw JSON error once), and nothing is written."""
+    hf_model(tmp_path / "a", 1)
+    hf_model(tmp_path / "b", 2)
+    (tmp_path / "a" / "config.json").write_text(text)
+    config = tmp_path / "mergekit.yml"
+    config.write_text(
+        "merge_method: linear\nmodels:\n  - model: a\n    parameters: {weight: 0.5}\n"
+        "  - model: b\n    parameters: {weight: 0.5}\ndtype: float32\n"
+    )
+    result = run_merge(config, tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert said in result.output and "config.json" in result.output
+    assert not (tmp_path / "out").exists()

@@ -230,6 +230,7 @@ def _beside_step_names(folder: Location, suffixes: tuple[str, ...]) -> bool:
     (``run_2``), holds safetensors of its own and no step that is an Orbax checkpoint: a
     Hugging Face folder, not a root. Asks nothing more of a root with an Orbax file at its
     top, and, for other roots, reads the listing the steps were found in first."""
+    # a format plugin: loaded for the format found
     from .orbax_layout import CHECKPOINT_METADATA, PYTREE_METADATA, no_step_is_a_checkpoint
 
     if (folder / PYTREE_METADATA).is_file() or (folder / CHECKPOINT_METADATA).is_file():
